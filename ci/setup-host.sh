@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Host set-up for vhca on Debian 12, as root: QEMU 10 from bookworm-backports and the tools the image build needs.
+# Idempotent: every step checks before it acts, so the README's commands can call it on every run.
+set -euo pipefail
+
+need_qemu() {
+  command -v qemu-system-x86_64 >/dev/null 2>&1 || return 0
+  local major
+  major=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p' | head -n1)
+  [ "${major:-0}" -lt 10 ]
+}
+
+add_backports() {
+  # Copy the machine's own Debian entry (URIs, Components, Signed-By) with Suites: bookworm-backports.
+  local src=/etc/apt/sources.list.d/vhca-backports.sources
+  [ -f "$src" ] && return 0
+  local uris="http://deb.debian.org/debian" comps="main" signed="/usr/share/keyrings/debian-archive-keyring.gpg"
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+    uris=$(awk '/^URIs:/ && /debian\/?$/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+    comps=$(awk '/^Components:/ {sub(/^Components: */,""); print; exit}' /etc/apt/sources.list.d/debian.sources)
+    signed=$(awk '/^Signed-By:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+  fi
+  printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: %s\nSigned-By: %s\n' \
+    "${uris:-http://deb.debian.org/debian}" "${comps:-main}" "${signed:-/usr/share/keyrings/debian-archive-keyring.gpg}" >"$src"
+  apt-get update -qq
+}
+
+pkgs=()
+need_qemu && pkgs+=(qemu-system-x86)
+command -v busybox >/dev/null 2>&1 && busybox --list 2>/dev/null | grep -qx depmod && [ -e /bin/busybox ] && ldd /bin/busybox 2>&1 | grep -q 'not a dynamic' || pkgs+=(busybox-static)
+command -v cpio >/dev/null 2>&1 || pkgs+=(cpio)
+dpkg -s libc6-dev >/dev/null 2>&1 || pkgs+=(libc6-dev)
+
+if [ ${#pkgs[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  add_backports
+  apt-get update -qq
+  if printf '%s\n' "${pkgs[@]}" | grep -qx qemu-system-x86; then
+    apt-get install -y -qq -t bookworm-backports --no-install-recommends qemu-system-x86 >/dev/null
+  fi
+  rest=()
+  for p in "${pkgs[@]}"; do [ "$p" = qemu-system-x86 ] || rest+=("$p"); done
+  [ ${#rest[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${rest[@]}" >/dev/null
+fi
+qemu-system-x86_64 --version | head -n1

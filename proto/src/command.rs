@@ -1,0 +1,290 @@
+//! Commands on the command queue (queue 0). A request chain is device-readable `CommandHeader` + request body,
+//! followed by device-writable `ResponseHeader` + response body. Page lists (ring pages, MR pages) follow their fixed
+//! request body inline as little-endian u64 IOVAs, one per 4 KiB page.
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Opcode {
+    QueryDevice = 1,
+    QueryPort = 2,
+    AllocPd = 3,
+    DeallocPd = 4,
+    CreateCq = 5,
+    DestroyCq = 6,
+    ReqNotifyCq = 7,
+    RegMr = 8,
+    DeregMr = 9,
+    CreateQp = 10,
+    ModifyQp = 11,
+    DestroyQp = 12,
+}
+
+impl Opcode {
+    pub const ALL: [Opcode; 12] = [
+        Opcode::QueryDevice,
+        Opcode::QueryPort,
+        Opcode::AllocPd,
+        Opcode::DeallocPd,
+        Opcode::CreateCq,
+        Opcode::DestroyCq,
+        Opcode::ReqNotifyCq,
+        Opcode::RegMr,
+        Opcode::DeregMr,
+        Opcode::CreateQp,
+        Opcode::ModifyQp,
+        Opcode::DestroyQp,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|o| *o as u32 == v)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Opcode::QueryDevice => "QUERY_DEVICE",
+            Opcode::QueryPort => "QUERY_PORT",
+            Opcode::AllocPd => "ALLOC_PD",
+            Opcode::DeallocPd => "DEALLOC_PD",
+            Opcode::CreateCq => "CREATE_CQ",
+            Opcode::DestroyCq => "DESTROY_CQ",
+            Opcode::ReqNotifyCq => "REQ_NOTIFY_CQ",
+            Opcode::RegMr => "REG_MR",
+            Opcode::DeregMr => "DEREG_MR",
+            Opcode::CreateQp => "CREATE_QP",
+            Opcode::ModifyQp => "MODIFY_QP",
+            Opcode::DestroyQp => "DESTROY_QP",
+        }
+    }
+
+    /// Size of the fixed request body (without any trailing page list).
+    pub fn request_size(self) -> usize {
+        use core::mem::size_of;
+        match self {
+            Opcode::QueryDevice | Opcode::AllocPd => 0,
+            Opcode::QueryPort => size_of::<QueryPortReq>(),
+            Opcode::DeallocPd | Opcode::DestroyCq | Opcode::DeregMr | Opcode::DestroyQp => size_of::<HandleReq>(),
+            Opcode::CreateCq => size_of::<CreateCqReq>(),
+            Opcode::ReqNotifyCq => size_of::<ReqNotifyCqReq>(),
+            Opcode::RegMr => size_of::<RegMrReq>(),
+            Opcode::CreateQp => size_of::<CreateQpReq>(),
+            Opcode::ModifyQp => size_of::<ModifyQpReq>(),
+        }
+    }
+
+    /// Size of the response body the driver must leave room for after the `ResponseHeader`.
+    pub fn response_size(self) -> usize {
+        use core::mem::size_of;
+        match self {
+            Opcode::QueryDevice => size_of::<QueryDeviceResp>(),
+            Opcode::QueryPort => size_of::<QueryPortResp>(),
+            Opcode::AllocPd | Opcode::CreateCq | Opcode::CreateQp => size_of::<HandleResp>(),
+            Opcode::RegMr => size_of::<RegMrResp>(),
+            Opcode::DeallocPd
+            | Opcode::DestroyCq
+            | Opcode::ReqNotifyCq
+            | Opcode::DeregMr
+            | Opcode::ModifyQp
+            | Opcode::DestroyQp => 0,
+        }
+    }
+}
+
+/// Leads every request. `tag` is the driver's and comes back unchanged in the response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct CommandHeader {
+    pub opcode: U32,
+    pub tag: U32,
+    /// Bytes after this header: fixed body plus any page list.
+    pub body_len: U32,
+    pub reserved: U32,
+}
+
+/// Leads every response. The device always writes it, also when it refuses the command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct ResponseHeader {
+    /// A `Status` value.
+    pub status: U32,
+    pub opcode: U32,
+    pub tag: U32,
+    /// Bytes of response body the device wrote after this header.
+    pub body_len: U32,
+}
+
+pub const COMMAND_HEADER_SIZE: usize = core::mem::size_of::<CommandHeader>();
+pub const RESPONSE_HEADER_SIZE: usize = core::mem::size_of::<ResponseHeader>();
+/// Largest request the device accepts (header, body and page list): bounds what one command can make it read.
+pub const MAX_REQUEST_SIZE: usize = 16 * 1024;
+/// Largest page list in one command: what fits in `MAX_REQUEST_SIZE` next to the largest fixed body.
+pub const MAX_PAGES_PER_COMMAND: usize = 1024;
+
+/// For commands that name one object: DEALLOC_PD, DESTROY_CQ, DEREG_MR (lkey), DESTROY_QP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct HandleReq {
+    pub handle: U32,
+    pub reserved: U32,
+}
+
+/// For commands that create one object: ALLOC_PD, CREATE_CQ, CREATE_QP (the QP number).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct HandleResp {
+    pub handle: U32,
+    pub reserved: U32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct QueryDeviceResp {
+    pub abi_version: U32,
+    pub vendor_id: U32,
+    pub max_pd: U32,
+    pub max_cq: U32,
+    pub max_cqe: U32,
+    pub max_qp: U32,
+    pub max_qp_wr: U32,
+    pub max_sge: U32,
+    pub max_mr: U32,
+    pub map_registers_total: U32,
+    pub map_registers_free: U32,
+    pub page_size: U32,
+    pub fw_version: U64,
+    pub node_guid: U64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct QueryPortReq {
+    pub port: U32,
+    pub reserved: U32,
+}
+
+/// ibverbs port states; vhca's one port is always ACTIVE.
+pub const PORT_STATE_ACTIVE: u32 = 4;
+/// ibverbs MTU enum: 5 = 4096 bytes.
+pub const MTU_4096: u32 = 5;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct QueryPortResp {
+    pub state: U32,
+    pub max_mtu: U32,
+    pub active_mtu: U32,
+    pub lid: U32,
+    pub gid: [u8; 16],
+}
+
+/// CREATE_CQ: `entries` CQEs (a power of two) in a ring spread over `page_count` pages listed after this body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct CreateCqReq {
+    pub entries: U32,
+    pub page_count: U32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct ReqNotifyCqReq {
+    pub cq: U32,
+    /// 1: notify only for solicited completions.
+    pub solicited_only: U32,
+}
+
+/// ibverbs access flags.
+pub const ACCESS_LOCAL_WRITE: u32 = 1;
+pub const ACCESS_REMOTE_WRITE: u32 = 2;
+pub const ACCESS_REMOTE_READ: u32 = 4;
+pub const ACCESS_ALL: u32 = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
+
+/// REG_MR: registers `length` bytes at MR address `addr` (what SGEs and remote addresses use). The bytes live in the
+/// listed pages, the first used from `first_page_offset`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct RegMrReq {
+    pub pd: U32,
+    pub access: U32,
+    pub addr: U64,
+    pub length: U64,
+    pub first_page_offset: U32,
+    pub page_count: U32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct RegMrResp {
+    pub lkey: U32,
+    pub rkey: U32,
+}
+
+pub const QP_TYPE_RC: u32 = 2;
+
+/// CREATE_QP: rings of `sq_entries` and `rq_entries` WQEs (powers of two); page list: SQ pages then RQ pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct CreateQpReq {
+    pub pd: U32,
+    pub qp_type: U32,
+    pub send_cq: U32,
+    pub recv_cq: U32,
+    pub sq_entries: U32,
+    pub rq_entries: U32,
+    pub sq_page_count: U32,
+    pub rq_page_count: U32,
+}
+
+/// ibverbs QP states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum QpState {
+    Reset = 0,
+    Init = 1,
+    Rtr = 2,
+    Rts = 3,
+    Sqd = 4,
+    Sqe = 5,
+    Err = 6,
+}
+
+impl QpState {
+    pub fn from_u32(v: u32) -> Option<QpState> {
+        [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err]
+            .into_iter()
+            .find(|s| *s as u32 == v)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Err => "ERR",
+        }
+    }
+}
+
+/// MODIFY_QP attribute mask bits (which fields below are meant).
+pub const QP_ATTR_STATE: u32 = 1;
+pub const QP_ATTR_ACCESS_FLAGS: u32 = 8;
+pub const QP_ATTR_DEST_QPN: u32 = 0x100000;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct ModifyQpReq {
+    pub qpn: U32,
+    pub attr_mask: U32,
+    /// A `QpState` value.
+    pub state: U32,
+    /// The peer QP on this device (loopback).
+    pub dest_qpn: U32,
+    /// Remote access the QP allows (ACCESS_REMOTE_*).
+    pub access: U32,
+    pub reserved: U32,
+}
