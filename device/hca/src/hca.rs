@@ -65,6 +65,20 @@ impl Hca {
         }
     }
 
+    /// Handles the device-readable bytes of one doorbell-queue chain (queue 2): zero or more `Doorbell` records.
+    /// Work it triggers runs now, by DMA through `dma`.
+    pub fn doorbell(&mut self, _dma: &dyn Dma, _records: &[u8]) {}
+
+    /// The next asynchronous event for the event queue (queue 1), if any. The transport writes it into the next
+    /// buffer the driver posted there; while none is posted, events wait here.
+    pub fn pop_async_event(&mut self) -> Option<vhca_proto::Event> {
+        None
+    }
+
+    /// QEMU invalidated IOTLB entries covering [iova, iova + size): translations the HCA cached for that range are
+    /// stale from now on.
+    pub fn iotlb_invalidated(&mut self, _iova: u64, _size: u64) {}
+
     fn respond(&self, opcode: u32, tag: u32, status: Status, body: &[u8]) -> Vec<u8> {
         let name = Opcode::from_u32(opcode).map_or_else(|| format!("0x{opcode:x}"), |o| o.name().to_string());
         self.events.emit(HcaEvent::Command { opcode: name, tag, status: status.name().to_string() });
