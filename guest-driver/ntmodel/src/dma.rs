@@ -1,0 +1,583 @@
+//! The DMA adapter: common buffers, scatter/gather lists, adapter channels and map registers, MapTransfer, and
+//! the verifier's DMA checking (double buffering with padding, IRQL, leaks, double frees, overlapping maps).
+
+use std::collections::{HashMap, HashSet};
+
+use vhca_ntapi::*;
+
+use crate::bugcheck::Bugcheck;
+use crate::memory::{Memory, RegionKind};
+use crate::verifier::{c4, e6, VerifierFlags};
+use crate::{lock, HostMemId, NtModel, PAGE};
+
+/// The fill the verifier puts around a double-buffered transfer; a changed byte is an overrun (0xE6/0x0F).
+const PADDING: u8 = 0x0F;
+
+/// How one buffer is visible to the device: its own pages, or (under DMA checking) a shadow copy.
+#[derive(Debug, Clone)]
+pub(crate) struct Mapping {
+    pub va: u64,
+    pub len: u32,
+    pub iova: u64,
+    pub pages: usize,
+    pub shadow: Option<HostMemId>,
+}
+
+impl Mapping {
+    pub fn logical(&self) -> u64 {
+        self.iova + self.va % PAGE
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct CommonBuffer {
+    pub logical: u64,
+    pub pages: usize,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Transfer {
+    pub mdl: u64,
+    pub write_to_device: bool,
+    pub mapping: Mapping,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct MapRegisterSet {
+    pub adapter: u64,
+    pub count: u32,
+    pub used: u32,
+    /// Taken with KeepObject: they go back with FreeAdapterChannel.
+    pub with_channel: bool,
+    pub transfers: Vec<Transfer>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SgList {
+    pub adapter: u64,
+    pub write_to_device: bool,
+    pub mapping: Mapping,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Adapter {
+    pub addr: u64,
+    pub granted: u32,
+    pub pool_free: u32,
+    pub released: bool,
+    pub common: HashMap<u64, CommonBuffer>,
+    pub common_maps: HashMap<u64, Mapping>,
+    pub channel_held: bool,
+    pub registers_out: u32,
+    pub sg_allocated: u64,
+    pub sg_freed: u64,
+    pub sg_out: HashSet<u64>,
+}
+
+impl Adapter {
+    /// 0xE6/0x07..0x0A: what must be given back before the adapter goes.
+    pub fn outstanding_check(&self) -> Result<(), Bugcheck> {
+        let common = (self.common.len() + self.common_maps.len()) as u64;
+        if common > 0 {
+            return Err(Bugcheck::e6(e6::OUTSTANDING_COMMON_BUFFERS, self.addr, common, 0));
+        }
+        if self.channel_held {
+            return Err(Bugcheck::e6(e6::OUTSTANDING_ADAPTER_CHANNELS, self.addr, 1, 0));
+        }
+        if self.registers_out > 0 {
+            return Err(Bugcheck::e6(e6::OUTSTANDING_MAP_REGISTERS, self.addr, self.registers_out as u64, 0));
+        }
+        if !self.sg_out.is_empty() {
+            return Err(Bugcheck::e6(e6::OUTSTANDING_SG_LISTS, self.addr, self.sg_out.len() as u64, 0));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct DmaState {
+    pub adapters: HashMap<u64, Adapter>,
+    pub sg_lists: HashMap<u64, SgList>,
+    pub register_sets: HashMap<u64, MapRegisterSet>,
+}
+
+impl DmaState {
+    /// Every buffer range the verifier currently double-buffers: (va start, va end).
+    fn shadowed_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let sg = self.sg_lists.values().map(|l| &l.mapping);
+        let tr = self.register_sets.values().flat_map(|s| s.transfers.iter().map(|t| &t.mapping));
+        sg.chain(tr).map(|m| (m.va, m.va + m.len as u64))
+    }
+}
+
+/// A violation found, or a clean failure status for the driver.
+enum Refusal {
+    Stop(Bugcheck),
+    Status(NTSTATUS),
+}
+
+impl From<Bugcheck> for Refusal {
+    fn from(b: Bugcheck) -> Refusal {
+        Refusal::Stop(b)
+    }
+}
+
+impl NtModel {
+    fn dma_checking(&self) -> bool {
+        self.checks(VerifierFlags::DMA_CHECKING)
+    }
+
+    /// 0xE6/0x13: the routine needs exactly `expected`.
+    fn dma_irql_exact(&self, expected: KIRQL) -> Result<(), Bugcheck> {
+        let irql = self.irql();
+        if self.dma_checking() && irql != expected {
+            return Err(Bugcheck::e6(e6::IMPROPER_IRQL, e6::IRQL_NOT_EXPECTED, expected as u64, irql as u64));
+        }
+        Ok(())
+    }
+
+    /// 0xE6/0x13: the routine runs at `max` or below.
+    fn dma_irql_max(&self, max: KIRQL) -> Result<(), Bugcheck> {
+        let irql = self.irql();
+        if self.dma_checking() && irql > max {
+            return Err(Bugcheck::e6(e6::IMPROPER_IRQL, e6::IRQL_ABOVE_MAXIMUM, max as u64, irql as u64));
+        }
+        Ok(())
+    }
+
+    /// PASSIVE_LEVEL routines: IRQL checking reports a kernel API at the wrong IRQL (0xC4/0xE5) first,
+    /// DMA checking its own 0xE6/0x13.
+    fn passive_dma_routine(&self) -> Result<(), Bugcheck> {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql != PASSIVE_LEVEL {
+            return Err(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+        }
+        self.dma_irql_exact(PASSIVE_LEVEL)
+    }
+
+    fn live_adapter<'m>(&self, m: &'m mut Memory, adapter: PDMA_ADAPTER) -> Result<&'m mut Adapter, Refusal> {
+        let checking = self.dma_checking();
+        match m.dma.adapters.get_mut(&adapter.0) {
+            Some(a) if !a.released => Ok(a),
+            Some(_) if checking => Err(Bugcheck::e6(e6::ADAPTER_ALREADY_RELEASED, adapter.0, 0, 0).into()),
+            _ => Err(Refusal::Status(STATUS_INVALID_PARAMETER)),
+        }
+    }
+
+    /// Makes `va..va+len` (inside `mdl`) visible to the device. Under DMA checking the device gets a shadow:
+    /// fresh pages filled with PADDING and the buffer's bytes copied in at the same page offset.
+    fn map_buffer(&self, m: &mut Memory, mdl: u64, va: u64, len: u32, name_for_checks: bool) -> Result<Mapping, Refusal> {
+        let d = m.mdls.get(&mdl).cloned().ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+        let end = va.checked_add(len as u64).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+        let checking = self.dma_checking() && name_for_checks;
+        if checking && len == 0 {
+            return Err(Bugcheck::e6(e6::ZERO_LENGTH_MAP, 0, 0, 0).into());
+        }
+        if len == 0 || va < d.va || end > d.va + d.len as u64 {
+            return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
+        }
+        if checking && !d.dma_safe() {
+            return Err(Bugcheck::e6(e6::PAGED_MEMORY, mdl, 0, 0).into());
+        }
+        if checking {
+            if let Some((s, e)) = m.dma.shadowed_ranges().find(|(s, e)| *s < end && va < *e) {
+                return Err(Bugcheck::e6(e6::ALREADY_MAPPED, va, end, s.max(va).min(e - 1)).into());
+            }
+        }
+        let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(PVOID(va), len as u64) as usize;
+        let backend = self.backend();
+        let no_memory = |_| Refusal::Status(STATUS_INSUFFICIENT_RESOURCES);
+        if checking {
+            let shadow = backend.alloc(pages).map_err(no_memory)?;
+            let mut image = vec![PADDING; pages * PAGE as usize];
+            let off = (va % PAGE) as usize;
+            if m.copy_from(backend, va, &mut image[off..off + len as usize]).is_err() {
+                let _ = backend.free(shadow);
+                return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
+            }
+            backend.write(shadow, 0, &image).map_err(no_memory)?;
+            let iova = backend.map(shadow, 0, pages).map_err(no_memory)?;
+            return Ok(Mapping { va, len, iova, pages, shadow: Some(shadow) });
+        }
+        // No double buffering: the device gets the buffer's own pages, which must lie in one region.
+        let r = m.region_of(va).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+        if end > r.end() {
+            return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
+        }
+        let first = ((va - r.base) / PAGE) as usize;
+        let iova = backend.map(r.mem, first, pages).map_err(no_memory)?;
+        Ok(Mapping { va, len, iova, pages, shadow: None })
+    }
+
+    /// Takes the device's view away. A shadow is checked for overruns and, for device-to-memory transfers,
+    /// copied back: the moment the CPU first sees what the device wrote.
+    fn unmap_buffer(&self, m: &Memory, mapping: &Mapping, copy_back: bool) -> Result<(), Bugcheck> {
+        let backend = self.backend();
+        let _ = backend.unmap(mapping.iova, mapping.pages);
+        let Some(shadow) = mapping.shadow else { return Ok(()) };
+        let mut image = vec![0u8; mapping.pages * PAGE as usize];
+        let read = backend.read(shadow, 0, &mut image);
+        let _ = backend.free(shadow);
+        if read.is_err() {
+            return Ok(());
+        }
+        let off = (mapping.va % PAGE) as usize;
+        let end = off + mapping.len as usize;
+        if let Some(i) = image[..off].iter().position(|b| *b != PADDING) {
+            let at = mapping.va - (off - i) as u64;
+            return Err(Bugcheck::e6(e6::OVERRUN, e6::OVERRUN_PADDING_BEFORE, mapping.va, at));
+        }
+        if let Some(i) = image[end..].iter().position(|b| *b != PADDING) {
+            let at = mapping.va + mapping.len as u64 + i as u64;
+            return Err(Bugcheck::e6(e6::OVERRUN, e6::OVERRUN_PADDING_AFTER, mapping.va, at));
+        }
+        if copy_back {
+            let _ = m.copy_to(backend, mapping.va, &image[off..end]);
+        }
+        Ok(())
+    }
+
+    fn refusal<T>(&self, r: Result<T, Refusal>) -> Result<T, NTSTATUS> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(Refusal::Status(s)) => Err(s),
+            Err(Refusal::Stop(b)) => self.raise(b),
+        }
+    }
+
+    pub(crate) fn get_dma_adapter(&self, desc: &DEVICE_DESCRIPTION, n: &mut u32) -> PDMA_ADAPTER {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql != PASSIVE_LEVEL {
+            self.raise(Bugcheck::c4(c4::RULE_IRQL_IO_PASSIVE5, 0, 0, 0));
+        }
+        if desc.Version > DEVICE_DESCRIPTION_VERSION3 || !desc.Master {
+            return PDMA_ADAPTER::NULL;
+        }
+        // Windows asks for enough registers for the largest transfer plus one for an unaligned start.
+        let wanted = (desc.MaximumLength as u64).div_ceil(PAGE) as u32 + 1;
+        let granted = wanted.min(self.config.map_registers);
+        *n = granted;
+        let addr = self.new_object();
+        let adapter = Adapter {
+            addr,
+            granted,
+            pool_free: self.config.map_registers,
+            released: false,
+            common: HashMap::new(),
+            common_maps: HashMap::new(),
+            channel_held: false,
+            registers_out: 0,
+            sg_allocated: 0,
+            sg_freed: 0,
+            sg_out: HashSet::new(),
+        };
+        lock(&self.memory).dma.adapters.insert(addr, adapter);
+        PDMA_ADAPTER(addr)
+    }
+
+    pub(crate) fn put_dma_adapter(&self, adapter: PDMA_ADAPTER) -> Result<(), Bugcheck> {
+        let irql = self.irql();
+        if self.dma_checking() && irql != PASSIVE_LEVEL {
+            return Err(Bugcheck::e6(e6::IMPROPER_IRQL_OTHER, 0, 0, 0));
+        }
+        let mut m = lock(&self.memory);
+        let checking = self.dma_checking();
+        let Some(a) = m.dma.adapters.get_mut(&adapter.0) else { return Ok(()) };
+        if a.released {
+            return if checking { Err(Bugcheck::e6(e6::ADAPTER_ALREADY_RELEASED, adapter.0, 0, 0)) } else { Ok(()) };
+        }
+        if checking {
+            a.outstanding_check()?;
+        }
+        a.released = true;
+        Ok(())
+    }
+
+    pub(crate) fn allocate_common_buffer(&self, adapter: PDMA_ADAPTER, length: u32) -> Result<(PVOID, u64), Bugcheck> {
+        self.passive_dma_routine()?;
+        if length == 0 {
+            return Ok((PVOID::NULL, 0));
+        }
+        {
+            let mut m = lock(&self.memory);
+            if let Err(Refusal::Stop(b)) = self.live_adapter(&mut m, adapter).map(|_| ()) {
+                return Err(b);
+            }
+        }
+        let Some(va) = self.alloc_region(length as u64, RegionKind::CommonBuffer, 0, 0) else {
+            return Ok((PVOID::NULL, 0));
+        };
+        let mut m = lock(&self.memory);
+        let Some(r) = m.regions.get(&va).cloned() else { return Ok((PVOID::NULL, 0)) };
+        let Ok(iova) = self.backend().map(r.mem, 0, r.pages) else {
+            self.free_region(&mut m, va);
+            return Ok((PVOID::NULL, 0));
+        };
+        if let Ok(a) = self.live_adapter(&mut m, adapter) {
+            a.common.insert(va, CommonBuffer { logical: iova, pages: r.pages });
+        }
+        Ok((PVOID(va), iova))
+    }
+
+    pub(crate) fn free_common_buffer(&self, adapter: PDMA_ADAPTER, va: PVOID) -> Result<(), Bugcheck> {
+        self.passive_dma_routine()?;
+        let checking = self.dma_checking();
+        let mut m = lock(&self.memory);
+        let a = match self.live_adapter(&mut m, adapter) {
+            Ok(a) => a,
+            Err(Refusal::Stop(b)) => return Err(b),
+            Err(Refusal::Status(_)) => return Ok(()),
+        };
+        let Some(cb) = a.common.remove(&va.0) else {
+            return if checking { Err(Bugcheck::e6(e6::TOO_MANY_COMMON_BUFFERS_FREED, 1, 0, 0)) } else { Ok(()) };
+        };
+        let _ = self.backend().unmap(cb.logical, cb.pages);
+        self.free_region(&mut m, va.0);
+        Ok(())
+    }
+
+    pub(crate) fn get_scatter_gather_list(
+        &self,
+        adapter: PDMA_ADAPTER,
+        mdl: PMDL,
+        va: PVOID,
+        length: u32,
+        write_to_device: bool,
+    ) -> Result<SCATTER_GATHER_LIST, NTSTATUS> {
+        let r = self.dma_irql_max(DISPATCH_LEVEL);
+        self.ok(r);
+        let handle = self.new_object();
+        let mut m = lock(&self.memory);
+        let r = (|| {
+            self.live_adapter(&mut m, adapter)?;
+            let mapping = self.map_buffer(&mut m, mdl.0, va.0, length, true)?;
+            let a = self.live_adapter(&mut m, adapter)?;
+            a.sg_allocated += 1;
+            a.sg_out.insert(handle);
+            let element = SCATTER_GATHER_ELEMENT { Address: PHYSICAL_ADDRESS(mapping.logical()), Length: length };
+            m.dma.sg_lists.insert(handle, SgList { adapter: adapter.0, write_to_device, mapping });
+            Ok(SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: vec![element] })
+        })();
+        drop(m);
+        self.refusal(r)
+    }
+
+    pub(crate) fn put_scatter_gather_list(&self, adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST) -> Result<(), Bugcheck> {
+        self.dma_irql_max(DISPATCH_LEVEL)?;
+        let checking = self.dma_checking();
+        let mut m = lock(&self.memory);
+        let Some(sg) = m.dma.sg_lists.remove(&list.0) else {
+            if !checking {
+                return Ok(());
+            }
+            let (allocated, freed) = m.dma.adapters.get(&adapter.0).map(|a| (a.sg_allocated, a.sg_freed)).unwrap_or((0, 0));
+            return Err(Bugcheck::e6(e6::TOO_MANY_SG_LISTS_FREED, allocated, freed + 1, 0));
+        };
+        if let Some(a) = m.dma.adapters.get_mut(&sg.adapter) {
+            a.sg_freed += 1;
+            a.sg_out.remove(&list.0);
+        }
+        self.unmap_buffer(&m, &sg.mapping, !sg.write_to_device)
+    }
+
+    pub(crate) fn allocate_adapter_channel(
+        &self,
+        adapter: PDMA_ADAPTER,
+        n: u32,
+        action: IO_ALLOCATION_ACTION,
+    ) -> Result<MAP_REGISTER_BASE, NTSTATUS> {
+        let r = self.dma_irql_exact(DISPATCH_LEVEL);
+        self.ok(r);
+        let checking = self.dma_checking();
+        let base = self.new_object();
+        let mut m = lock(&self.memory);
+        let r = (|| {
+            let a = self.live_adapter(&mut m, adapter)?;
+            if a.channel_held {
+                if checking {
+                    return Err(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS, 1, 0, 0).into());
+                }
+                return Err(Refusal::Status(STATUS_DEVICE_NOT_READY));
+            }
+            if n > a.granted {
+                if checking {
+                    return Err(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_AT_ONCE, n as u64, a.granted as u64, 0).into());
+                }
+                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
+            }
+            if n > a.pool_free {
+                if checking {
+                    let (needed, free) = (n as u64, a.pool_free as u64);
+                    return Err(Bugcheck::e6(e6::MISC, e6::MISC_OUT_OF_CONTIGUOUS_MAP_REGISTERS, needed, free).into());
+                }
+                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
+            }
+            let kept = match action {
+                IO_ALLOCATION_ACTION::KeepObject => {
+                    a.channel_held = true;
+                    n
+                }
+                IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters => n,
+                IO_ALLOCATION_ACTION::DeallocateObject => 0,
+            };
+            a.pool_free -= kept;
+            a.registers_out += kept;
+            let with_channel = action == IO_ALLOCATION_ACTION::KeepObject;
+            let set = MapRegisterSet { adapter: adapter.0, count: kept, used: 0, with_channel, transfers: Vec::new() };
+            m.dma.register_sets.insert(base, set);
+            Ok(MAP_REGISTER_BASE(base))
+        })();
+        drop(m);
+        self.refusal(r)
+    }
+
+    /// Gives a register set back to its adapter's pool; under DMA checking, registers still mapped are 0x10.
+    fn release_registers(&self, m: &mut Memory, base: u64) -> Result<(), Bugcheck> {
+        let Some(set) = m.dma.register_sets.remove(&base) else { return Ok(()) };
+        let mapped: u32 = set.transfers.iter().map(|t| t.mapping.pages as u32).sum();
+        if mapped > 0 && self.dma_checking() {
+            m.dma.register_sets.insert(base, set);
+            return Err(Bugcheck::e6(e6::FREED_WHILE_MAPPED, mapped as u64, 0, 0));
+        }
+        for t in &set.transfers {
+            let _ = self.backend().unmap(t.mapping.iova, t.mapping.pages);
+            if let Some(s) = t.mapping.shadow {
+                let _ = self.backend().free(s);
+            }
+        }
+        if let Some(a) = m.dma.adapters.get_mut(&set.adapter) {
+            a.pool_free += set.count;
+            a.registers_out = a.registers_out.saturating_sub(set.count);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn free_adapter_channel(&self, adapter: PDMA_ADAPTER) -> Result<(), Bugcheck> {
+        self.dma_irql_exact(DISPATCH_LEVEL)?;
+        let checking = self.dma_checking();
+        let mut m = lock(&self.memory);
+        let Some(a) = m.dma.adapters.get_mut(&adapter.0) else { return Ok(()) };
+        if !a.channel_held {
+            return if checking { Err(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS_FREED, 1, 0, 0)) } else { Ok(()) };
+        }
+        a.channel_held = false;
+        let bases: Vec<u64> = m
+            .dma
+            .register_sets
+            .iter()
+            .filter(|(_, s)| s.adapter == adapter.0 && s.with_channel)
+            .map(|(b, _)| *b)
+            .collect();
+        for b in bases {
+            self.release_registers(&mut m, b)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn free_map_registers(&self, adapter: PDMA_ADAPTER, base: MAP_REGISTER_BASE, n: u32) -> Result<(), Bugcheck> {
+        self.dma_irql_exact(DISPATCH_LEVEL)?;
+        let checking = self.dma_checking();
+        let mut m = lock(&self.memory);
+        match m.dma.register_sets.get(&base.0) {
+            Some(s) if s.adapter == adapter.0 && !s.with_channel => self.release_registers(&mut m, base.0),
+            _ if checking => Err(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_FREED, n as u64, 0, 0)),
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn map_transfer(
+        &self,
+        adapter: PDMA_ADAPTER,
+        mdl: PMDL,
+        base: MAP_REGISTER_BASE,
+        va: PVOID,
+        length: &mut u32,
+        write_to_device: bool,
+    ) -> Result<PHYSICAL_ADDRESS, NTSTATUS> {
+        let r = self.dma_irql_max(DISPATCH_LEVEL);
+        self.ok(r);
+        let checking = self.dma_checking();
+        let mut m = lock(&self.memory);
+        let r = (|| {
+            self.live_adapter(&mut m, adapter)?;
+            let set = m.dma.register_sets.get(&base.0).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+            let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(va, *length as u64) as u32;
+            if set.used + pages > set.count {
+                if checking {
+                    return Err(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS, (set.used + pages) as u64, set.count as u64, 0)
+                        .into());
+                }
+                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
+            }
+            if checking && set.transfers.iter().any(|t| t.mdl != mdl.0) {
+                let mapped: u64 = set.transfers.iter().map(|t| t.mapping.len as u64).sum();
+                return Err(Bugcheck::e6(e6::NOT_FLUSHED, mapped, set.count as u64 * PAGE, 0).into());
+            }
+            let mapping = self.map_buffer(&mut m, mdl.0, va.0, *length, true)?;
+            let logical = mapping.logical();
+            let set = m.dma.register_sets.get_mut(&base.0).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+            set.used += pages;
+            set.transfers.push(Transfer { mdl: mdl.0, write_to_device, mapping });
+            Ok(PHYSICAL_ADDRESS(logical))
+        })();
+        drop(m);
+        self.refusal(r)
+    }
+
+    pub(crate) fn flush_adapter_buffers(&self, mdl: PMDL, base: MAP_REGISTER_BASE, va: PVOID) -> Result<bool, Bugcheck> {
+        self.dma_irql_max(DISPATCH_LEVEL)?;
+        let mut m = lock(&self.memory);
+        let Some(set) = m.dma.register_sets.get_mut(&base.0) else { return Ok(false) };
+        let Some(i) = set.transfers.iter().position(|t| t.mdl == mdl.0 && t.mapping.va == va.0) else {
+            return Ok(false);
+        };
+        let t = set.transfers.remove(i);
+        set.used = set.used.saturating_sub(t.mapping.pages as u32);
+        self.unmap_buffer(&m, &t.mapping, !t.write_to_device)?;
+        Ok(true)
+    }
+
+    pub(crate) fn map_common_buffer(
+        &self,
+        adapter: PDMA_ADAPTER,
+        mdl: PMDL,
+        length: u32,
+    ) -> Result<(HANDLE, SCATTER_GATHER_LIST), NTSTATUS> {
+        let r = self.dma_irql_max(DISPATCH_LEVEL);
+        self.ok(r);
+        let handle = self.new_object();
+        let mut m = lock(&self.memory);
+        let r = (|| {
+            self.live_adapter(&mut m, adapter)?;
+            let d = m.mdls.get(&mdl.0).cloned().ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+            if !d.dma_safe() {
+                return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
+            }
+            // Never double-buffered: the point of the API is that the device sees the real pages.
+            let mapping = self.map_buffer(&mut m, mdl.0, d.va, length.min(d.len), false)?;
+            let element = SCATTER_GATHER_ELEMENT { Address: PHYSICAL_ADDRESS(mapping.logical()), Length: mapping.len };
+            self.live_adapter(&mut m, adapter)?.common_maps.insert(handle, mapping);
+            let list = SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: vec![element] };
+            Ok((HANDLE(handle), list))
+        })();
+        drop(m);
+        self.refusal(r)
+    }
+
+    pub(crate) fn unmap_common_buffer(&self, adapter: PDMA_ADAPTER, handle: HANDLE) -> Result<(), Bugcheck> {
+        self.dma_irql_max(DISPATCH_LEVEL)?;
+        let checking = self.dma_checking();
+        let mut m = lock(&self.memory);
+        let mapping = m.dma.adapters.get_mut(&adapter.0).and_then(|a| a.common_maps.remove(&handle.0));
+        match mapping {
+            Some(mp) => self.unmap_buffer(&m, &mp, false),
+            None if checking => Err(Bugcheck::e6(e6::TOO_MANY_COMMON_BUFFERS_FREED, 1, 0, 0)),
+            None => Ok(()),
+        }
+    }
+
+    /// Map registers free in an adapter's pool (for tests and reports).
+    pub fn map_registers_free(&self, adapter: PDMA_ADAPTER) -> Option<u32> {
+        lock(&self.memory).dma.adapters.get(&adapter.0).map(|a| a.pool_free)
+    }
+}

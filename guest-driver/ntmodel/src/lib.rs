@@ -1,0 +1,198 @@
+//! A user-space model of the NT kernel services the vhca driver core needs (`vhca_ntapi::NtKernel`), with
+//! per-thread IRQL, real blocking locks, map-register accounting, a contiguous-memory knob and a Driver Verifier.
+
+pub mod backend;
+pub mod bugcheck;
+mod dma;
+mod kernel;
+mod locks;
+mod mdl;
+mod memory;
+pub mod verifier;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
+
+use vhca_ntapi::{KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT};
+
+pub use backend::{BackendError, DmaBackend, HostDmaBackend, HostMemId};
+pub use bugcheck::{Bugcheck, BugcheckHandler, BugcheckUnwind, CaptureBugchecks, PrintAndExit};
+pub use verifier::VerifierFlags;
+
+pub(crate) const PAGE: u64 = vhca_ntapi::PAGE_SIZE;
+
+/// The knobs of one modelled machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NtModelConfig {
+    pub verifier: VerifierFlags,
+    /// Map registers the HAL has for each adapter: the Windows scarcity AllocateAdapterChannel draws from.
+    pub map_registers: u32,
+    /// Longest physically contiguous run, in pages, that contiguous allocations (AllocateCommonBuffer,
+    /// MmAllocateContiguousMemorySpecifyCache) can still find: the fragmentation knob. None: any length.
+    pub max_contiguous_pages: Option<usize>,
+}
+
+impl Default for NtModelConfig {
+    fn default() -> Self {
+        NtModelConfig { verifier: VerifierFlags::NONE, map_registers: 64, max_contiguous_pages: None }
+    }
+}
+
+/// An IOMMU fault the platform reported: the device touched an address nothing maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IommuFault {
+    pub device: PDEVICE_OBJECT,
+    pub address: u64,
+    pub fault_type: u64,
+}
+
+/// What the kernel knows about one thread.
+#[derive(Debug, Clone)]
+pub(crate) struct ThreadState {
+    /// A stand-in for the ETHREAD address, used in bugcheck parameters.
+    pub ethread: u64,
+    pub irql: KIRQL,
+    /// Critical and guarded regions entered and KMUTEXes held: Windows' KernelApcDisable, counted upwards.
+    pub apc_disable: u32,
+    /// Locks held, in acquisition order (for deadlock detection and wrong-thread release).
+    pub held: Vec<u64>,
+}
+
+/// One modelled machine: memory from a `DmaBackend`, a verifier configuration and a bugcheck handler.
+pub struct NtModel {
+    config: NtModelConfig,
+    backend: Arc<dyn DmaBackend>,
+    handler: Arc<dyn BugcheckHandler>,
+    threads: Mutex<HashMap<ThreadId, ThreadState>>,
+    memory: Mutex<memory::Memory>,
+    locks: Mutex<locks::LockTable>,
+    next_object: AtomicU64,
+    bugchecks: Mutex<Vec<Bugcheck>>,
+    iommu_faults: Mutex<Vec<IommuFault>>,
+}
+
+/// Fake kernel addresses for objects the model hands out (MDLs, adapters, locks, S/G lists).
+const OBJECT_BASE: u64 = 0xFFFF_A000_0000_0000;
+const ETHREAD_BASE: u64 = 0xFFFF_B000_0000_0000;
+
+/// Locks a model mutex. A bugcheck unwinds through callers, never while one of these is held, but a panicking
+/// test may poison one; the data stays consistent because every update completes before any unwind point.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl NtModel {
+    pub fn new(config: NtModelConfig, backend: Arc<dyn DmaBackend>, handler: Arc<dyn BugcheckHandler>) -> NtModel {
+        NtModel {
+            config,
+            backend,
+            handler,
+            threads: Mutex::new(HashMap::new()),
+            memory: Mutex::new(memory::Memory::default()),
+            locks: Mutex::new(locks::LockTable::default()),
+            next_object: AtomicU64::new(1),
+            bugchecks: Mutex::new(Vec::new()),
+            iommu_faults: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A model over host memory that captures bugchecks: what the tests use.
+    pub fn for_tests(config: NtModelConfig) -> (Arc<NtModel>, Arc<HostDmaBackend>) {
+        let backend = Arc::new(HostDmaBackend::default());
+        let model = Arc::new(NtModel::new(config, backend.clone(), Arc::new(CaptureBugchecks)));
+        (model, backend)
+    }
+
+    pub fn config(&self) -> &NtModelConfig {
+        &self.config
+    }
+
+    pub fn verifier(&self) -> VerifierFlags {
+        self.config.verifier
+    }
+
+    pub(crate) fn checks(&self, flag: VerifierFlags) -> bool {
+        self.config.verifier.contains(flag)
+    }
+
+    pub(crate) fn backend(&self) -> &dyn DmaBackend {
+        &*self.backend
+    }
+
+    /// Runs `f`; a bugcheck raised inside (with a capturing handler) comes back as `Err`.
+    pub fn run_guarded<T>(f: impl FnOnce() -> T) -> Result<T, Bugcheck> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(v) => Ok(v),
+            Err(payload) => match payload.downcast::<BugcheckUnwind>() {
+                Ok(b) => Err(b.0),
+                Err(other) => std::panic::resume_unwind(other),
+            },
+        }
+    }
+
+    /// Every bugcheck raised so far (a capturing handler lets a test look after the fact).
+    pub fn bugchecks(&self) -> Vec<Bugcheck> {
+        lock(&self.bugchecks).clone()
+    }
+
+    pub fn iommu_faults(&self) -> Vec<IommuFault> {
+        lock(&self.iommu_faults).clone()
+    }
+
+    /// Stops the machine. Callers must hold no model mutex guard.
+    pub(crate) fn raise(&self, bugcheck: Bugcheck) -> ! {
+        lock(&self.bugchecks).push(bugcheck);
+        self.handler.bugcheck(&bugcheck)
+    }
+
+    /// Unwraps a check's outcome, raising the bugcheck it found.
+    pub(crate) fn ok<T>(&self, r: Result<T, Bugcheck>) -> T {
+        match r {
+            Ok(v) => v,
+            Err(b) => self.raise(b),
+        }
+    }
+
+    pub(crate) fn new_object(&self) -> u64 {
+        OBJECT_BASE + self.next_object.fetch_add(1, Ordering::Relaxed) * 0x40
+    }
+
+    /// Runs `f` on the calling thread's state, creating it (at PASSIVE_LEVEL) on first use.
+    pub(crate) fn with_thread<T>(&self, f: impl FnOnce(&mut ThreadState) -> T) -> T {
+        let mut threads = lock(&self.threads);
+        let n = threads.len() as u64;
+        let state = threads.entry(std::thread::current().id()).or_insert_with(|| ThreadState {
+            ethread: ETHREAD_BASE + n * 0x1000,
+            irql: PASSIVE_LEVEL,
+            apc_disable: 0,
+            held: Vec::new(),
+        });
+        f(state)
+    }
+
+    pub(crate) fn irql(&self) -> KIRQL {
+        self.with_thread(|t| t.irql)
+    }
+
+    pub(crate) fn set_irql(&self, irql: KIRQL) {
+        self.with_thread(|t| t.irql = irql)
+    }
+
+    /// The platform saw the device touch an unmapped address (a DMA fault event, an IOMMU fault log line).
+    /// With DMA checking this is bugcheck 0xE6/0x26, as Windows raises it under DMA remapping verification.
+    pub fn report_iommu_fault(&self, device: PDEVICE_OBJECT, address: u64, fault_type: u64) {
+        lock(&self.iommu_faults).push(IommuFault { device, address, fault_type });
+        if self.checks(VerifierFlags::DMA_CHECKING) {
+            self.raise(Bugcheck::e6(verifier::e6::IOMMU_VIOLATION, device.0, address, fault_type));
+        }
+    }
+
+    /// The driver unloads: with pool tracking, leaked pool is 0xC4/0x60; with DMA checking, an adapter never put
+    /// back with resources outstanding is 0xE6/0x07..0x0A.
+    pub fn unload_driver(&self) {
+        let r = self.unload_checks();
+        self.ok(r)
+    }
+}

@@ -1,0 +1,279 @@
+//! The model's address space: pool, contiguous memory, common buffers and user buffers as regions of backend
+//! pages at fake virtual addresses, and the CPU's checked access to them (paged memory at raised IRQL faults).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use vhca_ntapi::*;
+
+use crate::bugcheck::Bugcheck;
+use crate::verifier::{c4, VerifierFlags};
+use crate::{dma, lock, mdl, HostMemId, NtModel, PAGE};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RegionKind {
+    NonPagedPool,
+    PagedPool,
+    Contiguous,
+    CommonBuffer,
+    /// A user-mode buffer: pageable until MmProbeAndLockPages locks it.
+    User,
+}
+
+impl RegionKind {
+    pub fn pageable(self) -> bool {
+        matches!(self, RegionKind::PagedPool | RegionKind::User)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Region {
+    pub base: u64,
+    pub bytes: u64,
+    pub pages: usize,
+    pub mem: HostMemId,
+    pub kind: RegionKind,
+    pub tag: u32,
+    /// MDLs holding the region's pages locked.
+    pub locks: u32,
+}
+
+impl Region {
+    pub fn end(&self) -> u64 {
+        self.base + self.pages as u64 * PAGE
+    }
+}
+
+const KERNEL_VA_BASE: u64 = 0xFFFF_8000_0000_0000;
+const USER_VA_BASE: u64 = 0x0000_0200_0000_0000;
+
+/// Everything the kernel tracks about memory and DMA, under one lock so checks see a consistent picture.
+#[derive(Default)]
+pub(crate) struct Memory {
+    pub regions: BTreeMap<u64, Region>,
+    next_kernel_va: u64,
+    next_user_va: u64,
+    /// Pool bases that were freed (a second free is 0xC4/0x13, not 0x10).
+    pub freed_pool: HashSet<u64>,
+    pub mdls: HashMap<u64, mdl::Mdl>,
+    pub dma: dma::DmaState,
+}
+
+impl Memory {
+    pub fn region_of(&self, va: u64) -> Option<&Region> {
+        self.regions.range(..=va).next_back().map(|(_, r)| r).filter(|r| va < r.end())
+    }
+
+    pub fn region_of_mut(&mut self, va: u64) -> Option<&mut Region> {
+        self.regions.range_mut(..=va).next_back().map(|(_, r)| r).filter(|r| va < r.end())
+    }
+
+    /// A fresh virtual range with an unmapped guard page after it; addresses are never reused.
+    fn reserve_va(&mut self, pages: usize, user: bool, in_page_offset: u64) -> u64 {
+        let next = if user { &mut self.next_user_va } else { &mut self.next_kernel_va };
+        if *next == 0 {
+            *next = if user { USER_VA_BASE } else { KERNEL_VA_BASE };
+        }
+        let base = *next;
+        *next += (pages as u64 + 1) * PAGE;
+        base + in_page_offset
+    }
+
+    /// Copies between the CPU and region memory without IRQL checks (the kernel's own copies, shadow buffers).
+    pub fn copy_from(&self, backend: &dyn crate::DmaBackend, va: u64, out: &mut [u8]) -> Result<(), u64> {
+        let mut done = 0usize;
+        while done < out.len() {
+            let at = va + done as u64;
+            let r = self.region_of(at).ok_or(at)?;
+            let n = ((r.end() - at) as usize).min(out.len() - done);
+            backend.read(r.mem, (at - r.base) as usize, &mut out[done..done + n]).map_err(|_| at)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    pub fn copy_to(&self, backend: &dyn crate::DmaBackend, va: u64, data: &[u8]) -> Result<(), u64> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = va + done as u64;
+            let r = self.region_of(at).ok_or(at)?;
+            let n = ((r.end() - at) as usize).min(data.len() - done);
+            backend.write(r.mem, (at - r.base) as usize, &data[done..done + n]).map_err(|_| at)?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl NtModel {
+    /// Allocates `bytes` in a new region of `kind`. `contiguous` regions obey the fragmentation knob.
+    pub(crate) fn alloc_region(&self, bytes: u64, kind: RegionKind, tag: u32, in_page_offset: u64) -> Option<u64> {
+        let pages = usize::try_from((in_page_offset + bytes).div_ceil(PAGE)).ok()?;
+        if pages == 0 {
+            return None;
+        }
+        let contiguous = matches!(kind, RegionKind::Contiguous | RegionKind::CommonBuffer);
+        if contiguous && self.config.max_contiguous_pages.is_some_and(|max| pages > max) {
+            return None;
+        }
+        let mem = self.backend.alloc(pages).ok()?;
+        let mut m = lock(&self.memory);
+        let va = m.reserve_va(pages, kind == RegionKind::User, in_page_offset);
+        let base = va - in_page_offset;
+        m.regions.insert(base, Region { base, bytes, pages, mem, kind, tag, locks: 0 });
+        Some(va)
+    }
+
+    /// Removes the region starting at `base`, returning it; its pages go back to the backend.
+    pub(crate) fn free_region(&self, m: &mut Memory, base: u64) -> Option<Region> {
+        let r = m.regions.remove(&base)?;
+        // The backend drops any translation to these pages too; a leak here is a model bug, not the driver's.
+        let _ = self.backend.free(r.mem);
+        Some(r)
+    }
+
+    pub(crate) fn pool_alloc(&self, pool_type: POOL_TYPE, bytes: usize, tag: u32) -> Result<PVOID, Bugcheck> {
+        let irql = self.irql();
+        if bytes == 0 && self.verifier().enabled() {
+            return Err(Bugcheck::c4(c4::ZERO_BYTE_ALLOCATION, irql as u64, pool_type as u64, 0));
+        }
+        if self.checks(VerifierFlags::IRQL_CHECKING) {
+            if pool_type.is_paged() && irql > APC_LEVEL {
+                return Err(Bugcheck::c4(c4::PAGED_ALLOC_ABOVE_APC, irql as u64, pool_type as u64, bytes as u64));
+            }
+            if irql > DISPATCH_LEVEL {
+                return Err(Bugcheck::c4(c4::NONPAGED_ALLOC_ABOVE_DISPATCH, irql as u64, pool_type as u64, bytes as u64));
+            }
+        }
+        let kind = if pool_type.is_paged() { RegionKind::PagedPool } else { RegionKind::NonPagedPool };
+        Ok(self.alloc_region(bytes as u64, kind, tag, 0).map(PVOID).unwrap_or(PVOID::NULL))
+    }
+
+    pub(crate) fn pool_free(&self, p: PVOID) -> Result<(), Bugcheck> {
+        let irql = self.irql();
+        let mut m = lock(&self.memory);
+        let kind = m.regions.get(&p.0).map(|r| r.kind);
+        let pool_type = match kind {
+            Some(RegionKind::PagedPool) => POOL_TYPE::PagedPool,
+            Some(RegionKind::NonPagedPool) => POOL_TYPE::NonPagedPool,
+            _ if !self.verifier().enabled() => return Ok(()),
+            _ if m.freed_pool.contains(&p.0) => return Err(Bugcheck::c4(c4::FREE_ALREADY_FREED, 0, p.0, 0)),
+            _ => return Err(Bugcheck::c4(c4::FREE_BAD_ADDRESS, p.0, 0, 0)),
+        };
+        if self.checks(VerifierFlags::IRQL_CHECKING) {
+            if pool_type.is_paged() && irql > APC_LEVEL {
+                return Err(Bugcheck::c4(c4::FREE_PAGED_ABOVE_APC, irql as u64, pool_type as u64, p.0));
+            }
+            if irql > DISPATCH_LEVEL {
+                return Err(Bugcheck::c4(c4::FREE_NONPAGED_ABOVE_DISPATCH, irql as u64, pool_type as u64, p.0));
+            }
+        }
+        self.free_region(&mut m, p.0);
+        m.freed_pool.insert(p.0);
+        Ok(())
+    }
+
+    pub(crate) fn contiguous_alloc(&self, bytes: usize) -> Result<PVOID, Bugcheck> {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
+            return Err(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+        }
+        Ok(self.alloc_region(bytes as u64, RegionKind::Contiguous, 0, 0).map(PVOID).unwrap_or(PVOID::NULL))
+    }
+
+    pub(crate) fn contiguous_free(&self, va: PVOID) -> Result<(), Bugcheck> {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql >= DISPATCH_LEVEL {
+            return Err(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+        }
+        let mut m = lock(&self.memory);
+        match m.regions.get(&va.0).map(|r| r.kind) {
+            Some(RegionKind::Contiguous) => {
+                self.free_region(&mut m, va.0);
+                Ok(())
+            }
+            _ if self.verifier().enabled() => Err(Bugcheck::c4(c4::FREE_BAD_ADDRESS, va.0, 0, 0)),
+            _ => Ok(()),
+        }
+    }
+
+    /// CPU access to `va..va+len`: a missing page is 0x50; pageable, unlocked memory at DISPATCH_LEVEL or above is
+    /// 0xD1 when IRQL checking is on (the verifier pages such memory out whenever IRQL is raised).
+    fn check_cpu_access(&self, m: &Memory, va: u64, len: usize, write: bool) -> Result<(), Bugcheck> {
+        let irql = self.irql();
+        let mut at = va;
+        let end = va.saturating_add(len as u64);
+        while at < end {
+            let Some(r) = m.region_of(at) else {
+                return Err(Bugcheck::new(PAGE_FAULT_IN_NONPAGED_AREA, at, write as u64, 0, 0));
+            };
+            if r.kind.pageable() && r.locks == 0 && irql >= DISPATCH_LEVEL && self.checks(VerifierFlags::IRQL_CHECKING)
+            {
+                return Err(Bugcheck::new(DRIVER_IRQL_NOT_LESS_OR_EQUAL, at, irql as u64, write as u64, 0));
+            }
+            at = r.end();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn cpu_read(&self, va: PVOID, out: &mut [u8]) -> Result<(), Bugcheck> {
+        let m = lock(&self.memory);
+        self.check_cpu_access(&m, va.0, out.len(), false)?;
+        m.copy_from(&*self.backend, va.0, out).map_err(|at| Bugcheck::new(PAGE_FAULT_IN_NONPAGED_AREA, at, 0, 0, 0))
+    }
+
+    pub(crate) fn cpu_write(&self, va: PVOID, data: &[u8]) -> Result<(), Bugcheck> {
+        let m = lock(&self.memory);
+        self.check_cpu_access(&m, va.0, data.len(), true)?;
+        m.copy_to(&*self.backend, va.0, data).map_err(|at| Bugcheck::new(PAGE_FAULT_IN_NONPAGED_AREA, at, 1, 0, 0))
+    }
+
+    /// A user-mode process's buffer of `bytes`, starting `in_page_offset` bytes into its first page: pageable
+    /// memory the driver must probe and lock before DMA.
+    pub fn alloc_user_buffer(&self, bytes: u64, in_page_offset: u64) -> PVOID {
+        self.alloc_region(bytes, RegionKind::User, 0, in_page_offset % PAGE).map(PVOID).unwrap_or(PVOID::NULL)
+    }
+
+    pub fn free_user_buffer(&self, va: PVOID) {
+        let mut m = lock(&self.memory);
+        let base = va.0 - va.0 % PAGE;
+        if m.regions.get(&base).is_some_and(|r| r.kind == RegionKind::User) {
+            self.free_region(&mut m, base);
+        }
+    }
+
+    /// Pool allocations still live: (paged bytes, non-paged bytes, count).
+    pub fn pool_outstanding(&self) -> (u64, u64, u64) {
+        let m = lock(&self.memory);
+        m.regions.values().fold((0, 0, 0), |(p, n, c), r| match r.kind {
+            RegionKind::PagedPool => (p + r.bytes, n, c + 1),
+            RegionKind::NonPagedPool => (p, n + r.bytes, c + 1),
+            _ => (p, n, c),
+        })
+    }
+
+    /// Live pool allocations as (address, bytes, tag, paged): what `!poolused` would list for the driver.
+    pub fn pool_allocations(&self) -> Vec<(PVOID, u64, u32, bool)> {
+        let m = lock(&self.memory);
+        m.regions
+            .values()
+            .filter(|r| matches!(r.kind, RegionKind::PagedPool | RegionKind::NonPagedPool))
+            .map(|r| (PVOID(r.base), r.bytes, r.tag, r.kind == RegionKind::PagedPool))
+            .collect()
+    }
+
+    pub(crate) fn unload_checks(&self) -> Result<(), Bugcheck> {
+        if self.checks(VerifierFlags::DMA_CHECKING) {
+            let m = lock(&self.memory);
+            for adapter in m.dma.adapters.values().filter(|a| !a.released) {
+                adapter.outstanding_check()?;
+            }
+        }
+        if self.checks(VerifierFlags::POOL_TRACKING) {
+            let (paged, nonpaged, count) = self.pool_outstanding();
+            if count > 0 {
+                return Err(Bugcheck::c4(c4::UNLOAD_WITH_POOL_ALLOCATIONS, paged, nonpaged, count));
+            }
+        }
+        Ok(())
+    }
+}
