@@ -1,14 +1,100 @@
-//! What the HCA reports for the event log. The transport decides where the lines go.
+//! What the HCA reports for the event log (schema: docs/events.md, version `EVENT_SCHEMA_VERSION`).
+//! The HCA only builds these; the transport decides where the lines go and adds "seq" and "t_us".
 
 use serde::Serialize;
+
+/// Version of the event-log schema in docs/events.md. Bumped when a kind or field changes meaning or goes away.
+pub const EVENT_SCHEMA_VERSION: u32 = 1;
 
 /// One thing the HCA did or refused. Serialised with `"kind"` as tag into the device's JSON-lines event log.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum HcaEvent {
+    /// A command finished.
     Command { opcode: String, tag: u32, status: String },
+    /// Why a command was refused; precedes its `command` line.
+    Refused { opcode: String, tag: u32, reason: String },
+    /// A command created or destroyed an object (`object`: pd, cq, qp, mr; `handle`: its handle, QPN or lkey).
+    Object { action: &'static str, object: &'static str, handle: u32, tag: u32 },
+    /// Registers were taken for an object's pages.
+    Map { owner: &'static str, handle: u32, registers: u32, first_iova: u64, in_use: u32, free: u32 },
+    /// Registers went back to the pool.
+    Unmap { owner: &'static str, handle: u32, registers: u32, in_use: u32, free: u32 },
+    /// A command asked for more registers than were free.
+    MapRegistersExhausted { owner: &'static str, opcode: String, tag: u32, wanted: u32, free: u32 },
+    /// One DMA the device made (or tried), through map registers. `n`: its 1-based ordinal (see invalidate_at_dma).
+    Dma {
+        n: u64,
+        dir: &'static str,
+        iova: u64,
+        len: u64,
+        purpose: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        qpn: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        wr_id: Option<u64>,
+        ok: bool,
+    },
+    /// A check refused an access. Names the work request (qpn, wr_id) or the command (opcode, tag) behind it.
+    Fault {
+        cause: &'static str,
+        dir: &'static str,
+        purpose: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        iova: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        addr: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        key: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        register: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        qpn: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        wr_id: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        opcode: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tag: Option<u32>,
+    },
+    /// A QP changed state; `reason` is "modify_qp" or what forced it.
+    QpState { qpn: u32, from: &'static str, to: &'static str, reason: String },
+    /// A CQE was written (or, with `written: false`, could not be).
+    Completion {
+        cq: u32,
+        index: u32,
+        qpn: u32,
+        wr_id: u64,
+        opcode: &'static str,
+        status: &'static str,
+        vendor_err: &'static str,
+        byte_len: u32,
+        written: bool,
+    },
+    /// A fault-injection knob fired. `what`: the knob; `n`: the count it fired at.
+    Injected { what: &'static str, n: u64, detail: String },
+    /// A doorbell record was accepted (`ok`) or refused, with why.
+    Doorbell {
+        db: String,
+        handle: u32,
+        index: u32,
+        ok: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    /// An IOTLB invalidation (from QEMU or injected) met registers: they are stale until re-validated.
+    TranslationsStale { iova: u64, size: u64, registers: u32, injected: bool },
+    /// An asynchronous event queued for queue 1.
+    AsyncEvent { event: &'static str, handle: u32, cause: &'static str, detail: u32, queued: bool },
 }
 
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: HcaEvent);
+}
+
+/// A sink that throws events away (benchmarks, callers that do not log).
+pub struct NullSink;
+
+impl EventSink for NullSink {
+    fn emit(&self, _event: HcaEvent) {}
 }

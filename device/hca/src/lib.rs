@@ -1,10 +1,24 @@
 //! The emulated HCA, independent of how it is transported: commands in, responses and DMA out.
 //! The vhost-user transport (crate vhca-device) and the in-process tests drive it through the same `Dma` trait.
 
+mod commands;
+mod completions;
+mod cq;
 pub mod dma;
+mod dma_engine;
+mod doorbells;
 pub mod events;
+pub mod fault_injection;
+mod handles;
 mod hca;
+mod map_registers;
+mod mr;
+mod notify;
+mod pd;
+mod qp;
+mod work_requests;
 
 pub use dma::{Dma, DmaError};
-pub use events::{EventSink, HcaEvent};
+pub use events::{EventSink, HcaEvent, NullSink, EVENT_SCHEMA_VERSION};
+pub use fault_injection::{ContiguousPolicy, FaultInjection, InjectionParseError};
 pub use hca::{Hca, HcaConfig};

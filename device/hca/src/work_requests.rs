@@ -1,0 +1,406 @@
+//! Work requests: reading WQEs from the SQ/RQ rings, executing SEND/RECV, RDMA_WRITE and RDMA_READ between QPs of
+//! this device (loopback through dest_qpn), and the ibverbs error rules: a failed WR moves its QP to ERR, later WRs
+//! are flushed with WR_FLUSH_ERR.
+
+use vhca_proto::status::WcStatus;
+use vhca_proto::{
+    EventKind, FaultCause, QpState, Sge, Wqe, WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE,
+    MAX_SGE, WQE_SIZE, WR_SIGNALED, WR_SOLICITED,
+};
+use zerocopy::FromBytes;
+
+use crate::completions::WorkCompletion;
+use crate::dma_engine::{DmaContext, DmaFault};
+use crate::events::HcaEvent;
+use crate::mr::{check_access, MrAccess};
+use crate::{Dma, Hca};
+
+/// A failed work request: the completion status and the check that failed.
+type WrError = (WcStatus, FaultCause);
+
+/// Status of a failed access on the requester's own MRs (ibverbs: bad key or range is a protection error).
+fn local_status(cause: FaultCause) -> WcStatus {
+    match cause {
+        FaultCause::OutsideMr | FaultCause::FreedMapRegister => WcStatus::LocProtErr,
+        _ => WcStatus::LocAccessErr,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Send,
+    Recv,
+}
+
+/// Who a data movement is for, for contexts and fault events.
+#[derive(Clone, Copy)]
+struct Wr {
+    qpn: u32,
+    wr_id: u64,
+}
+
+impl Wr {
+    fn ctx(self, purpose: &'static str) -> DmaContext {
+        DmaContext {
+            purpose,
+            qpn: Some(self.qpn),
+            wr_id: Some(self.wr_id),
+            async_handle: self.qpn,
+            ..Default::default()
+        }
+    }
+}
+
+impl Hca {
+    pub(crate) fn set_qp_state(&mut self, qpn: u32, to: QpState, reason: String) {
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        let from = qp.state;
+        qp.state = to;
+        self.out.emit(HcaEvent::QpState { qpn, from: from.name(), to: to.name(), reason });
+    }
+
+    /// A work request failed: the QP goes to ERR (once) and the driver hears of it on the event queue.
+    fn fail_qp(&mut self, qpn: u32, cause: FaultCause, reason: String) {
+        if self.qp_state(qpn).is_none_or(|s| s == QpState::Err) {
+            return;
+        }
+        self.set_qp_state(qpn, QpState::Err, reason);
+        self.out.push_async(EventKind::QpFatal, qpn, cause, 0, 0);
+    }
+
+    /// Runs the SQ up to the producer index: executes WQEs in RTS, flushes them in ERR, leaves them otherwise.
+    pub(crate) fn process_send_queue(&mut self, dma: &dyn Dma, qpn: u32) {
+        loop {
+            let Some(qp) = self.qps.get(&qpn) else { return };
+            if qp.sq.pending() == 0 {
+                return;
+            }
+            match qp.state {
+                QpState::Rts => self.execute_send_wqe(dma, qpn),
+                QpState::Err => return self.flush_qp(dma, qpn),
+                _ => return,
+            }
+        }
+    }
+
+    /// Completes every outstanding WR of both queues with WR_FLUSH_ERR, signaled or not.
+    pub(crate) fn flush_qp(&mut self, dma: &dyn Dma, qpn: u32) {
+        for queue in [Queue::Send, Queue::Recv] {
+            loop {
+                let Some(qp) = self.qps.get(&qpn) else { return };
+                let (wq, cq) = match queue {
+                    Queue::Send => (&qp.sq, qp.send_cq),
+                    Queue::Recv => (&qp.rq, qp.recv_cq),
+                };
+                if wq.pending() == 0 {
+                    break;
+                }
+                let wqe = self.read_wqe(dma, qpn, queue, "flush_wqe").unwrap_or_default();
+                let opcode = if queue == Queue::Recv { WrOpcode::Recv as u32 } else { wqe.opcode.get() };
+                let completion = WorkCompletion {
+                    cq,
+                    qpn,
+                    wr_id: wqe.wr_id.get(),
+                    opcode,
+                    status: WcStatus::WrFlushErr,
+                    cause: FaultCause::None,
+                    byte_len: 0,
+                    solicited: false,
+                };
+                self.complete(dma, completion);
+            }
+        }
+    }
+
+    /// Reads the WQE at the consumer index of a queue and advances the consumer past it, readable or not.
+    fn read_wqe(&mut self, dma: &dyn Dma, qpn: u32, queue: Queue, purpose: &'static str) -> Result<Wqe, DmaFault> {
+        let Some(qp) = self.qps.get(&qpn) else {
+            return Err(DmaFault { cause: FaultCause::None, iova: None, register: None });
+        };
+        let wq = if queue == Queue::Send { &qp.sq } else { &qp.rq };
+        let offset = wq.offset_of(wq.consumer);
+        let mut raw = [0u8; WQE_SIZE];
+        let ctx = DmaContext { purpose, qpn: Some(qpn), async_handle: qpn, ..Default::default() };
+        let result = self.engine.read(dma, &wq.registers, offset, &mut raw, &ctx, &mut self.out);
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            let wq = if queue == Queue::Send { &mut qp.sq } else { &mut qp.rq };
+            wq.consumer = wq.consumer.wrapping_add(1);
+        }
+        result?;
+        Wqe::read_from_bytes(&raw).map_err(|_| DmaFault { cause: FaultCause::None, iova: None, register: None })
+    }
+
+    fn execute_send_wqe(&mut self, dma: &dyn Dma, qpn: u32) {
+        let Some(send_cq) = self.qps.get(&qpn).map(|q| q.send_cq) else { return };
+        let wqe = match self.read_wqe(dma, qpn, Queue::Send, "wqe") {
+            Ok(wqe) => wqe,
+            Err(fault) => {
+                let completion = WorkCompletion {
+                    cq: send_cq,
+                    qpn,
+                    wr_id: 0,
+                    opcode: 0,
+                    status: WcStatus::LocQpOpErr,
+                    cause: fault.cause,
+                    byte_len: 0,
+                    solicited: false,
+                };
+                self.complete(dma, completion);
+                self.fail_qp(qpn, fault.cause, format!("send WQE unreadable: {}", fault.cause.name()));
+                return;
+            }
+        };
+        let wr = Wr { qpn, wr_id: wqe.wr_id.get() };
+        let opcode = wqe.opcode.get();
+        let result = match (WrOpcode::from_u32(opcode), usize::try_from(wqe.num_sge.get())) {
+            (_, Ok(n)) if n <= MAX_SGE => match WrOpcode::from_u32(opcode) {
+                Some(WrOpcode::Send) => self.do_send(dma, wr, &wqe, &wqe.sge[..n]),
+                Some(WrOpcode::RdmaWrite) => self.do_rdma_write(dma, wr, &wqe, &wqe.sge[..n]),
+                Some(WrOpcode::RdmaRead) => self.do_rdma_read(dma, wr, &wqe, &wqe.sge[..n]),
+                _ => Err((WcStatus::LocQpOpErr, FaultCause::None)),
+            },
+            _ => Err((WcStatus::LocQpOpErr, FaultCause::None)),
+        };
+        let signaled = wqe.flags.get() & WR_SIGNALED != 0;
+        let (status, cause, byte_len) = match result {
+            Ok(len) => (WcStatus::Success, FaultCause::None, len),
+            Err((status, cause)) => (status, cause, 0),
+        };
+        if signaled || status != WcStatus::Success {
+            let completion =
+                WorkCompletion { cq: send_cq, qpn, wr_id: wr.wr_id, opcode, status, cause, byte_len, solicited: false };
+            self.complete(dma, completion);
+        }
+        if status != WcStatus::Success {
+            let reason = format!(
+                "wr_id {:#x} {}: {} ({}), num_sge {}",
+                wr.wr_id,
+                crate::completions::opcode_name(opcode),
+                status.name(),
+                cause.name(),
+                wqe.num_sge
+            );
+            self.fail_qp(qpn, cause, reason);
+        }
+    }
+
+    /// The QP's loopback peer, if it exists and accepts requests (RTR or later).
+    fn peer_of(&self, qpn: u32) -> Option<u32> {
+        let dest = self.qps.get(&qpn)?.dest_qpn?;
+        self.qps.get(&dest).filter(|p| p.can_receive()).map(|p| p.qpn)
+    }
+
+    fn pd_of(&self, qpn: u32) -> u32 {
+        self.qps.get(&qpn).map_or(0, |q| q.pd)
+    }
+
+    fn fault_event(&self, wr: Wr, cause: FaultCause, dir: &'static str, purpose: &'static str, sge: (u32, u64)) {
+        self.out.emit(HcaEvent::Fault {
+            cause: cause.name(),
+            dir,
+            purpose,
+            iova: None,
+            addr: Some(sge.1),
+            key: Some(sge.0),
+            register: None,
+            qpn: Some(wr.qpn),
+            wr_id: Some(wr.wr_id),
+            opcode: None,
+            tag: None,
+        });
+    }
+
+    /// Checks every SGE against its MR (key, PD, range, rights) before any byte moves.
+    fn check_sges(
+        &self,
+        wr: Wr,
+        pd: u32,
+        sges: &[Sge],
+        need: u32,
+        dir: &'static str,
+        purpose: &'static str,
+    ) -> Result<Vec<(MrAccess, usize)>, FaultCause> {
+        let mut out = Vec::with_capacity(sges.len());
+        for sge in sges {
+            let (key, addr, len) = (sge.lkey.get(), sge.addr.get(), sge.length.get());
+            match check_access(&self.mrs, key, pd, addr, u64::from(len), need) {
+                Ok(access) => out.push((access, len as usize)),
+                Err(cause) => {
+                    self.fault_event(wr, cause, dir, purpose, (key, addr));
+                    return Err(cause);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the bytes the SGEs name, in order, from the requester's MRs.
+    fn gather(
+        &mut self,
+        dma: &dyn Dma,
+        wr: Wr,
+        pd: u32,
+        sges: &[Sge],
+        purpose: &'static str,
+    ) -> Result<Vec<u8>, FaultCause> {
+        let pieces = self.check_sges(wr, pd, sges, 0, "read", purpose)?;
+        let total = pieces.iter().map(|p| p.1).sum();
+        let mut data = vec![0u8; total];
+        let mut pos = 0;
+        for (access, len) in pieces {
+            let Some(mr) = self.mrs.get(access.key) else { return Err(FaultCause::FreedMapRegister) };
+            let ctx = wr.ctx(purpose);
+            self.engine
+                .read(dma, &mr.registers, access.offset, &mut data[pos..pos + len], &ctx, &mut self.out)
+                .map_err(|f| f.cause)?;
+            pos += len;
+        }
+        Ok(data)
+    }
+
+    /// Writes `data` into the SGEs' MRs (which need LOCAL_WRITE), in order; the SGEs must hold all of it.
+    fn scatter(
+        &mut self,
+        dma: &dyn Dma,
+        wr: Wr,
+        pd: u32,
+        sges: &[Sge],
+        data: &[u8],
+        purpose: &'static str,
+    ) -> Result<(), WrError> {
+        let pieces = self
+            .check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", purpose)
+            .map_err(|cause| (local_status(cause), cause))?;
+        let capacity: usize = pieces.iter().map(|p| p.1).sum();
+        if data.len() > capacity {
+            return Err((WcStatus::LocLenErr, FaultCause::None));
+        }
+        let mut pos = 0;
+        for (access, len) in pieces {
+            let len = len.min(data.len() - pos);
+            if len == 0 {
+                break;
+            }
+            let Some(mr) = self.mrs.get(access.key) else {
+                return Err((WcStatus::LocProtErr, FaultCause::FreedMapRegister));
+            };
+            let ctx = wr.ctx(purpose);
+            self.engine
+                .write(dma, &mr.registers, access.offset, &data[pos..pos + len], &ctx, &mut self.out)
+                .map_err(|f| (local_status(f.cause), f.cause))?;
+            pos += len;
+        }
+        Ok(())
+    }
+
+    /// The peer and the place in its MR an RDMA operation targets, after the QP's and the MR's remote rights.
+    fn remote_target(
+        &self,
+        wr: Wr,
+        wqe: &Wqe,
+        len: u64,
+        need: u32,
+        purpose: &'static str,
+    ) -> Result<(u32, MrAccess), WrError> {
+        let peer = self.peer_of(wr.qpn).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
+        let (rkey, addr) = (wqe.rkey.get(), wqe.remote_addr.get());
+        let dir = if need == ACCESS_REMOTE_READ { "read" } else { "write" };
+        let peer_qp = self.qps.get(&peer).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
+        if peer_qp.access & need != need {
+            self.fault_event(wr, FaultCause::AccessRight, dir, purpose, (rkey, addr));
+            return Err((WcStatus::RemAccessErr, FaultCause::AccessRight));
+        }
+        match check_access(&self.mrs, rkey, peer_qp.pd, addr, len, need) {
+            Ok(access) => Ok((peer, access)),
+            Err(cause) => {
+                self.fault_event(wr, cause, dir, purpose, (rkey, addr));
+                Err((WcStatus::RemAccessErr, cause))
+            }
+        }
+    }
+
+    fn do_rdma_write(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
+        let pd = self.pd_of(wr.qpn);
+        let data = self.gather(dma, wr, pd, sges, "rdma_write_local").map_err(|c| (local_status(c), c))?;
+        let (_, target) = self.remote_target(wr, wqe, data.len() as u64, ACCESS_REMOTE_WRITE, "rdma_write_remote")?;
+        if !data.is_empty() {
+            let mr = self.mrs.get(target.key).ok_or((WcStatus::RemAccessErr, FaultCause::FreedMapRegister))?;
+            let ctx = wr.ctx("rdma_write_remote");
+            self.engine
+                .write(dma, &mr.registers, target.offset, &data, &ctx, &mut self.out)
+                .map_err(|f| (WcStatus::RemAccessErr, f.cause))?;
+        }
+        Ok(u32::try_from(data.len()).unwrap_or(u32::MAX))
+    }
+
+    fn do_rdma_read(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
+        let pd = self.pd_of(wr.qpn);
+        // The local side is checked first so no remote byte is read for a request that cannot land.
+        let pieces = self
+            .check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "rdma_read_local")
+            .map_err(|c| (local_status(c), c))?;
+        let len: usize = pieces.iter().map(|p| p.1).sum();
+        let (_, source) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_READ, "rdma_read_remote")?;
+        let mut data = vec![0u8; len];
+        if len > 0 {
+            let mr = self.mrs.get(source.key).ok_or((WcStatus::RemAccessErr, FaultCause::FreedMapRegister))?;
+            let ctx = wr.ctx("rdma_read_remote");
+            self.engine
+                .read(dma, &mr.registers, source.offset, &mut data, &ctx, &mut self.out)
+                .map_err(|f| (WcStatus::RemAccessErr, f.cause))?;
+        }
+        self.scatter(dma, wr, pd, sges, &data, "rdma_read_local")?;
+        Ok(u32::try_from(len).unwrap_or(u32::MAX))
+    }
+
+    /// SEND: the payload lands in the buffer of the peer's next RECV. A receiver-side failure completes that RECV
+    /// with its error and moves the peer to ERR; the sender sees REM_ACCESS_ERR.
+    fn do_send(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
+        let pd = self.pd_of(wr.qpn);
+        let data = self.gather(dma, wr, pd, sges, "send_payload").map_err(|c| (local_status(c), c))?;
+        let peer = self.peer_of(wr.qpn).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
+        let Some((peer_pd, recv_cq, posted)) = self.qps.get(&peer).map(|p| (p.pd, p.recv_cq, p.rq.pending())) else {
+            return Err((WcStatus::RnrRetryExcErr, FaultCause::None));
+        };
+        if posted == 0 {
+            return Err((WcStatus::RnrRetryExcErr, FaultCause::None));
+        }
+        let recv = self.read_wqe(dma, peer, Queue::Recv, "recv_wqe");
+        let recv_wr = Wr { qpn: peer, wr_id: recv.as_ref().map_or(0, |w| w.wr_id.get()) };
+        let outcome = match &recv {
+            Err(fault) => Err((WcStatus::LocQpOpErr, fault.cause)),
+            Ok(r) if r.opcode.get() != WrOpcode::Recv as u32 => Err((WcStatus::LocQpOpErr, FaultCause::None)),
+            Ok(r) => match usize::try_from(r.num_sge.get()) {
+                Ok(n) if n <= MAX_SGE => {
+                    let recv_sges = r.sge;
+                    self.scatter(dma, recv_wr, peer_pd, &recv_sges[..n], &data, "recv_payload")
+                }
+                _ => Err((WcStatus::LocQpOpErr, FaultCause::None)),
+            },
+        };
+        let byte_len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let (status, cause) = match outcome {
+            Ok(()) => (WcStatus::Success, FaultCause::None),
+            Err(e) => e,
+        };
+        let completion = WorkCompletion {
+            cq: recv_cq,
+            qpn: peer,
+            wr_id: recv_wr.wr_id,
+            opcode: WrOpcode::Recv as u32,
+            status,
+            cause,
+            byte_len: if status == WcStatus::Success { byte_len } else { 0 },
+            solicited: wqe.flags.get() & WR_SOLICITED != 0,
+        };
+        self.complete(dma, completion);
+        if status != WcStatus::Success {
+            self.fail_qp(peer, cause, format!("recv wr_id {:#x}: {} ({})", recv_wr.wr_id, status.name(), cause.name()));
+            if peer != wr.qpn {
+                self.flush_qp(dma, peer);
+            }
+            return Err((WcStatus::RemAccessErr, cause));
+        }
+        Ok(byte_len)
+    }
+}
