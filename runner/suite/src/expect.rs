@@ -1,0 +1,175 @@
+//! The expected verdict of one concrete run, as written in a suite file (`pass`, `bugcheck 0xE6 0x26`, ...).
+//! Parsing is strict: a typo in an expectation must fail the suite file, not silently expect something else.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+use vhca_proto::event::FaultCause;
+
+use crate::bugcheck::parse_hex;
+
+/// What a run should end in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    Pass,
+    /// A bugcheck with this code, and if given, this first parameter (the verifier's subcode).
+    Bugcheck {
+        code: u32,
+        param1: Option<u64>,
+    },
+    /// The device refused a DMA for this cause (a `FaultCause` name from proto).
+    DeviceFault {
+        cause: String,
+    },
+    GuestPanic,
+    Hang,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExpectParseError {
+    #[error("empty verdict; expected one of: pass, bugcheck CODE [PARAM1], device-fault CAUSE, guest-panic, hang")]
+    Empty,
+    #[error(
+        "unknown verdict '{0}'; expected one of: pass, bugcheck CODE [PARAM1], device-fault CAUSE, guest-panic, hang"
+    )]
+    UnknownKind(String),
+    #[error("'{verdict}' takes no argument, found '{extra}'")]
+    UnexpectedArgument { verdict: &'static str, extra: String },
+    #[error("bugcheck needs a code, e.g. 'bugcheck 0xE6'")]
+    MissingCode,
+    #[error("bad bugcheck code '{0}': expected 0x-prefixed hex that fits in 32 bits")]
+    BadCode(String),
+    #[error("bad bugcheck parameter 1 '{0}': expected 0x-prefixed hex that fits in 64 bits")]
+    BadParam(String),
+    #[error("device-fault needs a cause, one of: {}", fault_cause_names().join(", "))]
+    MissingCause,
+    #[error("unknown device fault cause '{0}'; expected one of: {names}", names = fault_cause_names().join(", "))]
+    UnknownCause(String),
+}
+
+/// The cause names a device fault can carry (from proto's `FaultCause`, without `none`).
+pub fn fault_cause_names() -> Vec<&'static str> {
+    (1..u32::MAX).map_while(FaultCause::from_u32).map(FaultCause::name).collect()
+}
+
+impl Expected {
+    pub fn parse(text: &str) -> Result<Expected, ExpectParseError> {
+        let mut words = text.split_whitespace();
+        let kind = words.next().ok_or(ExpectParseError::Empty)?;
+        let args: Vec<&str> = words.collect();
+        let no_args = |verdict: &'static str, e: Expected| {
+            if args.is_empty() {
+                Ok(e)
+            } else {
+                Err(ExpectParseError::UnexpectedArgument { verdict, extra: args.join(" ") })
+            }
+        };
+        match kind {
+            "pass" => no_args("pass", Expected::Pass),
+            "guest-panic" => no_args("guest-panic", Expected::GuestPanic),
+            "hang" => no_args("hang", Expected::Hang),
+            "bugcheck" => {
+                let code_text = args.first().ok_or(ExpectParseError::MissingCode)?;
+                let code = parse_hex(code_text)
+                    .and_then(|c| u32::try_from(c).ok())
+                    .ok_or_else(|| ExpectParseError::BadCode(code_text.to_string()))?;
+                let param1 = match args.get(1) {
+                    Some(p) => Some(parse_hex(p).ok_or_else(|| ExpectParseError::BadParam(p.to_string()))?),
+                    None => None,
+                };
+                if args.len() > 2 {
+                    return Err(ExpectParseError::UnexpectedArgument {
+                        verdict: "bugcheck",
+                        extra: args[2..].join(" "),
+                    });
+                }
+                Ok(Expected::Bugcheck { code, param1 })
+            }
+            "device-fault" => {
+                let cause = args.first().ok_or(ExpectParseError::MissingCause)?;
+                if !fault_cause_names().contains(cause) {
+                    return Err(ExpectParseError::UnknownCause(cause.to_string()));
+                }
+                if args.len() > 1 {
+                    return Err(ExpectParseError::UnexpectedArgument {
+                        verdict: "device-fault",
+                        extra: args[1..].join(" "),
+                    });
+                }
+                Ok(Expected::DeviceFault { cause: cause.to_string() })
+            }
+            other => Err(ExpectParseError::UnknownKind(other.to_string())),
+        }
+    }
+}
+
+/// The suite-file form, so `Expected::parse(e.to_string()) == e`.
+impl fmt::Display for Expected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expected::Pass => write!(f, "pass"),
+            Expected::Bugcheck { code, param1: None } => write!(f, "bugcheck {code:#X}"),
+            Expected::Bugcheck { code, param1: Some(p) } => write!(f, "bugcheck {code:#X} {p:#X}"),
+            Expected::DeviceFault { cause } => write!(f, "device-fault {cause}"),
+            Expected::GuestPanic => write!(f, "guest-panic"),
+            Expected::Hang => write!(f, "hang"),
+        }
+    }
+}
+
+impl Serialize for Expected {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form_and_round_trips() {
+        let cases = [
+            ("pass", Expected::Pass),
+            ("bugcheck 0xC4", Expected::Bugcheck { code: 0xC4, param1: None }),
+            ("bugcheck 0x000000e6 0x26", Expected::Bugcheck { code: 0xE6, param1: Some(0x26) }),
+            ("device-fault iommu_unmapped", Expected::DeviceFault { cause: "iommu_unmapped".into() }),
+            ("  guest-panic ", Expected::GuestPanic),
+            ("hang", Expected::Hang),
+        ];
+        for (text, want) in cases {
+            let got = Expected::parse(text).unwrap();
+            assert_eq!(got, want, "{text}");
+            assert_eq!(Expected::parse(&got.to_string()).unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn refuses_bad_strings() {
+        use ExpectParseError as E;
+        let cases: [(&str, fn(&E) -> bool); 9] = [
+            ("", |e| matches!(e, E::Empty)),
+            ("passes", |e| matches!(e, E::UnknownKind(_))),
+            ("pass now", |e| matches!(e, E::UnexpectedArgument { .. })),
+            ("bugcheck", |e| matches!(e, E::MissingCode)),
+            ("bugcheck E6", |e| matches!(e, E::BadCode(_))),
+            ("bugcheck 0x1FFFFFFFF", |e| matches!(e, E::BadCode(_))),
+            ("bugcheck 0xE6 26", |e| matches!(e, E::BadParam(_))),
+            ("device-fault", |e| matches!(e, E::MissingCause)),
+            ("device-fault iommu", |e| matches!(e, E::UnknownCause(_))),
+        ];
+        for (text, check) in cases {
+            let err = Expected::parse(text).unwrap_err();
+            assert!(check(&err), "{text:?} gave {err:?}");
+        }
+    }
+
+    #[test]
+    fn fault_causes_come_from_proto() {
+        let names = fault_cause_names();
+        assert!(names.contains(&"iommu_unmapped"));
+        assert!(names.contains(&"stale_translation"));
+        assert!(!names.contains(&"none"));
+        assert_eq!(names.len(), 6);
+    }
+}

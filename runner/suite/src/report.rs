@@ -1,0 +1,199 @@
+//! The record of a suite run: one `RunReport` per concrete run, totals, the JSON report and the one-line reproducer
+//! of every failure. JUnit and the terminal table render from the same records.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::expect::Expected;
+use crate::suite::{ConcreteRun, Suite, VerifierMode};
+use crate::verdict::{Actual, Outcome, Verdict};
+
+/// How the guest was brought up for a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootPath {
+    Cold,
+    Snapshot,
+}
+
+impl BootPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootPath::Cold => "cold",
+            BootPath::Snapshot => "snapshot",
+        }
+    }
+}
+
+/// One concrete run's line in every report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    /// `<run>/verifier-<mode>`.
+    pub name: String,
+    pub run: String,
+    pub mode: VerifierMode,
+    pub expected: Expected,
+    pub actual: Actual,
+    /// `actual` as one line, as the table and JUnit show it.
+    pub actual_text: String,
+    pub outcome: Outcome,
+    pub notes: Vec<String>,
+    pub seconds: f64,
+    /// "kvm" or "tcg": what the run used.
+    pub accelerator: String,
+    pub path: BootPath,
+    pub artifact_dir: Option<PathBuf>,
+    pub timeline_svg: Option<PathBuf>,
+    /// Set for failed runs by `set_reproducer`.
+    pub reproducer: Option<String>,
+}
+
+impl RunReport {
+    pub fn new(run: &ConcreteRun, verdict: Verdict, seconds: f64, accelerator: &str, path: BootPath) -> RunReport {
+        RunReport {
+            name: run.name.clone(),
+            run: run.run.clone(),
+            mode: run.mode,
+            expected: run.expected.clone(),
+            actual_text: verdict.actual.to_string(),
+            actual: verdict.actual,
+            outcome: verdict.outcome,
+            notes: verdict.notes,
+            seconds,
+            accelerator: accelerator.to_string(),
+            path,
+            artifact_dir: None,
+            timeline_svg: None,
+            reproducer: None,
+        }
+    }
+
+    pub fn passed(&self) -> bool {
+        self.outcome.passed()
+    }
+
+    /// Gives a failed run its reproducer (see `reproducer`); a passed run keeps none.
+    pub fn set_reproducer(&mut self, program: &str, suite_file: Option<&str>) {
+        self.reproducer = (!self.passed()).then(|| reproducer(program, suite_file, &self.name));
+    }
+
+    pub fn failure_reason(&self) -> Option<&str> {
+        match &self.outcome {
+            Outcome::Pass => None,
+            Outcome::Fail { reason } => Some(reason),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Totals {
+    pub runs: usize,
+    pub passed: usize,
+    pub failed: usize,
+    /// Sum of the runs' seconds.
+    pub run_seconds: f64,
+    /// Wall time of the whole suite (less than `run_seconds` when runs go in parallel).
+    pub wall_seconds: f64,
+}
+
+/// The whole suite's result: what `--json` writes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SuiteReport {
+    pub suite: String,
+    /// The suite file's path, or the built-in suite's name.
+    pub source: String,
+    pub runs: Vec<RunReport>,
+    pub totals: Totals,
+}
+
+impl SuiteReport {
+    pub fn new(suite: &Suite, runs: Vec<RunReport>, wall_seconds: f64) -> SuiteReport {
+        let passed = runs.iter().filter(|r| r.passed()).count();
+        let totals = Totals {
+            runs: runs.len(),
+            passed,
+            failed: runs.len() - passed,
+            run_seconds: runs.iter().map(|r| r.seconds).sum(),
+            wall_seconds,
+        };
+        SuiteReport { suite: suite.name.clone(), source: suite.source.clone(), runs, totals }
+    }
+
+    pub fn all_passed(&self) -> bool {
+        self.totals.failed == 0
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serialising plain structs of strings, numbers and vectors into a String cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// The command that re-runs exactly one concrete run: `PROGRAM suite [FILE] --filter '^<name>$'`, shell-quoted.
+/// `suite_file` is `None` for the built-in suite (the runner's default).
+pub fn reproducer(program: &str, suite_file: Option<&str>, run_name: &str) -> String {
+    let mut words = vec![shell_quote(program), "suite".to_string()];
+    if let Some(file) = suite_file {
+        words.push(shell_quote(file));
+    }
+    words.push("--filter".to_string());
+    words.push(shell_quote(&format!("^{}$", regex_literal(run_name))));
+    words.join(" ")
+}
+
+/// `text` as a regex that matches it literally. Unlike `regex::escape`, leaves `-` alone (it only means something
+/// inside a class), so the usual run name reads as itself.
+fn regex_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One shell word: bare when only safe characters, else single-quoted with `'` as `'\''`.
+fn shell_quote(word: &str) -> String {
+    let safe = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':' | '=' | '@' | '+' | ','));
+    if safe {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reproducer_quotes_and_escapes() {
+        assert_eq!(
+            reproducer("/usr/bin/vhca-run", Some("suites/my suite.toml"), "use-after-unmap/verifier-on"),
+            "/usr/bin/vhca-run suite 'suites/my suite.toml' --filter '^use-after-unmap/verifier-on$'"
+        );
+        assert_eq!(reproducer("vhca-run", None, "a.b/verifier-off"), "vhca-run suite --filter '^a\\.b/verifier-off$'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn reproducer_filter_matches_only_its_run() {
+        let cmd = reproducer("vhca-run", None, "a.b/verifier-off");
+        let pattern = cmd.rsplit(' ').next().unwrap().trim_matches('\'');
+        let re = regex::Regex::new(pattern).unwrap();
+        assert!(re.is_match("a.b/verifier-off"));
+        assert!(!re.is_match("axb/verifier-off"));
+        assert!(!re.is_match("a.b/verifier-offx"));
+        let odd = "x(1)+[y]^$|*?{2}\\";
+        let re = regex::Regex::new(&format!("^{}$", regex_literal(odd))).unwrap();
+        assert!(re.is_match(odd));
+        assert!(!re.is_match("x1+y"));
+    }
+}

@@ -1,0 +1,243 @@
+//! A validated suite: runs with their device and guest options and one expectation per verifier mode, and the
+//! expansion of each run into concrete runs `<name>/verifier-off` and `<name>/verifier-on`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::expect::Expected;
+
+/// Driver Verifier flags for the "on" mode unless a run overrides them: DMA checking 0x80, IRQL checking 0x2,
+/// pool tracking 0x8, deadlock detection 0x20.
+pub const DEFAULT_VERIFIER_FLAGS: u32 = 0x80 | 0x2 | 0x8 | 0x20;
+
+/// Per-run guest timeout when neither the run nor the suite's `[defaults]` sets one.
+pub const DEFAULT_TIMEOUT_S: u32 = 60;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifierMode {
+    Off,
+    On,
+}
+
+impl VerifierMode {
+    pub const ALL: [VerifierMode; 2] = [VerifierMode::Off, VerifierMode::On];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerifierMode::Off => "off",
+            VerifierMode::On => "on",
+        }
+    }
+}
+
+impl fmt::Display for VerifierMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The lock a scenario's control path holds around create_cq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LockKind {
+    FastMutex,
+    Kmutex,
+    Eresource,
+}
+
+impl LockKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockKind::FastMutex => "fast_mutex",
+            LockKind::Kmutex => "kmutex",
+            LockKind::Eresource => "eresource",
+        }
+    }
+}
+
+/// How the device is started for a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceOptions {
+    /// `vhca-device --map-registers N`; `None`: the device's default.
+    pub map_registers: Option<u32>,
+    /// Each becomes `vhca-device --inject KEY=VALUE`, in order.
+    pub inject: Vec<String>,
+}
+
+/// What the guest program runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestOptions {
+    pub scenario: String,
+    pub lock: Option<LockKind>,
+    /// Free-form `vhca.KEY=VALUE` settings, keys without the `vhca.` prefix.
+    pub extra: BTreeMap<String, String>,
+    pub timeout_s: u32,
+}
+
+/// One run as written in the suite file, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuiteRun {
+    pub name: String,
+    pub device: DeviceOptions,
+    pub guest: GuestOptions,
+    /// Flags for the "on" mode.
+    pub verifier_flags: u32,
+    /// The modes this run expands to, each with its expectation, in `VerifierMode` order.
+    pub expect: BTreeMap<VerifierMode, Expected>,
+    /// 1-based line of the run's `name` in the suite file, for messages that point back at it.
+    pub line: usize,
+}
+
+/// A validated suite file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suite {
+    pub name: String,
+    /// Where it came from (a path, or `<built-in seed>`), as error messages name it.
+    pub source: String,
+    pub runs: Vec<SuiteRun>,
+}
+
+/// One thing the runner executes: a run in one verifier mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConcreteRun {
+    /// `<run>/verifier-<mode>`; unique in the suite, the name filters and reports use.
+    pub name: String,
+    pub run: String,
+    pub mode: VerifierMode,
+    /// 0 for "off".
+    pub verifier_flags: u32,
+    pub device: DeviceOptions,
+    pub guest: GuestOptions,
+    pub expected: Expected,
+}
+
+impl ConcreteRun {
+    /// The guest's `vhca.*` settings for this run, in a stable order: scenario, lock, verifier, then the extras.
+    /// The runner puts them on the kernel command line (cold) or hands them to the resident agent (snapshot).
+    pub fn guest_params(&self) -> Vec<(String, String)> {
+        let mut params = vec![("vhca.scenario".to_string(), self.guest.scenario.clone())];
+        if let Some(lock) = self.guest.lock {
+            params.push(("vhca.lock".to_string(), lock.as_str().to_string()));
+        }
+        params.push(("vhca.verifier".to_string(), format!("{:#x}", self.verifier_flags)));
+        params.extend(self.guest.extra.iter().map(|(k, v)| (format!("vhca.{k}"), v.clone())));
+        params
+    }
+
+    /// The device's extra arguments for this run: `--map-registers N` and one `--inject KEY=VALUE` per injection.
+    pub fn device_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(n) = self.device.map_registers {
+            args.push("--map-registers".to_string());
+            args.push(n.to_string());
+        }
+        for kv in &self.device.inject {
+            args.push("--inject".to_string());
+            args.push(kv.clone());
+        }
+        args
+    }
+}
+
+/// The concrete-run name for a run in a mode.
+pub fn concrete_name(run: &str, mode: VerifierMode) -> String {
+    format!("{run}/verifier-{mode}")
+}
+
+impl Suite {
+    /// Every concrete run, in file order, "off" before "on".
+    pub fn expand(&self) -> Vec<ConcreteRun> {
+        let mut out = Vec::new();
+        for run in &self.runs {
+            for (mode, expected) in &run.expect {
+                out.push(ConcreteRun {
+                    name: concrete_name(&run.name, *mode),
+                    run: run.name.clone(),
+                    mode: *mode,
+                    verifier_flags: match mode {
+                        VerifierMode::Off => 0,
+                        VerifierMode::On => run.verifier_flags,
+                    },
+                    device: run.device.clone(),
+                    guest: run.guest.clone(),
+                    expected: expected.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// The concrete runs whose name matches `pattern` (a regex, searched, as `--filter` takes it).
+    pub fn expand_filtered(&self, pattern: &str) -> Result<Vec<ConcreteRun>, regex::Error> {
+        let re = regex::Regex::new(pattern)?;
+        Ok(self.expand().into_iter().filter(|r| re.is_match(&r.name)).collect())
+    }
+
+    /// Runs whose scenario the guest program does not know, as `(run name, line, scenario)`. The known list belongs
+    /// to the guest program, so the runner passes it in (the file itself only checks the name's spelling).
+    pub fn unknown_scenarios(&self, known: &[&str]) -> Vec<(String, usize, String)> {
+        self.runs
+            .iter()
+            .filter(|r| !known.contains(&r.guest.scenario.as_str()))
+            .map(|r| (r.name.clone(), r.line, r.guest.scenario.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(name: &str, modes: &[(VerifierMode, Expected)]) -> SuiteRun {
+        SuiteRun {
+            name: name.into(),
+            device: DeviceOptions { map_registers: Some(16), inject: vec!["max_contiguous_pages=4".into()] },
+            guest: GuestOptions {
+                scenario: name.into(),
+                lock: Some(LockKind::Kmutex),
+                extra: BTreeMap::from([("fragmentation".to_string(), "4".to_string())]),
+                timeout_s: 30,
+            },
+            verifier_flags: 0x80,
+            expect: modes.iter().cloned().collect(),
+            line: 1,
+        }
+    }
+
+    #[test]
+    fn expansion_names_modes_and_flags() {
+        let suite = Suite {
+            name: "t".into(),
+            source: "t.toml".into(),
+            runs: vec![
+                run("a", &[(VerifierMode::On, Expected::Hang), (VerifierMode::Off, Expected::Pass)]),
+                run("b", &[(VerifierMode::On, Expected::GuestPanic)]),
+            ],
+        };
+        let runs = suite.expand();
+        let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a/verifier-off", "a/verifier-on", "b/verifier-on"]);
+        assert_eq!(runs[0].verifier_flags, 0);
+        assert_eq!(runs[1].verifier_flags, 0x80);
+        assert_eq!(runs[1].expected, Expected::Hang);
+        let filtered = suite.expand_filtered("^a/verifier-on$").unwrap();
+        assert_eq!(filtered.len(), 1);
+        assert_eq!(filtered[0].name, "a/verifier-on");
+        assert!(suite.expand_filtered("(").is_err());
+    }
+
+    #[test]
+    fn guest_params_and_device_args() {
+        let suite =
+            Suite { name: "t".into(), source: "t".into(), runs: vec![run("a", &[(VerifierMode::On, Expected::Pass)])] };
+        let r = &suite.expand()[0];
+        let params: Vec<String> = r.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(params, ["vhca.scenario=a", "vhca.lock=kmutex", "vhca.verifier=0x80", "vhca.fragmentation=4"]);
+        assert_eq!(r.device_args(), ["--map-registers", "16", "--inject", "max_contiguous_pages=4"]);
+        assert_eq!(suite.unknown_scenarios(&["b"]), vec![("a".to_string(), 1, "a".to_string())]);
+        assert!(suite.unknown_scenarios(&["a"]).is_empty());
+    }
+}

@@ -1,0 +1,54 @@
+//! The terminal result table: run, mode, verdict, seconds, accelerator; then totals and the failures' reproducers.
+//! Plain text without colour; the UI may colour it.
+
+use crate::report::SuiteReport;
+
+/// Renders the table, a totals line, and one `reproduce:` line per failed run that has a reproducer.
+pub fn render_table(report: &SuiteReport) -> String {
+    let header = ["RUN", "MODE", "VERDICT", "SECONDS", "ACCEL"].map(str::to_string);
+    let rows: Vec<[String; 5]> = report
+        .runs
+        .iter()
+        .map(|r| {
+            let verdict = match r.failure_reason() {
+                None => format!("ok   {}", r.actual_text),
+                Some(reason) => format!("FAIL {reason}"),
+            };
+            [r.run.clone(), r.mode.to_string(), verdict, format!("{:.2}", r.seconds), r.accelerator.clone()]
+        })
+        .collect();
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (i, (cell, width)) in row.iter().zip(widths).enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            // Seconds align right, like numbers do.
+            if i == 3 {
+                line.push_str(&format!("{cell:>width$}"));
+            } else {
+                line.push_str(&format!("{cell:<width$}"));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    let t = &report.totals;
+    out.push_str(&format!(
+        "{} runs: {} passed, {} failed; {:.2} s of runs in {:.2} s wall\n",
+        t.runs, t.passed, t.failed, t.run_seconds, t.wall_seconds
+    ));
+    for r in report.runs.iter().filter(|r| !r.passed()) {
+        if let Some(cmd) = &r.reproducer {
+            out.push_str(&format!("reproduce {}: {cmd}\n", r.name));
+        }
+    }
+    out
+}

@@ -1,0 +1,183 @@
+//! A run's timeline as a small SVG: map registers in use over time, DMA faults, commands, and the bugcheck.
+//! Hand-written SVG: no plotting crate draws exactly this, and the output is small enough to write by hand.
+
+use std::fmt::Write;
+
+use crate::eventlog::EventLog;
+use crate::xml_text::escape;
+
+const WIDTH: f64 = 800.0;
+const HEIGHT: f64 = 320.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 50.0;
+
+/// Statuses a `command` line may carry for success; anything else is drawn as a failed command.
+const OK_STATUSES: [&str; 3] = ["OK", "ok", "SUCCESS"];
+
+/// Where on the plot a time and a register count land.
+struct Scale {
+    t0: u64,
+    t_span: f64,
+    y_max: f64,
+}
+
+impl Scale {
+    fn x(&self, t_us: u64) -> f64 {
+        LEFT + (t_us.saturating_sub(self.t0) as f64 / self.t_span) * (WIDTH - LEFT - RIGHT)
+    }
+
+    fn y(&self, in_use: f64) -> f64 {
+        let plot = HEIGHT - TOP - BOTTOM;
+        HEIGHT - BOTTOM - (in_use / self.y_max).min(1.0) * plot
+    }
+}
+
+/// Renders the timeline of one run. `bugcheck` is the STOP's time on the event log's clock (µs since the device
+/// started) and its label (`STOP 0xE6`); the runner converts serial arrival time to that clock.
+pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &str)>) -> String {
+    let usage: Vec<(u64, u64)> = log.events.iter().filter_map(|e| Some((e.t_us?, e.in_use()?))).collect();
+    let faults: Vec<(u64, String)> = log
+        .events
+        .iter()
+        .filter(|e| e.is_fault())
+        .filter_map(|e| Some((e.t_us?, e.str_field("cause").unwrap_or("unknown").to_string())))
+        .collect();
+    let commands: Vec<(u64, String, bool)> = log
+        .events
+        .iter()
+        .filter(|e| e.kind == "command")
+        .filter_map(|e| {
+            let status = e.str_field("status").unwrap_or("?");
+            let label = format!("{} {status}", e.str_field("opcode").unwrap_or("command"));
+            Some((e.t_us?, label, OK_STATUSES.contains(&status)))
+        })
+        .collect();
+
+    let times = usage
+        .iter()
+        .map(|u| u.0)
+        .chain(faults.iter().map(|f| f.0))
+        .chain(commands.iter().map(|c| c.0))
+        .chain(bugcheck.map(|b| b.0));
+    let (t0, t1) = times.fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
+    let total = log.map_register_total().unwrap_or(0);
+    let peak = usage.iter().map(|u| u.1).max().unwrap_or(0);
+    let scale = Scale { t0, t_span: t1.saturating_sub(t0).max(1) as f64, y_max: total.max(peak).max(1) as f64 };
+
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text class="title" x="{}" y="20" text-anchor="middle" font-size="14">{} — map registers in use</text>"#,
+        WIDTH / 2.0,
+        escape(run_name)
+    );
+    if t0 > t1 {
+        let _ = writeln!(
+            svg,
+            r#"<text class="empty" x="{}" y="{}" text-anchor="middle">no timed events in the device log</text>"#,
+            WIDTH / 2.0,
+            HEIGHT / 2.0
+        );
+        svg.push_str("</svg>\n");
+        return svg;
+    }
+    axes(&mut svg, &scale, t1);
+
+    if !usage.is_empty() {
+        // A step line: the count holds until the next event changes it.
+        let mut points = vec![(scale.x(t0), scale.y(0.0))];
+        let mut last = 0.0;
+        for &(t, n) in &usage {
+            let x = scale.x(t);
+            points.push((x, scale.y(last)));
+            last = n as f64;
+            points.push((x, scale.y(last)));
+        }
+        points.push((scale.x(t1), scale.y(last)));
+        let pts: Vec<String> = points.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+        let _ = writeln!(
+            svg,
+            r#"<polyline class="in-use" fill="none" stroke="steelblue" stroke-width="1.5" points="{}"/>"#,
+            pts.join(" ")
+        );
+    }
+    let lane_y = HEIGHT - BOTTOM - 6.0;
+    for (t, label, ok) in &commands {
+        let x = scale.x(*t);
+        let colour = if *ok { "gray" } else { "darkorange" };
+        let _ = writeln!(
+            svg,
+            r#"<line class="command" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{colour}"><title>{}</title></line>"#,
+            lane_y - 5.0,
+            lane_y + 5.0,
+            escape(label)
+        );
+    }
+    for (t, cause) in &faults {
+        let _ = writeln!(
+            svg,
+            r#"<circle class="fault" cx="{:.1}" cy="{:.1}" r="4" fill="red"><title>DMA fault: {}</title></circle>"#,
+            scale.x(*t),
+            TOP + 8.0,
+            escape(cause)
+        );
+    }
+    if let Some((t, label)) = bugcheck {
+        let x = scale.x(t);
+        let _ = writeln!(
+            svg,
+            r#"<line class="bugcheck" x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="darkred" stroke-width="2" stroke-dasharray="6,3"/>"#,
+            HEIGHT - BOTTOM
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text class="bugcheck-label" x="{:.1}" y="{:.1}" fill="darkred" text-anchor="end">{}</text>"#,
+            x - 4.0,
+            TOP + 24.0,
+            escape(label)
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn axes(svg: &mut String, scale: &Scale, t1: u64) {
+    let (x0, x1) = (LEFT, WIDTH - RIGHT);
+    let (y0, y1) = (HEIGHT - BOTTOM, TOP);
+    let _ = writeln!(svg, r#"<line class="axis" x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>"#);
+    let _ = writeln!(svg, r#"<line class="axis" x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>"#);
+    for i in 0..=4u64 {
+        let t = scale.t0 + (t1.saturating_sub(scale.t0)) * i / 4;
+        let x = scale.x(t);
+        let ms = t.saturating_sub(scale.t0) as f64 / 1000.0;
+        let _ =
+            writeln!(svg, r#"<text class="tick" x="{x:.1}" y="{:.1}" text-anchor="middle">{ms:.1}</text>"#, y0 + 15.0);
+    }
+    for i in 0..=2u32 {
+        let n = (scale.y_max * f64::from(i) / 2.0).round();
+        let _ = writeln!(
+            svg,
+            r#"<text class="tick" x="{:.1}" y="{:.1}" text-anchor="end">{n}</text>"#,
+            x0 - 6.0,
+            scale.y(n) + 4.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text class="axis-label" x="{:.1}" y="{:.1}" text-anchor="middle">time since first event (ms)</text>"#,
+        (x0 + x1) / 2.0,
+        HEIGHT - 12.0
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text class="axis-label" transform="translate(16,{:.1}) rotate(-90)" text-anchor="middle">map registers in use</text>"#,
+        (y0 + y1) / 2.0
+    );
+}
