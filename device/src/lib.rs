@@ -1,1 +1,78 @@
 //! vhca-device: the emulated HCA and the vhost-user transport that connects it to QEMU.
+//! `serve` runs one front-end connection to its end; the binary adds the CLI, the socket and the event log file.
+
+pub mod dma;
+pub mod event_log;
+pub mod iommu;
+pub mod memory;
+pub mod queues;
+pub mod shared;
+pub mod vhost_user;
+
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vhca_hca::{EventSink, Hca, HcaConfig};
+use vhca_proto::NUM_QUEUES;
+use zerocopy::IntoBytes;
+
+use crate::event_log::{EventLog, TransportEvent};
+use crate::queues::Worker;
+use crate::shared::Shared;
+use crate::vhost_user::connection::{Frontend, ProtocolError};
+
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    pub map_registers: u32,
+    /// How long an IOTLB miss may stay unanswered before the access is an IOMMU fault.
+    pub miss_timeout: Duration,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions { map_registers: 4096, miss_timeout: Duration::from_millis(1000) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("protocol error: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("cannot start the queue worker: {0}")]
+    Worker(std::io::Error),
+}
+
+/// Serves one front-end connection until it closes (`Ok`) or misbehaves (`Err`, already logged and evented).
+/// The queue worker is stopped and joined before this returns.
+pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions) -> Result<(), ServeError> {
+    let sink: Arc<dyn EventSink> = events.clone();
+    let hca = Hca::new(HcaConfig { map_registers: options.map_registers, ..HcaConfig::default() }, sink);
+    let config = hca.device_config().as_bytes().to_vec();
+    let shared = Arc::new(Shared::new(events.clone(), NUM_QUEUES, options.miss_timeout).map_err(ServeError::Worker)?);
+    let worker = Worker::spawn(Arc::clone(&shared), hca).map_err(ServeError::Worker)?;
+
+    let result = Frontend::new(stream, Arc::clone(&shared), config).serve();
+
+    shared.shutdown.store(true, Ordering::Release);
+    shared.iommu.wake_waiters();
+    shared.wake_worker();
+    if worker.join().is_err() {
+        tracing::error!("queue worker panicked");
+    }
+    match result {
+        Ok(()) => {
+            tracing::info!("front-end closed the connection");
+            events.record(&TransportEvent::Disconnected { reason: "front-end closed the connection".into() });
+            Ok(())
+        }
+        Err(err) => {
+            let cause = err.to_string();
+            tracing::error!("closing the connection: {cause}");
+            events.record(&TransportEvent::ProtocolError { cause: cause.clone() });
+            events.record(&TransportEvent::Disconnected { reason: format!("protocol error: {cause}") });
+            Err(ServeError::Protocol(err))
+        }
+    }
+}

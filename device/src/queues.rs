@@ -1,0 +1,623 @@
+//! Vring state and the queue worker: one thread that waits on the kick eventfds, pops descriptor chains through the
+//! IOMMU-translated memory and hands their bytes to the HCA. A chain whose rings or buffers miss in the IOTLB is
+//! parked (put back, untouched) until QEMU answers the miss, or refused as an IOMMU fault when it never does.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use vhca_hca::Hca;
+use vhca_proto::{
+    FaultCause, EVENT_SIZE, MAX_REQUEST_SIZE, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_RESERVED,
+};
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+use zerocopy::IntoBytes;
+
+use crate::dma::{fault_event, QueueDma};
+use crate::event_log::TransportEvent;
+use crate::iommu::{FaultKind, TranslationFault};
+use crate::memory::GuestMem;
+use crate::shared::{lock, Shared};
+
+/// Largest queue QEMU may set up; the carrier uses 64.
+pub const MAX_QUEUE_SIZE: u16 = 1024;
+
+/// A chain put back because part of it missed in the IOTLB; retried on the next IOTLB update.
+#[derive(Debug, Clone, Copy)]
+pub struct Parked {
+    pub iova: u64,
+    pub access: Permissions,
+    pub since: Instant,
+}
+
+pub struct VringState {
+    pub queue: Queue,
+    pub kick: Option<EventFd>,
+    pub call: Option<EventFd>,
+    pub err: Option<EventFd>,
+    pub enabled: bool,
+    /// Between SET_VRING_KICK and GET_VRING_BASE.
+    pub started: bool,
+    pub parked: Option<Parked>,
+}
+
+impl Default for VringState {
+    fn default() -> Self {
+        VringState::new()
+    }
+}
+
+impl VringState {
+    pub fn new() -> VringState {
+        // MAX_QUEUE_SIZE is a non-zero power of two, the only thing Queue::new checks.
+        let queue = Queue::new(MAX_QUEUE_SIZE).unwrap_or_else(|_| unreachable!("1024 is a valid queue size"));
+        VringState { queue, kick: None, call: None, err: None, enabled: false, started: false, parked: None }
+    }
+
+    pub fn start(&mut self) {
+        self.started = true;
+        self.queue.set_ready(true);
+    }
+
+    /// GET_VRING_BASE: the ring stops; its addresses and size stay until the front-end changes them.
+    pub fn stop(&mut self) {
+        self.started = false;
+        self.queue.set_ready(false);
+        self.kick = None;
+        self.parked = None;
+    }
+
+    pub fn reset(&mut self) {
+        *self = VringState::new();
+    }
+
+    fn runnable(&self) -> bool {
+        self.started && self.enabled && self.queue.ready()
+    }
+}
+
+const WAKE_TOKEN: u64 = u64::MAX;
+
+/// What became of one popped chain.
+enum Outcome {
+    /// Returned with this many bytes written.
+    Used(u32),
+    /// Malformed: returned with length 0, and the cause logged.
+    Refused(String),
+    /// Part of it is not in the IOTLB yet.
+    Miss(TranslationFault),
+    /// The IOMMU refused it for good.
+    Fault(TranslationFault),
+    /// Event queue only: a buffer is posted but there is no event for it.
+    NoEvent,
+}
+
+enum Step {
+    Empty,
+    Used,
+    Parked,
+}
+
+pub struct Worker {
+    shared: Arc<Shared>,
+    hca: Hca,
+    epoll: Epoll,
+    /// Our own dups of the kick fds, so a registration never outlives its fd.
+    kicks: Vec<EventFd>,
+    /// An event taken from the HCA whose buffer missed in the IOTLB; goes out first next time.
+    pending_event: Option<vhca_proto::Event>,
+    desc_log: Vec<TransportEvent>,
+}
+
+impl Worker {
+    pub fn spawn(shared: Arc<Shared>, hca: Hca) -> io::Result<JoinHandle<()>> {
+        let epoll = Epoll::new()?;
+        let mut worker = Worker { shared, hca, epoll, kicks: Vec::new(), pending_event: None, desc_log: Vec::new() };
+        worker.rebuild_epoll()?;
+        std::thread::Builder::new().name("vhca-queues".into()).spawn(move || worker.run())
+    }
+
+    fn run(mut self) {
+        let mut events = vec![EpollEvent::default(); 16];
+        loop {
+            if self.shared.stopping() {
+                break;
+            }
+            if self.shared.kicks_changed.swap(false, Ordering::AcqRel) {
+                if let Err(err) = self.rebuild_epoll() {
+                    tracing::error!("queue worker: cannot watch kick fds: {err}");
+                    break;
+                }
+            }
+            let count = match self.epoll.wait(self.timeout_ms(), &mut events) {
+                Ok(count) => count,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => 0,
+                Err(err) => {
+                    tracing::error!("queue worker: epoll failed: {err}");
+                    break;
+                }
+            };
+            for event in &events[..count] {
+                // Both are non-blocking counters; reading just resets them, and an empty read is harmless.
+                if event.data() == WAKE_TOKEN {
+                    let _ = self.shared.wake.read();
+                } else if let Some(kick) = self.kicks.get(event.data() as usize) {
+                    let _ = kick.read();
+                }
+            }
+            if self.shared.stopping() {
+                break;
+            }
+            self.tell_hca_invalidations();
+            for queue in [QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_RESERVED, QUEUE_EVENT] {
+                self.process_queue(queue);
+            }
+        }
+        tracing::info!("queue worker stopped");
+    }
+
+    fn rebuild_epoll(&mut self) -> io::Result<()> {
+        self.epoll = Epoll::new()?;
+        self.kicks.clear();
+        self.epoll.ctl(
+            ControlOperation::Add,
+            std::os::fd::AsRawFd::as_raw_fd(&self.shared.wake),
+            EpollEvent::new(EventSet::IN, WAKE_TOKEN),
+        )?;
+        for (index, vring) in self.shared.vrings.iter().enumerate() {
+            let vring = lock(vring);
+            let Some(kick) = vring.kick.as_ref() else { continue };
+            let copy = kick.try_clone()?;
+            let token = self.kicks.len() as u64;
+            self.epoll.ctl(
+                ControlOperation::Add,
+                std::os::fd::AsRawFd::as_raw_fd(&copy),
+                EpollEvent::new(EventSet::IN, token),
+            )?;
+            tracing::debug!("watching kick fd of queue {index}");
+            self.kicks.push(copy);
+        }
+        Ok(())
+    }
+
+    /// Sleep until the earliest parked chain's miss times out, or forever.
+    fn timeout_ms(&self) -> i32 {
+        let now = Instant::now();
+        let deadline = self
+            .shared
+            .vrings
+            .iter()
+            .filter_map(|vring| lock(vring).parked.map(|parked| parked.since + self.shared.miss_timeout))
+            .min();
+        match deadline {
+            None => -1,
+            Some(deadline) => {
+                let ms = deadline.saturating_duration_since(now).as_millis() + 1;
+                i32::try_from(ms).unwrap_or(i32::MAX)
+            }
+        }
+    }
+
+    fn tell_hca_invalidations(&mut self) {
+        let pending = std::mem::take(&mut *lock(&self.shared.invalidations));
+        for (iova, size) in pending {
+            self.hca.iotlb_invalidated(iova, size);
+        }
+    }
+
+    fn process_queue(&mut self, queue: u16) {
+        let shared = Arc::clone(&self.shared);
+        let Some(vring) = shared.vrings.get(usize::from(queue)) else { return };
+        let mem = shared.mem();
+        let mut vring = lock(vring);
+        if !vring.runnable() {
+            return;
+        }
+        let mut used = false;
+        while !shared.stopping() && !shared.control_pending.load(Ordering::Acquire) {
+            match self.next_chain(&shared, &mem, queue, &mut vring) {
+                Step::Used => used = true,
+                Step::Empty | Step::Parked => break,
+            }
+        }
+        if used {
+            match vring.queue.needs_notification(&*mem) {
+                Ok(true) => {
+                    if let Some(call) = vring.call.as_ref() {
+                        if let Err(err) = call.write(1) {
+                            tracing::error!("queue {queue}: cannot signal call eventfd: {err}");
+                        }
+                    }
+                }
+                Ok(false) => {}
+                Err(err) => tracing::error!("queue {queue}: cannot decide on notification: {err}"),
+            }
+        }
+    }
+
+    fn next_chain(&mut self, shared: &Shared, mem: &GuestMem, queue: u16, vring: &mut VringState) -> Step {
+        let iommu = &shared.iommu;
+        iommu.clear_fault();
+        // The used ring must be writable before any chain is taken, so a chain is never lost for want of it.
+        let size = vring.queue.size();
+        let used_len = 4 + 8 * usize::from(size);
+        if !mem.check_range(GuestAddress(vring.queue.used_ring()), used_len, Permissions::Write) {
+            let fault = iommu.take_fault();
+            return self.ring_fault(shared, queue, vring, fault, "used ring");
+        }
+        let popped = vring.queue.iter(mem).map(|mut avail| avail.next());
+        let chain = match popped {
+            Ok(Some(chain)) => chain,
+            Ok(None) => {
+                return match iommu.take_fault() {
+                    Some(fault) => self.ring_fault(shared, queue, vring, Some(fault), "available ring"),
+                    None => Step::Empty,
+                };
+            }
+            Err(err) => {
+                let fault = iommu.take_fault();
+                if fault.is_some() {
+                    return self.ring_fault(shared, queue, vring, fault, "available ring");
+                }
+                // The guest's avail index is nonsense (ran ahead by more than the queue size).
+                tracing::error!("queue {queue}: {err}");
+                shared.events.record(&TransportEvent::ChainError { queue, head: 0, cause: err.to_string() });
+                vring.stop();
+                return Step::Empty;
+            }
+        };
+        let head = chain.head_index();
+        let descs: Vec<Descriptor> = chain.collect();
+        let outcome = match iommu.take_fault() {
+            Some(fault) if fault.kind == FaultKind::Unmapped => Outcome::Miss(fault),
+            Some(fault) => Outcome::Fault(fault),
+            None => match check_chain(&descs, size) {
+                Err(cause) => Outcome::Refused(cause),
+                Ok(()) => {
+                    self.desc_log.clear();
+                    match queue {
+                        QUEUE_COMMAND => self.command(shared, mem, queue, &descs),
+                        QUEUE_DOORBELL => self.doorbell(shared, mem, queue, &descs),
+                        QUEUE_EVENT => self.event(shared, mem, queue, &descs),
+                        _ => Outcome::Refused(format!("queue {queue} is reserved and carries no requests")),
+                    }
+                }
+            },
+        };
+        self.finish(shared, mem, queue, vring, head, outcome)
+    }
+
+    fn finish(
+        &mut self,
+        shared: &Shared,
+        mem: &GuestMem,
+        queue: u16,
+        vring: &mut VringState,
+        head: u16,
+        outcome: Outcome,
+    ) -> Step {
+        let len = match outcome {
+            Outcome::Used(len) => {
+                vring.parked = None;
+                for event in self.desc_log.drain(..) {
+                    shared.events.record(&event);
+                }
+                len
+            }
+            Outcome::NoEvent => {
+                vring.queue.go_to_previous_position();
+                return Step::Empty;
+            }
+            Outcome::Miss(fault) => match self.park(shared, queue, vring, fault) {
+                true => {
+                    vring.queue.go_to_previous_position();
+                    return Step::Parked;
+                }
+                false => {
+                    refuse(shared, queue, head, format!("iova {:#x} is not mapped by the IOMMU", fault.iova));
+                    0
+                }
+            },
+            Outcome::Fault(fault) => {
+                fault_event(shared, queue, fault.iova, cause_of(fault));
+                refuse(shared, queue, head, format!("IOMMU refused {} at iova {:#x}", access_name(fault), fault.iova));
+                0
+            }
+            Outcome::Refused(cause) => {
+                refuse(shared, queue, head, cause);
+                0
+            }
+        };
+        if let Err(err) = vring.queue.add_used(mem, head, len) {
+            tracing::error!("queue {queue}: cannot return chain {head}: {err}");
+            shared.events.record(&TransportEvent::ChainError {
+                queue,
+                head,
+                cause: format!("cannot return chain to the used ring: {err}"),
+            });
+            return Step::Empty;
+        }
+        Step::Used
+    }
+
+    /// A ring (not a chain) failed to translate: park on a miss, otherwise report and stop this pass.
+    fn ring_fault(
+        &mut self,
+        shared: &Shared,
+        queue: u16,
+        vring: &mut VringState,
+        fault: Option<TranslationFault>,
+        what: &str,
+    ) -> Step {
+        match fault {
+            Some(fault) if fault.kind == FaultKind::Unmapped => {
+                if self.park(shared, queue, vring, fault) {
+                    Step::Parked
+                } else {
+                    tracing::error!("queue {queue}: {what} at iova {:#x} is not mapped", fault.iova);
+                    Step::Empty
+                }
+            }
+            Some(fault) => {
+                fault_event(shared, queue, fault.iova, cause_of(fault));
+                tracing::error!("queue {queue}: IOMMU refuses the {what}");
+                Step::Empty
+            }
+            None => {
+                tracing::error!("queue {queue}: {what} lies outside guest memory");
+                Step::Empty
+            }
+        }
+    }
+
+    /// Parks the queue on a miss (asking QEMU once). False when the miss has gone unanswered for too long or
+    /// cannot be asked, in which case a `dma_fault` is logged and the caller refuses the access.
+    fn park(&mut self, shared: &Shared, queue: u16, vring: &mut VringState, fault: TranslationFault) -> bool {
+        let now = Instant::now();
+        if let Some(parked) = vring.parked {
+            if parked.iova == fault.iova && parked.access == fault.access {
+                if now.duration_since(parked.since) < shared.miss_timeout {
+                    return true;
+                }
+                vring.parked = None;
+                fault_event(shared, queue, fault.iova, FaultCause::IommuUnmapped);
+                return false;
+            }
+        }
+        if !shared.send_miss(fault.iova, fault.access) {
+            vring.parked = None;
+            fault_event(shared, queue, fault.iova, FaultCause::IommuUnmapped);
+            return false;
+        }
+        vring.parked = Some(Parked { iova: fault.iova, access: fault.access, since: now });
+        true
+    }
+
+    /// Queue 0: request bytes in, `Hca::execute`, response bytes out.
+    fn command(&mut self, shared: &Shared, mem: &GuestMem, queue: u16, descs: &[Descriptor]) -> Outcome {
+        let (readable, writable) = match split_chain(descs) {
+            Ok(parts) => parts,
+            Err(cause) => return Outcome::Refused(cause),
+        };
+        let request = match self.gather(shared, mem, queue, readable) {
+            Ok(request) => request,
+            Err(outcome) => return outcome,
+        };
+        if let Err(outcome) = self.prepare_writes(shared, queue, writable) {
+            return outcome;
+        }
+        let response = self.hca.execute(&QueueDma::new(shared, mem, queue), &request);
+        self.scatter(shared, mem, queue, writable, &response)
+    }
+
+    /// Queue 2: doorbell records in; nothing written back.
+    fn doorbell(&mut self, shared: &Shared, mem: &GuestMem, queue: u16, descs: &[Descriptor]) -> Outcome {
+        let (readable, _writable) = match split_chain(descs) {
+            Ok(parts) => parts,
+            Err(cause) => return Outcome::Refused(cause),
+        };
+        let records = match self.gather(shared, mem, queue, readable) {
+            Ok(records) => records,
+            Err(outcome) => return outcome,
+        };
+        self.hca.doorbell(&QueueDma::new(shared, mem, queue), &records);
+        Outcome::Used(0)
+    }
+
+    /// Queue 1: one pending HCA event into one posted buffer.
+    fn event(&mut self, shared: &Shared, mem: &GuestMem, queue: u16, descs: &[Descriptor]) -> Outcome {
+        let (readable, writable) = match split_chain(descs) {
+            Ok(parts) => parts,
+            Err(cause) => return Outcome::Refused(cause),
+        };
+        if !readable.is_empty() {
+            return Outcome::Refused("event buffers must be device-writable only".into());
+        }
+        let capacity: u64 = writable.iter().map(|d| u64::from(d.len())).sum();
+        if capacity < EVENT_SIZE as u64 {
+            return Outcome::Refused(format!("event buffer of {capacity} bytes, an event needs {EVENT_SIZE}"));
+        }
+        let Some(event) = self.pending_event.take().or_else(|| self.hca.pop_async_event()) else {
+            return Outcome::NoEvent;
+        };
+        if let Err(outcome) = self.prepare_writes(shared, queue, writable) {
+            // Keep the event for the next buffer that translates.
+            self.pending_event = Some(event);
+            return outcome;
+        }
+        self.scatter(shared, mem, queue, writable, event.as_bytes())
+    }
+
+    /// Reads the device-readable descriptors into one buffer, bounded by `MAX_REQUEST_SIZE`.
+    fn gather(
+        &mut self,
+        shared: &Shared,
+        mem: &GuestMem,
+        queue: u16,
+        readable: &[Descriptor],
+    ) -> Result<Vec<u8>, Outcome> {
+        let total: u64 = readable.iter().map(|d| u64::from(d.len())).sum();
+        if total > MAX_REQUEST_SIZE as u64 {
+            return Err(Outcome::Refused(format!(
+                "request of {total} bytes exceeds the {MAX_REQUEST_SIZE}-byte limit"
+            )));
+        }
+        // total <= MAX_REQUEST_SIZE, so every length below fits in usize.
+        let mut bytes = vec![0u8; total as usize];
+        let mut offset = 0usize;
+        for desc in readable {
+            let len = desc.len() as usize;
+            let iova = desc.addr().0;
+            let uaddr = translate(shared, iova, len, Permissions::Read)?;
+            let end = offset + len;
+            if let Err(err) = mem.read_slice(&mut bytes[offset..end], desc.addr()) {
+                return Err(access_failure(shared, iova, &err));
+            }
+            self.desc_log.push(TransportEvent::Desc { queue, iova, len: desc.len(), writable: false, uaddr });
+            offset = end;
+        }
+        Ok(bytes)
+    }
+
+    /// Translates every device-writable descriptor before the HCA acts, so a miss can still put the chain back.
+    fn prepare_writes(&mut self, shared: &Shared, queue: u16, writable: &[Descriptor]) -> Result<(), Outcome> {
+        for desc in writable {
+            let iova = desc.addr().0;
+            let uaddr = translate(shared, iova, desc.len() as usize, Permissions::Write)?;
+            self.desc_log.push(TransportEvent::Desc { queue, iova, len: desc.len(), writable: true, uaddr });
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` across the writable descriptors; the used length is what actually landed.
+    fn scatter(
+        &mut self,
+        shared: &Shared,
+        mem: &GuestMem,
+        queue: u16,
+        writable: &[Descriptor],
+        bytes: &[u8],
+    ) -> Outcome {
+        let mut written = 0usize;
+        for desc in writable {
+            let n = (bytes.len() - written).min(desc.len() as usize);
+            if n == 0 {
+                break;
+            }
+            shared.iommu.clear_fault();
+            if let Err(err) = mem.write_slice(&bytes[written..written + n], desc.addr()) {
+                // The translation checked a moment ago was invalidated since: a stale-translation fault.
+                let iova = shared.iommu.take_fault().map_or(desc.addr().0, |f| f.iova);
+                fault_event(shared, queue, iova, FaultCause::IommuUnmapped);
+                tracing::warn!("queue {queue}: response write failed: {err}");
+                break;
+            }
+            written += n;
+        }
+        if written < bytes.len() {
+            shared.events.record(&TransportEvent::ChainError {
+                queue,
+                head: 0,
+                cause: format!("response truncated: {written} of {} bytes written", bytes.len()),
+            });
+        }
+        // written <= bytes.len(), which the HCA bounds far below u32::MAX.
+        Outcome::Used(u32::try_from(written).unwrap_or(u32::MAX))
+    }
+}
+
+/// Where `iova` lands in QEMU's address space, or the outcome that stops the chain.
+fn translate(shared: &Shared, iova: u64, len: usize, access: Permissions) -> Result<u64, Outcome> {
+    shared.iommu.clear_fault();
+    match shared.iommu.first_target(iova, len, access) {
+        Some(uaddr) => Ok(uaddr),
+        None => Err(match shared.iommu.take_fault() {
+            Some(fault) if fault.kind == FaultKind::Unmapped => Outcome::Miss(fault),
+            Some(fault) => Outcome::Fault(fault),
+            None => Outcome::Refused(format!("iova {iova:#x} did not translate")),
+        }),
+    }
+}
+
+fn access_failure(shared: &Shared, iova: u64, err: &vm_memory::GuestMemoryError) -> Outcome {
+    match shared.iommu.take_fault() {
+        Some(fault) if fault.kind == FaultKind::Unmapped => Outcome::Miss(fault),
+        Some(fault) => Outcome::Fault(fault),
+        None => Outcome::Refused(format!("buffer at iova {iova:#x} is outside guest memory: {err}")),
+    }
+}
+
+fn refuse(shared: &Shared, queue: u16, head: u16, cause: String) {
+    tracing::warn!("queue {queue}: chain {head} refused: {cause}");
+    shared.events.record(&TransportEvent::ChainError { queue, head, cause });
+}
+
+fn cause_of(fault: TranslationFault) -> FaultCause {
+    match fault.kind {
+        FaultKind::Unmapped => FaultCause::IommuUnmapped,
+        FaultKind::Permission => FaultCause::IommuPermission,
+    }
+}
+
+fn access_name(fault: TranslationFault) -> &'static str {
+    if fault.access.has_write() {
+        "a write"
+    } else {
+        "a read"
+    }
+}
+
+/// A walk that ended while the last descriptor still pointed on was cut short: a next index past the table, or a
+/// loop longer than the queue.
+fn check_chain(descs: &[Descriptor], queue_size: u16) -> Result<(), String> {
+    match descs.last() {
+        None => Err(format!("empty chain (head index not below queue size {queue_size})")),
+        Some(last) if last.has_next() => {
+            Err(format!("chain cut short after {} descriptors: bad next index or a loop", descs.len()))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Splits a chain into its device-readable head and device-writable tail, as virtio requires them ordered.
+fn split_chain(descs: &[Descriptor]) -> Result<(&[Descriptor], &[Descriptor]), String> {
+    let first_writable = descs.iter().position(|d| d.is_write_only()).unwrap_or(descs.len());
+    let (readable, writable) = descs.split_at(first_writable);
+    if writable.iter().any(|d| !d.is_write_only()) {
+        return Err("device-readable descriptor after a device-writable one".into());
+    }
+    Ok((readable, writable))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const VRING_DESC_F_NEXT: u32 = 1;
+    const VRING_DESC_F_WRITE: u32 = 2;
+
+    fn desc(flags: u32) -> Descriptor {
+        Descriptor::new(0x1000, 16, flags as u16, 0)
+    }
+
+    #[test]
+    fn split_chain_wants_readable_before_writable() {
+        let chain = [desc(VRING_DESC_F_NEXT), desc(VRING_DESC_F_NEXT | VRING_DESC_F_WRITE), desc(VRING_DESC_F_WRITE)];
+        let (r, w) = split_chain(&chain).unwrap();
+        assert_eq!((r.len(), w.len()), (1, 2));
+        let bad = [desc(VRING_DESC_F_WRITE | VRING_DESC_F_NEXT), desc(0)];
+        assert!(split_chain(&bad).unwrap_err().contains("after a device-writable"));
+    }
+
+    #[test]
+    fn cut_short_chains_are_detected() {
+        assert!(check_chain(&[], 64).is_err());
+        assert!(check_chain(&[desc(VRING_DESC_F_NEXT)], 64).unwrap_err().contains("cut short"));
+        assert!(check_chain(&[desc(VRING_DESC_F_NEXT), desc(0)], 64).is_ok());
+    }
+}

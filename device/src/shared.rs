@@ -1,0 +1,111 @@
+//! State the front-end thread and the queue worker share, each piece under its own lock so that the front-end
+//! thread can always apply IOTLB messages while the worker is busy (QEMU waits on those replies in its main loop).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use vm_memory::{GuestMemoryMmap, Permissions};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::event_log::{perm_name, EventLog, TransportEvent};
+use crate::iommu::DeviceIommu;
+use crate::memory::GuestMem;
+use crate::queues::VringState;
+use crate::vhost_user::backend::BackendChannel;
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub struct Shared {
+    pub vrings: Vec<Mutex<VringState>>,
+    mem: RwLock<Arc<GuestMem>>,
+    pub iommu: Arc<DeviceIommu>,
+    pub events: Arc<EventLog>,
+    backend: Mutex<Option<BackendChannel>>,
+    /// Wakes the worker: kick fds changed, an IOTLB update arrived, or shutdown.
+    pub wake: EventFd,
+    pub kicks_changed: AtomicBool,
+    pub shutdown: AtomicBool,
+    /// Set while the front-end thread waits for a vring lock: a worker waiting on a miss gives up at once.
+    pub control_pending: AtomicBool,
+    /// IOTLB invalidations the worker still has to tell the HCA about (the front-end never touches the HCA).
+    pub invalidations: Mutex<Vec<(u64, u64)>>,
+    /// How long a miss may stay unanswered before the access counts as an IOMMU fault.
+    pub miss_timeout: Duration,
+}
+
+impl Shared {
+    pub fn new(events: Arc<EventLog>, num_queues: u16, miss_timeout: Duration) -> std::io::Result<Shared> {
+        let mem = GuestMem::new(GuestMemoryMmap::new(), DeviceIommu::new(), true, ());
+        let iommu = Arc::clone(mem.iommu());
+        Ok(Shared {
+            vrings: (0..num_queues).map(|_| Mutex::new(VringState::new())).collect(),
+            mem: RwLock::new(Arc::new(mem)),
+            iommu,
+            events,
+            backend: Mutex::new(None),
+            wake: EventFd::new(libc::EFD_NONBLOCK)?,
+            kicks_changed: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            control_pending: AtomicBool::new(false),
+            invalidations: Mutex::new(Vec::new()),
+            miss_timeout,
+        })
+    }
+
+    /// The memory as of now; a SET_MEM_TABLE swaps it, and the old mappings go when the last user drops them.
+    pub fn mem(&self) -> Arc<GuestMem> {
+        Arc::clone(&self.mem.read().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    pub fn replace_memory(&self, backend: GuestMemoryMmap<()>) {
+        let mut mem = self.mem.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *mem = Arc::new(mem.with_replaced_backend(backend));
+    }
+
+    pub fn set_backend(&self, channel: BackendChannel) {
+        *lock(&self.backend) = Some(channel);
+    }
+
+    pub fn has_backend(&self) -> bool {
+        lock(&self.backend).is_some()
+    }
+
+    /// Sends an IOTLB miss to QEMU and logs it. False when there is no channel or the send failed.
+    pub fn send_miss(&self, iova: u64, access: Permissions) -> bool {
+        let mut backend = lock(&self.backend);
+        let Some(channel) = backend.as_mut() else {
+            return false;
+        };
+        self.events.record(&TransportEvent::IotlbMiss { iova, perm: perm_name(access) });
+        match channel.send_miss(iova, access) {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::error!("backend channel: sending IOTLB miss for {iova:#x} failed: {err}");
+                false
+            }
+        }
+    }
+
+    pub fn wake_worker(&self) {
+        if let Err(err) = self.wake.write(1) {
+            tracing::error!("cannot wake the queue worker: {err}");
+        }
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` on vring `index` from the front-end thread, interrupting any miss wait that holds it.
+    pub fn with_vring<R>(&self, index: usize, f: impl FnOnce(&mut VringState) -> R) -> Option<R> {
+        let vring = self.vrings.get(index)?;
+        self.control_pending.store(true, Ordering::Release);
+        self.iommu.wake_waiters();
+        let result = f(&mut lock(vring));
+        self.control_pending.store(false, Ordering::Release);
+        Some(result)
+    }
+}
