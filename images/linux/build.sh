@@ -109,10 +109,9 @@ kernel_tree() {
     echo "$base" >>"$tmp/out/modules.order"
   done
   echo "$kver" >"$tmp/out/kver"
-  rm -rf "$dir"
-  mkdir -p "$(dirname "$dir")"
-  mv "$tmp/out" "$dir"
-  touch "$dir/.done"
+  touch "$tmp/out/.done"
+  # Atomic: a concurrent build that got there first wins and ours is dropped.
+  mv -T "$tmp/out" "$dir" 2>/dev/null || [ -f "$dir/.done" ] || die "cannot move the kernel tree into $dir"
   rm -rf "$tmp"
   echo "$dir"
 }
@@ -151,8 +150,9 @@ build() {
   install -m 0755 "$guest" "$stage/bin/vhca-guest"
   # Uncompressed: under TCG the kernel inflating an initramfs costs more than QEMU loading a few more megabytes.
   (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) >"$out/initramfs.cpio"
-  cp "$ktree/bzImage" "$out/bzImage"
-  [ -f "$ktree/vmlinux" ] && cp "$ktree/vmlinux" "$out/vmlinux"
+  # Hard links: every cached image shares the kernel files of its kernel tree instead of a 66 MB copy each.
+  ln -f "$ktree/bzImage" "$out/bzImage" 2>/dev/null || cp "$ktree/bzImage" "$out/bzImage"
+  if [ -f "$ktree/vmlinux" ]; then ln -f "$ktree/vmlinux" "$out/vmlinux" 2>/dev/null || cp "$ktree/vmlinux" "$out/vmlinux"; fi
   printf 'kernel_pkg=%s\nkernel_ver=%s\nkver=%s\nbusybox_ver=%s\n' "$pkg" "$ver" "$(cat "$ktree/kver")" "$bbver" >"$out/image.info"
 }
 

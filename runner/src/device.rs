@@ -1,0 +1,122 @@
+//! The device launcher: starts vhca-device on a fresh socket and waits until it listens, so QEMU, started after it,
+//! always finds the socket. A device that dies during start-up is reported with its log.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use crate::supervise::{tick, SuperviseError, Supervised};
+
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    pub bin: PathBuf,
+    pub socket: PathBuf,
+    pub event_log: PathBuf,
+    pub map_registers: Option<u32>,
+    /// Further flags (fault injection and the like), passed through verbatim.
+    pub extra_args: Vec<String>,
+}
+
+impl DeviceConfig {
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--socket-path".to_string(),
+            self.socket.display().to_string(),
+            "--event-log".to_string(),
+            self.event_log.display().to_string(),
+        ];
+        if let Some(n) = self.map_registers {
+            a.push("--map-registers".into());
+            a.push(n.to_string());
+        }
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(self.args());
+        if std::env::var_os("RUST_LOG").is_none() {
+            // The device log is an artifact of every run: make it say something by default.
+            cmd.env("RUST_LOG", "info");
+        }
+        cmd
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(transparent)]
+    Process(#[from] SuperviseError),
+    #[error("vhca-device exited during start-up ({status})")]
+    ExitedEarly { status: ExitStatus },
+    #[error("vhca-device did not create {socket} within {secs} s")]
+    NoSocket { socket: String, secs: u64 },
+}
+
+/// Starts the device and returns once its socket exists. The device's stdout and stderr go to `log`.
+pub fn launch(config: &DeviceConfig, log: &Path, timeout: Duration) -> Result<Supervised, DeviceError> {
+    let mut child = Supervised::spawn("vhca-device", config.command(), Some(log))?;
+    let end = Instant::now() + timeout;
+    loop {
+        if std::fs::metadata(&config.socket).is_ok_and(|m| m.file_type().is_socket()) {
+            return Ok(child);
+        }
+        if let Some(status) = child.try_status()? {
+            return Err(DeviceError::ExitedEarly { status });
+        }
+        if Instant::now() >= end {
+            return Err(DeviceError::NoSocket { socket: config.socket.display().to_string(), secs: timeout.as_secs() });
+        }
+        tick()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_command_line_follows_the_contract() {
+        let c = DeviceConfig {
+            bin: "/t/vhca-device".into(),
+            socket: "/r/dev.sock".into(),
+            event_log: "/r/events.jsonl".into(),
+            map_registers: Some(64),
+            extra_args: vec!["--fail-map".into(), "3".into()],
+        };
+        assert_eq!(
+            c.args(),
+            [
+                "--socket-path",
+                "/r/dev.sock",
+                "--event-log",
+                "/r/events.jsonl",
+                "--map-registers",
+                "64",
+                "--fail-map",
+                "3"
+            ]
+        );
+    }
+
+    #[test]
+    fn waits_for_the_socket_and_reports_an_early_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        // A stand-in device: a shell that binds nothing and exits 4.
+        let script = dir.path().join("dev.sh");
+        std::fs::write(&script, "#!/bin/sh\necho broken >&2\nexit 4\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let c = DeviceConfig {
+            bin: script,
+            socket: dir.path().join("dev.sock"),
+            event_log: dir.path().join("e.jsonl"),
+            map_registers: None,
+            extra_args: vec![],
+        };
+        let err = launch(&c, &dir.path().join("dev.log"), Duration::from_secs(10)).unwrap_err();
+        assert!(matches!(err, DeviceError::ExitedEarly { status } if status.code() == Some(4)), "{err}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("dev.log")).unwrap(), "broken\n");
+    }
+}

@@ -1,0 +1,258 @@
+//! The QEMU command line: the one place QEMU arguments live (machine, vIOMMU, the vhost-user carrier, kernel, consoles).
+//! Also the carrier probe, since which device QEMU can create is a fact about this QEMU's arguments.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+/// Guest RAM; also the size of the shared memfd backend vhost-user maps.
+pub const MEMORY: &str = "512M";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    Tcg,
+    Kvm,
+}
+
+impl Accel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Accel::Tcg => "tcg",
+            Accel::Kvm => "kvm",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Accel> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcg" => Some(Accel::Tcg),
+            "kvm" => Some(Accel::Kvm),
+            _ => None,
+        }
+    }
+}
+
+/// The QEMU device that carries the vhost-user HCA (see DESIGN.md: QEMU 10.0 has no user-creatable generic device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Carrier {
+    /// QEMU >= 10.2: virtio-id 42 (RDMA), 4 queues, 12-byte config.
+    TestDevice,
+    /// QEMU 10.0: the sound device's vhost-user front end (virtio-id 25, 4 queues, config via GET_CONFIG).
+    Snd,
+}
+
+impl Carrier {
+    pub fn device_name(self) -> &'static str {
+        match self {
+            Carrier::TestDevice => "vhost-user-test-device-pci",
+            Carrier::Snd => "vhost-user-snd-pci",
+        }
+    }
+
+    /// Picks the carrier from the text of `qemu -device help`.
+    pub fn from_device_help(help: &str) -> Carrier {
+        let has_test_device = help.lines().any(|l| l.contains("\"vhost-user-test-device-pci\""));
+        if has_test_device {
+            Carrier::TestDevice
+        } else {
+            Carrier::Snd
+        }
+    }
+}
+
+/// Asks this QEMU which carrier it can create.
+pub fn probe_carrier(qemu: &Path) -> std::io::Result<Carrier> {
+    let out = Command::new(qemu).args(["-device", "help"]).output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!("{} -device help failed: {}", qemu.display(), out.status)));
+    }
+    Ok(Carrier::from_device_help(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Where the vhost-user device is reached and how it is presented to the guest.
+#[derive(Debug, Clone)]
+pub struct VhostUserDevice {
+    pub socket: PathBuf,
+    pub carrier: Carrier,
+}
+
+/// Everything one QEMU invocation depends on; `args()` turns it into the command line.
+#[derive(Debug, Clone)]
+pub struct QemuConfig {
+    pub qemu: PathBuf,
+    pub accel: Accel,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    /// Kernel command-line words after the fixed ones (`vhca.scenario=smoke`, `vhca.init=probe`, ...).
+    pub append: Vec<String>,
+    /// None: no HCA (the accelerator probe boots the same machine without it).
+    pub device: Option<VhostUserDevice>,
+    pub serial_log: PathBuf,
+    pub qmp_socket: PathBuf,
+    /// Start paused with a gdb stub on :1234.
+    pub gdb: bool,
+}
+
+impl QemuConfig {
+    pub fn kernel_cmdline(&self) -> String {
+        let mut words = vec!["console=ttyS0", "intel_iommu=on", "panic=-1", "quiet"];
+        words.extend(self.append.iter().map(String::as_str));
+        words.join(" ")
+    }
+
+    pub fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
+        // Split irqchip: intel-iommu's interrupt remapping needs it.
+        push(&["-machine", "q35,kernel-irqchip=split", "-accel", self.accel.name()]);
+        push(&["-cpu", if self.accel == Accel::Kvm { "host" } else { "max" }]);
+        push(&["-m", MEMORY, "-smp", "1"]);
+        // vhost-user maps guest RAM from the backend process: it must be a shared memfd.
+        let mem = format!("memory-backend-memfd,id=mem,size={MEMORY},share=on");
+        push(&["-object", &mem, "-numa", "node,memdev=mem"]);
+        push(&["-device", "intel-iommu,intremap=on,device-iotlb=on"]);
+        push(&["-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"]);
+        if let Some(dev) = &self.device {
+            let chardev = format!("socket,id=vhca0,path={}", dev.socket.display());
+            let mut device = format!("{},chardev=vhca0,bus=rp1", dev.carrier.device_name());
+            if dev.carrier == Carrier::TestDevice {
+                device.push_str(",virtio-id=42,num_vqs=4,config_size=12");
+            }
+            // Behind the vIOMMU, so every DMA the device makes is an IOVA translated through the IOTLB.
+            device.push_str(",iommu_platform=on,ats=on,disable-legacy=on");
+            push(&["-chardev", &chardev, "-device", &device]);
+        }
+        let cmdline = self.kernel_cmdline();
+        a.push("-kernel".into());
+        a.push(self.kernel.clone().into());
+        a.push("-initrd".into());
+        a.push(self.initrd.clone().into());
+        let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
+        push(&["-append", &cmdline]);
+        push(&["-display", "none", "-vga", "none", "-nic", "none"]);
+        let serial = format!("file:{}", self.serial_log.display());
+        push(&["-serial", &serial, "-monitor", "none"]);
+        let qmp = format!("unix:{},server=on,wait=off", self.qmp_socket.display());
+        push(&["-qmp", &qmp]);
+        // A guest panic (panic=-1) or reboot ends QEMU instead of looping.
+        push(&["-no-reboot"]);
+        if self.gdb {
+            push(&["-s", "-S"]);
+        }
+        a
+    }
+
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.qemu);
+        cmd.args(self.args());
+        cmd
+    }
+}
+
+/// A shell-pastable rendering of a command line, for reproducers and `vhca-run qemu-args`.
+pub fn shell_line(program: &Path, args: &[OsString]) -> String {
+    std::iter::once(program.as_os_str())
+        .chain(args.iter().map(OsString::as_os_str))
+        .map(|w| shell_quote(&w.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(device: Option<VhostUserDevice>, accel: Accel) -> QemuConfig {
+        QemuConfig {
+            qemu: "qemu-system-x86_64".into(),
+            accel,
+            kernel: "/img/vmlinux".into(),
+            initrd: "/img/initramfs.cpio".into(),
+            append: vec!["vhca.scenario=smoke".into()],
+            device,
+            serial_log: "/run/serial.log".into(),
+            qmp_socket: "/run/qmp.sock".into(),
+            gdb: false,
+        }
+    }
+
+    fn strings(c: &QemuConfig) -> Vec<String> {
+        c.args().into_iter().map(|s| s.into_string().unwrap()).collect()
+    }
+
+    /// The value following `flag`, for every occurrence.
+    fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+        args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+    }
+
+    #[test]
+    fn snd_carrier_behind_the_iommu_with_shared_memory() {
+        let dev = VhostUserDevice { socket: "/run/dev.sock".into(), carrier: Carrier::Snd };
+        let args = strings(&config(Some(dev), Accel::Tcg));
+        assert_eq!(values(&args, "-machine"), ["q35,kernel-irqchip=split"]);
+        assert_eq!(values(&args, "-accel"), ["tcg"]);
+        assert_eq!(values(&args, "-cpu"), ["max"]);
+        assert_eq!(values(&args, "-object"), ["memory-backend-memfd,id=mem,size=512M,share=on"]);
+        assert_eq!(values(&args, "-chardev"), ["socket,id=vhca0,path=/run/dev.sock"]);
+        let devices = values(&args, "-device");
+        assert!(devices.contains(&"intel-iommu,intremap=on,device-iotlb=on"));
+        assert!(devices.contains(&"pcie-root-port,id=rp1,bus=pcie.0,chassis=1"));
+        assert!(
+            devices.contains(&"vhost-user-snd-pci,chardev=vhca0,bus=rp1,iommu_platform=on,ats=on,disable-legacy=on")
+        );
+        let append = values(&args, "-append");
+        assert_eq!(append, ["console=ttyS0 intel_iommu=on panic=-1 quiet vhca.scenario=smoke"]);
+        assert_eq!(values(&args, "-serial"), ["file:/run/serial.log"]);
+        assert_eq!(values(&args, "-qmp"), ["unix:/run/qmp.sock,server=on,wait=off"]);
+        assert_eq!(values(&args, "-kernel"), ["/img/vmlinux"]);
+        assert!(args.contains(&"-no-reboot".to_string()));
+        assert!(!args.contains(&"-S".to_string()));
+    }
+
+    #[test]
+    fn test_device_carrier_gets_its_virtio_id_and_kvm_uses_host_cpu() {
+        let dev = VhostUserDevice { socket: "/s".into(), carrier: Carrier::TestDevice };
+        let mut c = config(Some(dev), Accel::Kvm);
+        c.gdb = true;
+        let args = strings(&c);
+        assert_eq!(values(&args, "-accel"), ["kvm"]);
+        assert_eq!(values(&args, "-cpu"), ["host"]);
+        let dev = values(&args, "-device").into_iter().find(|d| d.starts_with("vhost-user")).unwrap();
+        assert!(
+            dev.starts_with("vhost-user-test-device-pci,chardev=vhca0,bus=rp1,virtio-id=42,num_vqs=4,config_size=12")
+        );
+        assert!(args.contains(&"-S".to_string()) && args.contains(&"-s".to_string()));
+    }
+
+    #[test]
+    fn probe_machine_has_no_hca() {
+        let args = strings(&config(None, Accel::Kvm));
+        assert!(values(&args, "-chardev").is_empty());
+        assert!(!values(&args, "-device").iter().any(|d| d.starts_with("vhost-user")));
+    }
+
+    #[test]
+    fn carrier_choice_from_device_help() {
+        let old = "name \"vhost-user-snd-pci\", bus PCI\nname \"virtio-rng-pci\", bus PCI\n";
+        let new = "name \"vhost-user-test-device-pci\", bus PCI\nname \"vhost-user-snd-pci\", bus PCI\n";
+        assert_eq!(Carrier::from_device_help(old), Carrier::Snd);
+        assert_eq!(Carrier::from_device_help(new), Carrier::TestDevice);
+    }
+
+    #[test]
+    fn shell_line_quotes_what_needs_it() {
+        let line = shell_line(Path::new("qemu"), &["-append".into(), "a b 'c'".into(), "x=1,y".into()]);
+        assert_eq!(line, r"qemu -append 'a b '\''c'\''' x=1,y");
+    }
+}

@@ -1,0 +1,217 @@
+//! Suite files: the seed suite, the documented example, and bad files whose errors must name line and field.
+
+use vhca_suite::{Expected, LockKind, Problem, Suite, VerifierMode, DEFAULT_VERIFIER_FLAGS, SEED_SUITE_NAME};
+
+/// The first ```toml block of docs/suites.md: the documented example must stay a valid suite.
+fn documented_example() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/suites.md")).unwrap();
+    let start = doc.find("```toml\n").expect("docs/suites.md has a ```toml block") + "```toml\n".len();
+    let len = doc[start..].find("```").unwrap();
+    doc[start..start + len].to_string()
+}
+
+fn problems(text: &str) -> Vec<Problem> {
+    match Suite::parse(text, "bad.toml") {
+        Ok(s) => panic!("accepted a bad file: {s:?}"),
+        Err(e) => {
+            assert_eq!(e.file, "bad.toml");
+            assert!(!e.problems.is_empty());
+            e.problems
+        }
+    }
+}
+
+/// Asserts that one problem sits on `line`, names `field`, and says `words`.
+fn assert_problem(text: &str, line: usize, field: &str, words: &str) {
+    let found = problems(text);
+    assert!(
+        found.iter().any(|p| p.line == line && p.field == field && p.message.contains(words)),
+        "no problem at line {line} field {field} saying {words:?}; got {found:#?}"
+    );
+}
+
+#[test]
+fn seed_suite_parses_and_expands() {
+    let suite = Suite::seed().unwrap();
+    assert_eq!(suite.name, "seed");
+    assert_eq!(suite.source, SEED_SUITE_NAME);
+    let names: Vec<&str> = suite.runs.iter().map(|r| r.name.as_str()).collect();
+    for scenario in [
+        "fast-mutex-create-cq",
+        "fixed-lock-create-cq",
+        "contiguous-cq-fallback",
+        "map-register-exhaustion",
+        "shared-buffer-sg",
+        "shared-buffer-common",
+        "use-after-unmap",
+        "user-buffer-probe-lock",
+        "user-buffer-no-lock",
+        "io-map-common-buffer",
+        "smoke",
+    ] {
+        assert!(names.contains(&scenario), "seed suite lacks {scenario}");
+    }
+    let runs = suite.expand();
+    assert_eq!(runs.len(), 2 * suite.runs.len());
+    let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {name}"));
+    assert_eq!(find("fast-mutex-create-cq/verifier-on").expected, Expected::Bugcheck { code: 0xC4, param1: None });
+    assert_eq!(find("fast-mutex-create-cq/verifier-on").guest.lock, Some(LockKind::FastMutex));
+    assert_eq!(find("fast-mutex-create-cq/verifier-on").verifier_flags, 0xAA);
+    assert_eq!(find("fast-mutex-create-cq/verifier-off").verifier_flags, 0);
+    assert_eq!(
+        find("use-after-unmap/verifier-off").expected,
+        Expected::DeviceFault { cause: "iommu_unmapped".into() }
+    );
+    assert_eq!(find("use-after-unmap/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x26) });
+    assert_eq!(find("user-buffer-no-lock/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x0E) });
+    assert_eq!(find("map-register-exhaustion/verifier-off").expected, Expected::Pass);
+    let fallback = find("contiguous-cq-fallback/verifier-on");
+    assert!(!fallback.device.inject.is_empty());
+    assert!(fallback.guest.extra.contains_key("fragmentation"));
+    assert_eq!(DEFAULT_VERIFIER_FLAGS, 0xAA);
+}
+
+#[test]
+fn documented_example_parses() {
+    let text = documented_example();
+    let suite = Suite::parse(&text, "docs/suites.md").unwrap_or_else(|e| panic!("{e}"));
+    assert!(!suite.runs.is_empty());
+    // The example shows a restricted run, an override of the flags and extras written both ways.
+    assert!(suite.runs.iter().any(|r| r.expect.len() == 1));
+    assert!(suite.runs.iter().any(|r| r.verifier_flags != DEFAULT_VERIFIER_FLAGS));
+}
+
+#[test]
+fn modes_defaults_and_extras() {
+    let text = r#"
+name = "t"
+[defaults]
+timeout_s = 20
+map_registers = 32
+
+[[run]]
+name = "only-on"
+modes = ["on"]
+verifier_flags = 0x80
+expect = "bugcheck 0xC4 0x33"
+
+[[run]]
+name = "both"
+device = { map_registers = 8, inject = ["max_contiguous_pages=1", "contiguous_policy=split"] }
+guest = { scenario = "fast-mutex-create-cq", lock = "eresource", timeout_s = 5 }
+expect = "pass"
+[run.guest.extra]
+vhca.fragmentation = 4
+strict = true
+"#;
+    let suite = Suite::parse(text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let runs = suite.expand();
+    assert_eq!(runs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["only-on/verifier-on", "both/verifier-off", "both/verifier-on"]);
+    assert_eq!(runs[0].verifier_flags, 0x80);
+    assert_eq!(runs[0].guest.timeout_s, 20);
+    assert_eq!(runs[0].device.map_registers, Some(32));
+    assert_eq!(runs[0].guest.scenario, "only-on");
+    assert_eq!(runs[1].mode, VerifierMode::Off);
+    assert_eq!(runs[1].device.map_registers, Some(8));
+    assert_eq!(runs[1].guest.timeout_s, 5);
+    assert_eq!(runs[2].verifier_flags, 0xAA);
+    let params: Vec<String> = runs[2].guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
+    assert_eq!(
+        params,
+        ["vhca.scenario=fast-mutex-create-cq", "vhca.lock=eresource", "vhca.verifier=0xaa", "vhca.fragmentation=4", "vhca.strict=1"]
+    );
+    assert_eq!(suite.runs[1].line, 14);
+}
+
+#[test]
+fn unknown_keys_name_line_and_field() {
+    assert_problem("name = \"s\"\n[[run]]\nname = \"a\"\nexpct = \"pass\"\n", 4, "run[0].expct", "unknown field");
+    assert_problem(
+        "name = \"s\"\n[[run]]\nname = \"a\"\nguest = { scenaro = \"x\" }\nexpect = \"pass\"\n",
+        4,
+        "run[0].guest.scenaro",
+        "unknown field",
+    );
+    assert_problem(
+        "name = \"s\"\n[[run]]\nname = \"a\"\nexpect = { off = \"pass\", of = \"pass\" }\n",
+        4,
+        "run[0].expect.of",
+        "unknown field",
+    );
+    assert_problem("name = \"s\"\ncolour = 1\n", 2, "colour", "unknown field");
+}
+
+#[test]
+fn missing_fields_name_the_table_and_the_field() {
+    assert_problem("name = \"s\"\n\n[[run]]\nexpect = \"pass\"\n", 3, "run[0].name", "missing field `name`");
+}
+
+#[test]
+fn bad_verdicts_and_hex_codes() {
+    let base = |expect: &str| format!("name = \"s\"\n[[run]]\nname = \"a\"\nexpect = {expect}\n");
+    assert_problem(&base("{ off = \"pass\", on = \"bugchek 0xC4\" }"), 4, "run[0].expect.on", "unknown verdict 'bugchek'");
+    assert_problem(&base("{ off = \"pass\", on = \"bugcheck 0xZZ\" }"), 4, "run[0].expect.on", "bad bugcheck code '0xZZ'");
+    assert_problem(&base("{ off = \"pass\", on = \"bugcheck C4\" }"), 4, "run[0].expect.on", "bad bugcheck code 'C4'");
+    assert_problem(&base("{ off = \"pass\", on = \"bugcheck 0xE6 38\" }"), 4, "run[0].expect.on", "parameter 1");
+    assert_problem(&base("\"device-fault iommu\""), 4, "run[0].expect", "unknown device fault cause 'iommu'");
+    assert_problem(&base("{ off = \"pass\" }"), 4, "run[0].expect.on", "no expectation for verifier mode \"on\"");
+    assert_problem(&base("42"), 4, "run[0].expect", "a verdict string");
+}
+
+#[test]
+fn duplicate_run_names_point_at_the_second_and_the_first() {
+    let text = "name = \"s\"\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n";
+    assert_problem(text, 6, "run[1].name", "duplicate run name \"a\" (first at line 3)");
+}
+
+#[test]
+fn bad_options_are_all_reported_at_once() {
+    let text = r#"name = "s"
+[[run]]
+name = "a/b"
+modes = ["on", "sideways", "on"]
+verifier_flags = "0xGG"
+device = { map_registers = 0, inject = ["cap", "x=1"] }
+guest = { lock = "spinlock", timeout_s = -1, extra = { scenario = "x", note = "two words" } }
+expect = { off = "pass", on = "pass" }
+"#;
+    let found = problems(text);
+    let has = |line: usize, field: &str, words: &str| {
+        assert!(
+            found.iter().any(|p| p.line == line && p.field == field && p.message.contains(words)),
+            "missing {line} {field} {words:?} in {found:#?}"
+        )
+    };
+    has(3, "run[0].name", "bad run name");
+    has(4, "run[0].modes[1]", "unknown verifier mode \"sideways\"");
+    has(4, "run[0].modes[2]", "listed twice");
+    has(5, "run[0].verifier_flags", "bad verifier flags");
+    has(6, "run[0].device.map_registers", "out of range");
+    has(6, "run[0].device.inject[0]", "KEY=VALUE");
+    has(7, "run[0].guest.lock", "unknown lock kind \"spinlock\"");
+    has(7, "run[0].guest.timeout_s", "out of range");
+    has(7, "run[0].guest.extra.scenario", "set by the run's own fields");
+    has(7, "run[0].guest.extra.note", "one non-empty word");
+    has(8, "run[0].expect.off", "which `modes` leaves out");
+    assert_eq!(found.len(), 11, "{found:#?}");
+    // The Display form names file, line and field on every line.
+    let err = Suite::parse(text, "bad.toml").unwrap_err().to_string();
+    assert!(err.lines().all(|l| l.starts_with("bad.toml:")), "{err}");
+    assert!(err.contains("bad.toml:7:"), "{err}");
+}
+
+#[test]
+fn syntax_errors_and_empty_suites() {
+    let found = problems("name = \"s\"\n[[run]\n");
+    assert_eq!(found[0].line, 2, "{found:?}");
+    assert_problem("name = \"s\"\n", 1, "run", "at least one [[run]]");
+    assert_problem("name = \"s\"\n[defaults]\nverifier_flags = 0\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n", 3, "defaults.verifier_flags", "restrict `modes`");
+}
+
+#[test]
+fn unknown_scenarios_are_found_against_the_guest_list() {
+    let suite = Suite::seed().unwrap();
+    let missing = suite.unknown_scenarios(&["smoke"]);
+    assert_eq!(missing.len(), suite.runs.len() - 1);
+    assert!(missing.iter().all(|(_, line, _)| *line > 0));
+}
