@@ -1,1 +1,207 @@
-fn main() {}
+//! vhca-guest: the init of the test guest. Reads options, drives the device once, prints `VHCA-RESULT {json}`,
+//! then powers the machine off. Every failure, panics included, still ends in a result line and a power-off.
+
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use vhca_guest::cmdline::{Options, PciId};
+use vhca_guest::command::CommandQueue;
+use vhca_guest::dma::{DmaMapper, DmaRegion};
+use vhca_guest::report::{progress, ConfigView, QueryDeviceView, Report};
+use vhca_guest::virtio_pci::{
+    QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
+};
+use vhca_guest::virtqueue::{RingLayout, SplitQueue};
+use vhca_guest::{kmsg, pci, rng, vfio};
+use vhca_proto::{DeviceConfig, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_SIZE};
+use zerocopy::FromBytes;
+
+/// QEMU's virtio-rng (modern id), the backend-less device used to prove the transport.
+const PCI_DEVICE_RNG: u16 = 0x1044;
+/// Upper bound on queues set up, whatever the device claims.
+const MAX_QUEUES: u16 = 16;
+
+fn main() {
+    let started = Instant::now();
+    // Off PID 1 (tests on a host, debugging) a command-line argument stands in for /proc/cmdline.
+    let cmdline = std::env::args().nth(1).or_else(|| std::fs::read_to_string("/proc/cmdline").ok()).unwrap_or_default();
+    let options = Options::parse(&cmdline);
+    let mut report =
+        Report { scenario: options.scenario.clone(), warnings: options.warnings.clone(), ..Report::default() };
+    for warning in &options.warnings {
+        progress(format_args!("warning: {warning}"));
+    }
+
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&options, &mut report)));
+    let error = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("{e:#}")),
+        Err(panic) => {
+            let what =
+                panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+            Some(format!("panic: {}", what.unwrap_or_else(|| "(no message)".into())))
+        }
+    };
+    report.ok = error.is_none();
+    report.error = error;
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    report.uptime_ms = vhca_guest::report::uptime_ms();
+    progress(format_args!("{} in {} ms", if report.ok { "passed" } else { "FAILED" }, report.elapsed_ms));
+    report.print();
+    finish(&options, report.ok);
+}
+
+/// PID 1 must never exit (the kernel would panic): power off, or hand over to a shell when asked to stay up.
+fn finish(options: &Options, ok: bool) -> ! {
+    if std::process::id() != 1 {
+        std::process::exit(if ok { 0 } else { 1 });
+    }
+    // SAFETY: sync has no preconditions; it flushes filesystem buffers before the power goes.
+    unsafe { libc::sync() };
+    if !options.poweroff {
+        let err = std::process::Command::new("/bin/busybox").arg("sh").exec();
+        progress(format_args!("cannot start a shell: {err}"));
+    }
+    // SAFETY: we are PID 1 with nothing left to do; RB_POWER_OFF stops the machine and does not return on success.
+    unsafe { libc::reboot(libc::RB_POWER_OFF) };
+    progress(format_args!("power-off failed: {}", std::io::Error::last_os_error()));
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// What the device turned out to be, which decides what "smoke" does on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Personality {
+    Vhca,
+    Rng,
+}
+
+fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    ensure!(options.scenario == "smoke", "unknown scenario {:?} (known: smoke)", options.scenario);
+    let timeout = Duration::from_millis(options.timeout_ms);
+    let wanted = match options.device {
+        Some(id) => vec![id],
+        None => vec![
+            PciId { vendor: PCI_VENDOR_VIRTIO, device: vhca_proto::PCI_DEVICE_SND_CARRIER },
+            PciId { vendor: PCI_VENDOR_VIRTIO, device: vhca_proto::PCI_DEVICE_RDMA },
+        ],
+    };
+    let device = pci::find(&wanted)?;
+    report.device = Some(device.id.to_string());
+    report.pci_address = Some(device.address.clone());
+    let personality = if device.id.device == PCI_DEVICE_RNG { Personality::Rng } else { Personality::Vhca };
+    progress(format_args!("found {} at {} (driver {:?})", device.id, device.address, device.driver()));
+
+    device.bind_vfio()?;
+    let group = device.iommu_group()?;
+    report.iommu_group = Some(group);
+    let session = vfio::Session::open(group, &device.address).context("VFIO setup")?;
+    progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
+    let mapper = DmaMapper::new(session.container.clone());
+
+    let transport = VirtioPci::open(&session.device).context("virtio-pci transport")?;
+    report.mmio = Some(if transport.mmio_mapped() { "mmap" } else { "pread" });
+    transport.reset(timeout)?;
+    transport.add_status(STATUS_ACKNOWLEDGE)?;
+    transport.add_status(STATUS_DRIVER)?;
+    let features = transport.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0)?;
+    report.features = Some(format!("{features:#x}"));
+
+    let num_queues = transport.num_queues()?;
+    report.num_queues = Some(num_queues);
+    if personality == Personality::Vhca {
+        ensure!(num_queues >= NUM_QUEUES, "device has {num_queues} queues, vhca needs {NUM_QUEUES}");
+    }
+    // Every queue the device has is set up: QEMU pre-sends an IOTLB update for each used ring at DRIVER_OK.
+    let mut queues = Vec::new();
+    for index in 0..num_queues.min(MAX_QUEUES) {
+        let (queue, notifier) = setup_queue(&transport, &mapper, index)?;
+        report.iovas.rings.push(queue.ring_iovas());
+        queues.push(Some((queue, notifier)));
+    }
+    transport.driver_ok()?;
+    progress(format_args!(
+        "DRIVER_OK: features {features:#x}, {num_queues} queues, registers {}",
+        report.mmio.unwrap_or("?")
+    ));
+
+    let mut commands = None;
+    let result = match personality {
+        Personality::Vhca => smoke_vhca(&transport, &mut queues, &mut commands, &mapper, timeout, report),
+        Personality::Rng => smoke_rng(&mut queues, &mapper, timeout, report),
+    };
+    // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
+    let reset = transport.reset(timeout);
+    drop(commands);
+    drop(queues);
+    report.kernel_log = kmsg::iommu_lines(32);
+    result?;
+    reset.context("reset at the end")?;
+    let faults = report.kernel_log.iter().filter(|l| l.contains("DMAR")).count();
+    ensure!(faults == 0, "{faults} IOMMU fault line(s) in the kernel log");
+    Ok(())
+}
+
+type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
+
+fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow::Result<Queue> {
+    let max = transport.queue_max_size(index)?;
+    ensure!(max > 0, "queue {index} has size 0");
+    // Split rings need a power of two; take the largest one the device allows, capped at the carrier's size.
+    let size = 1u16 << (15 - max.min(QUEUE_SIZE).leading_zeros().min(15));
+    let layout = RingLayout::new(size)?;
+    let memory = mapper.alloc(layout.bytes, vfio::DmaAccess::READ_WRITE)?;
+    let queue = SplitQueue::new(size, memory)?;
+    let notifier = transport.setup_queue(index, size, queue.ring_iovas())?;
+    Ok((queue, notifier))
+}
+
+fn smoke_vhca(
+    transport: &VirtioPci,
+    queues: &mut [Option<Queue>],
+    commands: &mut Option<CommandQueue>,
+    mapper: &DmaMapper,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let raw = transport.read_device_config(DEVICE_CONFIG_SIZE)?.context("device has no device-config capability")?;
+    let config =
+        DeviceConfig::read_from_bytes(&raw).map_err(|_| anyhow::anyhow!("device config of {} bytes", raw.len()))?;
+    report.config = Some(ConfigView::from(&config));
+    if config.magic.get() != CONFIG_MAGIC {
+        bail!(
+            "device config magic {:#010x}, expected {CONFIG_MAGIC:#010x} (\"VHCA\"): not a vhca backend",
+            config.magic.get()
+        );
+    }
+    let (queue, notifier) = queues.first_mut().and_then(Option::take).context("no command queue")?;
+    // Kept by the caller until the device is reset, so a late completion never lands in unmapped memory.
+    let commands = commands.insert(CommandQueue::new(queue, notifier, mapper, timeout)?);
+    report.iovas.cmd = Some(commands.request_iova());
+    report.iovas.resp = Some(commands.response_iova());
+    let (resp, response) = commands.query_device()?;
+    progress(format_args!(
+        "QUERY_DEVICE: abi {}, {} map registers ({} free), max_qp {}",
+        resp.abi_version.get(),
+        resp.map_registers_total.get(),
+        resp.map_registers_free.get(),
+        resp.max_qp.get()
+    ));
+    report.query_device = Some(QueryDeviceView::new(&resp, response.header.tag.get(), response.used_len));
+    Ok(())
+}
+
+fn smoke_rng(
+    queues: &mut [Option<Queue>],
+    mapper: &DmaMapper,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let (queue, notifier) = queues.first_mut().and_then(Option::as_mut).context("no request queue")?;
+    let read = rng::read_entropy(queue, notifier, mapper, timeout)?;
+    progress(format_args!("entropy: {} bytes at IOVA {:#x}: {}", read.used_len, read.iova, &read.bytes_hex[..16]));
+    report.rng = Some(read);
+    Ok(())
+}

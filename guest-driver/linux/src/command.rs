@@ -1,0 +1,175 @@
+//! The command queue (queue 0): one request at a time, header + body in a device-readable buffer, response header +
+//! body in a separate device-writable one. Validates every response before the caller sees it.
+
+use std::time::Duration;
+
+use vhca_proto::{
+    CommandHeader, Opcode, QueryDeviceResp, ResponseHeader, Status, ABI_VERSION, MAX_REQUEST_SIZE, PAGE_SIZE,
+    RESPONSE_HEADER_SIZE,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
+use crate::vfio::{DmaAccess, VfioError};
+use crate::virtio_pci::QueueNotifier;
+use crate::virtqueue::{Buffer, QueueError, SplitQueue};
+
+/// Poison for the response buffer: a device that completes without writing leaves it, and a status of
+/// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
+const POISON: u8 = 0xa5;
+/// Response room: the largest response header + body any command has, with slack for growth.
+const RESPONSE_BUFFER: usize = PAGE_SIZE as usize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Dma(#[from] DmaError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("notify: {0}")]
+    Notify(#[from] VfioError),
+    #[error("{opcode}: request of {len} bytes exceeds {max}")]
+    RequestTooLarge { opcode: &'static str, len: usize, max: usize },
+    #[error("{opcode}: completion for head {got}, expected {expected}")]
+    WrongHead { opcode: &'static str, got: u16, expected: u16 },
+    #[error("{opcode}: device wrote {written} bytes, less than the {need}-byte response header")]
+    ShortResponse { opcode: &'static str, written: u32, need: usize },
+    #[error("{opcode}: response {field} is {got:#x}, expected {expected:#x}")]
+    Mismatch { opcode: &'static str, field: &'static str, got: u32, expected: u32 },
+    #[error("{opcode}: response status {status:#x} is not a known status")]
+    UnknownStatus { opcode: &'static str, status: u32 },
+    #[error("{opcode}: device answered {}", .status.name())]
+    Refused { opcode: &'static str, status: Status },
+    #[error("{opcode}: response body of {body_len} bytes does not fit the {written} bytes written / {room} of room")]
+    BodyOverrun { opcode: &'static str, body_len: u32, written: u32, room: usize },
+    #[error("{opcode}: {field} = {got:#x}, expected {expected:#x}")]
+    BadField { opcode: &'static str, field: &'static str, got: u64, expected: u64 },
+}
+
+/// A validated response: header (status Ok) and the body bytes the device said it wrote.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub header: ResponseHeader,
+    pub body: Vec<u8>,
+    /// Bytes the used ring reported.
+    pub used_len: u32,
+}
+
+/// The command queue with its two DMA buffers.
+pub struct CommandQueue {
+    queue: SplitQueue<DmaRegion>,
+    notifier: QueueNotifier,
+    request: DmaRegion,
+    response: DmaRegion,
+    next_tag: u32,
+    timeout: Duration,
+}
+
+impl CommandQueue {
+    pub fn new(
+        queue: SplitQueue<DmaRegion>,
+        notifier: QueueNotifier,
+        mapper: &DmaMapper,
+        timeout: Duration,
+    ) -> Result<CommandQueue, CommandError> {
+        let request = mapper.alloc(MAX_REQUEST_SIZE, DmaAccess::READ_WRITE)?;
+        let response = mapper.alloc(RESPONSE_BUFFER, DmaAccess::READ_WRITE)?;
+        Ok(CommandQueue { queue, notifier, request, response, next_tag: 0x5a00_0001, timeout })
+    }
+
+    pub fn request_iova(&self) -> u64 {
+        self.request.iova()
+    }
+
+    pub fn response_iova(&self) -> u64 {
+        self.response.iova()
+    }
+
+    /// Sends one command and waits for its response; anything but a well-formed Ok response is an error.
+    pub fn execute(&mut self, opcode: Opcode, body: &[u8]) -> Result<Response, CommandError> {
+        let name = opcode.name();
+        let tag = self.next_tag;
+        self.next_tag = self.next_tag.wrapping_add(1);
+        let header = CommandHeader {
+            opcode: (opcode as u32).into(),
+            tag: tag.into(),
+            body_len: u32::try_from(body.len()).unwrap_or(u32::MAX).into(),
+            reserved: 0.into(),
+        };
+        let request_len = header.as_bytes().len() + body.len();
+        if request_len > self.request.len() {
+            return Err(CommandError::RequestTooLarge { opcode: name, len: request_len, max: self.request.len() });
+        }
+        self.request.write_bytes(0, header.as_bytes())?;
+        self.request.write_bytes(header.as_bytes().len(), body)?;
+        let response_room = RESPONSE_HEADER_SIZE + opcode.response_size();
+        self.response.fill(0, response_room, POISON)?;
+
+        let head = self.queue.add_chain(&[
+            Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
+            Buffer { iova: self.response.iova(), len: response_room as u32, device_writes: true },
+        ])?;
+        self.notifier.notify()?;
+        let used = self.queue.wait_used(self.timeout)?;
+        if used.head != head {
+            return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });
+        }
+        if (used.len as usize) < RESPONSE_HEADER_SIZE {
+            return Err(CommandError::ShortResponse { opcode: name, written: used.len, need: RESPONSE_HEADER_SIZE });
+        }
+        let mut raw = [0u8; RESPONSE_HEADER_SIZE];
+        self.response.read_bytes(0, &mut raw)?;
+        // Cannot fail: the array has exactly the header's size.
+        let header = ResponseHeader::read_from_bytes(&raw).unwrap_or_default();
+        let check = |field, got: u32, expected: u32| {
+            if got == expected {
+                Ok(())
+            } else {
+                Err(CommandError::Mismatch { opcode: name, field, got, expected })
+            }
+        };
+        check("tag", header.tag.get(), tag)?;
+        check("opcode", header.opcode.get(), opcode as u32)?;
+        let status = Status::from_u32(header.status.get())
+            .ok_or(CommandError::UnknownStatus { opcode: name, status: header.status.get() })?;
+        if status != Status::Ok {
+            return Err(CommandError::Refused { opcode: name, status });
+        }
+        let body_len = header.body_len.get();
+        let fits = (body_len as usize)
+            .checked_add(RESPONSE_HEADER_SIZE)
+            .is_some_and(|end| end <= used.len as usize && end <= response_room);
+        if !fits {
+            return Err(CommandError::BodyOverrun { opcode: name, body_len, written: used.len, room: response_room });
+        }
+        let mut body = vec![0u8; body_len as usize];
+        self.response.read_bytes(RESPONSE_HEADER_SIZE, &mut body)?;
+        Ok(Response { header, body, used_len: used.len })
+    }
+
+    /// QUERY_DEVICE, with the fields a driver relies on checked.
+    pub fn query_device(&mut self) -> Result<(QueryDeviceResp, Response), CommandError> {
+        let opcode = Opcode::QueryDevice;
+        let response = self.execute(opcode, &[])?;
+        let expected = std::mem::size_of::<QueryDeviceResp>();
+        let resp = QueryDeviceResp::read_from_bytes(&response.body).map_err(|_| CommandError::BadField {
+            opcode: opcode.name(),
+            field: "body_len",
+            got: response.body.len() as u64,
+            expected: expected as u64,
+        })?;
+        let field = |field, got: u64, expected: u64| {
+            if got == expected {
+                Ok(())
+            } else {
+                Err(CommandError::BadField { opcode: opcode.name(), field, got, expected })
+            }
+        };
+        field("abi_version", resp.abi_version.get() as u64, ABI_VERSION as u64)?;
+        field("page_size", resp.page_size.get() as u64, PAGE_SIZE)?;
+        if resp.map_registers_free.get() > resp.map_registers_total.get() {
+            field("map_registers_free", resp.map_registers_free.get() as u64, resp.map_registers_total.get() as u64)?;
+        }
+        Ok((resp, response))
+    }
+}

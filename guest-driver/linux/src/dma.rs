@@ -1,0 +1,326 @@
+//! DMA memory for the device: pinned host memory mapped at IOVAs this driver chooses, through the VFIO container.
+//! The NT model's DMA adapter sits on top of `DmaMapper`; the virtqueues and command buffers live in `DmaRegion`s.
+
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use crate::vfio::{Container, DmaAccess, VfioError};
+
+pub const PAGE_SIZE: usize = vhca_proto::PAGE_SIZE as usize;
+
+/// First IOVA handed out. Guest RAM is at most a few GiB here, so an IOVA at 64 GiB can never be mistaken for a
+/// guest-physical address: a device that used a GPA where an IOVA belongs faults instead of silently working.
+pub const IOVA_BASE: u64 = 0x10_0000_0000;
+/// End of the IOVA window (exclusive): 512 GiB, the 39-bit address width of QEMU's intel-iommu by default.
+pub const IOVA_END: u64 = 1 << 39;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DmaError {
+    #[error("zero-length DMA region")]
+    Empty,
+    #[error("IOVA {iova:#x} (+{len:#x}) is not page aligned or leaves the window {IOVA_BASE:#x}..{IOVA_END:#x}")]
+    BadIova { iova: u64, len: usize },
+    #[error("IOVA window exhausted: {len:#x} bytes wanted at {next:#x}")]
+    IovaExhausted { next: u64, len: usize },
+    #[error("cannot allocate {len:#x} bytes of DMA memory: {source}")]
+    Alloc { len: usize, source: std::io::Error },
+    #[error("map {len:#x} bytes at IOVA {iova:#x}: {source}")]
+    Map { iova: u64, len: usize, source: VfioError },
+    #[error("unmap IOVA {iova:#x}: {source}")]
+    Unmap { iova: u64, source: VfioError },
+    #[error("unmap IOVA {iova:#x}: kernel unmapped {unmapped:#x} of {len:#x} bytes")]
+    PartialUnmap { iova: u64, len: usize, unmapped: u64 },
+    #[error("{op} of {len} bytes at offset {offset:#x} leaves the {size:#x}-byte DMA region")]
+    OutOfRange { op: &'static str, offset: usize, len: usize, size: usize },
+}
+
+/// Memory the device can reach, as the driver sees it: a host pointer and the IOVA the device uses for it.
+///
+/// # Safety
+/// Implementors guarantee that `host_ptr()` is valid for reads and writes of `len()` bytes, aligned to at least
+/// 16 bytes, for as long as the value lives, and that the device reaches the same bytes at `iova()`.
+pub unsafe trait DmaMemory {
+    fn host_ptr(&self) -> NonNull<u8>;
+    fn iova(&self) -> u64;
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies bytes in with volatile stores: the device may read this memory at any time.
+    fn write_bytes(&self, offset: usize, bytes: &[u8]) -> Result<(), DmaError> {
+        let base = self.range_ptr("write", offset, bytes.len())?;
+        for (i, byte) in bytes.iter().enumerate() {
+            // SAFETY: range_ptr proved offset..offset+len lies inside the region, valid per the trait contract.
+            unsafe { std::ptr::write_volatile(base.add(i), *byte) };
+        }
+        Ok(())
+    }
+
+    /// Copies bytes out with volatile loads: the device may have written them behind the compiler's back.
+    fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
+        let base = self.range_ptr("read", offset, out.len())?;
+        for (i, byte) in out.iter_mut().enumerate() {
+            // SAFETY: range_ptr proved offset..offset+len lies inside the region, valid per the trait contract.
+            *byte = unsafe { std::ptr::read_volatile(base.add(i)) };
+        }
+        Ok(())
+    }
+
+    /// Sets every byte of a range, e.g. to poison a response buffer so an unwritten one is recognisable.
+    fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), DmaError> {
+        let base = self.range_ptr("fill", offset, len)?;
+        for i in 0..len {
+            // SAFETY: range_ptr proved offset..offset+len lies inside the region, valid per the trait contract.
+            unsafe { std::ptr::write_volatile(base.add(i), value) };
+        }
+        Ok(())
+    }
+
+    /// IOVA of a byte inside the region, for descriptors that point into part of it.
+    fn iova_at(&self, offset: usize) -> Result<u64, DmaError> {
+        self.range_ptr("address", offset, 0)?;
+        Ok(self.iova() + offset as u64)
+    }
+
+    fn range_ptr(&self, op: &'static str, offset: usize, len: usize) -> Result<*mut u8, DmaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(self.host_ptr().as_ptr().wrapping_add(offset)),
+            _ => Err(DmaError::OutOfRange { op, offset, len, size: self.len() }),
+        }
+    }
+}
+
+/// Hands out IOVAs and maps memory at them. IOVAs are never reused and each region is followed by an unmapped
+/// guard page, so a device overrunning a buffer or using a freed one hits an IOMMU fault, never another buffer.
+#[derive(Debug)]
+pub struct DmaMapper {
+    container: Arc<Container>,
+    next_iova: Mutex<u64>,
+}
+
+fn round_up_to_page(len: usize) -> Option<usize> {
+    len.checked_add(PAGE_SIZE - 1).map(|l| l & !(PAGE_SIZE - 1))
+}
+
+impl DmaMapper {
+    pub fn new(container: Arc<Container>) -> DmaMapper {
+        DmaMapper { container, next_iova: Mutex::new(IOVA_BASE) }
+    }
+
+    /// Reserves the next free IOVA range of `len` bytes (page-rounded) plus a guard page.
+    pub fn reserve_iova(&self, len: usize) -> Result<u64, DmaError> {
+        let len = round_up_to_page(len).filter(|l| *l > 0).ok_or(DmaError::Empty)?;
+        let mut next = self.next_iova.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let iova = *next;
+        let after = iova.checked_add(len as u64 + PAGE_SIZE as u64).filter(|end| *end <= IOVA_END);
+        *next = after.ok_or(DmaError::IovaExhausted { next: iova, len })?;
+        Ok(iova)
+    }
+
+    /// Fresh zeroed, pinned memory at the next free IOVA.
+    pub fn alloc(&self, len: usize, access: DmaAccess) -> Result<DmaRegion, DmaError> {
+        let iova = self.reserve_iova(len)?;
+        self.alloc_at(iova, len, access)
+    }
+
+    /// Fresh zeroed, pinned memory at an IOVA the caller chose (page aligned, inside the window).
+    pub fn alloc_at(&self, iova: u64, len: usize, access: DmaAccess) -> Result<DmaRegion, DmaError> {
+        let len = round_up_to_page(len).filter(|l| *l > 0).ok_or(DmaError::Empty)?;
+        let host = anonymous_memory(len)?;
+        // SAFETY: `host` is a fresh private mapping of `len` bytes that only the region will own and unmap.
+        unsafe { self.map_raw(host, len, iova, access, true) }
+    }
+
+    /// Maps memory the caller owns (e.g. a buffer an NT-model MDL describes) at `iova`.
+    ///
+    /// # Safety
+    /// `host` must be page aligned and valid for reads and writes of `len` bytes until the returned region is
+    /// unmapped or dropped; the caller keeps ownership and frees it only after that.
+    pub unsafe fn map_host(
+        &self,
+        host: NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: DmaAccess,
+    ) -> Result<DmaRegion, DmaError> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.map_raw(host, len, iova, access, false) }
+    }
+
+    /// # Safety
+    /// As `map_host`; with `owns_memory` the region also munmaps `host` when dropped.
+    unsafe fn map_raw(
+        &self,
+        host: NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: DmaAccess,
+        owns_memory: bool,
+    ) -> Result<DmaRegion, DmaError> {
+        // Built first so an early return frees owned memory through Drop (unmapped regions skip the IOVA unmap).
+        let mut region = DmaRegion { container: self.container.clone(), host, len, iova, owns_memory, mapped: false };
+        let in_window = iova.checked_add(len as u64).is_some_and(|end| iova >= IOVA_BASE && end <= IOVA_END);
+        if !in_window || iova % PAGE_SIZE as u64 != 0 || len % PAGE_SIZE != 0 || host.as_ptr() as usize % PAGE_SIZE != 0
+        {
+            return Err(DmaError::BadIova { iova, len });
+        }
+        self.container.map_dma(host.as_ptr() as u64, iova, len as u64, access).map_err(|source| DmaError::Map {
+            iova,
+            len,
+            source,
+        })?;
+        region.mapped = true;
+        Ok(region)
+    }
+}
+
+fn anonymous_memory(len: usize) -> Result<NonNull<u8>, DmaError> {
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+    let mut ptr = libc::MAP_FAILED;
+    // Locked first (root in the guest may); if RLIMIT_MEMLOCK refuses, VFIO's own pinning still holds the pages.
+    for extra in [libc::MAP_LOCKED, 0] {
+        // SAFETY: a new anonymous mapping at an address the kernel picks; no existing memory is affected.
+        ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags | extra, -1, 0) };
+        if ptr != libc::MAP_FAILED {
+            break;
+        }
+    }
+    if ptr == libc::MAP_FAILED {
+        return Err(DmaError::Alloc { len, source: std::io::Error::last_os_error() });
+    }
+    NonNull::new(ptr.cast::<u8>()).ok_or(DmaError::Alloc { len, source: std::io::ErrorKind::OutOfMemory.into() })
+}
+
+/// One mapping: host memory the device reaches at `iova`. Dropping it unmaps the IOVA before freeing the memory.
+#[derive(Debug)]
+pub struct DmaRegion {
+    container: Arc<Container>,
+    host: NonNull<u8>,
+    len: usize,
+    iova: u64,
+    owns_memory: bool,
+    mapped: bool,
+}
+
+// SAFETY: the region owns (or was promised exclusive use of) its memory; all shared access goes through volatile
+// byte copies or the virtqueue's atomics, so moving or sharing it across threads adds no data race of Rust's own.
+unsafe impl Send for DmaRegion {}
+// SAFETY: see Send.
+unsafe impl Sync for DmaRegion {}
+
+// SAFETY: `host` is valid for `len` bytes while the region lives (fresh mmap or the `map_host` contract), page
+// aligned (checked in `map_raw`), and the container maps exactly those bytes at `iova`.
+unsafe impl DmaMemory for DmaRegion {
+    fn host_ptr(&self) -> NonNull<u8> {
+        self.host
+    }
+    fn iova(&self) -> u64 {
+        self.iova
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl DmaRegion {
+    /// Unmaps now and reports failure, which `drop` cannot.
+    pub fn unmap(mut self) -> Result<(), DmaError> {
+        self.unmap_iova()
+    }
+
+    fn unmap_iova(&mut self) -> Result<(), DmaError> {
+        if !self.mapped {
+            return Ok(());
+        }
+        let (iova, len) = (self.iova, self.len);
+        let unmapped = self.container.unmap_dma(iova, len as u64).map_err(|source| DmaError::Unmap { iova, source })?;
+        self.mapped = false;
+        if unmapped != len as u64 {
+            return Err(DmaError::PartialUnmap { iova, len, unmapped });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DmaRegion {
+    fn drop(&mut self) {
+        // If the IOMMU mapping could not be removed the device may still write here: leak rather than free.
+        if self.unmap_iova().is_err() || !self.owns_memory {
+            return;
+        }
+        // SAFETY: `host`/`len` came from our own mmap (owns_memory), nothing refers into it any more, and the
+        // device can no longer reach it because the IOVA was unmapped just above.
+        unsafe { libc::munmap(self.host.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Page-aligned heap memory posing as DMA memory, for tests that play the device in-process.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+    pub struct HeapDma {
+        ptr: NonNull<u8>,
+        layout: Layout,
+        iova: u64,
+    }
+
+    impl HeapDma {
+        pub fn new(len: usize, iova: u64) -> HeapDma {
+            let layout = Layout::from_size_align(len, PAGE_SIZE).unwrap();
+            // SAFETY: layout has non-zero size (tests pass len > 0).
+            let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+            HeapDma { ptr, layout, iova }
+        }
+
+        /// Host pointer for an IOVA inside this memory, as the IOMMU would translate it.
+        pub fn translate(&self, iova: u64, len: usize) -> *mut u8 {
+            let offset = usize::try_from(iova - self.iova).unwrap();
+            assert!(offset + len <= self.layout.size(), "device access outside test memory");
+            self.ptr.as_ptr().wrapping_add(offset)
+        }
+    }
+
+    impl Drop for HeapDma {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        }
+    }
+
+    // SAFETY: the allocation is page aligned, `layout.size()` bytes long, and lives as long as the value.
+    unsafe impl DmaMemory for HeapDma {
+        fn host_ptr(&self) -> NonNull<u8> {
+            self.ptr
+        }
+        fn iova(&self) -> u64 {
+            self.iova
+        }
+        fn len(&self) -> usize {
+            self.layout.size()
+        }
+    }
+
+    #[test]
+    fn byte_copies_are_bounds_checked() {
+        let mem = HeapDma::new(PAGE_SIZE, IOVA_BASE);
+        mem.write_bytes(10, b"vhca").unwrap();
+        let mut out = [0u8; 4];
+        mem.read_bytes(10, &mut out).unwrap();
+        assert_eq!(&out, b"vhca");
+        assert!(matches!(mem.write_bytes(PAGE_SIZE - 2, b"abc"), Err(DmaError::OutOfRange { .. })));
+        assert!(matches!(mem.read_bytes(usize::MAX, &mut out), Err(DmaError::OutOfRange { .. })));
+        assert_eq!(mem.iova_at(16).unwrap(), IOVA_BASE + 16);
+    }
+
+    #[test]
+    fn page_rounding() {
+        assert_eq!(round_up_to_page(1), Some(PAGE_SIZE));
+        assert_eq!(round_up_to_page(PAGE_SIZE), Some(PAGE_SIZE));
+        assert_eq!(round_up_to_page(usize::MAX), None);
+    }
+}

@@ -1,0 +1,50 @@
+//! The kernel log lines that judge DMA: IOMMU (DMAR) faults and VFIO complaints, read from /dev/kmsg.
+//! A run that completed but made the IOMMU fault is not a pass, so the report carries these lines.
+
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+
+/// Kernel log records mentioning the IOMMU or VFIO, oldest first, at most `limit`.
+pub fn iommu_lines(limit: usize) -> Vec<String> {
+    let Ok(mut kmsg) = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg") else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    let mut record = vec![0u8; 8192];
+    // Each read returns one record; EAGAIN ends the log, EPIPE means records were overwritten (keep going).
+    for _ in 0..100_000 {
+        match kmsg.read(&mut record) {
+            Ok(0) => break,
+            Ok(n) => {
+                let text = String::from_utf8_lossy(&record[..n]);
+                let message = text.split_once(';').map_or(&*text, |(_, m)| m).lines().next().unwrap_or("").trim();
+                if is_iommu_line(message) && lines.len() < limit {
+                    lines.push(message.to_string());
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(_) => break,
+        }
+    }
+    lines
+}
+
+fn is_iommu_line(message: &str) -> bool {
+    message.contains("DMAR") && (message.contains("fault") || message.contains("Fault")) || message.starts_with("vfio")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_fault_lines_only() {
+        assert!(is_iommu_line(
+            "DMAR: [DMA Write NO_PASID] Request device [01:00.0] fault addr 0x1000000000 [fault reason 0x05]"
+        ));
+        assert!(is_iommu_line("vfio-pci 0000:01:00.0: enabling device (0000 -> 0002)"));
+        assert!(!is_iommu_line("DMAR: IOMMU enabled"));
+        assert!(!is_iommu_line("virtio_blk virtio0: [vda] 4096 512-byte logical blocks"));
+    }
+}

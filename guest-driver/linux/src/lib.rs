@@ -1,0 +1,13 @@
+//! vhca's Linux guest driver: drives the vhca device from user space through VFIO and virtio-pci.
+//! The binary (main.rs) runs as the initramfs' init; these modules are also the base the NT model maps DMA with.
+
+pub mod cmdline;
+pub mod command;
+pub mod dma;
+pub mod kmsg;
+pub mod pci;
+pub mod report;
+pub mod rng;
+pub mod vfio;
+pub mod virtio_pci;
+pub mod virtqueue;

@@ -1,0 +1,167 @@
+//! The run's result as the runner reads it: one `VHCA-RESULT {json}` line on the console, plus the human progress
+//! lines (`vhca-guest: ...`). The only module that decides how output looks.
+
+use std::io::Write;
+
+use serde::Serialize;
+use vhca_proto::{DeviceConfig, QueryDeviceResp, CONFIG_MAGIC};
+
+use crate::rng::EntropyRead;
+
+pub const RESULT_PREFIX: &str = "VHCA-RESULT ";
+pub const PROGRESS_PREFIX: &str = "vhca-guest: ";
+
+/// A human progress line; stdout is the console (ttyS0) when this runs as the initramfs' init.
+pub fn progress(message: impl std::fmt::Display) {
+    println!("{PROGRESS_PREFIX}{message}");
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryDeviceView {
+    pub abi_version: u32,
+    pub vendor_id: u32,
+    pub max_pd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_mr: u32,
+    pub map_registers_total: u32,
+    pub map_registers_free: u32,
+    pub page_size: u32,
+    pub fw_version: u64,
+    pub node_guid: u64,
+    pub status: &'static str,
+    pub tag: u32,
+    pub used_len: u32,
+}
+
+impl QueryDeviceView {
+    pub fn new(r: &QueryDeviceResp, tag: u32, used_len: u32) -> QueryDeviceView {
+        QueryDeviceView {
+            abi_version: r.abi_version.get(),
+            vendor_id: r.vendor_id.get(),
+            max_pd: r.max_pd.get(),
+            max_cq: r.max_cq.get(),
+            max_cqe: r.max_cqe.get(),
+            max_qp: r.max_qp.get(),
+            max_qp_wr: r.max_qp_wr.get(),
+            max_sge: r.max_sge.get(),
+            max_mr: r.max_mr.get(),
+            map_registers_total: r.map_registers_total.get(),
+            map_registers_free: r.map_registers_free.get(),
+            page_size: r.page_size.get(),
+            fw_version: r.fw_version.get(),
+            node_guid: r.node_guid.get(),
+            status: "OK",
+            tag,
+            used_len,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigView {
+    pub magic: u32,
+    pub magic_ok: bool,
+    pub abi_version: u16,
+    pub num_queues: u16,
+    pub map_registers: u32,
+}
+
+impl From<&DeviceConfig> for ConfigView {
+    fn from(c: &DeviceConfig) -> ConfigView {
+        ConfigView {
+            magic: c.magic.get(),
+            magic_ok: c.magic.get() == CONFIG_MAGIC,
+            abi_version: c.abi_version.get(),
+            num_queues: c.num_queues.get(),
+            map_registers: c.map_registers.get(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Iovas {
+    pub cmd: Option<u64>,
+    pub resp: Option<u64>,
+    /// Per queue: descriptor table, avail ring, used ring.
+    pub rings: Vec<[u64; 3]>,
+}
+
+/// Everything the runner may want from one run. Filled in as the run goes, so a failure still reports how far it got.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub ok: bool,
+    pub error: Option<String>,
+    pub device: Option<String>,
+    pub pci_address: Option<String>,
+    pub iommu_group: Option<u32>,
+    /// "mmap" when BAR registers are mapped, "pread" when every access is a syscall.
+    pub mmio: Option<&'static str>,
+    pub features: Option<String>,
+    pub num_queues: Option<u16>,
+    pub query_device: Option<QueryDeviceView>,
+    pub rng: Option<EntropyRead>,
+    pub iovas: Iovas,
+    pub config: Option<ConfigView>,
+    /// DMAR fault and vfio lines from the kernel log.
+    pub kernel_log: Vec<String>,
+    pub warnings: Vec<String>,
+    pub elapsed_ms: u64,
+    /// Time since the kernel started, when the result was printed: boot to result.
+    pub uptime_ms: Option<u64>,
+}
+
+impl Report {
+    /// The result line, without its newline.
+    pub fn line(&self) -> String {
+        let json = serde_json::to_string(self)
+            .unwrap_or_else(|e| format!(r#"{{"scenario":"?","ok":false,"error":"report serialisation: {e}"}}"#));
+        format!("{RESULT_PREFIX}{json}")
+    }
+
+    /// Prints the result line in one write, so kernel messages cannot land inside it.
+    pub fn print(&self) {
+        let mut out = self.line().into_bytes();
+        out.push(b'\n');
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(&out);
+        let _ = stdout.flush();
+    }
+}
+
+/// Milliseconds since boot, from /proc/uptime.
+pub fn uptime_ms() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/uptime").ok()?;
+    let seconds: f64 = text.split_whitespace().next()?.parse().ok()?;
+    Some((seconds * 1000.0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_line_is_one_line_of_json_with_the_contract_fields() {
+        let report = Report {
+            scenario: "smoke".into(),
+            error: Some("line one\nline two".into()),
+            device: Some("1af4:1059".into()),
+            iovas: Iovas { cmd: Some(1), resp: Some(2), rings: vec![[3, 4, 5]] },
+            ..Report::default()
+        };
+        let line = report.line();
+        assert!(!line.contains('\n'));
+        let json: serde_json::Value = serde_json::from_str(line.strip_prefix(RESULT_PREFIX).unwrap()).unwrap();
+        assert_eq!(json["scenario"], "smoke");
+        assert_eq!(json["ok"], false);
+        assert_eq!(json["error"], "line one\nline two");
+        assert_eq!(json["device"], "1af4:1059");
+        assert!(json["query_device"].is_null());
+        assert_eq!(json["iovas"]["rings"][0][2], 5);
+        assert!(json["elapsed_ms"].is_u64());
+    }
+}

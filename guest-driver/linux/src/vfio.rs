@@ -1,0 +1,369 @@
+//! The VFIO user-space API from the guest's side: container (type1 IOMMU), group, device fd, its regions.
+//! Only the ioctls a user-space driver needs; struct layouts come from `vfio-bindings`, ioctl numbers are made here.
+//!
+//! Why not `vfio-ioctls`: that crate is written for VMMs. Its container wants a KVM device fd or mshv for the
+//! KVM-VFIO pseudo device, its DMA mapping API is keyed to guest memory it owns, and it pulls vmm-sys-util and
+//! KVM bindings into what must be a small static binary. A guest driver needs eight ioctls and its own choice of
+//! IOVAs, so the raw bindings (`vfio-bindings`, which has the layouts but no ioctl numbers) fit better.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use vfio_bindings::bindings::vfio as sys;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VfioError {
+    #[error("open {path}: {source}")]
+    Open { path: String, source: std::io::Error },
+    #[error("{what}: {source}")]
+    Ioctl { what: &'static str, source: std::io::Error },
+    #[error("VFIO API version {0}, this program speaks {expected}", expected = sys::VFIO_API_VERSION)]
+    ApiVersion(i32),
+    #[error("the kernel's VFIO has no type1v2 IOMMU (is vfio_iommu_type1 loaded?)")]
+    NoType1v2,
+    #[error("IOMMU group {0} is not viable: another device in it is not bound to vfio-pci")]
+    GroupNotViable(u32),
+    #[error("region {index}: {what} at offset {offset:#x} (+{len}) outside its {size:#x} bytes")]
+    OutOfRange { index: u32, what: &'static str, offset: u64, len: usize, size: u64 },
+    #[error("region {index}: {len}-byte access at {offset:#x} is not naturally aligned")]
+    Misaligned { index: u32, offset: u64, len: usize },
+    #[error("region {index}: {op} at {offset:#x}: {source}")]
+    Io { index: u32, op: &'static str, offset: u64, source: std::io::Error },
+    #[error("region {index} cannot be read or written (flags {flags:#x})")]
+    NoAccess { index: u32, flags: u32 },
+}
+
+// ioctl numbers: _IO(VFIO_TYPE, VFIO_BASE + n), i.e. no direction or size bits, as include/uapi/linux/vfio.h has it.
+const fn vfio_io(n: u32) -> u64 {
+    ((sys::VFIO_TYPE as u64) << 8) | (sys::VFIO_BASE + n) as u64
+}
+const VFIO_GET_API_VERSION: u64 = vfio_io(0);
+const VFIO_CHECK_EXTENSION: u64 = vfio_io(1);
+const VFIO_SET_IOMMU: u64 = vfio_io(2);
+const VFIO_GROUP_GET_STATUS: u64 = vfio_io(3);
+const VFIO_GROUP_SET_CONTAINER: u64 = vfio_io(4);
+const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
+const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
+const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
+const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
+
+/// Region index of PCI config space on a vfio-pci device.
+pub const CONFIG_REGION: u32 = sys::VFIO_PCI_CONFIG_REGION_INDEX;
+
+fn ioctl(file: &File, what: &'static str, request: u64, arg: libc::c_ulong) -> Result<i32, VfioError> {
+    // SAFETY: every caller passes a request number from the VFIO uapi together with the argument that request
+    // expects (an integer, or a pointer to a live, correctly sized and initialised struct or C string).
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), request as _, arg) };
+    if rc < 0 {
+        Err(VfioError::Ioctl { what, source: std::io::Error::last_os_error() })
+    } else {
+        Ok(rc)
+    }
+}
+
+fn open_rw(path: &str) -> Result<File, VfioError> {
+    OpenOptions::new().read(true).write(true).open(path).map_err(|source| VfioError::Open { path: path.into(), source })
+}
+
+/// Which directions the device may use a DMA mapping for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaAccess {
+    pub device_reads: bool,
+    pub device_writes: bool,
+}
+
+impl DmaAccess {
+    pub const READ_WRITE: DmaAccess = DmaAccess { device_reads: true, device_writes: true };
+}
+
+/// A type1v2 IOMMU container: the guest-side IOMMU domain every mapping of ours goes into.
+#[derive(Debug)]
+pub struct Container {
+    file: File,
+}
+
+impl Container {
+    pub fn open() -> Result<Container, VfioError> {
+        let file = open_rw("/dev/vfio/vfio")?;
+        let version = ioctl(&file, "VFIO_GET_API_VERSION", VFIO_GET_API_VERSION, 0)?;
+        if version != sys::VFIO_API_VERSION as i32 {
+            return Err(VfioError::ApiVersion(version));
+        }
+        if ioctl(&file, "VFIO_CHECK_EXTENSION", VFIO_CHECK_EXTENSION, sys::VFIO_TYPE1v2_IOMMU as _)? != 1 {
+            return Err(VfioError::NoType1v2);
+        }
+        Ok(Container { file })
+    }
+
+    /// Only valid once a group is attached: the kernel picks the IOMMU driver for the groups it has.
+    fn set_iommu_type1v2(&self) -> Result<(), VfioError> {
+        ioctl(&self.file, "VFIO_SET_IOMMU(TYPE1v2)", VFIO_SET_IOMMU, sys::VFIO_TYPE1v2_IOMMU as _).map(drop)
+    }
+
+    /// Maps `size` bytes of this process at `vaddr` to `iova` for the device. The kernel pins the pages.
+    pub fn map_dma(&self, vaddr: u64, iova: u64, size: u64, access: DmaAccess) -> Result<(), VfioError> {
+        let mut flags = 0;
+        if access.device_reads {
+            flags |= sys::VFIO_DMA_MAP_FLAG_READ;
+        }
+        if access.device_writes {
+            flags |= sys::VFIO_DMA_MAP_FLAG_WRITE;
+        }
+        let map = sys::vfio_iommu_type1_dma_map {
+            argsz: std::mem::size_of::<sys::vfio_iommu_type1_dma_map>() as u32,
+            flags,
+            vaddr,
+            iova,
+            size,
+        };
+        ioctl(&self.file, "VFIO_IOMMU_MAP_DMA", VFIO_IOMMU_MAP_DMA, &map as *const _ as libc::c_ulong).map(drop)
+    }
+
+    /// Removes the mapping at `iova`; returns how many bytes the kernel unmapped.
+    pub fn unmap_dma(&self, iova: u64, size: u64) -> Result<u64, VfioError> {
+        let mut unmap = sys::vfio_iommu_type1_dma_unmap {
+            argsz: std::mem::size_of::<sys::vfio_iommu_type1_dma_unmap>() as u32,
+            flags: 0,
+            iova,
+            size,
+            data: Default::default(),
+        };
+        ioctl(&self.file, "VFIO_IOMMU_UNMAP_DMA", VFIO_IOMMU_UNMAP_DMA, &mut unmap as *mut _ as libc::c_ulong)?;
+        Ok(unmap.size)
+    }
+}
+
+/// An IOMMU group, held open for as long as its device is used.
+#[derive(Debug)]
+pub struct Group {
+    file: File,
+    pub number: u32,
+}
+
+impl Group {
+    pub fn open(number: u32) -> Result<Group, VfioError> {
+        let file = open_rw(&format!("/dev/vfio/{number}"))?;
+        let mut status =
+            sys::vfio_group_status { argsz: std::mem::size_of::<sys::vfio_group_status>() as u32, flags: 0 };
+        ioctl(&file, "VFIO_GROUP_GET_STATUS", VFIO_GROUP_GET_STATUS, &mut status as *mut _ as libc::c_ulong)?;
+        if status.flags & sys::VFIO_GROUP_FLAGS_VIABLE == 0 {
+            return Err(VfioError::GroupNotViable(number));
+        }
+        Ok(Group { file, number })
+    }
+
+    fn set_container(&self, container: &Container) -> Result<(), VfioError> {
+        let fd: libc::c_int = container.file.as_raw_fd();
+        ioctl(&self.file, "VFIO_GROUP_SET_CONTAINER", VFIO_GROUP_SET_CONTAINER, &fd as *const _ as libc::c_ulong)
+            .map(drop)
+    }
+
+    fn device(&self, address: &str) -> Result<File, VfioError> {
+        let name = CString::new(address).map_err(|_| VfioError::Open {
+            path: address.into(),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        let fd = ioctl(&self.file, "VFIO_GROUP_GET_DEVICE_FD", VFIO_GROUP_GET_DEVICE_FD, name.as_ptr() as _)?;
+        // SAFETY: the ioctl succeeded, so `fd` is a new file descriptor that nothing else owns.
+        Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+}
+
+/// Where one region lives in the device fd's offset space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub index: u32,
+    pub flags: u32,
+    pub size: u64,
+    pub offset: u64,
+}
+
+impl RegionInfo {
+    pub fn mmappable(&self) -> bool {
+        self.flags & sys::VFIO_REGION_INFO_FLAG_MMAP != 0
+    }
+}
+
+/// The device fd: config space, BARs and reset all go through it.
+#[derive(Debug)]
+pub struct Device {
+    file: Arc<File>,
+    pub address: String,
+}
+
+/// Everything VFIO hands out for one device. Field order is drop order: the device closes before its group,
+/// the group before the container.
+#[derive(Debug)]
+pub struct Session {
+    pub device: Device,
+    pub group: Group,
+    pub container: Arc<Container>,
+}
+
+impl Session {
+    /// The fixed order the kernel demands: container, group, attach, choose the IOMMU, then the device.
+    pub fn open(group_number: u32, address: &str) -> Result<Session, VfioError> {
+        let container = Container::open()?;
+        let group = Group::open(group_number)?;
+        group.set_container(&container)?;
+        container.set_iommu_type1v2()?;
+        let file = Arc::new(group.device(address)?);
+        Ok(Session { device: Device { file, address: address.into() }, group, container: Arc::new(container) })
+    }
+}
+
+impl Device {
+    pub fn region_info(&self, index: u32) -> Result<RegionInfo, VfioError> {
+        let mut info = sys::vfio_region_info {
+            argsz: std::mem::size_of::<sys::vfio_region_info>() as u32,
+            flags: 0,
+            index,
+            cap_offset: 0,
+            size: 0,
+            offset: 0,
+        };
+        ioctl(&self.file, "VFIO_DEVICE_GET_REGION_INFO", VFIO_DEVICE_GET_REGION_INFO, &mut info as *mut _ as _)?;
+        Ok(RegionInfo { index, flags: info.flags, size: info.size, offset: info.offset })
+    }
+
+    /// Opens a region for register access: mmapped when VFIO allows it, else through pread/pwrite on the fd.
+    pub fn region(&self, index: u32) -> Result<Region, VfioError> {
+        let info = self.region_info(index)?;
+        let rw = sys::VFIO_REGION_INFO_FLAG_READ | sys::VFIO_REGION_INFO_FLAG_WRITE;
+        if info.flags & rw != rw || info.size == 0 {
+            return Err(VfioError::NoAccess { index, flags: info.flags });
+        }
+        let mapping = if info.mmappable() { self.mmap(&info) } else { None };
+        Ok(Region { info, file: self.file.clone(), mapping })
+    }
+
+    fn mmap(&self, info: &RegionInfo) -> Option<Mapping> {
+        let len = usize::try_from(info.size).ok()?;
+        let offset = libc::off_t::try_from(info.offset).ok()?;
+        // SAFETY: a fresh shared mapping of the device fd chosen by the kernel (null hint); no existing memory is
+        // touched. The result is checked before use and unmapped exactly once in `Mapping::drop`.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.file.as_raw_fd(),
+                offset,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        NonNull::new(ptr.cast::<u8>()).map(|ptr| Mapping { ptr, len })
+    }
+}
+
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned, and no reference into the mapping outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Register access to one region (a BAR or config space). Every access is bounds- and alignment-checked, so
+/// offsets read from the device's own capabilities cannot reach outside the region.
+#[derive(Debug)]
+pub struct Region {
+    info: RegionInfo,
+    file: Arc<File>,
+    mapping: Option<Mapping>,
+}
+
+// SAFETY: the mapping is device memory accessed only with volatile loads and stores of whole registers; the
+// device, not Rust aliasing rules, decides what concurrent accesses mean, as for any MMIO register.
+unsafe impl Send for Region {}
+// SAFETY: as for Send: shared access only performs volatile MMIO or pread/pwrite, never hands out references.
+unsafe impl Sync for Region {}
+
+macro_rules! region_access {
+    ($read:ident, $write:ident, $ty:ty) => {
+        pub fn $read(&self, offset: u64) -> Result<$ty, VfioError> {
+            let mut bytes = [0u8; std::mem::size_of::<$ty>()];
+            match self.checked(offset, bytes.len(), "read")? {
+                // SAFETY: `checked` proved offset..offset+size lies inside the mapping and is naturally aligned.
+                Some(ptr) => Ok(unsafe { std::ptr::read_volatile(ptr.cast::<$ty>()) }),
+                None => {
+                    self.pread(offset, &mut bytes)?;
+                    Ok(<$ty>::from_le_bytes(bytes))
+                }
+            }
+        }
+
+        pub fn $write(&self, offset: u64, value: $ty) -> Result<(), VfioError> {
+            match self.checked(offset, std::mem::size_of::<$ty>(), "write")? {
+                // SAFETY: `checked` proved offset..offset+size lies inside the mapping and is naturally aligned.
+                Some(ptr) => Ok(unsafe { std::ptr::write_volatile(ptr.cast::<$ty>(), value) }),
+                None => self.pwrite(offset, &value.to_le_bytes()),
+            }
+        }
+    };
+}
+
+impl Region {
+    pub fn info(&self) -> &RegionInfo {
+        &self.info
+    }
+
+    pub fn is_mapped(&self) -> bool {
+        self.mapping.is_some()
+    }
+
+    /// Validates an access; returns the host pointer when the region is mapped.
+    fn checked(&self, offset: u64, len: usize, what: &'static str) -> Result<Option<*mut u8>, VfioError> {
+        let index = self.info.index;
+        self.checked_range(offset, len, what)?;
+        if offset % len as u64 != 0 {
+            return Err(VfioError::Misaligned { index, offset, len });
+        }
+        // The range check above bounds offset by the mapping length, a usize, so the cast is lossless.
+        Ok(self.mapping.as_ref().map(|m| m.ptr.as_ptr().wrapping_add(offset as usize)))
+    }
+
+    /// Reads bytes through the fd, whatever the mapping: config space is never mapped.
+    pub fn pread(&self, offset: u64, buf: &mut [u8]) -> Result<(), VfioError> {
+        self.checked_range(offset, buf.len(), "pread")?;
+        self.file.read_exact_at(buf, self.info.offset + offset).map_err(|source| VfioError::Io {
+            index: self.info.index,
+            op: "pread",
+            offset,
+            source,
+        })
+    }
+
+    pub fn pwrite(&self, offset: u64, buf: &[u8]) -> Result<(), VfioError> {
+        self.checked_range(offset, buf.len(), "pwrite")?;
+        self.file.write_all_at(buf, self.info.offset + offset).map_err(|source| VfioError::Io {
+            index: self.info.index,
+            op: "pwrite",
+            offset,
+            source,
+        })
+    }
+
+    fn checked_range(&self, offset: u64, len: usize, what: &'static str) -> Result<(), VfioError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.info.size => Ok(()),
+            _ => Err(VfioError::OutOfRange { index: self.info.index, what, offset, len, size: self.info.size }),
+        }
+    }
+
+    region_access!(read_u8, write_u8, u8);
+    region_access!(read_u16, write_u16, u16);
+    region_access!(read_u32, write_u32, u32);
+}
