@@ -8,13 +8,25 @@ use crate::channel::ChannelError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverError {
     /// A kernel routine failed (MapTransfer out of map registers, probe-and-lock of a bad address, ...).
-    Kernel { routine: &'static str, status: NTSTATUS },
+    Kernel {
+        routine: &'static str,
+        status: NTSTATUS,
+    },
     /// An allocation returned NULL (contiguous memory, common buffer, pool, MDL).
-    NoMemory { routine: &'static str, bytes: u64 },
+    NoMemory {
+        routine: &'static str,
+        bytes: u64,
+    },
     /// The device answered the command with an error status.
-    Device { opcode: Opcode, status: Status },
+    Device {
+        opcode: Opcode,
+        status: Status,
+    },
     /// The response did not match what the command expects.
-    BadResponse { opcode: Opcode, reason: &'static str },
+    BadResponse {
+        opcode: Opcode,
+        reason: &'static str,
+    },
     Channel(ChannelError),
     /// A handle (CQ, QP, MR key, PD) the driver does not know.
     UnknownHandle(u32),

@@ -365,7 +365,13 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
 
     /// Registers a memory region: describes the buffer with an MDL (locked for user buffers), maps it for the
     /// device for the MR's whole life, and sends REG_MR with one IOVA per page.
-    pub fn reg_mr(&mut self, pd: u32, source: MrSource, access: u32, mapping: MrMapping) -> Result<RegisteredMr, DriverError> {
+    pub fn reg_mr(
+        &mut self,
+        pd: u32,
+        source: MrSource,
+        access: u32,
+        mapping: MrMapping,
+    ) -> Result<RegisteredMr, DriverError> {
         let k = self.kernel.clone();
         let (va, length) = match source {
             MrSource::Kernel { va, length } | MrSource::User { va, length, .. } => (va, length),
@@ -389,7 +395,8 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
                 mr.mdl = Some(mdl);
                 match source {
                     MrSource::User { skip_lock: false, .. } => {
-                        let status = k.MmProbeAndLockPages(mdl, KPROCESSOR_MODE::UserMode, LOCK_OPERATION::IoModifyAccess);
+                        let status =
+                            k.MmProbeAndLockPages(mdl, KPROCESSOR_MODE::UserMode, LOCK_OPERATION::IoModifyAccess);
                         if !status.is_success() {
                             k.IoFreeMdl(mdl);
                             return Err(DriverError::Kernel { routine: "MmProbeAndLockPages", status });

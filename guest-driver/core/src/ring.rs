@@ -159,7 +159,8 @@ fn mapped_piece<K: NtKernel>(
     let bytes = pages * PAGE_SIZE as u32;
     let any = PHYSICAL_ADDRESS(0);
     let max = PHYSICAL_ADDRESS(u64::MAX);
-    let va = kernel.MmAllocateContiguousMemorySpecifyCache(bytes as usize, any, max, any, MEMORY_CACHING_TYPE::MmCached);
+    let va =
+        kernel.MmAllocateContiguousMemorySpecifyCache(bytes as usize, any, max, any, MEMORY_CACHING_TYPE::MmCached);
     if va.is_null() {
         return Err(DriverError::NoMemory { routine: "MmAllocateContiguousMemorySpecifyCache", bytes: bytes as u64 });
     }
@@ -171,7 +172,8 @@ fn mapped_piece<K: NtKernel>(
     }
     kernel.MmBuildMdlForNonPagedPool(mdl);
     let old = kernel.KeRaiseIrql(DISPATCH_LEVEL);
-    let base = kernel.AllocateAdapterChannel(adapter, device, pages, IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters);
+    let base =
+        kernel.AllocateAdapterChannel(adapter, device, pages, IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters);
     let mapped = base.and_then(|base| {
         let mut length = bytes;
         kernel.MapTransfer(adapter, mdl, base, va, &mut length, false).map(|logical| (base, logical))

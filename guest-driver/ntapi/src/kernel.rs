@@ -169,7 +169,12 @@ pub trait NtKernel: Send + Sync {
         write_to_device: bool,
     ) -> bool;
     /// IRQL = DISPATCH_LEVEL.
-    fn FreeMapRegisters(&self, adapter: PDMA_ADAPTER, map_register_base: MAP_REGISTER_BASE, number_of_map_registers: u32);
+    fn FreeMapRegisters(
+        &self,
+        adapter: PDMA_ADAPTER,
+        map_register_base: MAP_REGISTER_BASE,
+        number_of_map_registers: u32,
+    );
 
     // ---- Model extension: the API proposed on openib-windows (2006), never shipped by Windows ----
 

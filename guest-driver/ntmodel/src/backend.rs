@@ -126,7 +126,8 @@ impl HostDmaBackend {
 
     fn range(s: &HostState, mem: HostMemId, offset: usize, len: usize) -> Result<std::ops::Range<usize>, BackendError> {
         let size = s.memory.get(&mem).ok_or(BackendError::UnknownMemory(mem))?.len();
-        let end = offset.checked_add(len).filter(|e| *e <= size).ok_or(BackendError::OutOfRange { mem, offset, len })?;
+        let end =
+            offset.checked_add(len).filter(|e| *e <= size).ok_or(BackendError::OutOfRange { mem, offset, len })?;
         Ok(offset..end)
     }
 }

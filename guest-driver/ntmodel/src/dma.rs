@@ -166,7 +166,14 @@ impl NtModel {
 
     /// Makes `va..va+len` (inside `mdl`) visible to the device. Under DMA checking the device gets a shadow:
     /// fresh pages filled with PADDING and the buffer's bytes copied in at the same page offset.
-    fn map_buffer(&self, m: &mut Memory, mdl: u64, va: u64, len: u32, name_for_checks: bool) -> Result<Mapping, Refusal> {
+    fn map_buffer(
+        &self,
+        m: &mut Memory,
+        mdl: u64,
+        va: u64,
+        len: u32,
+        name_for_checks: bool,
+    ) -> Result<Mapping, Refusal> {
         let d = m.mdls.get(&mdl).cloned().ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         let end = va.checked_add(len as u64).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         let checking = self.dma_checking() && name_for_checks;
@@ -362,7 +369,11 @@ impl NtModel {
         self.refusal(r)
     }
 
-    pub(crate) fn put_scatter_gather_list(&self, adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST) -> Result<(), Bugcheck> {
+    pub(crate) fn put_scatter_gather_list(
+        &self,
+        adapter: PDMA_ADAPTER,
+        list: PSCATTER_GATHER_LIST,
+    ) -> Result<(), Bugcheck> {
         self.dma_irql_max(DISPATCH_LEVEL)?;
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
@@ -370,7 +381,8 @@ impl NtModel {
             if !checking {
                 return Ok(());
             }
-            let (allocated, freed) = m.dma.adapters.get(&adapter.0).map(|a| (a.sg_allocated, a.sg_freed)).unwrap_or((0, 0));
+            let (allocated, freed) =
+                m.dma.adapters.get(&adapter.0).map(|a| (a.sg_allocated, a.sg_freed)).unwrap_or((0, 0));
             return Err(Bugcheck::e6(e6::TOO_MANY_SG_LISTS_FREED, allocated, freed + 1, 0));
         };
         if let Some(a) = m.dma.adapters.get_mut(&sg.adapter) {
@@ -474,7 +486,12 @@ impl NtModel {
         Ok(())
     }
 
-    pub(crate) fn free_map_registers(&self, adapter: PDMA_ADAPTER, base: MAP_REGISTER_BASE, n: u32) -> Result<(), Bugcheck> {
+    pub(crate) fn free_map_registers(
+        &self,
+        adapter: PDMA_ADAPTER,
+        base: MAP_REGISTER_BASE,
+        n: u32,
+    ) -> Result<(), Bugcheck> {
         self.dma_irql_exact(DISPATCH_LEVEL)?;
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
@@ -504,8 +521,13 @@ impl NtModel {
             let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(va, *length as u64) as u32;
             if set.used + pages > set.count {
                 if checking {
-                    return Err(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS, (set.used + pages) as u64, set.count as u64, 0)
-                        .into());
+                    return Err(Bugcheck::e6(
+                        e6::TOO_MANY_MAP_REGISTERS,
+                        (set.used + pages) as u64,
+                        set.count as u64,
+                        0,
+                    )
+                    .into());
                 }
                 return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
@@ -524,7 +546,12 @@ impl NtModel {
         self.refusal(r)
     }
 
-    pub(crate) fn flush_adapter_buffers(&self, mdl: PMDL, base: MAP_REGISTER_BASE, va: PVOID) -> Result<bool, Bugcheck> {
+    pub(crate) fn flush_adapter_buffers(
+        &self,
+        mdl: PMDL,
+        base: MAP_REGISTER_BASE,
+        va: PVOID,
+    ) -> Result<bool, Bugcheck> {
         self.dma_irql_max(DISPATCH_LEVEL)?;
         let mut m = lock(&self.memory);
         let Some(set) = m.dma.register_sets.get_mut(&base.0) else { return Ok(false) };

@@ -226,7 +226,12 @@ impl NtKernel for NtModel {
         let r = self.flush_adapter_buffers(mdl, map_register_base, current_va);
         self.ok(r)
     }
-    fn FreeMapRegisters(&self, adapter: PDMA_ADAPTER, map_register_base: MAP_REGISTER_BASE, number_of_map_registers: u32) {
+    fn FreeMapRegisters(
+        &self,
+        adapter: PDMA_ADAPTER,
+        map_register_base: MAP_REGISTER_BASE,
+        number_of_map_registers: u32,
+    ) {
         let r = self.free_map_registers(adapter, map_register_base, number_of_map_registers);
         self.ok(r)
     }

@@ -128,11 +128,8 @@ impl NtModel {
                 st.depth += 1;
                 break;
             }
-            let free_for_me = if shared {
-                st.owner.is_none() || owned_by_me
-            } else {
-                st.owner.is_none() && st.shared.is_empty()
-            };
+            let free_for_me =
+                if shared { st.owner.is_none() || owned_by_me } else { st.owner.is_none() && st.shared.is_empty() };
             if free_for_me {
                 if shared && !owned_by_me {
                     *st.shared.entry(me).or_insert(0) += 1;

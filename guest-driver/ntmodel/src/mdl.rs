@@ -73,7 +73,12 @@ impl NtModel {
         }
         if d.flags & MDL_SOURCE_IS_NONPAGED_POOL != 0 && self.verifier().enabled() {
             let flags = d.flags as u64;
-            return Err(Bugcheck::c4(c4::PROBE_AND_LOCK_NONPAGED_MDL, mdl.0, flags, MDL_SOURCE_IS_NONPAGED_POOL as u64));
+            return Err(Bugcheck::c4(
+                c4::PROBE_AND_LOCK_NONPAGED_MDL,
+                mdl.0,
+                flags,
+                MDL_SOURCE_IS_NONPAGED_POOL as u64,
+            ));
         }
         let Some(end) = d.va.checked_add(d.len as u64) else { return Ok(STATUS_ACCESS_VIOLATION) };
         let mut bases = Vec::new();
@@ -84,7 +89,8 @@ impl NtModel {
                 return Ok(STATUS_ACCESS_VIOLATION);
             }
             // Touching a non-resident page at DISPATCH_LEVEL: the kernel's page fault cannot be served.
-            if r.kind.pageable() && r.locks == 0 && irql >= DISPATCH_LEVEL && self.checks(VerifierFlags::IRQL_CHECKING) {
+            if r.kind.pageable() && r.locks == 0 && irql >= DISPATCH_LEVEL && self.checks(VerifierFlags::IRQL_CHECKING)
+            {
                 let write = op != LOCK_OPERATION::IoReadAccess;
                 return Err(Bugcheck::new(IRQL_NOT_LESS_OR_EQUAL, at, irql as u64, write as u64, 0));
             }

@@ -141,7 +141,12 @@ impl NtModel {
                 return Err(Bugcheck::c4(c4::PAGED_ALLOC_ABOVE_APC, irql as u64, pool_type as u64, bytes as u64));
             }
             if irql > DISPATCH_LEVEL {
-                return Err(Bugcheck::c4(c4::NONPAGED_ALLOC_ABOVE_DISPATCH, irql as u64, pool_type as u64, bytes as u64));
+                return Err(Bugcheck::c4(
+                    c4::NONPAGED_ALLOC_ABOVE_DISPATCH,
+                    irql as u64,
+                    pool_type as u64,
+                    bytes as u64,
+                ));
             }
         }
         let kind = if pool_type.is_paged() { RegionKind::PagedPool } else { RegionKind::NonPagedPool };
