@@ -1,0 +1,485 @@
+//! A test vhost-user front-end: spawns the device binary, talks to it over a real Unix socket (fds as
+//! SCM_RIGHTS), shares a memfd as guest RAM and builds split virtqueues in it, playing QEMU and the guest at once.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const GET_FEATURES: u32 = 1;
+pub const SET_FEATURES: u32 = 2;
+pub const SET_OWNER: u32 = 3;
+pub const SET_MEM_TABLE: u32 = 5;
+pub const SET_VRING_NUM: u32 = 8;
+pub const SET_VRING_ADDR: u32 = 9;
+pub const SET_VRING_BASE: u32 = 10;
+pub const GET_VRING_BASE: u32 = 11;
+pub const SET_VRING_KICK: u32 = 12;
+pub const SET_VRING_CALL: u32 = 13;
+pub const GET_PROTOCOL_FEATURES: u32 = 15;
+pub const SET_PROTOCOL_FEATURES: u32 = 16;
+pub const GET_QUEUE_NUM: u32 = 17;
+pub const SET_VRING_ENABLE: u32 = 18;
+pub const SET_BACKEND_REQ_FD: u32 = 21;
+pub const IOTLB_MSG: u32 = 22;
+pub const GET_CONFIG: u32 = 24;
+
+pub const NEED_REPLY: u32 = 0x8;
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
+pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// MQ | REPLY_ACK | BACKEND_REQ | CONFIG
+pub const PROTOCOL_FEATURES: u64 = 0x1 | 0x8 | 0x20 | 0x200;
+
+pub const IOTLB_MISS: u8 = 1;
+pub const IOTLB_UPDATE: u8 = 2;
+pub const IOTLB_INVALIDATE: u8 = 3;
+pub const ACCESS_RO: u8 = 1;
+pub const ACCESS_WO: u8 = 2;
+pub const ACCESS_RW: u8 = 3;
+
+pub const DESC_F_NEXT: u16 = 1;
+pub const DESC_F_WRITE: u16 = 2;
+
+/// Guest RAM: this many bytes of memfd, at guest-physical 0, "mapped in QEMU" at `UADDR`.
+pub const MEM_SIZE: u64 = 0x10_0000;
+pub const UADDR: u64 = 0x7f12_3400_0000;
+/// The IOVA window the test maps onto guest RAM: deliberately unlike both the GPA and the QEMU address.
+pub const IOVA: u64 = 0x8000_0000;
+pub const QUEUE_SIZE: u16 = 16;
+pub const PAGE: u64 = 0x1000;
+
+/// Where queue `q`'s pieces live, as offsets into guest RAM (IOVA = IOVA + offset once mapped).
+pub fn queue_base(q: u16) -> u64 {
+    0x10000 * (u64::from(q) + 1)
+}
+pub fn desc_off(q: u16) -> u64 {
+    queue_base(q)
+}
+pub fn avail_off(q: u16) -> u64 {
+    queue_base(q) + PAGE
+}
+pub fn used_off(q: u16) -> u64 {
+    queue_base(q) + 2 * PAGE
+}
+/// Whether `iova` is in one of the used-ring pages, which the device checks (and may miss on) as soon as a queue
+/// is enabled, before the test maps anything.
+pub fn is_used_ring(iova: u64) -> bool {
+    (0..4).any(|q| iova & !(PAGE - 1) == IOVA + used_off(q))
+}
+pub fn buf_off(q: u16, n: u64) -> u64 {
+    queue_base(q) + (3 + n) * PAGE
+}
+
+pub struct Device {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Device {
+    pub fn spawn(extra: &[&str]) -> Device {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("vhca.sock");
+        let log = dir.path().join("events.jsonl");
+        let child = Command::new(env!("CARGO_BIN_EXE_vhca-device"))
+            .arg("--socket-path")
+            .arg(&socket)
+            .arg("--event-log")
+            .arg(&log)
+            .args(extra)
+            .env("RUST_LOG", "debug")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn vhca-device");
+        Device { child, dir, socket, log }
+    }
+
+    pub fn connect(&self) -> UnixStream {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(stream) = UnixStream::connect(&self.socket) {
+                stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                return stream;
+            }
+            assert!(Instant::now() < deadline, "device never listened on {}", self.socket.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits for the device to exit; returns its status and everything it logged to stderr.
+    pub fn finish(mut self) -> (ExitStatus, String, Vec<serde_json::Value>) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("device did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut stderr = String::new();
+        self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        let events = read_events(&self.log);
+        assert!(!self.socket.exists(), "socket file must be removed on exit");
+        (status, stderr, events)
+    }
+}
+
+pub fn read_events(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("bad event line {line:?}: {e}")))
+        .collect()
+}
+
+pub fn kinds<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    events.iter().filter(|e| e["kind"] == kind).collect()
+}
+
+/// Sends one vhost-user message with `fds` attached as SCM_RIGHTS.
+pub fn send(stream: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[RawFd]) {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&request.to_ne_bytes());
+    bytes.extend_from_slice(&(0x1 | flags).to_ne_bytes());
+    bytes.extend_from_slice(&(payload.len() as u32).to_ne_bytes());
+    bytes.extend_from_slice(payload);
+    let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
+    let mut control = [0u64; 32];
+    // SAFETY: zeroed msghdr is a valid empty header; every pointer set below outlives the sendmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let data_len = std::mem::size_of_val(fds);
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
+        // SAFETY: the control buffer (256 bytes) holds one cmsghdr plus up to 32 fds.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), data_len);
+        }
+    }
+    // SAFETY: msg describes valid buffers as set up above.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, 0) };
+    assert_eq!(sent as usize, bytes.len(), "sendmsg: {}", std::io::Error::last_os_error());
+}
+
+/// Reads one reply; checks it answers `request` and carries the reply flag.
+pub fn recv_reply(stream: &mut UnixStream, request: u32) -> Vec<u8> {
+    let mut header = [0u8; 12];
+    stream.read_exact(&mut header).expect("reply header");
+    let code = u32::from_ne_bytes(header[0..4].try_into().unwrap());
+    let flags = u32::from_ne_bytes(header[4..8].try_into().unwrap());
+    let size = u32::from_ne_bytes(header[8..12].try_into().unwrap()) as usize;
+    assert_eq!(code, request, "reply to the wrong request");
+    assert_eq!(flags & 0x7, 0x5, "reply must carry version 1 and the reply flag");
+    let mut payload = vec![0u8; size];
+    stream.read_exact(&mut payload).unwrap();
+    payload
+}
+
+pub fn u64_payload(bytes: &[u8]) -> u64 {
+    u64::from_ne_bytes(bytes.try_into().expect("8-byte payload"))
+}
+
+/// Sends a request that expects an ack and asserts it is 0.
+pub fn send_acked(stream: &mut UnixStream, request: u32, payload: &[u8], fds: &[RawFd]) {
+    send(stream, request, NEED_REPLY, payload, fds);
+    let ack = recv_reply(stream, request);
+    assert_eq!(u64_payload(&ack), 0, "request {request} was not acked with success");
+}
+
+pub fn get_u64(stream: &mut UnixStream, request: u32) -> u64 {
+    send(stream, request, 0, &[], &[]);
+    u64_payload(&recv_reply(stream, request))
+}
+
+pub fn vring_state(index: u32, num: u32) -> Vec<u8> {
+    [index.to_ne_bytes(), num.to_ne_bytes()].concat()
+}
+
+pub fn iotlb_payload(iova: u64, size: u64, uaddr: u64, perm: u8, kind: u8) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&iova.to_ne_bytes());
+    bytes.extend_from_slice(&size.to_ne_bytes());
+    bytes.extend_from_slice(&uaddr.to_ne_bytes());
+    bytes.extend_from_slice(&[perm, kind, 0, 0, 0, 0, 0, 0]);
+    bytes
+}
+
+pub fn eventfd() -> OwnedFd {
+    // SAFETY: eventfd has no memory-safety preconditions; the result is checked before use.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    assert!(fd >= 0);
+    // SAFETY: fd was just created and is owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+pub fn signal(fd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a live buffer to an eventfd.
+    let n = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+    assert_eq!(n, 8);
+}
+
+/// Guest RAM shared with the device through a memfd.
+pub struct GuestRam {
+    pub fd: OwnedFd,
+    ptr: *mut u8,
+}
+
+impl GuestRam {
+    pub fn new() -> GuestRam {
+        // SAFETY: the name is a valid C string; the fd is checked.
+        let fd = unsafe { libc::memfd_create(c"vhca-test-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd is a fresh memfd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our own memfd.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), MEM_SIZE as libc::off_t) }, 0);
+        // SAFETY: a fresh shared mapping of the whole memfd; checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                MEM_SIZE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        GuestRam { fd, ptr: ptr.cast() }
+    }
+
+    pub fn write(&self, offset: u64, bytes: &[u8]) {
+        assert!(offset + bytes.len() as u64 <= MEM_SIZE);
+        // SAFETY: bounds checked above; the mapping lives as long as self. The device only touches these bytes
+        // after the kick that follows, so there is no concurrent access.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(offset as usize), bytes.len()) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        assert!(offset + len as u64 <= MEM_SIZE);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let mut out = vec![0u8; len];
+        // SAFETY: bounds checked above; the mapping lives as long as self.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset as usize), out.as_mut_ptr(), len) };
+        out
+    }
+
+    pub fn write_u16(&self, offset: u64, v: u16) {
+        self.write(offset, &v.to_le_bytes());
+    }
+
+    pub fn read_u16(&self, offset: u64) -> u16 {
+        u16::from_le_bytes(self.read(offset, 2).try_into().unwrap())
+    }
+
+    pub fn read_u32(&self, offset: u64) -> u32 {
+        u32::from_le_bytes(self.read(offset, 4).try_into().unwrap())
+    }
+
+    /// Descriptor `index` of queue `q`: addr is an IOVA.
+    pub fn set_desc(&self, q: u16, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let mut d = Vec::with_capacity(16);
+        d.extend_from_slice(&addr.to_le_bytes());
+        d.extend_from_slice(&len.to_le_bytes());
+        d.extend_from_slice(&flags.to_le_bytes());
+        d.extend_from_slice(&next.to_le_bytes());
+        self.write(desc_off(q) + 16 * u64::from(index), &d);
+    }
+
+    /// Makes chain `head` available as avail entry `slot` and publishes idx = slot + 1.
+    pub fn publish(&self, q: u16, slot: u16, head: u16) {
+        self.write_u16(avail_off(q) + 4 + 2 * u64::from(slot % QUEUE_SIZE), head);
+        self.write_u16(avail_off(q) + 2, slot.wrapping_add(1));
+    }
+
+    pub fn used_idx(&self, q: u16) -> u16 {
+        self.read_u16(used_off(q) + 2)
+    }
+
+    /// (id, len) of used entry `slot`.
+    pub fn used_elem(&self, q: u16, slot: u16) -> (u32, u32) {
+        let off = used_off(q) + 4 + 8 * u64::from(slot % QUEUE_SIZE);
+        (self.read_u32(off), self.read_u32(off + 4))
+    }
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in new().
+        unsafe { libc::munmap(self.ptr.cast(), MEM_SIZE as usize) };
+    }
+}
+
+/// A negotiated, fully set-up connection: 4 queues at IOVAs, kick/call eventfds, backend channel.
+pub struct Session {
+    pub device: Device,
+    pub stream: UnixStream,
+    pub backend: UnixStream,
+    pub ram: GuestRam,
+    pub kicks: Vec<OwnedFd>,
+    pub calls: Vec<OwnedFd>,
+}
+
+impl Session {
+    /// Negotiates and sets up all four queues; `map_all` also sends one IOTLB update covering all of RAM.
+    pub fn start(extra: &[&str], map_all: bool) -> Session {
+        let device = Device::spawn(extra);
+        let mut stream = device.connect();
+        send(&stream, SET_OWNER, 0, &[], &[]);
+        let features = get_u64(&mut stream, GET_FEATURES);
+        let wanted = VIRTIO_F_VERSION_1 | VIRTIO_F_ACCESS_PLATFORM | F_PROTOCOL_FEATURES;
+        assert_eq!(features & wanted, wanted);
+        send(&stream, SET_FEATURES, 0, &wanted.to_ne_bytes(), &[]);
+        let protocol = get_u64(&mut stream, GET_PROTOCOL_FEATURES);
+        assert_eq!(protocol & PROTOCOL_FEATURES, PROTOCOL_FEATURES);
+        send(&stream, SET_PROTOCOL_FEATURES, 0, &PROTOCOL_FEATURES.to_ne_bytes(), &[]);
+        assert_eq!(get_u64(&mut stream, GET_QUEUE_NUM), 4);
+        let (backend, theirs) = UnixStream::pair().unwrap();
+        backend.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        send_acked(&mut stream, SET_BACKEND_REQ_FD, &[], &[theirs.as_raw_fd()]);
+        drop(theirs);
+
+        let ram = GuestRam::new();
+        let mut table = Vec::new();
+        table.extend_from_slice(&1u32.to_ne_bytes());
+        table.extend_from_slice(&0u32.to_ne_bytes());
+        for v in [0u64, MEM_SIZE, UADDR, 0] {
+            table.extend_from_slice(&v.to_ne_bytes());
+        }
+        send_acked(&mut stream, SET_MEM_TABLE, &table, &[ram.fd.as_raw_fd()]);
+
+        let (mut kicks, mut calls) = (Vec::new(), Vec::new());
+        for q in 0..4u16 {
+            let index = u32::from(q);
+            send_acked(&mut stream, SET_VRING_NUM, &vring_state(index, u32::from(QUEUE_SIZE)), &[]);
+            let mut addr = Vec::new();
+            addr.extend_from_slice(&index.to_ne_bytes());
+            addr.extend_from_slice(&0u32.to_ne_bytes());
+            for v in [IOVA + desc_off(q), IOVA + used_off(q), IOVA + avail_off(q), 0] {
+                addr.extend_from_slice(&v.to_ne_bytes());
+            }
+            send_acked(&mut stream, SET_VRING_ADDR, &addr, &[]);
+            send_acked(&mut stream, SET_VRING_BASE, &vring_state(index, 0), &[]);
+            let call = eventfd();
+            send_acked(&mut stream, SET_VRING_CALL, &u64::from(q).to_ne_bytes(), &[call.as_raw_fd()]);
+            let kick = eventfd();
+            send_acked(&mut stream, SET_VRING_KICK, &u64::from(q).to_ne_bytes(), &[kick.as_raw_fd()]);
+            send_acked(&mut stream, SET_VRING_ENABLE, &vring_state(index, 1), &[]);
+            kicks.push(kick);
+            calls.push(call);
+        }
+        let session = Session { device, stream, backend, ram, kicks, calls };
+        if map_all {
+            let mut session = session;
+            session.iotlb(IOTLB_UPDATE, IOVA, MEM_SIZE, UADDR, ACCESS_RW);
+            return session;
+        }
+        session
+    }
+
+    pub fn iotlb(&mut self, kind: u8, iova: u64, size: u64, uaddr: u64, perm: u8) {
+        send_acked(&mut self.stream, IOTLB_MSG, &iotlb_payload(iova, size, uaddr, perm, kind), &[]);
+    }
+
+    /// Puts a QUERY_DEVICE chain (request, then writable response) at `head`/`head+1` and publishes it.
+    pub fn post_query_device(&self, slot: u16, head: u16, tag: u32, resp_len: u32) {
+        let q = 0;
+        let req_off = buf_off(q, u64::from(head));
+        let resp_off = buf_off(q, u64::from(head) + 1);
+        let mut request = Vec::new();
+        for v in [1u32, tag, 0, 0] {
+            request.extend_from_slice(&v.to_le_bytes());
+        }
+        self.ram.write(req_off, &request);
+        self.ram.write(resp_off, &vec![0xaa; resp_len as usize]);
+        self.ram.set_desc(q, head, IOVA + req_off, 16, DESC_F_NEXT, head + 1);
+        self.ram.set_desc(q, head + 1, IOVA + resp_off, resp_len, DESC_F_WRITE, 0);
+        self.ram.publish(q, slot, head);
+        signal(&self.kicks[usize::from(q)]);
+    }
+
+    /// Waits for queue `q`'s call eventfd, answering IOTLB misses on the backend channel meanwhile (identity
+    /// over the IOVA window) when `answer_misses` is set. Returns the misses seen as (iova, perm).
+    pub fn wait_call(&mut self, q: u16, answer_misses: bool, timeout: Duration) -> Vec<(u64, u8)> {
+        let deadline = Instant::now() + timeout;
+        let mut misses = Vec::new();
+        loop {
+            let mut fds = [
+                libc::pollfd { fd: self.calls[usize::from(q)].as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.backend.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "queue {q}: no call within {timeout:?}; misses so far {misses:x?}");
+            // SAFETY: fds is a live array of 2 pollfds.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, left.as_millis() as i32) };
+            assert!(n >= 0);
+            if fds[0].revents & libc::POLLIN != 0 {
+                let mut value = [0u8; 8];
+                // SAFETY: reads 8 bytes into a live buffer from our eventfd.
+                unsafe { libc::read(fds[0].fd, value.as_mut_ptr().cast(), 8) };
+                // Collect misses already queued so they are not mistaken for the next request's.
+                while self.backend_readable() {
+                    misses.push(self.read_miss());
+                }
+                return misses;
+            }
+            if fds[1].revents & libc::POLLIN != 0 {
+                let (iova, perm) = self.read_miss();
+                misses.push((iova, perm));
+                if answer_misses {
+                    let page = iova & !(PAGE - 1);
+                    assert!((IOVA..IOVA + MEM_SIZE).contains(&page), "miss outside the IOVA window: {iova:#x}");
+                    self.iotlb(IOTLB_UPDATE, page, PAGE, UADDR + (page - IOVA), ACCESS_RW);
+                }
+            }
+        }
+    }
+
+    fn backend_readable(&self) -> bool {
+        let mut fd = libc::pollfd { fd: self.backend.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one live pollfd, zero timeout.
+        unsafe { libc::poll(&mut fd, 1, 0) == 1 && fd.revents & libc::POLLIN != 0 }
+    }
+
+    /// Reads one backend-channel message and checks it is an IOTLB MISS without need_reply.
+    pub fn read_miss(&mut self) -> (u64, u8) {
+        let mut msg = [0u8; 12 + 32];
+        self.backend.read_exact(&mut msg).expect("backend message");
+        assert_eq!(u32::from_ne_bytes(msg[0..4].try_into().unwrap()), 1, "BACKEND_IOTLB_MSG");
+        assert_eq!(u32::from_ne_bytes(msg[4..8].try_into().unwrap()), 0x1, "version 1, no need_reply");
+        assert_eq!(u32::from_ne_bytes(msg[8..12].try_into().unwrap()), 32);
+        assert_eq!(msg[12 + 25], IOTLB_MISS);
+        (u64::from_ne_bytes(msg[12..20].try_into().unwrap()), msg[12 + 24])
+    }
+
+    /// Closes the front-end socket and waits for the device to exit.
+    pub fn close(self) -> (ExitStatus, String, Vec<serde_json::Value>) {
+        let Session { device, stream, backend, ram, .. } = self;
+        drop(stream);
+        drop(backend);
+        let result = device.finish();
+        drop(ram);
+        result
+    }
+}
+
+pub fn write_all(stream: &mut UnixStream, bytes: &[u8]) {
+    stream.write_all(bytes).unwrap();
+}
