@@ -113,12 +113,15 @@ pub struct Worker {
     /// An event taken from the HCA whose buffer missed in the IOTLB; goes out first next time.
     pending_event: Option<vhca_proto::Event>,
     desc_log: Vec<TransportEvent>,
+    /// Head of the chain being served, for log lines written deep inside it.
+    head: u16,
 }
 
 impl Worker {
     pub fn spawn(shared: Arc<Shared>, hca: Hca) -> io::Result<JoinHandle<()>> {
         let epoll = Epoll::new()?;
-        let mut worker = Worker { shared, hca, epoll, kicks: Vec::new(), pending_event: None, desc_log: Vec::new() };
+        let mut worker =
+            Worker { shared, hca, epoll, kicks: Vec::new(), pending_event: None, desc_log: Vec::new(), head: 0 };
         worker.rebuild_epoll()?;
         std::thread::Builder::new().name("vhca-queues".into()).spawn(move || worker.run())
     }
@@ -273,6 +276,7 @@ impl Worker {
             }
         };
         let head = chain.head_index();
+        self.head = head;
         let descs: Vec<Descriptor> = chain.collect();
         let outcome = match iommu.take_fault() {
             Some(fault) if fault.kind == FaultKind::Unmapped => Outcome::Miss(fault),
@@ -523,7 +527,7 @@ impl Worker {
         if written < bytes.len() {
             shared.events.record(&TransportEvent::ChainError {
                 queue,
-                head: 0,
+                head: self.head,
                 cause: format!("response truncated: {written} of {} bytes written", bytes.len()),
             });
         }

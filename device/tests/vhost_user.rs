@@ -63,6 +63,9 @@ fn query_device_through_the_iotlb() {
     assert_eq!(session.ram.used_idx(0), 1);
     assert_eq!(session.ram.used_elem(0, 0), (0, RESP_LEN));
     check_query_device_response(&session.ram, 0, 0x1234);
+    // GET_VRING_BASE stops the ring and reports how far the device consumed it.
+    send(&session.stream, GET_VRING_BASE, 0, &vring_state(0, 0), &[]);
+    assert_eq!(recv_reply(&mut session.stream, GET_VRING_BASE), vring_state(0, 1));
 
     let (status, _stderr, events) = session.close();
     assert!(status.success());
