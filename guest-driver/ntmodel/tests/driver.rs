@@ -253,8 +253,7 @@ fn post_send_writes_the_wqe_into_the_ring_and_rings_the_doorbell() {
     let pd = hca.alloc_pd().unwrap();
     let cq = hca.create_cq(64).unwrap();
     let qp = hca.create_qp(pd, cq, cq, 64, 64).unwrap();
-    let mut wqe = vhca_proto::Wqe::default();
-    wqe.wr_id = 77.into();
+    let wqe = vhca_proto::Wqe { wr_id: 77.into(), ..Default::default() };
     hca.post_send(qp, &wqe).unwrap();
     hca.post_send(qp, &wqe).unwrap();
     let dbs = dev.doorbells();
