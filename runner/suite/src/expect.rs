@@ -147,7 +147,8 @@ mod tests {
     #[test]
     fn refuses_bad_strings() {
         use ExpectParseError as E;
-        let cases: [(&str, fn(&E) -> bool); 9] = [
+        type Check = fn(&E) -> bool;
+        let cases: [(&str, Check); 9] = [
             ("", |e| matches!(e, E::Empty)),
             ("passes", |e| matches!(e, E::UnknownKind(_))),
             ("pass now", |e| matches!(e, E::UnexpectedArgument { .. })),

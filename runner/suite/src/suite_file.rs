@@ -99,7 +99,57 @@ struct RawGuest {
     lock: Option<Spanned<String>>,
     timeout_s: Option<Spanned<i64>>,
     #[serde(default)]
-    extra: BTreeMap<String, Spanned<toml::Value>>,
+    extra: BTreeMap<Spanned<String>, RawExtra>,
+}
+
+/// A value under `guest.extra`. Problems point at the key's span: the implicit table of a dotted key
+/// (`vhca.key = 1`) has no span of its own, so neither `Spanned` values nor `toml::Value` work here.
+enum RawExtra {
+    Text(String),
+    Integer(i64),
+    Float(f64),
+    Bool(bool),
+    Table(Vec<(Spanned<String>, RawExtra)>),
+    Array,
+}
+
+impl<'de> Deserialize<'de> for RawExtra {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawExtra;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, number or boolean")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawExtra, E> {
+                Ok(RawExtra::Text(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawExtra, E> {
+                Ok(RawExtra::Integer(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawExtra, E> {
+                i64::try_from(v).map(RawExtra::Integer).map_err(|_| E::custom("integer out of range"))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawExtra, E> {
+                Ok(RawExtra::Float(v))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawExtra, E> {
+                Ok(RawExtra::Bool(v))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<RawExtra, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(RawExtra::Array)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawExtra, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    entries.push((key, map.next_value::<RawExtra>()?));
+                }
+                Ok(RawExtra::Table(entries))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `expect = "pass"` (every mode) or `expect = { off = "...", on = "..." }`.
@@ -235,9 +285,17 @@ fn serde_problem(text: &str, e: &toml::de::Error) -> Problem {
     };
     let (line, column) = line_column(text, span.start);
     let mut field = field_path_at(text, span.start).unwrap_or_else(|| "-".into());
-    // A missing field's span is its table; name the field the table lacks.
-    if let Some(missing) = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
-        field = if field == "-" { missing.to_string() } else { format!("{field}.{missing}") };
+    // A missing field's span is its table, and so is an unknown one's when a hand-written visitor refused it:
+    // name the field itself.
+    let named = ["missing field `", "unknown field `"]
+        .iter()
+        .find_map(|prefix| message.strip_prefix(prefix).and_then(|m| m.split('`').next()));
+    if let Some(name) = named {
+        if field == "-" {
+            field = name.to_string();
+        } else if !field.ends_with(&format!(".{name}")) && field != name {
+            field = format!("{field}.{name}");
+        }
     }
     Problem { line, column, field, message }
 }
@@ -387,16 +445,15 @@ fn guest_options(
     let mut extra = BTreeMap::new();
     for (key, value) in &g.extra {
         // `vhca.fragmentation = 4` in TOML is a dotted key: a table `vhca` holding `fragmentation`. Accept it.
-        if key == "vhca" {
-            if let toml::Value::Table(t) = value.get_ref() {
-                for (k, v) in t {
-                    add_extra(&mut extra, k, v, value.span(), &f(&format!("guest.extra.vhca.{k}")), c);
-                }
-                continue;
+        if let ("vhca", RawExtra::Table(entries)) = (key.get_ref().as_str(), value) {
+            for (k, v) in entries {
+                let name = k.get_ref();
+                add_extra(&mut extra, name, v, k.span(), &f(&format!("guest.extra.vhca.{name}")), c);
             }
+            continue;
         }
-        let key = key.strip_prefix("vhca.").unwrap_or(key);
-        add_extra(&mut extra, key, value.get_ref(), value.span(), &f(&format!("guest.extra.{key}")), c);
+        let name = key.get_ref().strip_prefix("vhca.").unwrap_or(key.get_ref());
+        add_extra(&mut extra, name, value, key.span(), &f(&format!("guest.extra.{name}")), c);
     }
     GuestOptions { scenario, lock, extra, timeout_s }
 }
@@ -404,7 +461,7 @@ fn guest_options(
 fn add_extra(
     extra: &mut BTreeMap<String, String>,
     key: &str,
-    value: &toml::Value,
+    value: &RawExtra,
     span: Range<usize>,
     field: &str,
     c: &mut Checker,
@@ -424,12 +481,13 @@ fn add_extra(
         return;
     }
     let text = match value {
-        toml::Value::String(s) => s.clone(),
-        toml::Value::Integer(n) => n.to_string(),
-        toml::Value::Float(x) => x.to_string(),
-        toml::Value::Boolean(b) => if *b { "1" } else { "0" }.to_string(),
-        other => {
-            c.at(span, field, format!("extra values are strings, numbers or booleans, found {}", other.type_str()));
+        RawExtra::Text(s) => s.clone(),
+        RawExtra::Integer(n) => n.to_string(),
+        RawExtra::Float(x) => x.to_string(),
+        RawExtra::Bool(b) => if *b { "1" } else { "0" }.to_string(),
+        RawExtra::Table(_) | RawExtra::Array => {
+            let what = if matches!(value, RawExtra::Array) { "an array" } else { "a table" };
+            c.at(span, field, format!("extra values are strings, numbers or booleans, found {what}"));
             return;
         }
     };

@@ -58,10 +58,7 @@ fn seed_suite_parses_and_expands() {
     assert_eq!(find("fast-mutex-create-cq/verifier-on").guest.lock, Some(LockKind::FastMutex));
     assert_eq!(find("fast-mutex-create-cq/verifier-on").verifier_flags, 0xAA);
     assert_eq!(find("fast-mutex-create-cq/verifier-off").verifier_flags, 0);
-    assert_eq!(
-        find("use-after-unmap/verifier-off").expected,
-        Expected::DeviceFault { cause: "iommu_unmapped".into() }
-    );
+    assert_eq!(find("use-after-unmap/verifier-off").expected, Expected::DeviceFault { cause: "iommu_unmapped".into() });
     assert_eq!(find("use-after-unmap/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x26) });
     assert_eq!(find("user-buffer-no-lock/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x0E) });
     assert_eq!(find("map-register-exhaustion/verifier-off").expected, Expected::Pass);
@@ -98,15 +95,21 @@ expect = "bugcheck 0xC4 0x33"
 [[run]]
 name = "both"
 device = { map_registers = 8, inject = ["max_contiguous_pages=1", "contiguous_policy=split"] }
-guest = { scenario = "fast-mutex-create-cq", lock = "eresource", timeout_s = 5 }
 expect = "pass"
+[run.guest]
+scenario = "fast-mutex-create-cq"
+lock = "eresource"
+timeout_s = 5
 [run.guest.extra]
 vhca.fragmentation = 4
 strict = true
 "#;
     let suite = Suite::parse(text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
     let runs = suite.expand();
-    assert_eq!(runs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["only-on/verifier-on", "both/verifier-off", "both/verifier-on"]);
+    assert_eq!(
+        runs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        ["only-on/verifier-on", "both/verifier-off", "both/verifier-on"]
+    );
     assert_eq!(runs[0].verifier_flags, 0x80);
     assert_eq!(runs[0].guest.timeout_s, 20);
     assert_eq!(runs[0].device.map_registers, Some(32));
@@ -118,7 +121,13 @@ strict = true
     let params: Vec<String> = runs[2].guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
     assert_eq!(
         params,
-        ["vhca.scenario=fast-mutex-create-cq", "vhca.lock=eresource", "vhca.verifier=0xaa", "vhca.fragmentation=4", "vhca.strict=1"]
+        [
+            "vhca.scenario=fast-mutex-create-cq",
+            "vhca.lock=eresource",
+            "vhca.verifier=0xaa",
+            "vhca.fragmentation=4",
+            "vhca.strict=1"
+        ]
     );
     assert_eq!(suite.runs[1].line, 14);
 }
@@ -149,8 +158,18 @@ fn missing_fields_name_the_table_and_the_field() {
 #[test]
 fn bad_verdicts_and_hex_codes() {
     let base = |expect: &str| format!("name = \"s\"\n[[run]]\nname = \"a\"\nexpect = {expect}\n");
-    assert_problem(&base("{ off = \"pass\", on = \"bugchek 0xC4\" }"), 4, "run[0].expect.on", "unknown verdict 'bugchek'");
-    assert_problem(&base("{ off = \"pass\", on = \"bugcheck 0xZZ\" }"), 4, "run[0].expect.on", "bad bugcheck code '0xZZ'");
+    assert_problem(
+        &base("{ off = \"pass\", on = \"bugchek 0xC4\" }"),
+        4,
+        "run[0].expect.on",
+        "unknown verdict 'bugchek'",
+    );
+    assert_problem(
+        &base("{ off = \"pass\", on = \"bugcheck 0xZZ\" }"),
+        4,
+        "run[0].expect.on",
+        "bad bugcheck code '0xZZ'",
+    );
     assert_problem(&base("{ off = \"pass\", on = \"bugcheck C4\" }"), 4, "run[0].expect.on", "bad bugcheck code 'C4'");
     assert_problem(&base("{ off = \"pass\", on = \"bugcheck 0xE6 38\" }"), 4, "run[0].expect.on", "parameter 1");
     assert_problem(&base("\"device-fault iommu\""), 4, "run[0].expect", "unknown device fault cause 'iommu'");
@@ -205,7 +224,12 @@ fn syntax_errors_and_empty_suites() {
     let found = problems("name = \"s\"\n[[run]\n");
     assert_eq!(found[0].line, 2, "{found:?}");
     assert_problem("name = \"s\"\n", 1, "run", "at least one [[run]]");
-    assert_problem("name = \"s\"\n[defaults]\nverifier_flags = 0\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n", 3, "defaults.verifier_flags", "restrict `modes`");
+    assert_problem(
+        "name = \"s\"\n[defaults]\nverifier_flags = 0\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n",
+        3,
+        "defaults.verifier_flags",
+        "restrict `modes`",
+    );
 }
 
 #[test]
@@ -214,4 +238,30 @@ fn unknown_scenarios_are_found_against_the_guest_list() {
     let missing = suite.unknown_scenarios(&["smoke"]);
     assert_eq!(missing.len(), suite.runs.len() - 1);
     assert!(missing.iter().all(|(_, line, _)| *line > 0));
+}
+
+#[test]
+fn dotted_extras_point_at_their_key() {
+    let text = "name = \"s\"\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n[run.guest.extra]\nok = 1\nvhca.note = \"two words\"\nlist = [1]\n";
+    assert_problem(text, 7, "run[0].guest.extra.vhca.note", "one non-empty word");
+    assert_problem(text, 8, "run[0].guest.extra.list", "found an array");
+    assert_eq!(problems(text).len(), 2);
+}
+
+#[test]
+fn display_lists_every_problem_with_its_place() {
+    let text = "name = \"s\"\n[[run]]\nname = \"smoke\"\nexpect = { off = \"pass\", on = \"bugchek 0xC4\" }\n[[run]]\nname = \"smoke\"\nexpect = \"pass\"\n";
+    let err = Suite::parse(text, "my.toml").unwrap_err();
+    let lines: Vec<String> = err.to_string().lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("my.toml:4:"), "{}", lines[0]);
+    assert!(lines[0].contains("run[0].expect.on: unknown verdict 'bugchek'"), "{}", lines[0]);
+    assert!(
+        lines[1].starts_with("my.toml:6:8: run[1].name: duplicate run name \"smoke\" (first at line 3)"),
+        "{}",
+        lines[1]
+    );
+    println!("{err}");
+    let err = Suite::parse("name = \"s\"\n[[run]]\nname = \"a\"\nexpct = \"pass\"\n", "my.toml").unwrap_err();
+    println!("{err}");
 }

@@ -1,0 +1,249 @@
+//! Reports read back: JUnit XML parsed with quick-xml, JSON with serde_json, the table as text, the timeline SVG
+//! parsed as XML with its marks counted.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use quick_xml::events::Event;
+use quick_xml::Reader;
+use vhca_suite::{
+    judge, parse_event_log, render_junit, render_table, render_timeline, BootPath, Observation, ProcessExit, RunReport,
+    Suite, SuiteReport,
+};
+
+/// An element as read back: its name, attributes (unescaped) and text content.
+#[derive(Debug, Default, Clone)]
+struct Element {
+    name: String,
+    attrs: HashMap<String, String>,
+    text: String,
+    depth: usize,
+}
+
+/// Parses a whole XML document into a flat list of elements in document order; fails on malformed XML.
+fn parse_xml(xml: &str) -> Vec<Element> {
+    let mut reader = Reader::from_str(xml);
+    let mut out: Vec<Element> = Vec::new();
+    let mut open: Vec<usize> = Vec::new();
+    loop {
+        match reader.read_event().unwrap_or_else(|e| panic!("bad XML at {}: {e}\n{xml}", reader.buffer_position())) {
+            Event::Start(s) => {
+                out.push(element(&s, open.len()));
+                open.push(out.len() - 1);
+            }
+            Event::Empty(s) => out.push(element(&s, open.len())),
+            Event::End(_) => {
+                open.pop().expect("balanced tags");
+            }
+            Event::Text(t) => {
+                if let Some(&i) = open.last() {
+                    out[i].text.push_str(&t.unescape().unwrap());
+                }
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "unclosed elements");
+    out
+}
+
+fn element(s: &quick_xml::events::BytesStart, depth: usize) -> Element {
+    let name = String::from_utf8(s.name().as_ref().to_vec()).unwrap();
+    let attrs = s
+        .attributes()
+        .map(|a| {
+            let a = a.unwrap();
+            (String::from_utf8(a.key.as_ref().to_vec()).unwrap(), a.unescape_value().unwrap().into_owned())
+        })
+        .collect();
+    Element { name, attrs, text: String::new(), depth }
+}
+
+/// The seed suite judged against made-up observations: smoke passes everywhere, fast-mutex-create-cq/verifier-on
+/// did not bugcheck (a failure), everything else as expected where cheap to fake.
+fn sample_report() -> SuiteReport {
+    let suite = Suite::seed().unwrap();
+    let runs = suite.expand().into_iter().filter(|r| r.run == "smoke" || r.run == "fast-mutex-create-cq");
+    let mut reports = Vec::new();
+    for (i, run) in runs.enumerate() {
+        let mut o = Observation { qemu_exit: ProcessExit::Exited { code: 0 }, ..Default::default() };
+        // The failure message carries guest text: markup and a control character must survive into XML.
+        o.add_serial("VHCA-RESULT {\"ok\":true,\"note\":\"<&>\"}\n");
+        let verdict = judge(&run.expected, &o);
+        let mut r = RunReport::new(&run, verdict, 1.25 + i as f64, "tcg", BootPath::Snapshot);
+        r.artifact_dir = Some(PathBuf::from(format!("/tmp/vhca/{}", run.name.replace('/', "_"))));
+        r.timeline_svg = r.artifact_dir.as_ref().map(|d| d.join("timeline.svg"));
+        r.set_reproducer("vhca-run", Some("suites/a b.toml"));
+        reports.push(r);
+    }
+    // One more failure whose reason holds markup and a control character from the guest.
+    let run = suite.expand().into_iter().find(|r| r.name == "smoke/verifier-on").unwrap();
+    let mut o = Observation { qemu_exit: ProcessExit::Exited { code: 0 }, ..Default::default() };
+    o.add_serial("VHCA-RESULT {\"ok\":false,\"error\":\"<cq> & \\u0007bell \\\"q\\\"\"}\n");
+    let mut r = RunReport::new(&run, judge(&run.expected, &o), 0.5, "kvm", BootPath::Cold);
+    r.name = "smoke/verifier-on-again".into();
+    // Notes may carry raw terminal output; XML cannot hold an ESC, so it must arrive replaced, not break the file.
+    r.notes.push("guest said \u{1b}[31mred".into());
+    r.set_reproducer("vhca-run", None);
+    reports.push(r);
+    SuiteReport::new(&suite, reports, 3.5)
+}
+
+#[test]
+fn junit_parses_back_with_every_run_and_failure() {
+    let report = sample_report();
+    let xml = render_junit(&report);
+    assert!(xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>"), "{xml}");
+    let elements = parse_xml(&xml);
+    let root = &elements[0];
+    assert_eq!(root.name, "testsuites");
+    assert_eq!(root.attrs["tests"], "5");
+    assert_eq!(root.attrs["failures"], "2");
+    assert_eq!(root.attrs["time"], "3.500");
+    let suite = elements.iter().find(|e| e.name == "testsuite").unwrap();
+    assert_eq!(suite.attrs["name"], "seed");
+    assert_eq!(suite.depth, 1);
+    let cases: Vec<&Element> = elements.iter().filter(|e| e.name == "testcase").collect();
+    assert_eq!(
+        cases.iter().map(|c| c.attrs["name"].as_str()).collect::<Vec<_>>(),
+        [
+            "smoke/verifier-off",
+            "smoke/verifier-on",
+            "fast-mutex-create-cq/verifier-off",
+            "fast-mutex-create-cq/verifier-on",
+            "smoke/verifier-on-again"
+        ]
+    );
+    assert_eq!(cases[0].attrs["time"], "1.250");
+    assert_eq!(cases[3].attrs["classname"], "seed.fast-mutex-create-cq");
+    let failures: Vec<&Element> = elements.iter().filter(|e| e.name == "failure").collect();
+    assert_eq!(failures.len(), 2);
+    assert_eq!(failures[0].attrs["message"], "expected bugcheck 0xC4, got pass");
+    assert!(
+        failures[0]
+            .text
+            .contains("reproduce: vhca-run suite 'suites/a b.toml' --filter '^fast-mutex-create-cq/verifier-on$'"),
+        "{}",
+        failures[0].text
+    );
+    // clip() turned the guest's BEL into a space; markup survives escaped and unescaped back.
+    assert!(failures[1].attrs["message"].contains("<cq> &  bell \"q\""), "{:?}", failures[1].attrs);
+    assert!(failures[1].text.contains("note: guest said \u{FFFD}[31mred"), "{}", failures[1].text);
+    assert!(failures[1].text.contains("reproduce: vhca-run suite --filter '^smoke/verifier-on-again$'"));
+    let outs: Vec<&Element> = elements.iter().filter(|e| e.name == "system-out").collect();
+    assert_eq!(outs.len(), 5);
+    assert!(outs[0].text.contains("artifacts: /tmp/vhca/smoke_verifier-off"), "{}", outs[0].text);
+    assert!(outs[0].text.contains("timeline: /tmp/vhca/smoke_verifier-off/timeline.svg"));
+    assert!(outs[4].text.contains("accelerator: kvm\npath: cold"));
+}
+
+#[test]
+fn json_report_has_every_field_and_totals() {
+    let report = sample_report();
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["suite"], "seed");
+    assert_eq!(json["totals"]["runs"], 5);
+    assert_eq!(json["totals"]["passed"], 3);
+    assert_eq!(json["totals"]["failed"], 2);
+    assert_eq!(json["totals"]["wall_seconds"], 3.5);
+    let sum: f64 = report.runs.iter().map(|r| r.seconds).sum();
+    assert_eq!(json["totals"]["run_seconds"].as_f64().unwrap(), sum);
+    let failed = &json["runs"][3];
+    assert_eq!(failed["name"], "fast-mutex-create-cq/verifier-on");
+    assert_eq!(failed["run"], "fast-mutex-create-cq");
+    assert_eq!(failed["mode"], "on");
+    assert_eq!(failed["expected"], "bugcheck 0xC4");
+    assert_eq!(failed["actual"]["kind"], "pass");
+    assert_eq!(failed["outcome"]["result"], "fail");
+    assert_eq!(failed["outcome"]["reason"], "expected bugcheck 0xC4, got pass");
+    assert_eq!(failed["accelerator"], "tcg");
+    assert_eq!(failed["path"], "snapshot");
+    assert_eq!(failed["artifact_dir"], "/tmp/vhca/fast-mutex-create-cq_verifier-on");
+    assert_eq!(failed["timeline_svg"], "/tmp/vhca/fast-mutex-create-cq_verifier-on/timeline.svg");
+    assert!(failed["reproducer"].as_str().unwrap().ends_with("--filter '^fast-mutex-create-cq/verifier-on$'"));
+    let passed = &json["runs"][0];
+    assert_eq!(passed["outcome"]["result"], "pass");
+    assert!(passed["reproducer"].is_null());
+    assert_eq!(json["runs"][4]["path"], "cold");
+}
+
+#[test]
+fn table_lists_runs_totals_and_reproducers() {
+    let table = render_table(&sample_report());
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("RUN") && lines[0].contains("VERDICT") && lines[0].ends_with("ACCEL"), "{table}");
+    assert_eq!(lines.len(), 1 + 5 + 1 + 2, "{table}");
+    assert!(lines[1].starts_with("smoke ") && lines[1].contains(" off ") && lines[1].contains("ok   pass"), "{table}");
+    assert!(lines[4].contains("FAIL expected bugcheck 0xC4, got pass") && lines[4].contains("4.25"), "{table}");
+    assert!(lines[4].trim_end().ends_with("tcg"));
+    assert_eq!(lines[6], "5 runs: 3 passed, 2 failed; 11.50 s of runs in 3.50 s wall");
+    assert!(lines[7].starts_with("reproduce fast-mutex-create-cq/verifier-on: vhca-run suite"));
+    // Columns line up: VERDICT starts at the same offset on every row.
+    let col = lines[0].find("VERDICT").unwrap();
+    assert!(lines[1..6].iter().all(|l| l[col..].starts_with("ok") || l[col..].starts_with("FAIL")), "{table}");
+}
+
+const EVENTS: &str = r#"{"seq":0,"t_us":0,"kind":"start","schema":1,"pid":1,"socket":"s","map_registers":16,"version":"0"}
+{"seq":1,"t_us":1000,"kind":"map","owner":"cq","handle":1,"registers":4,"first_iova":4096,"in_use":4,"free":12}
+{"seq":2,"t_us":1500,"kind":"command","opcode":"CREATE_CQ","tag":1,"status":"OK"}
+{"seq":3,"t_us":2000,"kind":"map","owner":"mr","handle":2,"registers":8,"first_iova":65536,"in_use":12,"free":4}
+{"seq":4,"t_us":2500,"kind":"command","opcode":"REG_MR","tag":2,"status":"LOC_PROT_ERR"}
+{"seq":5,"t_us":3000,"kind":"fault","cause":"iommu_unmapped","dir":"write","purpose":"cqe","iova":4096}
+{"seq":6,"t_us":3100,"kind":"dma_fault","iova":4096,"cause":"iommu_unmapped","queue":0}
+{"seq":7,"t_us":4000,"kind":"unmap","owner":"mr","handle":2,"registers":8,"in_use":4,"free":12}
+"#;
+
+#[test]
+fn timeline_svg_parses_and_has_its_marks() {
+    let log = parse_event_log(EVENTS);
+    let svg = render_timeline("use-after-unmap/verifier-on <&>", &log, Some((3500, "STOP 0xE6")));
+    if let Ok(dir) = std::env::var("VHCA_SUITE_SVG_OUT") {
+        std::fs::write(format!("{dir}/timeline.svg"), &svg).unwrap();
+    }
+    let elements = parse_xml(&svg);
+    assert_eq!(elements[0].name, "svg");
+    let title = elements.iter().find(|e| e.attrs.get("class").map(String::as_str) == Some("title")).unwrap();
+    assert!(title.text.starts_with("use-after-unmap/verifier-on <&>"), "{}", title.text);
+    let of_class = |c: &str| elements.iter().filter(|e| e.attrs.get("class").map(String::as_str) == Some(c)).count();
+    assert_eq!(of_class("in-use"), 1);
+    assert_eq!(of_class("fault"), 2);
+    assert_eq!(of_class("command"), 2);
+    assert_eq!(of_class("bugcheck"), 1);
+    assert_eq!(of_class("axis"), 2);
+    assert_eq!(of_class("axis-label"), 2);
+    // The step line: start, then two points per in_use change, then the end: 1 + 2*3 + 1.
+    let line = elements.iter().find(|e| e.attrs.get("class").map(String::as_str) == Some("in-use")).unwrap();
+    let points: Vec<(f64, f64)> = line.attrs["points"]
+        .split(' ')
+        .map(|p| {
+            let (x, y) = p.split_once(',').unwrap();
+            (x.parse().unwrap(), y.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(points.len(), 8);
+    assert!(points.windows(2).all(|w| w[0].0 <= w[1].0), "time only moves forward: {points:?}");
+    // 12 of 16 registers is the peak: the highest point (smallest y) is 3/4 of the way up the plot.
+    let top = points.iter().map(|p| p.1).fold(f64::MAX, f64::min);
+    let bottom = points[0].1;
+    assert!(((bottom - top) - 0.75 * 230.0).abs() < 0.2, "peak at {top}, floor at {bottom}");
+    // The failed command is orange, the good one grey; markers carry their causes.
+    assert!(svg.contains("stroke=\"darkorange\"><title>REG_MR LOC_PROT_ERR</title>"), "{svg}");
+    assert!(svg.contains("<title>DMA fault: iommu_unmapped</title>"));
+    let label = elements.iter().find(|e| e.attrs.get("class").map(String::as_str) == Some("bugcheck-label")).unwrap();
+    assert_eq!(label.text, "STOP 0xE6");
+    let ticks: Vec<&str> = elements
+        .iter()
+        .filter(|e| e.attrs.get("class").map(String::as_str) == Some("tick"))
+        .map(|e| e.text.as_str())
+        .collect();
+    assert!(ticks.contains(&"3.0") && ticks.contains(&"16"), "{ticks:?}");
+}
+
+#[test]
+fn timeline_without_timed_events_says_so() {
+    let svg = render_timeline("empty", &parse_event_log("{\"kind\":\"connected\"}\n"), None);
+    let elements = parse_xml(&svg);
+    assert!(elements.iter().any(|e| e.attrs.get("class").map(String::as_str) == Some("empty")));
+    assert!(!elements.iter().any(|e| e.name == "polyline"));
+}
