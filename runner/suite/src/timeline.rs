@@ -153,10 +153,12 @@ fn axes(svg: &mut String, scale: &Scale, t1: u64) {
     let (y0, y1) = (HEIGHT - BOTTOM, TOP);
     let _ = writeln!(svg, r#"<line class="axis" x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>"#);
     let _ = writeln!(svg, r#"<line class="axis" x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>"#);
-    for i in 0..=4u64 {
-        let t = scale.t0 + (t1.saturating_sub(scale.t0)) * i / 4;
-        let x = scale.x(t);
-        let ms = t.saturating_sub(scale.t0) as f64 / 1000.0;
+    // Fractions in f64: device timestamps are guest-visible numbers and may be huge; integer maths could overflow.
+    let span_us = t1.saturating_sub(scale.t0) as f64;
+    for i in 0..=4u32 {
+        let fraction = f64::from(i) / 4.0;
+        let x = x0 + fraction * (x1 - x0);
+        let ms = fraction * span_us / 1000.0;
         let _ =
             writeln!(svg, r#"<text class="tick" x="{x:.1}" y="{:.1}" text-anchor="middle">{ms:.1}</text>"#, y0 + 15.0);
     }

@@ -247,3 +247,14 @@ fn timeline_without_timed_events_says_so() {
     assert!(elements.iter().any(|e| e.attrs.get("class").map(String::as_str) == Some("empty")));
     assert!(!elements.iter().any(|e| e.name == "polyline"));
 }
+
+#[test]
+fn timeline_survives_extreme_timestamps() {
+    let log = parse_event_log(&format!(
+        "{{\"kind\":\"map\",\"t_us\":0,\"in_use\":1}}\n{{\"kind\":\"fault\",\"t_us\":{},\"cause\":\"outside_mr\"}}\n",
+        u64::MAX
+    ));
+    let svg = render_timeline("extreme", &log, Some((u64::MAX, "STOP 0xE6")));
+    let elements = parse_xml(&svg);
+    assert_eq!(elements.iter().filter(|e| e.attrs.get("class").map(String::as_str) == Some("fault")).count(), 1);
+}
