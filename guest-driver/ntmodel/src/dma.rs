@@ -472,7 +472,6 @@ impl NtModel {
         if !a.channel_held {
             return if checking { Err(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS_FREED, 1, 0, 0)) } else { Ok(()) };
         }
-        a.channel_held = false;
         let bases: Vec<u64> = m
             .dma
             .register_sets
@@ -480,6 +479,19 @@ impl NtModel {
             .filter(|(_, s)| s.adapter == adapter.0 && s.with_channel)
             .map(|(b, _)| *b)
             .collect();
+        // Check every set before changing anything, so a refused free leaves the channel as it was.
+        let mapped: usize = bases.iter().filter_map(|b| m.dma.register_sets.get(b)).map(|s| s.transfers.len()).sum();
+        if mapped > 0 && checking {
+            let pages: usize = bases
+                .iter()
+                .filter_map(|b| m.dma.register_sets.get(b))
+                .flat_map(|s| s.transfers.iter().map(|t| t.mapping.pages))
+                .sum();
+            return Err(Bugcheck::e6(e6::FREED_WHILE_MAPPED, pages as u64, 0, 0));
+        }
+        if let Some(a) = m.dma.adapters.get_mut(&adapter.0) {
+            a.channel_held = false;
+        }
         for b in bases {
             self.release_registers(&mut m, b)?;
         }

@@ -681,3 +681,119 @@ fn bugcheck_prints_in_windows_form() {
     );
     assert_eq!(Bugcheck::c4(0x33, 2, 0, 0).name(), "DRIVER_VERIFIER_DETECTED_VIOLATION");
 }
+
+// ---- The remaining rows of docs/verifier.md ----
+
+#[test]
+fn remaining_irql_rules() {
+    let (k, _) = machine(IRQL);
+    let p = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, 8, TAG);
+    k.KeRaiseIrql(5);
+    assert_eq!(stop(|| k.ExFreePoolWithTag(p, TAG)), Bugcheck::c4(0x12, 5, 0, p.0));
+    assert_eq!(stop(|| k.KeEnterCriticalRegion()), Bugcheck::c4(0x11A, 5, 0, 0));
+    assert_eq!(stop(|| k.KeLeaveCriticalRegion()), Bugcheck::c4(0x11B, 5, 0, 0));
+    let m = k.KeInitializeMutex(0);
+    assert_eq!(
+        stop(|| {
+            let _ = k.KeWaitForMutexObject(m);
+        }),
+        Bugcheck::c4(0x120, 5, m.0, 0)
+    );
+    assert_eq!(
+        stop(|| {
+            let _ = k.KeReleaseMutex(m, false);
+        }),
+        Bugcheck::c4(0xE5, 5, 0, 0)
+    );
+    assert_eq!(
+        stop(|| {
+            let _ = k.IoAllocateMdl(p, 8, false, false);
+        }),
+        Bugcheck::c4(0xE5, 5, 0, 0)
+    );
+    let g = k.KeInitializeGuardedMutex();
+    assert_eq!(stop(|| k.KeAcquireGuardedMutex(g)), Bugcheck::c4(0xE5, 5, 0, 0));
+    let any = PHYSICAL_ADDRESS(0);
+    let contiguous = || k.MmAllocateContiguousMemorySpecifyCache(4096, any, any, any, MEMORY_CACHING_TYPE::MmCached);
+    assert_eq!(
+        stop(|| {
+            let _ = contiguous();
+        }),
+        Bugcheck::c4(0xE5, 5, 0, 0)
+    );
+    k.KeLowerIrql(PASSIVE_LEVEL);
+    let c = contiguous();
+    k.KeRaiseIrql(DISPATCH_LEVEL);
+    assert_eq!(stop(|| k.MmFreeContiguousMemory(c)), Bugcheck::c4(0xE5, 2, 0, 0));
+    k.KeLowerIrql(PASSIVE_LEVEL);
+
+    let r = k.ExInitializeResourceLite();
+    k.KeEnterCriticalRegion();
+    k.ExAcquireResourceSharedLite(r, true);
+    k.KeLeaveCriticalRegion();
+    assert_eq!(stop(|| k.ExReleaseResourceLite(r)), Bugcheck::c4(0x38, 0, 0, r.0));
+    clean(|| {
+        k.KeAcquireGuardedMutex(g);
+        k.KeReleaseGuardedMutex(g);
+        k.MmFreeContiguousMemory(c);
+    });
+}
+
+#[test]
+fn remaining_automatic_rules() {
+    let (k, _) = machine(POOL);
+    assert_eq!(stop(|| k.KeLeaveCriticalRegion()), Bugcheck::c4(0x3E, 0, 0, 0));
+    assert_eq!(stop(|| k.ExAcquireFastMutex(PFAST_MUTEX(0x42))), Bugcheck::c4(0x1002, 0x42, 0, 0));
+    let p = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, 8, TAG);
+    k.ExFreePoolWithTag(p, TAG);
+    let mut b = [0u8; 1];
+    assert_eq!(stop(|| k.RtlCopyFromVa(&mut b, p)), Bugcheck::new(0x50, p.0, 0, 0, 0));
+    assert_eq!(stop(|| k.RtlCopyToVa(p, &b)), Bugcheck::new(0x50, p.0, 1, 0, 0));
+}
+
+#[test]
+fn spin_lock_recursion_is_c4_1000() {
+    let (k, _) = machine(DEADLOCK);
+    let l = k.KeInitializeSpinLock();
+    k.KeAcquireSpinLock(l);
+    assert_eq!(
+        stop(|| {
+            let _ = k.KeAcquireSpinLock(l);
+        }),
+        Bugcheck::c4(0x1000, l.0, 0, 0)
+    );
+}
+
+#[test]
+fn remaining_dma_irql_rules() {
+    let (k, _) = machine(DMA);
+    let (a, _) = adapter(&k);
+    let mut la = PHYSICAL_ADDRESS(0);
+    let va = k.AllocateCommonBuffer(a, 4096, &mut la, true);
+    k.KeRaiseIrql(DISPATCH_LEVEL);
+    assert_eq!(stop(|| k.FreeCommonBuffer(a, 4096, la, va, true)), Bugcheck::e6(0x13, 1, 0, 2));
+    let (bva, mdl) = nonpaged_mdl(&k, 64);
+    let base = k.AllocateAdapterChannel(a, PDO, 1, IO_ALLOCATION_ACTION::KeepObject).unwrap();
+    k.KeRaiseIrql(5);
+    let mut len = 64;
+    assert_eq!(
+        stop(|| {
+            let _ = k.MapTransfer(a, mdl, base, bva, &mut len, true);
+        }),
+        Bugcheck::e6(0x13, 2, 2, 5)
+    );
+    assert_eq!(
+        stop(|| {
+            let _ = k.FlushAdapterBuffers(a, mdl, base, bva, 64, true);
+        }),
+        Bugcheck::e6(0x13, 2, 2, 5)
+    );
+    assert_eq!(stop(|| k.FreeAdapterChannel(a)), Bugcheck::e6(0x13, 1, 2, 5));
+    k.KeLowerIrql(DISPATCH_LEVEL);
+    k.MapTransfer(a, mdl, base, bva, &mut len, true).unwrap();
+    assert_eq!(stop(|| k.FreeAdapterChannel(a)), Bugcheck::e6(0x10, 1, 0, 0));
+    clean(|| {
+        assert!(k.FlushAdapterBuffers(a, mdl, base, bva, 64, true));
+        k.FreeAdapterChannel(a);
+    });
+}
