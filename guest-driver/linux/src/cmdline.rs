@@ -37,13 +37,22 @@ pub struct Options {
     pub device: Option<PciId>,
     /// Power the machine off at the end; `vhca.poweroff=0` keeps an interactive guest alive for debugging.
     pub poweroff: bool,
+    /// Written to the device's sysfs reset_method before vfio-pci opens it (e.g. `pm`); None keeps the kernel's.
+    pub reset_method: Option<String>,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { scenario: "smoke".into(), timeout_ms: 5000, device: None, poweroff: true, warnings: Vec::new() }
+        Options {
+            scenario: "smoke".into(),
+            timeout_ms: 5000,
+            device: None,
+            poweroff: true,
+            reset_method: None,
+            warnings: Vec::new(),
+        }
     }
 }
 
@@ -79,6 +88,10 @@ impl Options {
                     _ => return Err(format!("not a boolean: {value:?}")),
                 }
             }
+            "reset_method" if !value.is_empty() => self.reset_method = Some(value.to_string()),
+            "reset_method" => return Err("empty value".into()),
+            // Read by the initramfs' /init (probe / hang modes), not by this program.
+            "init" => {}
             _ => return Err("unknown key".into()),
         }
         Ok(())
@@ -97,12 +110,14 @@ mod tests {
 
     #[test]
     fn reads_every_known_key() {
-        let options =
-            Options::parse("quiet vhca.scenario=cq-fallback vhca.timeout_ms=250 vhca.device=1af4:1044 vhca.poweroff=0");
+        let options = Options::parse(
+            "quiet vhca.init=guest vhca.scenario=cq-fallback vhca.timeout_ms=250 vhca.device=1af4:1044 vhca.poweroff=0 vhca.reset_method=pm",
+        );
         assert_eq!(options.scenario, "cq-fallback");
         assert_eq!(options.timeout_ms, 250);
         assert_eq!(options.device, Some(PciId { vendor: 0x1af4, device: 0x1044 }));
         assert!(!options.poweroff);
+        assert_eq!(options.reset_method.as_deref(), Some("pm"));
         assert!(options.warnings.is_empty(), "{:?}", options.warnings);
     }
 

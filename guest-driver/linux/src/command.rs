@@ -85,8 +85,24 @@ impl CommandQueue {
         self.response.iova()
     }
 
+    /// Guest-physical addresses of the request and response buffers, when the kernel reveals them.
+    pub fn guest_physical(&self) -> (Option<u64>, Option<u64>) {
+        (self.request.guest_physical().ok(), self.response.guest_physical().ok())
+    }
+
     /// Sends one command and waits for its response; anything but a well-formed Ok response is an error.
     pub fn execute(&mut self, opcode: Opcode, body: &[u8]) -> Result<Response, CommandError> {
+        self.execute_to(opcode, body, None)
+    }
+
+    /// As `execute`, but the response descriptor may name another IOVA: the negative control points it at an
+    /// unmapped one, where the device must fault instead of answering.
+    pub fn execute_to(
+        &mut self,
+        opcode: Opcode,
+        body: &[u8],
+        response_iova: Option<u64>,
+    ) -> Result<Response, CommandError> {
         let name = opcode.name();
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
@@ -107,7 +123,11 @@ impl CommandQueue {
 
         let head = self.queue.add_chain(&[
             Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
-            Buffer { iova: self.response.iova(), len: response_room as u32, device_writes: true },
+            Buffer {
+                iova: response_iova.unwrap_or(self.response.iova()),
+                len: response_room as u32,
+                device_writes: true,
+            },
         ])?;
         self.notifier.notify()?;
         let used = self.queue.wait_used(self.timeout)?;

@@ -225,7 +225,29 @@ unsafe impl DmaMemory for DmaRegion {
     }
 }
 
+/// The guest-physical address behind a host pointer, from /proc/self/pagemap (needs CAP_SYS_ADMIN, which the
+/// guest's init has). Reported next to the IOVA so a checker can tell the device used one and not the other.
+pub fn guest_physical(ptr: *const u8) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let vaddr = ptr as u64;
+    let mut entry = [0u8; 8];
+    let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+    pagemap.read_exact_at(&mut entry, (vaddr / PAGE_SIZE as u64) * 8)?;
+    let entry = u64::from_le_bytes(entry);
+    let pfn = entry & ((1 << 55) - 1);
+    if entry & (1 << 63) == 0 || pfn == 0 {
+        // Not present, or the kernel hid the frame number (no CAP_SYS_ADMIN).
+        return Err(std::io::Error::other(format!("no frame number for {vaddr:#x} (pagemap entry {entry:#x})")));
+    }
+    Ok(pfn * PAGE_SIZE as u64 + vaddr % PAGE_SIZE as u64)
+}
+
 impl DmaRegion {
+    /// Guest-physical address of the region's first byte (its pages need not be physically contiguous).
+    pub fn guest_physical(&self) -> std::io::Result<u64> {
+        guest_physical(self.host.as_ptr())
+    }
+
     /// Unmaps now and reports failure, which `drop` cannot.
     pub fn unmap(mut self) -> Result<(), DmaError> {
         self.unmap_iova()

@@ -102,6 +102,12 @@ impl PciDevice {
         }
     }
 
+    /// Chooses how the kernel resets the device (vfio-pci resets at every open and close). `pm` (a D3hot→D0
+    /// cycle) is several times faster than FLR under QEMU; the kernel refuses a method the device lacks.
+    pub fn set_reset_method(&self, method: &str) -> Result<(), PciError> {
+        write_str(&self.sysfs.join("reset_method"), method)
+    }
+
     /// The IOMMU group number: the name of /dev/vfio/<group>.
     pub fn iommu_group(&self) -> Result<u32, PciError> {
         let link = self.sysfs.join("iommu_group");

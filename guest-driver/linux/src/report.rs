@@ -90,6 +90,12 @@ pub struct Iovas {
     pub rings: Vec<[u64; 3]>,
 }
 
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Gpas {
+    pub cmd: Option<u64>,
+    pub resp: Option<u64>,
+}
+
 /// Everything the runner may want from one run. Filled in as the run goes, so a failure still reports how far it got.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
@@ -106,11 +112,19 @@ pub struct Report {
     pub query_device: Option<QueryDeviceView>,
     pub rng: Option<EntropyRead>,
     pub iovas: Iovas,
+    /// Guest-physical addresses of the same command buffers: the device must never see these.
+    pub gpas: Gpas,
     pub config: Option<ConfigView>,
     /// DMAR fault and vfio lines from the kernel log.
     pub kernel_log: Vec<String>,
+    /// How many of those are IOMMU (DMAR) faults.
+    pub iommu_faults: usize,
+    /// In a negative control, the error the device was expected to cause, and did.
+    pub expected_failure: Option<String>,
     pub warnings: Vec<String>,
     pub elapsed_ms: u64,
+    /// Where the time went: (phase, milliseconds) in order.
+    pub phases_ms: Vec<(&'static str, f64)>,
     /// Time since the kernel started, when the result was printed: boot to result.
     pub uptime_ms: Option<u64>,
 }

@@ -50,3 +50,19 @@ pub fn read_entropy(
     buffer.unmap()?;
     Ok(EntropyRead { iova, used_len: used.len, bytes_hex })
 }
+
+/// The negative control: asks for entropy into an IOVA that was reserved but never mapped. The IOMMU must refuse
+/// the write; whatever the completion says is returned for the report, and the caller checks the fault log.
+pub fn read_entropy_unmapped(
+    queue: &mut SplitQueue<DmaRegion>,
+    notifier: &QueueNotifier,
+    mapper: &DmaMapper,
+    timeout: Duration,
+) -> anyhow::Result<EntropyRead> {
+    let iova = mapper.reserve_iova(ENTROPY_BYTES)?;
+    let head = queue.add_chain(&[Buffer { iova, len: ENTROPY_BYTES as u32, device_writes: true }])?;
+    notifier.notify()?;
+    let used = queue.wait_used(timeout)?;
+    anyhow::ensure!(used.head == head, "completion for head {}, expected {head}", used.head);
+    Ok(EntropyRead { iova, used_len: used.len, bytes_hex: String::new() })
+}
