@@ -27,7 +27,16 @@ add_backports() {
 
 pkgs=()
 need_qemu && pkgs+=(qemu-system-x86)
-command -v busybox >/dev/null 2>&1 && busybox --list 2>/dev/null | grep -qx depmod && [ -e /bin/busybox ] && ldd /bin/busybox 2>&1 | grep -q 'not a dynamic' || pkgs+=(busybox-static)
+# The image build runs the host's busybox (depmod); the image itself takes busybox-static's .deb.
+# (Outputs captured first: under pipefail, `grep -q` closing a pipe early would read as a failure.)
+have_busybox() {
+  local list
+  command -v busybox >/dev/null 2>&1 || return 1
+  list=$(busybox --list 2>/dev/null) || return 1
+  grep -qx depmod <<<"$list"
+}
+have_busybox || pkgs+=(busybox-static)
+command -v xz >/dev/null 2>&1 || pkgs+=(xz-utils)
 command -v cpio >/dev/null 2>&1 || pkgs+=(cpio)
 dpkg -s libc6-dev >/dev/null 2>&1 || pkgs+=(libc6-dev)
 

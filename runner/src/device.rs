@@ -41,6 +41,8 @@ impl DeviceConfig {
             // The device log is an artifact of every run: make it say something by default.
             cmd.env("RUST_LOG", "info");
         }
+        // The log is a file read by people and reports, not a terminal: no colour escapes.
+        cmd.env("NO_COLOR", "1");
         cmd
     }
 }

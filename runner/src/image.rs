@@ -97,7 +97,7 @@ pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Res
     write_file(&build_sh, BUILD_SH, 0o755)?;
     write_file(&scripts.path().join("init"), INIT, 0o755)?;
 
-    let resolved = run_script(&build_sh, &["resolve"], scripts.path(), "resolve", RESOLVE_TIMEOUT)?;
+    let resolved = resolve_kernel(cache, &build_sh, scripts.path())?;
     let mut words = resolved.split_whitespace();
     let (Some(pkg), Some(ver)) = (words.next(), words.next()) else {
         return Err(ImageError::Script { step: "resolve", status: "bad output".into(), log: resolved });
@@ -134,6 +134,47 @@ pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Res
     fs::rename(&out, &dir).map_err(cache_err(&dir))?;
     prune(&images, &key);
     complete_image(&dir, &key, &kernel_package, true).ok_or_else(|| ImageError::Incomplete(dir.display().to_string()))
+}
+
+/// `build.sh resolve` costs seconds of apt-cache; its answer only changes with the apt lists, so it is remembered
+/// under a fingerprint of them.
+fn resolve_kernel(cache: &Path, build_sh: &Path, scripts: &Path) -> Result<String, ImageError> {
+    let memo = cache.join("kernel-resolve.txt");
+    let fingerprint = apt_lists_fingerprint();
+    if let (Some(fp), Ok(text)) = (&fingerprint, fs::read_to_string(&memo)) {
+        if let Some(answer) = text.strip_prefix(fp.as_str()).and_then(|rest| rest.strip_prefix('\n')) {
+            return Ok(answer.to_string());
+        }
+    }
+    let answer = run_script(build_sh, &["resolve"], scripts, "resolve", RESOLVE_TIMEOUT)?;
+    // Fingerprint taken after the script, which may have run apt-get update.
+    if let Some(fp) = apt_lists_fingerprint() {
+        let _ = fs::write(&memo, format!("{fp}\n{answer}"));
+    }
+    Ok(answer)
+}
+
+/// Names, sizes and mtimes of the apt package lists: changes whenever `apt-get update` brings anything new.
+fn apt_lists_fingerprint() -> Option<String> {
+    let mut entries: Vec<(String, u64, u64)> = fs::read_dir("/var/lib/apt/lists")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+            Some((e.file_name().to_string_lossy().into_owned(), meta.len(), mtime))
+        })
+        .filter(|(name, _, _)| name.contains("Packages") || name.ends_with("Release"))
+        .collect();
+    if entries.is_empty() {
+        return None;
+    }
+    entries.sort();
+    let mut h = Sha256::new();
+    for (name, len, mtime) in entries {
+        h.update(format!("{name}\0{len}\0{mtime}\n"));
+    }
+    Some(h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect())
 }
 
 fn path_str(p: &Path) -> &str {

@@ -120,8 +120,9 @@ impl QemuConfig {
             if dev.carrier == Carrier::TestDevice {
                 device.push_str(",virtio-id=42,num_vqs=4,config_size=12");
             }
-            // Behind the vIOMMU, so every DMA the device makes is an IOVA translated through the IOTLB.
-            device.push_str(",iommu_platform=on,ats=on,disable-legacy=on");
+            // Behind the vIOMMU, so every DMA the device makes is an IOVA translated through the IOTLB. No
+            // disable-legacy: these are modern-only devices and QEMU 10.0 rejects the property on them.
+            device.push_str(",iommu_platform=on,ats=on");
             push(&["-chardev", &chardev, "-device", &device]);
         }
         let cmdline = self.kernel_cmdline();
@@ -208,9 +209,7 @@ mod tests {
         let devices = values(&args, "-device");
         assert!(devices.contains(&"intel-iommu,intremap=on,device-iotlb=on"));
         assert!(devices.contains(&"pcie-root-port,id=rp1,bus=pcie.0,chassis=1"));
-        assert!(
-            devices.contains(&"vhost-user-snd-pci,chardev=vhca0,bus=rp1,iommu_platform=on,ats=on,disable-legacy=on")
-        );
+        assert!(devices.contains(&"vhost-user-snd-pci,chardev=vhca0,bus=rp1,iommu_platform=on,ats=on"));
         let append = values(&args, "-append");
         assert_eq!(append, ["console=ttyS0 intel_iommu=on panic=-1 quiet vhca.scenario=smoke"]);
         assert_eq!(values(&args, "-serial"), ["file:/run/serial.log"]);

@@ -70,9 +70,15 @@ fn parse_result_json(text: &str) -> Result<GuestResult, ResultParseError> {
     match obj.get("iovas") {
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
+            // Single addresses are kept by name; lists (ring addresses per queue, ...) stay in `raw`.
             for (name, v) in map {
-                let iova = json_u64(v).ok_or_else(|| ResultParseError::Iova(name.clone()))?;
-                iovas.insert(name.clone(), iova);
+                match v {
+                    Value::Array(_) | Value::Object(_) | Value::Null => {}
+                    _ => {
+                        let iova = json_u64(v).ok_or_else(|| ResultParseError::Iova(name.clone()))?;
+                        iovas.insert(name.clone(), iova);
+                    }
+                }
             }
         }
         Some(_) => return Err(ResultParseError::Field("iovas")),
@@ -135,13 +141,14 @@ mod tests {
 
     #[test]
     fn parses_a_full_result_with_hex_and_number_iovas() {
-        let line = r#"VHCA-RESULT {"scenario":"smoke","ok":true,"error":null,"query_device":{"max_qp":4},"iovas":{"cmd":4096,"resp":"0x2000"}}"#;
+        let line = r#"VHCA-RESULT {"scenario":"smoke","ok":true,"error":null,"query_device":{"max_qp":4},"iovas":{"cmd":4096,"resp":"0x2000","rings":[[1,2,3]]}}"#;
         let r = parse_result_line(line).unwrap().unwrap();
         assert_eq!(r.scenario, "smoke");
         assert!(r.ok);
         assert_eq!(r.error, None);
         assert_eq!(r.iovas.get("cmd"), Some(&4096));
         assert_eq!(r.iovas.get("resp"), Some(&0x2000));
+        assert_eq!(r.iovas.len(), 2, "lists are not single IOVAs");
         assert_eq!(r.raw["query_device"]["max_qp"], 4);
     }
 

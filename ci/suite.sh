@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs the seed suite on this host: set-up, release builds, then `vhca-run suite` (arguments are passed on,
+# e.g. --json report.json --artifacts out/). Exit status 0 only if every run passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ci/setup-host.sh
+source ci/build.sh
+exec "$VHCA_RUN_BIN" suite "$@"
