@@ -18,6 +18,8 @@ pub const IOVA_END: u64 = 1 << 39;
 pub enum DmaError {
     #[error("zero-length DMA region")]
     Empty,
+    #[error("DMA region of {0:#x} bytes is too large")]
+    TooLarge(usize),
     #[error("IOVA {iova:#x} (+{len:#x}) is not page aligned or leaves the window {IOVA_BASE:#x}..{IOVA_END:#x}")]
     BadIova { iova: u64, len: usize },
     #[error("IOVA window exhausted: {len:#x} bytes wanted at {next:#x}")]
@@ -97,26 +99,51 @@ pub unsafe trait DmaMemory {
 #[derive(Debug)]
 pub struct DmaMapper {
     container: Arc<Container>,
-    next_iova: Mutex<u64>,
+    iovas: Mutex<IovaSpace>,
+}
+
+/// The bump allocator behind `DmaMapper`: page-rounded ranges, one unmapped guard page after each, never reused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IovaSpace {
+    next: u64,
+    end: u64,
+}
+
+impl IovaSpace {
+    pub fn new(start: u64, end: u64) -> IovaSpace {
+        IovaSpace { next: start, end }
+    }
+
+    pub fn reserve(&mut self, len: usize) -> Result<u64, DmaError> {
+        let len = region_len(len)?;
+        let iova = self.next;
+        let after = iova.checked_add(len as u64 + PAGE_SIZE as u64).filter(|end| *end <= self.end);
+        self.next = after.ok_or(DmaError::IovaExhausted { next: iova, len })?;
+        Ok(iova)
+    }
 }
 
 fn round_up_to_page(len: usize) -> Option<usize> {
     len.checked_add(PAGE_SIZE - 1).map(|l| l & !(PAGE_SIZE - 1))
 }
 
+/// Page-rounded, non-zero length of a region.
+fn region_len(len: usize) -> Result<usize, DmaError> {
+    match round_up_to_page(len) {
+        Some(0) => Err(DmaError::Empty),
+        Some(rounded) => Ok(rounded),
+        None => Err(DmaError::TooLarge(len)),
+    }
+}
+
 impl DmaMapper {
     pub fn new(container: Arc<Container>) -> DmaMapper {
-        DmaMapper { container, next_iova: Mutex::new(IOVA_BASE) }
+        DmaMapper { container, iovas: Mutex::new(IovaSpace::new(IOVA_BASE, IOVA_END)) }
     }
 
     /// Reserves the next free IOVA range of `len` bytes (page-rounded) plus a guard page.
     pub fn reserve_iova(&self, len: usize) -> Result<u64, DmaError> {
-        let len = round_up_to_page(len).filter(|l| *l > 0).ok_or(DmaError::Empty)?;
-        let mut next = self.next_iova.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let iova = *next;
-        let after = iova.checked_add(len as u64 + PAGE_SIZE as u64).filter(|end| *end <= IOVA_END);
-        *next = after.ok_or(DmaError::IovaExhausted { next: iova, len })?;
-        Ok(iova)
+        self.iovas.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).reserve(len)
     }
 
     /// Fresh zeroed, pinned memory at the next free IOVA.
@@ -127,7 +154,7 @@ impl DmaMapper {
 
     /// Fresh zeroed, pinned memory at an IOVA the caller chose (page aligned, inside the window).
     pub fn alloc_at(&self, iova: u64, len: usize, access: DmaAccess) -> Result<DmaRegion, DmaError> {
-        let len = round_up_to_page(len).filter(|l| *l > 0).ok_or(DmaError::Empty)?;
+        let len = region_len(len)?;
         let host = anonymous_memory(len)?;
         // SAFETY: `host` is a fresh private mapping of `len` bytes that only the region will own and unmap.
         unsafe { self.map_raw(host, len, iova, access, true) }
@@ -337,6 +364,18 @@ pub mod testing {
         assert!(matches!(mem.write_bytes(PAGE_SIZE - 2, b"abc"), Err(DmaError::OutOfRange { .. })));
         assert!(matches!(mem.read_bytes(usize::MAX, &mut out), Err(DmaError::OutOfRange { .. })));
         assert_eq!(mem.iova_at(16).unwrap(), IOVA_BASE + 16);
+    }
+
+    #[test]
+    fn iovas_are_page_aligned_guarded_and_bounded() {
+        let mut space = IovaSpace::new(IOVA_BASE, IOVA_BASE + 6 * PAGE_SIZE as u64);
+        assert_eq!(space.reserve(1).unwrap(), IOVA_BASE);
+        // One page used, one guard page skipped.
+        assert_eq!(space.reserve(PAGE_SIZE + 1).unwrap(), IOVA_BASE + 2 * PAGE_SIZE as u64);
+        assert!(matches!(space.reserve(0), Err(DmaError::Empty)));
+        // 5 pages used or guarded so far; 1 page + guard does not fit in the 1 left.
+        assert!(matches!(space.reserve(1), Err(DmaError::IovaExhausted { .. })));
+        assert!(matches!(space.reserve(usize::MAX), Err(DmaError::TooLarge(_))));
     }
 
     #[test]

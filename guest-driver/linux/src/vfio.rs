@@ -367,3 +367,19 @@ impl Region {
     region_access!(read_u16, write_u16, u16);
     region_access!(read_u32, write_u32, u32);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_the_kernel_header() {
+        // Values of the _IO(';', 100 + n) macros as compiled from include/uapi/linux/vfio.h.
+        assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
+        assert_eq!(VFIO_SET_IOMMU, 0x3b66);
+        assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
+        assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
+        assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
+        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+    }
+}
