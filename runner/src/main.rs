@@ -15,7 +15,7 @@ use vhca_run::paths::{self, Binaries};
 use vhca_run::qemu_cmd::{probe_carrier, shell_line};
 use vhca_run::run::{plan, Progress, RunContext, RunSpec};
 use vhca_run::suite::{self, run_suite, SuiteReport};
-use vhca_run::supervise::{self, SuperviseError};
+use vhca_run::supervise;
 use vhca_run::ui;
 
 #[derive(Parser)]
@@ -154,7 +154,8 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
-        Err(e) if e.chain().any(|c| matches!(c.downcast_ref(), Some(SuperviseError::Interrupted))) => {
+        // Whatever error the interrupt surfaced as, the flag says why the run stopped.
+        Err(_) if supervise::interrupted() => {
             eprintln!("vhca-run: interrupted; every child stopped and work dirs removed");
             ExitCode::from(130)
         }

@@ -127,3 +127,42 @@ fn guest_that_never_answers_fails_by_timeout_and_leaves_nothing() {
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "work dirs left behind: {left:?}");
 }
+
+#[test]
+fn ctrl_c_stops_the_run_and_leaves_nothing() {
+    if !ready("ctrl_c_stops_the_run_and_leaves_nothing") {
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(RUNNER)
+        .env("TMPDIR", tmp.path())
+        .args(["boot", "--append", "vhca.init=hang", "--timeout", "120"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vhca-run");
+    // Interrupt once the guest is up and hanging, with QEMU and the device both running.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 {
+        seen.push_str(&line);
+        if line.contains("not starting vhca-guest") {
+            break;
+        }
+        line.clear();
+    }
+    assert!(line.contains("not starting vhca-guest"), "the guest never reached /init:\n{seen}");
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on the pid of the child this test spawned and has not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "stderr:\n{seen}{rest}");
+    let needle = tmp.path().to_string_lossy().into_owned();
+    assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "QEMU or the device outlived the interrupt");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "work dirs left behind: {left:?}");
+}
