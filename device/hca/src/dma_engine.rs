@@ -168,7 +168,8 @@ impl DmaEngine {
             let mut burst = (PAGE_SIZE - pos % PAGE_SIZE).min((total - done) as u64);
             let mut pages = 1u64;
             while (done as u64) + burst < total as u64 && pages < burst_cap {
-                let next_page_iova = iova - pos % PAGE_SIZE + pages * PAGE_SIZE;
+                // Guest-chosen page IOVAs may sit at the top of the address space: no wrapping into a "contiguous" 0.
+                let Some(next_page_iova) = (iova - pos % PAGE_SIZE).checked_add(pages * PAGE_SIZE) else { break };
                 page += 1;
                 match self.translate(registers, page) {
                     Ok(next) if next == next_page_iova => {}

@@ -262,3 +262,23 @@ fn modify_to_err_flushes_posted_receives() {
     rig.post_recv(&mut p.b, 0x23, &[sge(&mr, 0, 8)]);
     assert_eq!(rig.poll(&mut p.cq_b)[0].wr_id, 0x23);
 }
+
+#[test]
+fn page_at_the_top_of_the_iova_space_does_not_wrap() {
+    let mut rig = Rig::with_registers(128);
+    let mut p = pair(&mut rig, ACCESS_ALL);
+    let top = u64::MAX & !(PAGE_SIZE - 1);
+    rig.mem.map(top, 1, true, true);
+    rig.mem.map(0, 1, true, true);
+    let (s, dst) = rig.reg_mr_pages(p.pd, ACCESS_ALL, 2 * PAGE_SIZE, 0, &[top, 0]);
+    assert_eq!(s, Status::Ok);
+    let dst = dst.unwrap();
+    let src = rig.reg_mr(p.pd, ACCESS_ALL, 2 * PAGE_SIZE);
+    let data = pattern(2 * PAGE_SIZE as usize, 13);
+    rig.mem.poke(src.iova, &data);
+    let w = wqe(1, WrOpcode::RdmaWrite, WR_SIGNALED, dst.addr, dst.key, &[sge(&src, 0, 2 * PAGE_SIZE as u32)]);
+    rig.post_send(&mut p.a, &w);
+    assert_eq!(rig.poll(&mut p.cq_a)[0].status, WcStatus::Success);
+    assert_eq!(rig.mem.peek(top, PAGE_SIZE as usize), data[..PAGE_SIZE as usize]);
+    assert_eq!(rig.mem.peek(0, PAGE_SIZE as usize), data[PAGE_SIZE as usize..]);
+}

@@ -292,7 +292,7 @@ impl Rig {
         cq.unwrap()
     }
 
-    /// Registers `len` bytes starting `offset` into freshly mapped pages, at MR address 0x7000_0000_0000 + IOVA.
+    /// Registers `len` bytes starting `offset` into freshly mapped pages, at MR address 0x7000_0000_0000 ^ IOVA.
     pub fn try_reg_mr_at(&mut self, pd: u32, access: u32, len: u64, offset: u64) -> (Status, Option<MrInfo>) {
         let pages = (offset + len).div_ceil(PAGE);
         let iova = self.alloc(pages);
@@ -309,7 +309,8 @@ impl Rig {
         list: &[u64],
     ) -> (Status, Option<MrInfo>) {
         let first = list.first().copied().unwrap_or(0);
-        let addr = 0x7000_0000_0000 + first + offset;
+        // Not the IOVA, so a device mixing the two up is caught; XOR keeps top-of-space IOVAs from overflowing.
+        let addr = (0x7000_0000_0000 ^ first) + offset;
         let req = RegMrReq {
             pd: pd.into(),
             access: access.into(),
