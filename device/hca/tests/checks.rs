@@ -163,8 +163,19 @@ fn stale_translation_after_invalidate() {
     expect_failure(&mut rig, &mut p, bad, WcStatus::LocAccessErr, FaultCause::StaleTranslation);
     let fault = rig.events_of("fault").into_iter().find(|f| f["cause"] == "stale_translation").unwrap();
     assert!(fault["register"].is_u64());
-    // Re-registering revalidates: a new MR over the same pages works.
+    // Re-registering revalidates: a new MR over the same page takes a fresh register and works, once the QP is
+    // recycled through RESET (which restarts the rings on both sides).
     assert_eq!(rig.dereg_mr(src.key), Status::Ok);
+    let (s, again) = rig.reg_mr_pages(p.pd, ACCESS_ALL, 64, 0, &[src.iova]);
+    assert_eq!(s, Status::Ok);
+    let again = again.unwrap();
+    rig.mem.poke(again.iova, b"fresh");
+    assert_eq!(rig.modify_qp(p.a.qpn, QP_ATTR_STATE, QpState::Reset, 0, 0), Status::Ok);
+    p.a.sq_posted = 0;
+    rig.bring_up(p.a.qpn, p.b.qpn, ACCESS_ALL);
+    rig.post_send(&mut p.a, &wqe(17, WrOpcode::RdmaWrite, WR_SIGNALED, dst.addr, dst.key, &[sge(&again, 0, 5)]));
+    assert_eq!(rig.poll(&mut p.cq_a)[0].status, WcStatus::Success);
+    assert_eq!(rig.mem.peek(dst.iova, 5), b"fresh");
 }
 
 #[test]

@@ -214,7 +214,7 @@ fn object_tables_full_is_no_resources() {
 fn exhaustion_to_the_exact_register() {
     let mut rig = Rig::with_registers(10);
     let pd = rig.alloc_pd();
-    rig.create_cq(64); // 1 register
+    let cq = rig.create_cq(64); // 1 register
     let nine = rig.reg_mr(pd, ACCESS_ALL, 9 * PAGE_SIZE); // 9 registers: the pool is now empty
     assert_eq!(rig.free_registers(), 0);
     rig.clear_events();
@@ -247,8 +247,7 @@ fn exhaustion_to_the_exact_register() {
         (Some(9), Some(10), Some(0))
     );
     // A QP needs 2 registers: refused cleanly, nothing leaks.
-    let cq2 = CqInfo { handle: 1, entries: 64, iova: 0, consumer: 0 };
-    assert_eq!(rig.try_create_qp(pd, cq2.handle, cq2.handle, 16, 16).0, Status::MapRegistersExhausted);
+    assert_eq!(rig.try_create_qp(pd, cq.handle, cq.handle, 16, 16).0, Status::MapRegistersExhausted);
     assert_eq!(rig.free_registers(), 0);
 }
 
