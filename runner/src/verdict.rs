@@ -69,8 +69,10 @@ fn judge_guest_ok(iova_check: bool, out: &RunOutcome) -> Verdict {
         }
         RunEnd::DeviceExited => {
             kind = VerdictKind::DeviceFailure;
-            let exit = out.device_exit.map(|e| e.to_string()).unwrap_or_default();
-            reasons.push(format!("vhca-device ended before the guest's result ({exit})"));
+            match out.device_exit {
+                Some(exit) => reasons.push(format!("vhca-device ended before the guest's result ({exit})")),
+                None => reasons.push("vhca-device never created its socket".into()),
+            }
         }
         RunEnd::QemuExited if qemu_aborted => {
             // DESIGN.md: a failing backend can make QEMU assert; that is the device's fault, not the guest's.
