@@ -515,6 +515,8 @@ impl Hca {
                     tag: cmd.tag,
                     wanted: ex.wanted,
                     free: ex.free,
+                    in_use: self.engine.pool.in_use(),
+                    total: self.engine.pool.total(),
                 });
                 self.out.push_async(EventKind::MapRegistersExhausted, owner.handle(), FaultCause::None, wanted, 0);
                 return Err(refuse(
@@ -549,6 +551,7 @@ impl Hca {
             first_iova: pages.first().copied().unwrap_or(0),
             in_use: self.engine.pool.in_use(),
             free: self.engine.pool.free_count(),
+            total: self.engine.pool.total(),
         });
         Ok(registers)
     }
@@ -561,6 +564,7 @@ impl Hca {
             registers: released,
             in_use: self.engine.pool.in_use(),
             free: self.engine.pool.free_count(),
+            total: self.engine.pool.total(),
         });
     }
 }

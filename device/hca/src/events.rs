@@ -16,12 +16,20 @@ pub enum HcaEvent {
     Refused { opcode: String, tag: u32, reason: String },
     /// A command created or destroyed an object (`object`: pd, cq, qp, mr; `handle`: its handle, QPN or lkey).
     Object { action: &'static str, object: &'static str, handle: u32, tag: u32 },
-    /// Registers were taken for an object's pages.
-    Map { owner: &'static str, handle: u32, registers: u32, first_iova: u64, in_use: u32, free: u32 },
+    /// Registers were taken for an object's pages. `in_use`/`free`: the pool after the change; `total`: its size.
+    Map { owner: &'static str, handle: u32, registers: u32, first_iova: u64, in_use: u32, free: u32, total: u32 },
     /// Registers went back to the pool.
-    Unmap { owner: &'static str, handle: u32, registers: u32, in_use: u32, free: u32 },
-    /// A command asked for more registers than were free.
-    MapRegistersExhausted { owner: &'static str, opcode: String, tag: u32, wanted: u32, free: u32 },
+    Unmap { owner: &'static str, handle: u32, registers: u32, in_use: u32, free: u32, total: u32 },
+    /// A command asked for more registers than were free; the pool is unchanged (`in_use`, `total` as before).
+    MapRegistersExhausted {
+        owner: &'static str,
+        opcode: String,
+        tag: u32,
+        wanted: u32,
+        free: u32,
+        in_use: u32,
+        total: u32,
+    },
     /// One DMA the device made (or tried), through map registers. `n`: its 1-based ordinal (see invalidate_at_dma).
     Dma {
         n: u64,

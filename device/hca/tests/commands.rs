@@ -251,6 +251,46 @@ fn exhaustion_to_the_exact_register() {
     assert_eq!(rig.free_registers(), 0);
 }
 
+/// The runner draws "map registers in use over time" from map/unmap lines alone: replaying them must give the pool's
+/// real count at every step, with `total` on every line.
+#[test]
+fn map_and_unmap_lines_carry_in_use_and_total() {
+    let mut rig = Rig::with_registers(12);
+    let pd = rig.alloc_pd();
+    let cq = rig.create_cq(128); // 1 page
+    let mr = rig.reg_mr(pd, ACCESS_ALL, 3 * PAGE_SIZE);
+    let qp = rig.create_qp(pd, cq.handle, cq.handle); // SQ and RQ: 1 page each
+    assert_eq!(rig.try_reg_mr_at(pd, ACCESS_ALL, 20 * PAGE_SIZE, 0).0, Status::MapRegistersExhausted);
+    assert_eq!(rig.dereg_mr(mr.key), Status::Ok);
+    assert_eq!(rig.cmd(Opcode::DestroyQp, &handle_req(qp.qpn), &[]).0, Status::Ok);
+    assert_eq!(rig.cmd(Opcode::DestroyCq, &handle_req(cq.handle), &[]).0, Status::Ok);
+
+    let mut replayed = 0i64;
+    let mut lines = 0;
+    let mut curve = Vec::new();
+    for e in rig.event_json() {
+        let sign = match e["kind"].as_str() {
+            Some("map") => 1,
+            Some("unmap") => -1,
+            Some("map_registers_exhausted") => {
+                assert_eq!((e["in_use"].as_i64(), e["total"].as_u64()), (Some(replayed), Some(12)), "{e}");
+                continue;
+            }
+            _ => continue,
+        };
+        lines += 1;
+        replayed += sign * e["registers"].as_i64().unwrap();
+        assert_eq!(e["in_use"].as_i64(), Some(replayed), "{e}");
+        assert_eq!(e["total"].as_u64(), Some(12), "{e}");
+        assert_eq!(e["in_use"].as_u64().unwrap() + e["free"].as_u64().unwrap(), 12, "{e}");
+        curve.push(replayed);
+    }
+    // cq, mr, sq, rq mapped; mr, sq, rq, cq unmapped.
+    assert_eq!(lines, 8);
+    assert_eq!(curve, vec![1, 4, 5, 6, 3, 2, 1, 0]);
+    assert_eq!(rig.free_registers(), 12);
+}
+
 #[test]
 fn probe_pages_turns_iommu_refusal_into_a_status() {
     let mut rig = Rig::new(HcaConfig { map_registers: 16, probe_pages: true, ..Default::default() });
