@@ -76,19 +76,19 @@ pub(crate) struct Adapter {
 
 impl Adapter {
     /// 0xE6/0x07..0x0A: what must be given back before the adapter goes.
-    pub fn outstanding_check(&self) -> Result<(), Bugcheck> {
+    pub fn outstanding_check(&self, model: &NtModel) -> Result<(), Bugcheck> {
         let common = (self.common.len() + self.common_maps.len()) as u64;
         if common > 0 {
-            return Err(Bugcheck::e6(e6::OUTSTANDING_COMMON_BUFFERS, self.addr, common, 0));
+            model.found(Bugcheck::e6(e6::OUTSTANDING_COMMON_BUFFERS, self.addr, common, 0))?;
         }
         if self.channel_held {
-            return Err(Bugcheck::e6(e6::OUTSTANDING_ADAPTER_CHANNELS, self.addr, 1, 0));
+            model.found(Bugcheck::e6(e6::OUTSTANDING_ADAPTER_CHANNELS, self.addr, 1, 0))?;
         }
         if self.registers_out > 0 {
-            return Err(Bugcheck::e6(e6::OUTSTANDING_MAP_REGISTERS, self.addr, self.registers_out as u64, 0));
+            model.found(Bugcheck::e6(e6::OUTSTANDING_MAP_REGISTERS, self.addr, self.registers_out as u64, 0))?;
         }
         if !self.sg_out.is_empty() {
-            return Err(Bugcheck::e6(e6::OUTSTANDING_SG_LISTS, self.addr, self.sg_out.len() as u64, 0));
+            model.found(Bugcheck::e6(e6::OUTSTANDING_SG_LISTS, self.addr, self.sg_out.len() as u64, 0))?;
         }
         Ok(())
     }
@@ -131,7 +131,7 @@ impl NtModel {
     fn dma_irql_exact(&self, expected: KIRQL) -> Result<(), Bugcheck> {
         let irql = self.irql();
         if self.dma_checking() && irql != expected {
-            return Err(Bugcheck::e6(e6::IMPROPER_IRQL, e6::IRQL_NOT_EXPECTED, expected as u64, irql as u64));
+            self.found(Bugcheck::e6(e6::IMPROPER_IRQL, e6::IRQL_NOT_EXPECTED, expected as u64, irql as u64))?;
         }
         Ok(())
     }
@@ -140,7 +140,7 @@ impl NtModel {
     fn dma_irql_max(&self, max: KIRQL) -> Result<(), Bugcheck> {
         let irql = self.irql();
         if self.dma_checking() && irql > max {
-            return Err(Bugcheck::e6(e6::IMPROPER_IRQL, e6::IRQL_ABOVE_MAXIMUM, max as u64, irql as u64));
+            self.found(Bugcheck::e6(e6::IMPROPER_IRQL, e6::IRQL_ABOVE_MAXIMUM, max as u64, irql as u64))?;
         }
         Ok(())
     }
@@ -150,7 +150,7 @@ impl NtModel {
     fn passive_dma_routine(&self) -> Result<(), Bugcheck> {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql != PASSIVE_LEVEL {
-            return Err(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+            self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
         }
         self.dma_irql_exact(PASSIVE_LEVEL)
     }
@@ -159,7 +159,9 @@ impl NtModel {
         let checking = self.dma_checking();
         match m.dma.adapters.get_mut(&adapter.0) {
             Some(a) if !a.released => Ok(a),
-            Some(_) if checking => Err(Bugcheck::e6(e6::ADAPTER_ALREADY_RELEASED, adapter.0, 0, 0).into()),
+            Some(_) if checking && self.enforced(&Bugcheck::e6(e6::ADAPTER_ALREADY_RELEASED, adapter.0, 0, 0)) => {
+                Err(Bugcheck::e6(e6::ADAPTER_ALREADY_RELEASED, adapter.0, 0, 0).into())
+            }
             _ => Err(Refusal::Status(STATUS_INVALID_PARAMETER)),
         }
     }
@@ -178,17 +180,17 @@ impl NtModel {
         let end = va.checked_add(len as u64).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         let checking = self.dma_checking() && name_for_checks;
         if checking && len == 0 {
-            return Err(Bugcheck::e6(e6::ZERO_LENGTH_MAP, 0, 0, 0).into());
+            self.found(Bugcheck::e6(e6::ZERO_LENGTH_MAP, 0, 0, 0))?;
         }
         if len == 0 || va < d.va || end > d.va + d.len as u64 {
             return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
         }
         if checking && !d.dma_safe() {
-            return Err(Bugcheck::e6(e6::PAGED_MEMORY, mdl, 0, 0).into());
+            self.found(Bugcheck::e6(e6::PAGED_MEMORY, mdl, 0, 0))?;
         }
         if checking {
             if let Some((s, e)) = m.dma.shadowed_ranges().find(|(s, e)| *s < end && va < *e) {
-                return Err(Bugcheck::e6(e6::ALREADY_MAPPED, va, end, s.max(va).min(e - 1)).into());
+                self.found(Bugcheck::e6(e6::ALREADY_MAPPED, va, end, s.max(va).min(e - 1)))?;
             }
         }
         let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(PVOID(va), len as u64) as usize;
@@ -232,11 +234,11 @@ impl NtModel {
         let end = off + mapping.len as usize;
         if let Some(i) = image[..off].iter().position(|b| *b != PADDING) {
             let at = mapping.va - (off - i) as u64;
-            return Err(Bugcheck::e6(e6::OVERRUN, e6::OVERRUN_PADDING_BEFORE, mapping.va, at));
+            self.found(Bugcheck::e6(e6::OVERRUN, e6::OVERRUN_PADDING_BEFORE, mapping.va, at))?;
         }
         if let Some(i) = image[end..].iter().position(|b| *b != PADDING) {
             let at = mapping.va + mapping.len as u64 + i as u64;
-            return Err(Bugcheck::e6(e6::OVERRUN, e6::OVERRUN_PADDING_AFTER, mapping.va, at));
+            self.found(Bugcheck::e6(e6::OVERRUN, e6::OVERRUN_PADDING_AFTER, mapping.va, at))?;
         }
         if copy_back {
             let _ = m.copy_to(backend, mapping.va, &image[off..end]);
@@ -255,7 +257,7 @@ impl NtModel {
     pub(crate) fn get_dma_adapter(&self, desc: &DEVICE_DESCRIPTION, n: &mut u32) -> PDMA_ADAPTER {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql != PASSIVE_LEVEL {
-            self.raise(Bugcheck::c4(c4::RULE_IRQL_IO_PASSIVE5, 0, 0, 0));
+            self.violation(Bugcheck::c4(c4::RULE_IRQL_IO_PASSIVE5, 0, 0, 0));
         }
         if desc.Version > DEVICE_DESCRIPTION_VERSION3 || !desc.Master {
             return PDMA_ADAPTER::NULL;
@@ -285,16 +287,20 @@ impl NtModel {
     pub(crate) fn put_dma_adapter(&self, adapter: PDMA_ADAPTER) -> Result<(), Bugcheck> {
         let irql = self.irql();
         if self.dma_checking() && irql != PASSIVE_LEVEL {
-            return Err(Bugcheck::e6(e6::IMPROPER_IRQL_OTHER, 0, 0, 0));
+            self.found(Bugcheck::e6(e6::IMPROPER_IRQL_OTHER, 0, 0, 0))?;
         }
         let mut m = lock(&self.memory);
         let checking = self.dma_checking();
         let Some(a) = m.dma.adapters.get_mut(&adapter.0) else { return Ok(()) };
         if a.released {
-            return if checking { Err(Bugcheck::e6(e6::ADAPTER_ALREADY_RELEASED, adapter.0, 0, 0)) } else { Ok(()) };
+            return if checking {
+                self.found(Bugcheck::e6(e6::ADAPTER_ALREADY_RELEASED, adapter.0, 0, 0))
+            } else {
+                Ok(())
+            };
         }
         if checking {
-            a.outstanding_check()?;
+            a.outstanding_check(self)?;
         }
         a.released = true;
         Ok(())
@@ -336,7 +342,11 @@ impl NtModel {
             Err(Refusal::Status(_)) => return Ok(()),
         };
         let Some(cb) = a.common.remove(&va.0) else {
-            return if checking { Err(Bugcheck::e6(e6::TOO_MANY_COMMON_BUFFERS_FREED, 1, 0, 0)) } else { Ok(()) };
+            return if checking {
+                self.found(Bugcheck::e6(e6::TOO_MANY_COMMON_BUFFERS_FREED, 1, 0, 0))
+            } else {
+                Ok(())
+            };
         };
         let _ = self.backend().unmap(cb.logical, cb.pages);
         self.free_region(&mut m, va.0);
@@ -383,7 +393,7 @@ impl NtModel {
             }
             let (allocated, freed) =
                 m.dma.adapters.get(&adapter.0).map(|a| (a.sg_allocated, a.sg_freed)).unwrap_or((0, 0));
-            return Err(Bugcheck::e6(e6::TOO_MANY_SG_LISTS_FREED, allocated, freed + 1, 0));
+            return self.found(Bugcheck::e6(e6::TOO_MANY_SG_LISTS_FREED, allocated, freed + 1, 0));
         };
         if let Some(a) = m.dma.adapters.get_mut(&sg.adapter) {
             a.sg_freed += 1;
@@ -407,20 +417,20 @@ impl NtModel {
             let a = self.live_adapter(&mut m, adapter)?;
             if a.channel_held {
                 if checking {
-                    return Err(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS, 1, 0, 0).into());
+                    self.found(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS, 1, 0, 0))?;
                 }
                 return Err(Refusal::Status(STATUS_DEVICE_NOT_READY));
             }
             if n > a.granted {
                 if checking {
-                    return Err(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_AT_ONCE, n as u64, a.granted as u64, 0).into());
+                    self.found(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_AT_ONCE, n as u64, a.granted as u64, 0))?;
                 }
                 return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
             if n > a.pool_free {
                 if checking {
                     let (needed, free) = (n as u64, a.pool_free as u64);
-                    return Err(Bugcheck::e6(e6::MISC, e6::MISC_OUT_OF_CONTIGUOUS_MAP_REGISTERS, needed, free).into());
+                    self.found(Bugcheck::e6(e6::MISC, e6::MISC_OUT_OF_CONTIGUOUS_MAP_REGISTERS, needed, free))?;
                 }
                 return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
@@ -447,9 +457,10 @@ impl NtModel {
     fn release_registers(&self, m: &mut Memory, base: u64) -> Result<(), Bugcheck> {
         let Some(set) = m.dma.register_sets.remove(&base) else { return Ok(()) };
         let mapped: u32 = set.transfers.iter().map(|t| t.mapping.pages as u32).sum();
-        if mapped > 0 && self.dma_checking() {
+        let bugcheck = Bugcheck::e6(e6::FREED_WHILE_MAPPED, mapped as u64, 0, 0);
+        if mapped > 0 && self.dma_checking() && self.enforced(&bugcheck) {
             m.dma.register_sets.insert(base, set);
-            return Err(Bugcheck::e6(e6::FREED_WHILE_MAPPED, mapped as u64, 0, 0));
+            return Err(bugcheck);
         }
         for t in &set.transfers {
             let _ = self.backend().unmap(t.mapping.iova, t.mapping.pages);
@@ -470,7 +481,11 @@ impl NtModel {
         let mut m = lock(&self.memory);
         let Some(a) = m.dma.adapters.get_mut(&adapter.0) else { return Ok(()) };
         if !a.channel_held {
-            return if checking { Err(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS_FREED, 1, 0, 0)) } else { Ok(()) };
+            return if checking {
+                self.found(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS_FREED, 1, 0, 0))
+            } else {
+                Ok(())
+            };
         }
         let bases: Vec<u64> = m
             .dma
@@ -487,7 +502,7 @@ impl NtModel {
                 .filter_map(|b| m.dma.register_sets.get(b))
                 .flat_map(|s| s.transfers.iter().map(|t| t.mapping.pages))
                 .sum();
-            return Err(Bugcheck::e6(e6::FREED_WHILE_MAPPED, pages as u64, 0, 0));
+            self.found(Bugcheck::e6(e6::FREED_WHILE_MAPPED, pages as u64, 0, 0))?;
         }
         if let Some(a) = m.dma.adapters.get_mut(&adapter.0) {
             a.channel_held = false;
@@ -509,7 +524,7 @@ impl NtModel {
         let mut m = lock(&self.memory);
         match m.dma.register_sets.get(&base.0) {
             Some(s) if s.adapter == adapter.0 && !s.with_channel => self.release_registers(&mut m, base.0),
-            _ if checking => Err(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_FREED, n as u64, 0, 0)),
+            _ if checking => self.found(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_FREED, n as u64, 0, 0)),
             _ => Ok(()),
         }
     }
@@ -533,19 +548,18 @@ impl NtModel {
             let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(va, *length as u64) as u32;
             if set.used + pages > set.count {
                 if checking {
-                    return Err(Bugcheck::e6(
+                    self.found(Bugcheck::e6(
                         e6::TOO_MANY_MAP_REGISTERS,
                         (set.used + pages) as u64,
                         set.count as u64,
                         0,
-                    )
-                    .into());
+                    ))?;
                 }
                 return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
             if checking && set.transfers.iter().any(|t| t.mdl != mdl.0) {
                 let mapped: u64 = set.transfers.iter().map(|t| t.mapping.len as u64).sum();
-                return Err(Bugcheck::e6(e6::NOT_FLUSHED, mapped, set.count as u64 * PAGE, 0).into());
+                self.found(Bugcheck::e6(e6::NOT_FLUSHED, mapped, set.count as u64 * PAGE, 0))?;
             }
             let mapping = self.map_buffer(&mut m, mdl.0, va.0, *length, true)?;
             let logical = mapping.logical();
@@ -610,7 +624,7 @@ impl NtModel {
         let mapping = m.dma.adapters.get_mut(&adapter.0).and_then(|a| a.common_maps.remove(&handle.0));
         match mapping {
             Some(mp) => self.unmap_buffer(&m, &mp, false),
-            None if checking => Err(Bugcheck::e6(e6::TOO_MANY_COMMON_BUFFERS_FREED, 1, 0, 0)),
+            None if checking => self.found(Bugcheck::e6(e6::TOO_MANY_COMMON_BUFFERS_FREED, 1, 0, 0)),
             None => Ok(()),
         }
     }

@@ -19,12 +19,12 @@ use vhca_ntapi::{KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT};
 
 pub use backend::{BackendError, DmaBackend, HostDmaBackend, HostMemId};
 pub use bugcheck::{Bugcheck, BugcheckHandler, BugcheckUnwind, CaptureBugchecks, PrintAndExit};
-pub use verifier::VerifierFlags;
+pub use verifier::{RuleId, VerifierFlags};
 
 pub(crate) const PAGE: u64 = vhca_ntapi::PAGE_SIZE;
 
 /// The knobs of one modelled machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NtModelConfig {
     pub verifier: VerifierFlags,
     /// Map registers the HAL has for each adapter: the Windows scarcity AllocateAdapterChannel draws from.
@@ -32,11 +32,19 @@ pub struct NtModelConfig {
     /// Longest physically contiguous run, in pages, that contiguous allocations (AllocateCommonBuffer,
     /// MmAllocateContiguousMemorySpecifyCache) can still find: the fragmentation knob. None: any length.
     pub max_contiguous_pages: Option<usize>,
+    /// Rules the verifier skips even though their flag is on: the model then behaves as if that one check were
+    /// absent (the unchecked path runs).
+    pub disabled_rules: Vec<RuleId>,
 }
 
 impl Default for NtModelConfig {
     fn default() -> Self {
-        NtModelConfig { verifier: VerifierFlags::NONE, map_registers: 64, max_contiguous_pages: None }
+        NtModelConfig {
+            verifier: VerifierFlags::NONE,
+            map_registers: 64,
+            max_contiguous_pages: None,
+            disabled_rules: Vec::new(),
+        }
     }
 }
 
@@ -147,6 +155,27 @@ impl NtModel {
         self.handler.bugcheck(&bugcheck)
     }
 
+    /// Whether a violation of this rule stops the machine (its rule is not in `disabled_rules`).
+    pub(crate) fn enforced(&self, bugcheck: &Bugcheck) -> bool {
+        !self.config.disabled_rules.iter().any(|r| r.matches(bugcheck))
+    }
+
+    /// A check found `bugcheck`: Err to stop the machine, Ok (carry on as if unchecked) when the rule is disabled.
+    pub(crate) fn found(&self, bugcheck: Bugcheck) -> Result<(), Bugcheck> {
+        if self.enforced(&bugcheck) {
+            Err(bugcheck)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Raises `bugcheck` unless its rule is disabled; then the caller carries on as if unchecked.
+    pub(crate) fn violation(&self, bugcheck: Bugcheck) {
+        if self.enforced(&bugcheck) {
+            self.raise(bugcheck)
+        }
+    }
+
     /// Unwraps a check's outcome, raising the bugcheck it found.
     pub(crate) fn ok<T>(&self, r: Result<T, Bugcheck>) -> T {
         match r {
@@ -185,7 +214,7 @@ impl NtModel {
     pub fn report_iommu_fault(&self, device: PDEVICE_OBJECT, address: u64, fault_type: u64) {
         lock(&self.iommu_faults).push(IommuFault { device, address, fault_type });
         if self.checks(VerifierFlags::DMA_CHECKING) {
-            self.raise(Bugcheck::e6(verifier::e6::IOMMU_VIOLATION, device.0, address, fault_type));
+            self.violation(Bugcheck::e6(verifier::e6::IOMMU_VIOLATION, device.0, address, fault_type));
         }
     }
 

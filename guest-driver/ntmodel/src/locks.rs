@@ -88,11 +88,11 @@ impl NtModel {
             if obj.kind.recursive() {
                 return Ok(());
             }
-            return Err(Bugcheck::c4(c4::SELF_DEADLOCK, obj.addr, 0, 0));
+            self.found(Bugcheck::c4(c4::SELF_DEADLOCK, obj.addr, 0, 0))?;
         }
         let mut table = lock(&self.locks);
         if held.iter().any(|h| table.reaches(obj.addr, *h)) {
-            return Err(Bugcheck::c4(c4::LOCK_HIERARCHY_VIOLATION, obj.addr, 0, 0));
+            self.found(Bugcheck::c4(c4::LOCK_HIERARCHY_VIOLATION, obj.addr, 0, 0))?;
         }
         for h in held {
             table.order.insert((h, obj.addr));
@@ -112,9 +112,9 @@ impl NtModel {
         match owner {
             Some(tid) => {
                 let other = lock(&self.threads).get(&tid).map(|t| t.ethread).unwrap_or(0);
-                Err(Bugcheck::c4(c4::WRONG_THREAD_RELEASE, obj.addr, other, me))
+                self.found(Bugcheck::c4(c4::WRONG_THREAD_RELEASE, obj.addr, other, me))
             }
-            None => Err(Bugcheck::c4(c4::RELEASE_UNACQUIRED, obj.addr, 0, 0)),
+            None => self.found(Bugcheck::c4(c4::RELEASE_UNACQUIRED, obj.addr, 0, 0)),
         }
     }
 
@@ -192,7 +192,7 @@ impl NtModel {
         let obj = self.must_lock(m.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > APC_LEVEL {
-            self.raise(Bugcheck::c4(c4::ACQUIRE_FAST_MUTEX_ABOVE_APC, irql as u64, m.0, 0));
+            self.violation(Bugcheck::c4(c4::ACQUIRE_FAST_MUTEX_ABOVE_APC, irql as u64, m.0, 0));
         }
         let r = self.before_acquire(&obj);
         self.ok(r);
@@ -206,7 +206,7 @@ impl NtModel {
         let obj = self.must_lock(m.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql != APC_LEVEL {
-            self.raise(Bugcheck::c4(c4::RELEASE_FAST_MUTEX_NOT_APC, irql as u64, m.0, 0));
+            self.violation(Bugcheck::c4(c4::RELEASE_FAST_MUTEX_NOT_APC, irql as u64, m.0, 0));
         }
         let r = self.before_release(&obj);
         self.ok(r);
@@ -219,7 +219,7 @@ impl NtModel {
         let obj = self.must_lock(m.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > APC_LEVEL {
-            self.raise(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+            self.violation(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
         }
         let r = self.before_acquire(&obj);
         self.ok(r);
@@ -231,7 +231,7 @@ impl NtModel {
         let obj = self.must_lock(m.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > APC_LEVEL {
-            self.raise(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+            self.violation(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
         }
         let r = self.before_release(&obj);
         self.ok(r);
@@ -244,10 +244,10 @@ impl NtModel {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) {
             if irql > DISPATCH_LEVEL {
-                self.raise(Bugcheck::c4(c4::WAIT_ABOVE_DISPATCH, irql as u64, m.0, 0));
+                self.violation(Bugcheck::c4(c4::WAIT_ABOVE_DISPATCH, irql as u64, m.0, 0));
             }
             if irql == DISPATCH_LEVEL {
-                self.raise(Bugcheck::c4(c4::WAIT_AT_DISPATCH_NO_TIMEOUT, irql as u64, m.0, 0));
+                self.violation(Bugcheck::c4(c4::WAIT_AT_DISPATCH_NO_TIMEOUT, irql as u64, m.0, 0));
             }
         }
         let r = self.before_acquire(&obj);
@@ -261,7 +261,7 @@ impl NtModel {
         let obj = self.must_lock(m.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
-            self.raise(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+            self.violation(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
         }
         let r = self.before_release(&obj);
         self.ok(r);
@@ -274,10 +274,10 @@ impl NtModel {
         let (irql, apc_disable) = self.with_thread(|t| (t.irql, t.apc_disable));
         if self.checks(VerifierFlags::IRQL_CHECKING) {
             if irql > APC_LEVEL {
-                self.raise(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+                self.violation(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
             }
             if irql == PASSIVE_LEVEL && apc_disable == 0 {
-                self.raise(Bugcheck::c4(subcode, irql as u64, apc_disable as u64, r.0));
+                self.violation(Bugcheck::c4(subcode, irql as u64, apc_disable as u64, r.0));
             }
         }
     }
@@ -302,7 +302,7 @@ impl NtModel {
         let obj = self.must_lock(l.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
-            self.raise(Bugcheck::c4(c4::ACQUIRE_SPIN_LOCK_ABOVE_DISPATCH, irql as u64, l.0, 0));
+            self.violation(Bugcheck::c4(c4::ACQUIRE_SPIN_LOCK_ABOVE_DISPATCH, irql as u64, l.0, 0));
         }
         let r = self.before_acquire(&obj);
         self.ok(r);
@@ -315,7 +315,7 @@ impl NtModel {
         let obj = self.must_lock(l.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql != DISPATCH_LEVEL {
-            self.raise(Bugcheck::c4(c4::RELEASE_SPIN_LOCK_NOT_DISPATCH, irql as u64, l.0, 0));
+            self.violation(Bugcheck::c4(c4::RELEASE_SPIN_LOCK_NOT_DISPATCH, irql as u64, l.0, 0));
         }
         let r = self.before_release(&obj);
         self.ok(r);
@@ -326,7 +326,7 @@ impl NtModel {
     pub(crate) fn raise_irql(&self, new: KIRQL) -> KIRQL {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && (new < irql || new > HIGH_LEVEL) {
-            self.raise(Bugcheck::c4(c4::RAISE_IRQL_INVALID, irql as u64, new as u64, 0));
+            self.violation(Bugcheck::c4(c4::RAISE_IRQL_INVALID, irql as u64, new as u64, 0));
         }
         self.set_irql(new);
         irql
@@ -335,7 +335,7 @@ impl NtModel {
     pub(crate) fn lower_irql(&self, new: KIRQL) {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && (new > irql || new > HIGH_LEVEL) {
-            self.raise(Bugcheck::c4(c4::LOWER_IRQL_INVALID, irql as u64, new as u64, 0));
+            self.violation(Bugcheck::c4(c4::LOWER_IRQL_INVALID, irql as u64, new as u64, 0));
         }
         self.set_irql(new);
     }
@@ -343,7 +343,7 @@ impl NtModel {
     pub(crate) fn enter_critical_region(&self) {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > APC_LEVEL {
-            self.raise(Bugcheck::c4(c4::ENTER_CRITICAL_REGION_ABOVE_APC, irql as u64, 0, 0));
+            self.violation(Bugcheck::c4(c4::ENTER_CRITICAL_REGION_ABOVE_APC, irql as u64, 0, 0));
         }
         self.with_thread(|t| t.apc_disable += 1);
     }
@@ -351,10 +351,10 @@ impl NtModel {
     pub(crate) fn leave_critical_region(&self) {
         let (irql, count) = self.with_thread(|t| (t.irql, t.apc_disable));
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > APC_LEVEL {
-            self.raise(Bugcheck::c4(c4::LEAVE_CRITICAL_REGION_ABOVE_APC, irql as u64, 0, 0));
+            self.violation(Bugcheck::c4(c4::LEAVE_CRITICAL_REGION_ABOVE_APC, irql as u64, 0, 0));
         }
         if count == 0 && self.verifier().enabled() {
-            self.raise(Bugcheck::c4(c4::LEAVE_CRITICAL_REGION_NOT_IN_ONE, 0, 0, 0));
+            self.violation(Bugcheck::c4(c4::LEAVE_CRITICAL_REGION_NOT_IN_ONE, 0, 0, 0));
         }
         self.with_thread(|t| t.apc_disable = t.apc_disable.saturating_sub(1));
     }

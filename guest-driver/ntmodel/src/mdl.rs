@@ -30,7 +30,7 @@ impl NtModel {
     pub(crate) fn mdl_alloc(&self, va: PVOID, length: u32) -> Result<PMDL, Bugcheck> {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
-            return Err(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+            self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
         }
         if length == 0 {
             return Ok(PMDL::NULL);
@@ -50,7 +50,7 @@ impl NtModel {
         let Some(d) = m.mdls.get(&mdl.0).cloned() else { return Ok(()) };
         let pageable = m.region_of(d.va).is_none_or(|r| r.kind.pageable());
         if pageable && self.verifier().enabled() {
-            return Err(Bugcheck::c4(c4::BUILD_MDL_FOR_PAGED_POOL, irql as u64, mdl.0, d.flags as u64));
+            self.found(Bugcheck::c4(c4::BUILD_MDL_FOR_PAGED_POOL, irql as u64, mdl.0, d.flags as u64))?;
         }
         if let Some(d) = m.mdls.get_mut(&mdl.0) {
             d.flags |= MDL_SOURCE_IS_NONPAGED_POOL | MDL_MAPPED_TO_SYSTEM_VA;
@@ -69,16 +69,16 @@ impl NtModel {
         let mut m = lock(&self.memory);
         let Some(d) = m.mdls.get(&mdl.0).cloned() else { return Ok(STATUS_INVALID_PARAMETER) };
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
-            return Err(Bugcheck::c4(c4::PROBE_AND_LOCK_ABOVE_DISPATCH, irql as u64, mdl.0, mode as u64));
+            self.found(Bugcheck::c4(c4::PROBE_AND_LOCK_ABOVE_DISPATCH, irql as u64, mdl.0, mode as u64))?;
         }
         if d.flags & MDL_SOURCE_IS_NONPAGED_POOL != 0 && self.verifier().enabled() {
             let flags = d.flags as u64;
-            return Err(Bugcheck::c4(
+            self.found(Bugcheck::c4(
                 c4::PROBE_AND_LOCK_NONPAGED_MDL,
                 mdl.0,
                 flags,
                 MDL_SOURCE_IS_NONPAGED_POOL as u64,
-            ));
+            ))?;
         }
         let Some(end) = d.va.checked_add(d.len as u64) else { return Ok(STATUS_ACCESS_VIOLATION) };
         let mut bases = Vec::new();
@@ -92,7 +92,7 @@ impl NtModel {
             if r.kind.pageable() && r.locks == 0 && irql >= DISPATCH_LEVEL && self.checks(VerifierFlags::IRQL_CHECKING)
             {
                 let write = op != LOCK_OPERATION::IoReadAccess;
-                return Err(Bugcheck::new(IRQL_NOT_LESS_OR_EQUAL, at, irql as u64, write as u64, 0));
+                self.found(Bugcheck::new(IRQL_NOT_LESS_OR_EQUAL, at, irql as u64, write as u64, 0))?;
             }
             bases.push(r.base);
             at = r.end().max(at + PAGE);
@@ -113,17 +113,17 @@ impl NtModel {
         let mut m = lock(&self.memory);
         let Some(d) = m.mdls.get(&mdl.0).cloned() else { return Ok(()) };
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
-            return Err(Bugcheck::c4(c4::UNLOCK_PAGES_ABOVE_DISPATCH, irql as u64, mdl.0, 0));
+            self.found(Bugcheck::c4(c4::UNLOCK_PAGES_ABOVE_DISPATCH, irql as u64, mdl.0, 0))?;
         }
         if d.flags & MDL_SOURCE_IS_NONPAGED_POOL != 0 {
             if self.verifier().enabled() {
-                return Err(Bugcheck::c4(c4::UNLOCK_PAGES_NONPAGED_POOL, mdl.0, d.flags as u64, 0));
+                self.found(Bugcheck::c4(c4::UNLOCK_PAGES_NONPAGED_POOL, mdl.0, d.flags as u64, 0))?;
             }
             return Ok(());
         }
         if d.flags & MDL_PAGES_LOCKED == 0 {
             if self.verifier().enabled() {
-                return Err(Bugcheck::c4(c4::UNLOCK_PAGES_NEVER_LOCKED, mdl.0, d.flags as u64, 0));
+                self.found(Bugcheck::c4(c4::UNLOCK_PAGES_NEVER_LOCKED, mdl.0, d.flags as u64, 0))?;
             }
             return Ok(());
         }

@@ -134,19 +134,19 @@ impl NtModel {
     pub(crate) fn pool_alloc(&self, pool_type: POOL_TYPE, bytes: usize, tag: u32) -> Result<PVOID, Bugcheck> {
         let irql = self.irql();
         if bytes == 0 && self.verifier().enabled() {
-            return Err(Bugcheck::c4(c4::ZERO_BYTE_ALLOCATION, irql as u64, pool_type as u64, 0));
+            self.found(Bugcheck::c4(c4::ZERO_BYTE_ALLOCATION, irql as u64, pool_type as u64, 0))?;
         }
         if self.checks(VerifierFlags::IRQL_CHECKING) {
             if pool_type.is_paged() && irql > APC_LEVEL {
-                return Err(Bugcheck::c4(c4::PAGED_ALLOC_ABOVE_APC, irql as u64, pool_type as u64, bytes as u64));
+                self.found(Bugcheck::c4(c4::PAGED_ALLOC_ABOVE_APC, irql as u64, pool_type as u64, bytes as u64))?;
             }
             if irql > DISPATCH_LEVEL {
-                return Err(Bugcheck::c4(
+                self.found(Bugcheck::c4(
                     c4::NONPAGED_ALLOC_ABOVE_DISPATCH,
                     irql as u64,
                     pool_type as u64,
                     bytes as u64,
-                ));
+                ))?;
             }
         }
         let kind = if pool_type.is_paged() { RegionKind::PagedPool } else { RegionKind::NonPagedPool };
@@ -161,15 +161,15 @@ impl NtModel {
             Some(RegionKind::PagedPool) => POOL_TYPE::PagedPool,
             Some(RegionKind::NonPagedPool) => POOL_TYPE::NonPagedPool,
             _ if !self.verifier().enabled() => return Ok(()),
-            _ if m.freed_pool.contains(&p.0) => return Err(Bugcheck::c4(c4::FREE_ALREADY_FREED, 0, p.0, 0)),
-            _ => return Err(Bugcheck::c4(c4::FREE_BAD_ADDRESS, p.0, 0, 0)),
+            _ if m.freed_pool.contains(&p.0) => return self.found(Bugcheck::c4(c4::FREE_ALREADY_FREED, 0, p.0, 0)),
+            _ => return self.found(Bugcheck::c4(c4::FREE_BAD_ADDRESS, p.0, 0, 0)),
         };
         if self.checks(VerifierFlags::IRQL_CHECKING) {
             if pool_type.is_paged() && irql > APC_LEVEL {
-                return Err(Bugcheck::c4(c4::FREE_PAGED_ABOVE_APC, irql as u64, pool_type as u64, p.0));
+                self.found(Bugcheck::c4(c4::FREE_PAGED_ABOVE_APC, irql as u64, pool_type as u64, p.0))?;
             }
             if irql > DISPATCH_LEVEL {
-                return Err(Bugcheck::c4(c4::FREE_NONPAGED_ABOVE_DISPATCH, irql as u64, pool_type as u64, p.0));
+                self.found(Bugcheck::c4(c4::FREE_NONPAGED_ABOVE_DISPATCH, irql as u64, pool_type as u64, p.0))?;
             }
         }
         self.free_region(&mut m, p.0);
@@ -180,7 +180,7 @@ impl NtModel {
     pub(crate) fn contiguous_alloc(&self, bytes: usize) -> Result<PVOID, Bugcheck> {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
-            return Err(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+            self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
         }
         Ok(self.alloc_region(bytes as u64, RegionKind::Contiguous, 0, 0).map(PVOID).unwrap_or(PVOID::NULL))
     }
@@ -188,7 +188,7 @@ impl NtModel {
     pub(crate) fn contiguous_free(&self, va: PVOID) -> Result<(), Bugcheck> {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql >= DISPATCH_LEVEL {
-            return Err(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+            self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
         }
         let mut m = lock(&self.memory);
         match m.regions.get(&va.0).map(|r| r.kind) {
@@ -196,7 +196,7 @@ impl NtModel {
                 self.free_region(&mut m, va.0);
                 Ok(())
             }
-            _ if self.verifier().enabled() => Err(Bugcheck::c4(c4::FREE_BAD_ADDRESS, va.0, 0, 0)),
+            _ if self.verifier().enabled() => self.found(Bugcheck::c4(c4::FREE_BAD_ADDRESS, va.0, 0, 0)),
             _ => Ok(()),
         }
     }
@@ -208,12 +208,13 @@ impl NtModel {
         let mut at = va;
         let end = va.saturating_add(len as u64);
         while at < end {
+            // Not a verifier rule: the access cannot go on, so this one is never disabled.
             let Some(r) = m.region_of(at) else {
                 return Err(Bugcheck::new(PAGE_FAULT_IN_NONPAGED_AREA, at, write as u64, 0, 0));
             };
             if r.kind.pageable() && r.locks == 0 && irql >= DISPATCH_LEVEL && self.checks(VerifierFlags::IRQL_CHECKING)
             {
-                return Err(Bugcheck::new(DRIVER_IRQL_NOT_LESS_OR_EQUAL, at, irql as u64, write as u64, 0));
+                self.found(Bugcheck::new(DRIVER_IRQL_NOT_LESS_OR_EQUAL, at, irql as u64, write as u64, 0))?;
             }
             at = r.end();
         }
@@ -270,13 +271,13 @@ impl NtModel {
         if self.checks(VerifierFlags::DMA_CHECKING) {
             let m = lock(&self.memory);
             for adapter in m.dma.adapters.values().filter(|a| !a.released) {
-                adapter.outstanding_check()?;
+                adapter.outstanding_check(self)?;
             }
         }
         if self.checks(VerifierFlags::POOL_TRACKING) {
             let (paged, nonpaged, count) = self.pool_outstanding();
             if count > 0 {
-                return Err(Bugcheck::c4(c4::UNLOAD_WITH_POOL_ALLOCATIONS, paged, nonpaged, count));
+                self.found(Bugcheck::c4(c4::UNLOAD_WITH_POOL_ALLOCATIONS, paged, nonpaged, count))?;
             }
         }
         Ok(())

@@ -121,3 +121,43 @@ pub mod e6 {
     pub const ZERO_LENGTH_MAP: u64 = 0x21;
     pub const IOMMU_VIOLATION: u64 = 0x26;
 }
+
+/// One verifier rule: a bugcheck code and, for 0xC4 and 0xE6, the subcode in parameter 1. A run may turn single
+/// rules off (`NtModelConfig::disabled_rules`), as `verifier /ruleclasses` does for classes; the runner uses it to
+/// prove that a suite fails when the rule its expectation depends on is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RuleId {
+    pub code: u32,
+    /// None: every rule under the code.
+    pub subcode: Option<u64>,
+}
+
+impl RuleId {
+    /// Parses `0xE6`, `0xE6/0x26` or `0xC4/0xE5` (hex with or without `0x`).
+    pub fn parse(text: &str) -> Option<RuleId> {
+        fn hex(t: &str) -> Option<u64> {
+            let t = t.trim();
+            let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+            u64::from_str_radix(digits, 16).ok()
+        }
+        let (code, subcode) = match text.split_once('/') {
+            Some((c, s)) => (c, Some(hex(s)?)),
+            None => (text, None),
+        };
+        Some(RuleId { code: u32::try_from(hex(code)?).ok()?, subcode })
+    }
+
+    /// Whether a bugcheck is this rule's: same code, and parameter 1 equal to the subcode when one is named.
+    pub fn matches(&self, bugcheck: &crate::Bugcheck) -> bool {
+        bugcheck.code == self.code && self.subcode.is_none_or(|s| bugcheck.params[0] == s)
+    }
+}
+
+impl std::fmt::Display for RuleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.subcode {
+            Some(s) => write!(f, "{:#X}/{s:#X}", self.code),
+            None => write!(f, "{:#X}", self.code),
+        }
+    }
+}

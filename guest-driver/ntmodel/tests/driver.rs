@@ -18,7 +18,12 @@ fn open(k: &Arc<NtModel>, backend: &Arc<HostDmaBackend>, config: HcaConfig) -> (
 }
 
 fn with(flags: u32, map_registers: u32, max_contiguous_pages: Option<usize>) -> (Arc<NtModel>, Arc<HostDmaBackend>) {
-    machine_with(NtModelConfig { verifier: VerifierFlags(flags), map_registers, max_contiguous_pages })
+    machine_with(NtModelConfig {
+        verifier: VerifierFlags(flags),
+        map_registers,
+        max_contiguous_pages,
+        ..Default::default()
+    })
 }
 
 #[test]

@@ -464,6 +464,7 @@ fn map_register_limits_are_e6_00_0b_0c_and_clean_failures_without_verifier() {
             verifier: vhca_ntmodel::VerifierFlags(flags),
             map_registers: 8,
             max_contiguous_pages: None,
+            disabled_rules: Vec::new(),
         });
         let (a, granted) = adapter(&k);
         assert_eq!(granted, 8, "granted is capped by the HAL's registers");
@@ -796,4 +797,62 @@ fn remaining_dma_irql_rules() {
         assert!(k.FlushAdapterBuffers(a, mdl, base, bva, 64, true));
         k.FreeAdapterChannel(a);
     });
+}
+
+// ---- Disabled rules (vhca.disable_rule): the check is skipped, the next rule in line still fires ----
+
+fn machine_without(
+    flags: u32,
+    rules: &[&str],
+) -> (std::sync::Arc<NtModel>, std::sync::Arc<vhca_ntmodel::HostDmaBackend>) {
+    machine_with(vhca_ntmodel::NtModelConfig {
+        verifier: vhca_ntmodel::VerifierFlags(flags),
+        disabled_rules: rules.iter().map(|r| vhca_ntmodel::RuleId::parse(r).unwrap()).collect(),
+        ..Default::default()
+    })
+}
+
+#[test]
+fn rule_ids_parse_with_and_without_a_subcode() {
+    let r = vhca_ntmodel::RuleId::parse("0xE6/0x26").unwrap();
+    assert_eq!((r.code, r.subcode), (0xE6, Some(0x26)));
+    assert_eq!(r.to_string(), "0xE6/0x26");
+    assert_eq!(vhca_ntmodel::RuleId::parse("c4").unwrap().subcode, None);
+    assert!(vhca_ntmodel::RuleId::parse("0xE6/zz").is_none());
+    assert!(vhca_ntmodel::RuleId::parse("0x1_0000_0000").is_none());
+}
+
+#[test]
+fn disabling_c4_e5_lets_the_dma_check_e6_13_catch_common_buffer_at_apc() {
+    let (k, _) = machine_without(IRQL | DMA, &["0xC4/0xE5"]);
+    let (a, _) = adapter(&k);
+    let m = k.ExInitializeFastMutex();
+    k.ExAcquireFastMutex(m);
+    let mut la = PHYSICAL_ADDRESS(0);
+    assert_eq!(
+        stop(|| {
+            k.AllocateCommonBuffer(a, 4096, &mut la, true);
+        }),
+        Bugcheck::e6(0x13, 1, 0, 1)
+    );
+}
+
+#[test]
+fn disabling_every_rule_on_the_path_makes_it_run_as_if_unchecked() {
+    let (k, _) = machine_without(IRQL | DMA, &["0xC4", "0xE6/0x13"]);
+    let (a, _) = adapter(&k);
+    let m = k.ExInitializeFastMutex();
+    k.ExAcquireFastMutex(m);
+    let mut la = PHYSICAL_ADDRESS(0);
+    let va = clean(|| k.AllocateCommonBuffer(a, 4096, &mut la, true));
+    assert!(!va.is_null());
+}
+
+#[test]
+fn a_disabled_iommu_rule_only_records_the_fault() {
+    let (k, _) = machine_without(DMA, &["0xE6/0x26"]);
+    clean(|| k.report_iommu_fault(PDO, 0x1000, 4));
+    assert_eq!(k.iommu_faults().len(), 1);
+    let (k, _) = machine_without(DMA, &["0xE6/0x0E"]);
+    assert_eq!(stop(|| k.report_iommu_fault(PDO, 0x1000, 4)), Bugcheck::e6(0x26, PDO.0, 0x1000, 4));
 }
