@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
-use vhca_hca::{EventSink, HcaEvent};
+use vhca_hca::{EventSink, FaultInjection, HcaEvent};
 
 /// Bumped when a field changes meaning or disappears; new kinds and fields do not bump it.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -17,12 +17,21 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TransportEvent {
+    /// First line: who is running and with which configuration (`injection` lists only the knobs that are set).
     Start {
         schema: u32,
         pid: u32,
         socket: String,
         map_registers: u32,
         version: &'static str,
+        miss_timeout_ms: u64,
+        probe_pages: bool,
+        revalidate_stale: bool,
+        max_pd: u32,
+        max_cq: u32,
+        max_qp: u32,
+        max_mr: u32,
+        injection: FaultInjection,
     },
     Connected,
     Disconnected {

@@ -1,6 +1,7 @@
 //! vhca-device: the emulated HCA and the vhost-user transport that connects it to QEMU.
 //! `serve` runs one front-end connection to its end; the binary adds the CLI, the socket and the event log file.
 
+pub mod config;
 pub mod dma;
 pub mod event_log;
 pub mod iommu;
@@ -25,14 +26,15 @@ use crate::vhost_user::connection::{Frontend, ProtocolError};
 
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
-    pub map_registers: u32,
+    /// The HCA model's configuration: map registers, limits, checks and fault injection.
+    pub hca: HcaConfig,
     /// How long an IOTLB miss may stay unanswered before the access is an IOMMU fault.
     pub miss_timeout: Duration,
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { map_registers: 4096, miss_timeout: Duration::from_millis(1000) }
+        DeviceOptions { hca: HcaConfig::default(), miss_timeout: Duration::from_millis(1000) }
     }
 }
 
@@ -48,7 +50,7 @@ pub enum ServeError {
 /// The queue worker is stopped and joined before this returns.
 pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions) -> Result<(), ServeError> {
     let sink: Arc<dyn EventSink> = events.clone();
-    let hca = Hca::new(HcaConfig { map_registers: options.map_registers, ..HcaConfig::default() }, sink);
+    let hca = Hca::new(options.hca.clone(), sink);
     let config = hca.device_config().as_bytes().to_vec();
     let shared = Arc::new(Shared::new(events.clone(), NUM_QUEUES, options.miss_timeout).map_err(ServeError::Worker)?);
     let worker = Worker::spawn(Arc::clone(&shared), hca).map_err(ServeError::Worker)?;

@@ -1,5 +1,6 @@
 //! vhca-device: listens on a vhost-user socket, serves exactly one front-end (QEMU) connection, then exits.
-//! Exit status: 0 when the front-end disconnected cleanly, 2 after a protocol error, 1 when setup failed.
+//! Exit status: 0 when the front-end disconnected cleanly, 2 after a protocol error or a bad command line (nothing
+//! created then), 1 when setup failed.
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -8,9 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
+use vhca_device::config::HcaChoices;
 use vhca_device::event_log::{EventLog, TransportEvent, SCHEMA_VERSION};
 use vhca_device::{serve, DeviceOptions};
+
+/// Largest pool `--map-registers` accepts: 4 GiB of 4 KiB pages, and a table of a few MiB.
+const MAX_MAP_REGISTERS: i64 = 1 << 20;
+/// Longest `--miss-timeout-ms`: an hour is already far past any QEMU answer.
+const MAX_MISS_TIMEOUT_MS: u64 = 3_600_000;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "vhost-user backend emulating an RDMA HCA behind QEMU's intel-iommu")]
@@ -21,12 +28,59 @@ struct Cli {
     /// JSON-lines event log to write.
     #[arg(long)]
     event_log: PathBuf,
-    /// Size of the HCA's map-register pool.
-    #[arg(long, default_value_t = 4096)]
+    /// Size of the HCA's map-register pool (1 to 1048576).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=MAX_MAP_REGISTERS))]
     map_registers: u32,
     /// Milliseconds an IOTLB miss may stay unanswered before the access counts as an IOMMU fault.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=MAX_MISS_TIMEOUT_MS))]
     miss_timeout_ms: u64,
+    /// Fault injection, KEY=VALUE (repeatable; a later one wins): fail_reg_mr=N, fail_ring_map=N,
+    /// drop_completion=N, delay_completion=N, delay_doorbells=K, max_contiguous_pages=P,
+    /// contiguous_policy=refuse|split, invalidate_at_dma=N, invalidate_iova=A, invalidate_size=S (docs/protocol.md).
+    #[arg(long, value_name = "KEY=VALUE")]
+    inject: Vec<String>,
+    /// Fault injection from a JSON object with the same keys; --inject flags override its knobs.
+    #[arg(long, value_name = "FILE")]
+    inject_config: Option<PathBuf>,
+    /// Re-validate a map register made stale by an IOTLB invalidation on its next use, instead of refusing it.
+    #[arg(long)]
+    revalidate_stale: bool,
+    /// Read one byte of every page when a ring or MR is mapped, so an IOVA the vIOMMU refuses fails the command.
+    #[arg(long)]
+    probe_pages: bool,
+    /// Most protection domains alive at once.
+    #[arg(long)]
+    max_pd: Option<u32>,
+    /// Most completion queues alive at once.
+    #[arg(long)]
+    max_cq: Option<u32>,
+    /// Most queue pairs alive at once.
+    #[arg(long)]
+    max_qp: Option<u32>,
+    /// Most memory regions alive at once.
+    #[arg(long)]
+    max_mr: Option<u32>,
+}
+
+impl Cli {
+    /// The device's options, or a usage error (exit 2) naming the flag and value, before anything is created.
+    fn device_options(&self) -> DeviceOptions {
+        let choices = HcaChoices {
+            map_registers: self.map_registers,
+            max_pd: self.max_pd,
+            max_cq: self.max_cq,
+            max_qp: self.max_qp,
+            max_mr: self.max_mr,
+            probe_pages: self.probe_pages,
+            revalidate_stale: self.revalidate_stale,
+            inject_config: self.inject_config.clone(),
+            inject: self.inject.clone(),
+        };
+        match choices.to_config() {
+            Ok(hca) => DeviceOptions { hca, miss_timeout: Duration::from_millis(self.miss_timeout_ms) },
+            Err(err) => Cli::command().error(clap::error::ErrorKind::ValueValidation, err).exit(),
+        }
+    }
 }
 
 /// Removes the socket file however `main` returns.
@@ -48,7 +102,8 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    match run(&cli) {
+    let options = cli.device_options();
+    match run(&cli, &options) {
         Ok(code) => code,
         Err(err) => {
             tracing::error!("{err:#}");
@@ -57,7 +112,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
+    let hca = &options.hca;
+    let injection = &hca.injection;
+    if injection.is_empty() {
+        tracing::info!("fault injection: none");
+    } else {
+        tracing::info!("fault injection: {}", injection.to_kv().join(" "));
+    }
+    tracing::info!(
+        "map registers {}, probe_pages {}, revalidate_stale {}, miss timeout {} ms",
+        hca.map_registers,
+        hca.probe_pages,
+        hca.revalidate_stale,
+        cli.miss_timeout_ms
+    );
     let events = Arc::new(
         EventLog::create(&cli.event_log)
             .with_context(|| format!("cannot create event log {}", cli.event_log.display()))?,
@@ -66,8 +135,16 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         schema: SCHEMA_VERSION,
         pid: std::process::id(),
         socket: cli.socket_path.display().to_string(),
-        map_registers: cli.map_registers,
+        map_registers: hca.map_registers,
         version: env!("CARGO_PKG_VERSION"),
+        miss_timeout_ms: cli.miss_timeout_ms,
+        probe_pages: hca.probe_pages,
+        revalidate_stale: hca.revalidate_stale,
+        max_pd: hca.max_pd,
+        max_cq: hca.max_cq,
+        max_qp: hca.max_qp,
+        max_mr: hca.max_mr,
+        injection: injection.clone(),
     });
     match std::fs::remove_file(&cli.socket_path) {
         Ok(()) => tracing::info!("removed stale socket {}", cli.socket_path.display()),
@@ -82,9 +159,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     drop(listener);
     tracing::info!("front-end connected");
     events.record(&TransportEvent::Connected);
-    let options =
-        DeviceOptions { map_registers: cli.map_registers, miss_timeout: Duration::from_millis(cli.miss_timeout_ms) };
-    match serve(stream, events, &options) {
+    match serve(stream, events, options) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(vhca_device::ServeError::Protocol(_)) => Ok(ExitCode::from(2)),
         Err(err) => Err(err.into()),

@@ -14,28 +14,37 @@ pub enum ContiguousPolicy {
     Split,
 }
 
-/// The knobs. All absent by default: no injection.
+/// The knobs. All absent by default: no injection. Serialises only the knobs that are set (plus the policy).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultInjection {
     /// Fail the Nth REG_MR with Status::Injected.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fail_reg_mr: Option<u64>,
     /// Fail the Nth ring mapping (a CQ ring, a QP's SQ ring, a QP's RQ ring; in command order, SQ before RQ).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fail_ring_map: Option<u64>,
     /// Drop the Nth completion: the CQE is never written.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_completion: Option<u64>,
     /// Hold the Nth completion back until `delay_doorbells` further doorbell records have been processed.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_completion: Option<u64>,
     /// How many doorbell records a delayed completion waits (default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_doorbells: Option<u32>,
     /// Longest run of IOVA-contiguous pages a ring or MR may have.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_contiguous_pages: Option<u32>,
     pub contiguous_policy: ContiguousPolicy,
     /// Before the Nth DMA, invalidate a range as if QEMU had sent an IOTLB invalidate.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub invalidate_at_dma: Option<u64>,
     /// Start of that range; absent: the pages of the Nth DMA itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub invalidate_iova: Option<u64>,
     /// Length of that range (default one page).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub invalidate_size: Option<u64>,
 }
 
@@ -94,9 +103,55 @@ impl FaultInjection {
         Ok(())
     }
 
+    /// The knobs that are set, in `--inject` form (`KEY=VALUE`); applying them to a default value gives this one
+    /// back, so a logged list is a reproducer.
+    pub fn to_kv(&self) -> Vec<String> {
+        let numbers = [
+            ("fail_reg_mr", self.fail_reg_mr),
+            ("fail_ring_map", self.fail_ring_map),
+            ("drop_completion", self.drop_completion),
+            ("delay_completion", self.delay_completion),
+            ("delay_doorbells", self.delay_doorbells.map(u64::from)),
+            ("max_contiguous_pages", self.max_contiguous_pages.map(u64::from)),
+            ("invalidate_at_dma", self.invalidate_at_dma),
+        ];
+        let mut out: Vec<String> =
+            numbers.iter().filter_map(|(key, value)| value.map(|v| format!("{key}={v}"))).collect();
+        if self.contiguous_policy == ContiguousPolicy::Split {
+            out.push("contiguous_policy=split".to_string());
+        }
+        if let Some(iova) = self.invalidate_iova {
+            out.push(format!("invalidate_iova={iova:#x}"));
+        }
+        if let Some(size) = self.invalidate_size {
+            out.push(format!("invalidate_size={size:#x}"));
+        }
+        out
+    }
+
+    /// True when no knob is set: the device behaves as without injection.
+    pub fn is_empty(&self) -> bool {
+        *self == FaultInjection::default()
+    }
+
     /// Reads the `--inject-config` file's content: a JSON object with the same keys.
     pub fn from_json(text: &str) -> Result<FaultInjection, InjectionParseError> {
-        serde_json::from_str(text).map_err(|e| InjectionParseError::Json(e.to_string()))
+        let parsed: FaultInjection =
+            serde_json::from_str(text).map_err(|e| InjectionParseError::Json(e.to_string()))?;
+        // The same rule as `parse_kv`: a count of 0 would silently never fire.
+        let counts = [
+            ("fail_reg_mr", parsed.fail_reg_mr),
+            ("fail_ring_map", parsed.fail_ring_map),
+            ("drop_completion", parsed.drop_completion),
+            ("delay_completion", parsed.delay_completion),
+            ("max_contiguous_pages", parsed.max_contiguous_pages.map(u64::from)),
+            ("invalidate_at_dma", parsed.invalidate_at_dma),
+            ("invalidate_size", parsed.invalidate_size),
+        ];
+        if let Some((key, _)) = counts.iter().find(|(_, value)| *value == Some(0)) {
+            return Err(InjectionParseError::ZeroCount { key: key.to_string() });
+        }
+        Ok(parsed)
     }
 }
 
@@ -222,6 +277,23 @@ mod tests {
         assert_eq!(f, expected);
         let json = serde_json::to_string(&expected).unwrap();
         assert_eq!(FaultInjection::from_json(&json).unwrap(), expected);
+        let mut again = FaultInjection::default();
+        for kv in expected.to_kv() {
+            again.parse_kv(&kv).unwrap();
+        }
+        assert_eq!(again, expected, "to_kv is a reproducer");
+        assert!(!expected.is_empty());
+    }
+
+    #[test]
+    fn no_injection_serialises_to_the_policy_only() {
+        let none = FaultInjection::default();
+        assert!(none.is_empty());
+        assert!(none.to_kv().is_empty());
+        assert_eq!(serde_json::to_string(&none).unwrap(), r#"{"contiguous_policy":"refuse"}"#);
+        let one = FaultInjection { drop_completion: Some(2), ..Default::default() };
+        assert_eq!(one.to_kv(), vec!["drop_completion=2"]);
+        assert_eq!(serde_json::to_value(&one).unwrap()["drop_completion"], 2);
     }
 
     #[test]
@@ -234,6 +306,10 @@ mod tests {
         assert!(matches!(f.parse_kv("max_contiguous_pages=0x100000000"), Err(InjectionParseError::BadNumber { .. })));
         assert!(matches!(f.parse_kv("contiguous_policy=maybe"), Err(InjectionParseError::BadPolicy(_))));
         assert!(matches!(FaultInjection::from_json("{\"nope\":1}"), Err(InjectionParseError::Json(_))));
+        assert!(matches!(
+            FaultInjection::from_json("{\"drop_completion\":0}"),
+            Err(InjectionParseError::ZeroCount { .. })
+        ));
         assert_eq!(f, FaultInjection::default());
     }
 

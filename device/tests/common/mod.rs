@@ -2,6 +2,8 @@
 //! SCM_RIGHTS), shares a memfd as guest RAM and builds split virtqueues in it, playing QEMU and the guest at once.
 #![allow(dead_code)]
 
+pub mod verbs;
+
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -73,6 +75,10 @@ pub fn is_used_ring(iova: u64) -> bool {
 pub fn buf_off(q: u16, n: u64) -> u64 {
     queue_base(q) + (3 + n) * PAGE
 }
+/// Guest RAM past the four queues' pages: rings and MR pages the HCA reaches through map registers.
+pub const DATA_OFF: u64 = 0x50000;
+/// MR addresses the tests register: deliberately not the IOVA, so a device mixing the two up is caught.
+pub const MR_ADDR_BASE: u64 = 0x7000_0000_0000;
 
 pub struct Device {
     pub child: Child,
@@ -335,6 +341,36 @@ pub struct Session {
     pub ram: GuestRam,
     pub kicks: Vec<OwnedFd>,
     pub calls: Vec<OwnedFd>,
+    /// Next avail slot per queue, for the helpers that post chains (`command`, `ring`, `post_event_buffers`).
+    pub next_slot: [u16; 4],
+    pub next_tag: u32,
+    /// Next free page offset in the data area.
+    pub next_data: u64,
+    /// Event buffers posted so far on queue 1 (descriptor i is buffer i).
+    pub event_buffers: u16,
+}
+
+/// An MR the test registered: its key, the address SGEs use, and where its bytes are in guest RAM.
+#[derive(Debug, Clone, Copy)]
+pub struct TestMr {
+    pub key: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub off: u64,
+}
+
+/// A QP looped back to itself in RTS, with one CQ for both queues and two MRs: what an RDMA_WRITE test needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Loopback {
+    pub pd: u32,
+    pub cq: u32,
+    pub cq_entries: u32,
+    pub cq_off: u64,
+    pub qpn: u32,
+    pub sq_off: u64,
+    pub sq_entries: u32,
+    pub src: TestMr,
+    pub dst: TestMr,
 }
 
 impl Session {
@@ -385,7 +421,18 @@ impl Session {
             kicks.push(kick);
             calls.push(call);
         }
-        let session = Session { device, stream, backend, ram, kicks, calls };
+        let session = Session {
+            device,
+            stream,
+            backend,
+            ram,
+            kicks,
+            calls,
+            next_slot: [0; 4],
+            next_tag: 1,
+            next_data: DATA_OFF,
+            event_buffers: 0,
+        };
         if map_all {
             let mut session = session;
             session.iotlb(IOTLB_UPDATE, IOVA, MEM_SIZE, UADDR, ACCESS_RW);
@@ -467,6 +514,162 @@ impl Session {
         assert_eq!(u32::from_ne_bytes(msg[8..12].try_into().unwrap()), 32);
         assert_eq!(msg[12 + 25], IOTLB_MISS);
         (u64::from_ne_bytes(msg[12..20].try_into().unwrap()), msg[12 + 24])
+    }
+
+    fn take_slot(&mut self, q: u16) -> u16 {
+        let slot = self.next_slot[usize::from(q)];
+        self.next_slot[usize::from(q)] = slot.wrapping_add(1);
+        slot
+    }
+
+    /// Waits until queue `q` has returned the chain published in avail slot `slot`.
+    pub fn wait_used(&mut self, q: u16, slot: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.ram.used_idx(q).wrapping_sub(slot) == 0 || self.ram.used_idx(q).wrapping_sub(slot) > QUEUE_SIZE {
+            assert!(Instant::now() < deadline, "queue {q}: slot {slot} never used");
+            self.wait_call(q, false, Duration::from_secs(10));
+        }
+    }
+
+    /// Guest pages for rings and MRs, with an unused guard page after them; returns their offset in guest RAM.
+    pub fn alloc(&mut self, pages: u64) -> u64 {
+        let off = self.next_data;
+        self.next_data += (pages + 1) * PAGE;
+        assert!(self.next_data <= MEM_SIZE, "test guest RAM exhausted");
+        off
+    }
+
+    /// IOVAs of `pages` pages from offset `off`.
+    pub fn page_list(off: u64, pages: u64) -> Vec<u64> {
+        (0..pages).map(|p| IOVA + off + p * PAGE).collect()
+    }
+
+    /// Runs one command on queue 0 (request in buffer 0, response in buffer 1) and waits for its used entry.
+    pub fn command(&mut self, opcode: vhca_proto::Opcode, body: &[u8], pages: &[u64]) -> (vhca_proto::Status, Vec<u8>) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let req = verbs::request(opcode, tag, body, pages);
+        assert!(req.len() <= PAGE as usize, "request must fit its one-page buffer");
+        let (req_off, resp_off) = (buf_off(0, 0), buf_off(0, 1));
+        const RESP: u32 = 256;
+        self.ram.write(req_off, &req);
+        self.ram.write(resp_off, &[0xaa; RESP as usize]);
+        self.ram.set_desc(0, 0, IOVA + req_off, req.len() as u32, DESC_F_NEXT, 1);
+        self.ram.set_desc(0, 1, IOVA + resp_off, RESP, DESC_F_WRITE, 0);
+        let slot = self.take_slot(0);
+        self.ram.publish(0, slot, 0);
+        signal(&self.kicks[0]);
+        self.wait_used(0, slot);
+        let (head, len) = self.ram.used_elem(0, slot);
+        assert_eq!(head, 0);
+        assert!(len as usize >= vhca_proto::RESPONSE_HEADER_SIZE, "{opcode:?}: response of {len} bytes");
+        let (status, echoed, body) = verbs::parse_response(&self.ram.read(resp_off, len as usize));
+        assert_eq!(echoed, tag, "response to the wrong command");
+        (status, body)
+    }
+
+    /// A command that must succeed; returns its body.
+    pub fn command_ok(&mut self, opcode: vhca_proto::Opcode, body: &[u8], pages: &[u64]) -> Vec<u8> {
+        let (status, body) = self.command(opcode, body, pages);
+        assert_eq!(status, vhca_proto::Status::Ok, "{opcode:?}");
+        body
+    }
+
+    /// Registers `pages` fresh pages as an MR; the status, and the MR when it was accepted.
+    pub fn reg_mr(&mut self, pd: u32, access: u32, pages: u64) -> (vhca_proto::Status, Option<TestMr>) {
+        let off = self.alloc(pages);
+        let len = pages * PAGE;
+        let addr = MR_ADDR_BASE + off;
+        let body = verbs::reg_mr_body(pd, access, addr, len, pages as u32);
+        let (status, resp) = self.command(vhca_proto::Opcode::RegMr, &body, &Session::page_list(off, pages));
+        let mr = (status == vhca_proto::Status::Ok).then(|| {
+            let key = <vhca_proto::RegMrResp as zerocopy::FromBytes>::read_from_bytes(&resp).unwrap().lkey.get();
+            TestMr { key, addr, len, off }
+        });
+        (status, mr)
+    }
+
+    /// PD, a 64-entry CQ, a QP (16/16) looped back to itself in RTS with all rights, and two MRs of `mr_pages`.
+    pub fn loopback(&mut self, mr_pages: u64) -> Loopback {
+        use vhca_proto::{Opcode, ACCESS_ALL, CQE_SIZE, WQE_SIZE};
+        let pd = verbs::handle_of(&self.command_ok(Opcode::AllocPd, &[], &[]));
+        let cq_entries = 64;
+        let cq_pages = vhca_proto::ring_pages(cq_entries, CQE_SIZE);
+        let cq_off = self.alloc(cq_pages);
+        let body = verbs::create_cq_body(cq_entries, cq_pages as u32);
+        let cq = verbs::handle_of(&self.command_ok(Opcode::CreateCq, &body, &Session::page_list(cq_off, cq_pages)));
+        let sq_entries = 16;
+        let ring = vhca_proto::ring_pages(sq_entries, WQE_SIZE);
+        let sq_off = self.alloc(ring);
+        let rq_off = self.alloc(ring);
+        let mut pages = Session::page_list(sq_off, ring);
+        pages.extend(Session::page_list(rq_off, ring));
+        let body = verbs::create_qp_body(pd, cq, sq_entries, sq_entries);
+        let qpn = verbs::handle_of(&self.command_ok(Opcode::CreateQp, &body, &pages));
+        for body in verbs::bring_up_bodies(qpn, qpn, ACCESS_ALL) {
+            self.command_ok(Opcode::ModifyQp, &body, &[]);
+        }
+        let src = self.reg_mr(pd, ACCESS_ALL, mr_pages).1.expect("source MR");
+        let dst = self.reg_mr(pd, ACCESS_ALL, mr_pages).1.expect("destination MR");
+        Loopback { pd, cq, cq_entries, cq_off, qpn, sq_off, sq_entries, src, dst }
+    }
+
+    /// Publishes one chain of doorbell records on queue 2 and waits for the device to consume it.
+    pub fn ring(&mut self, records: &[u8]) {
+        let off = buf_off(2, 0);
+        self.ram.write(off, records);
+        self.ram.set_desc(2, 0, IOVA + off, records.len() as u32, 0, 0);
+        let slot = self.take_slot(2);
+        self.ram.publish(2, slot, 0);
+        signal(&self.kicks[2]);
+        self.wait_used(2, slot);
+    }
+
+    /// Writes WQE `index` into the SQ ring (as the driver does) and rings the SQ doorbell with producer index+1.
+    pub fn post_send(&mut self, lb: &Loopback, index: u32, wqe: &vhca_proto::Wqe) {
+        let slot = u64::from(index % lb.sq_entries);
+        self.ram.write(lb.sq_off + slot * vhca_proto::WQE_SIZE as u64, zerocopy::IntoBytes::as_bytes(wqe));
+        self.ring(&verbs::doorbell(vhca_proto::DoorbellKind::SendQueue, lb.qpn, index + 1, 0));
+    }
+
+    /// The CQE at ring index `index` if the device has written it (owner word valid for that lap).
+    pub fn cqe(&self, lb: &Loopback, index: u32) -> Option<vhca_proto::Cqe> {
+        let slot = u64::from(index % lb.cq_entries);
+        let raw = self.ram.read(lb.cq_off + slot * vhca_proto::CQE_SIZE as u64, vhca_proto::CQE_SIZE);
+        verbs::valid_cqe(&raw, index, lb.cq_entries)
+    }
+
+    /// Posts `n` more 32-byte device-writable buffers on the event queue (queue 1).
+    pub fn post_event_buffers(&mut self, n: u16) {
+        for _ in 0..n {
+            let i = self.event_buffers;
+            assert!(i < 12, "out of event buffer pages (queue 1 has 12 buffer pages)");
+            self.event_buffers += 1;
+            self.ram.write(buf_off(1, u64::from(i)), &[0u8; vhca_proto::EVENT_SIZE]);
+            self.ram.set_desc(1, i, IOVA + buf_off(1, u64::from(i)), vhca_proto::EVENT_SIZE as u32, DESC_F_WRITE, 0);
+            let slot = self.take_slot(1);
+            self.ram.publish(1, slot, i);
+        }
+        signal(&self.kicks[1]);
+    }
+
+    /// Waits until the device has filled `n` event buffers in total.
+    pub fn wait_events(&mut self, n: u16) {
+        if n > 0 {
+            self.wait_used(1, n - 1);
+        }
+    }
+
+    /// The events the device has put on queue 1 so far, in order.
+    pub fn events_delivered(&self) -> Vec<vhca_proto::Event> {
+        (0..self.ram.used_idx(1))
+            .map(|slot| {
+                let (head, len) = self.ram.used_elem(1, slot);
+                assert_eq!(len as usize, vhca_proto::EVENT_SIZE, "an event fills its buffer");
+                let raw = self.ram.read(buf_off(1, u64::from(head)), vhca_proto::EVENT_SIZE);
+                <vhca_proto::Event as zerocopy::FromBytes>::read_from_bytes(&raw).unwrap()
+            })
+            .collect()
     }
 
     /// Closes the front-end socket and waits for the device to exit.
