@@ -10,8 +10,9 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# The modules the guest needs for VFIO; their dependency closure is resolved from modules.dep.
-vfio_modules=(irqbypass vfio vfio_virqfd vfio_iommu_type1 vfio-pci-core vfio-pci)
+# The modules the guest needs: VFIO, and pvpanic-mmio so a kernel panic reaches QEMU's QMP as GUEST_PANICKED.
+# Their dependency closure is resolved from modules.dep.
+vfio_modules=(irqbypass vfio vfio_virqfd vfio_iommu_type1 vfio-pci-core vfio-pci pvpanic-mmio)
 # The busybox applets /init uses, as symlinks, so the image does not pay for `busybox --install` at every boot.
 applets=(sh mount insmod poweroff sleep cat echo ls mkdir)
 
@@ -62,9 +63,13 @@ extract_vmlinux() {
   return 1
 }
 
+# The kernel tree's cache name carries the module list, so adding a module re-extracts instead of reusing a tree
+# that lacks it.
+modules_tag() { printf '%s\n' "${vfio_modules[@]}" | cksum | cut -d' ' -f1; }
+
 # kernel_tree PKG VER CACHE: extracts once per kernel: boot/vmlinuz, vmlinux, and the VFIO modules in load order.
 kernel_tree() {
-  local pkg=$1 ver=$2 cache=$3 dir="$3/kernel/${2//:/_}-$1"
+  local pkg=$1 ver=$2 cache=$3 dir="$3/kernel/${2//:/_}-$1-m$(modules_tag)"
   if [ -f "$dir/.done" ]; then echo "$dir"; return 0; fi
   local deb tmp kver mods root
   deb=$(fetch_deb "$pkg" "$ver" "$cache/debs")

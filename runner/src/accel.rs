@@ -79,7 +79,7 @@ fn probe_kvm(qemu: &Path, image: &Image) -> Result<(Accel, String), AccelError> 
         device: None,
         serial_log: serial.clone(),
         qmp_socket: work.path().join("qmp.sock"),
-        gdb: false,
+        gdb: None,
     };
     let start = Instant::now();
     let mut child = Supervised::spawn("qemu (kvm probe)", config.command(), Some(&work.path().join("qemu.log")))?;

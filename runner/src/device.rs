@@ -13,9 +13,8 @@ pub struct DeviceConfig {
     pub bin: PathBuf,
     pub socket: PathBuf,
     pub event_log: PathBuf,
-    pub map_registers: Option<u32>,
-    /// Further flags (fault injection and the like), passed through verbatim.
-    pub extra_args: Vec<String>,
+    /// The run's own flags (`--map-registers N`, `--inject KEY=VALUE`: vhca-suite's `ConcreteRun::device_args`).
+    pub run_args: Vec<String>,
 }
 
 impl DeviceConfig {
@@ -26,11 +25,7 @@ impl DeviceConfig {
             "--event-log".to_string(),
             self.event_log.display().to_string(),
         ];
-        if let Some(n) = self.map_registers {
-            a.push("--map-registers".into());
-            a.push(n.to_string());
-        }
-        a.extend(self.extra_args.iter().cloned());
+        a.extend(self.run_args.iter().cloned());
         a
     }
 
@@ -85,8 +80,7 @@ mod tests {
             bin: "/t/vhca-device".into(),
             socket: "/r/dev.sock".into(),
             event_log: "/r/events.jsonl".into(),
-            map_registers: Some(64),
-            extra_args: vec!["--fail-map".into(), "3".into()],
+            run_args: vec!["--map-registers".into(), "64".into(), "--inject".into(), "fail_reg_mr=3".into()],
         };
         assert_eq!(
             c.args(),
@@ -97,8 +91,8 @@ mod tests {
                 "/r/events.jsonl",
                 "--map-registers",
                 "64",
-                "--fail-map",
-                "3"
+                "--inject",
+                "fail_reg_mr=3"
             ]
         );
     }
@@ -114,8 +108,7 @@ mod tests {
             bin: script,
             socket: dir.path().join("dev.sock"),
             event_log: dir.path().join("e.jsonl"),
-            map_registers: None,
-            extra_args: vec![],
+            run_args: vec![],
         };
         let err = launch(&c, &dir.path().join("dev.log"), Duration::from_secs(10)).unwrap_err();
         assert!(matches!(err, DeviceError::ExitedEarly { status } if status.code() == Some(4)), "{err}");

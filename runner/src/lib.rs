@@ -1,11 +1,11 @@
-//! vhca-run: boots guests against vhca-device under QEMU, runs scenarios and gives verdicts.
-//! Each module has one job; `main.rs` is the CLI and `ui` the only place that formats output.
+//! vhca-run: boots guests against vhca-device under QEMU, runs suites and gives verdicts. What a run showed is judged
+//! by vhca-suite; this crate starts, watches and stops processes, gathers evidence and shows progress.
 
 pub mod accel;
+pub mod artifacts;
 pub mod device;
-pub mod events;
+pub mod evidence;
 pub mod image;
-pub mod outcome;
 pub mod paths;
 pub mod qemu_cmd;
 pub mod qmp;
@@ -14,4 +14,3 @@ pub mod serial;
 pub mod suite;
 pub mod supervise;
 pub mod ui;
-pub mod verdict;

@@ -1,22 +1,22 @@
 //! vhca-run's command line: `suite`, `boot`, `qemu-args`. Sets up the session (binaries, image, accelerator, carrier),
-//! hands the work to the library and the look to `ui`; exit code 0 only when every run passed.
+//! picks the runs, hands the work to the library and the look to `ui`; exit code 0 only when every run passed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use vhca_suite::{render_junit, render_table, ConcreteRun, Suite, SuiteReport};
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::image::{self, CacheLock};
 use vhca_run::paths::{self, Binaries};
-use vhca_run::qemu_cmd::{probe_carrier, shell_line};
-use vhca_run::run::{plan, Progress, RunContext, RunSpec};
-use vhca_run::suite::{self, run_suite, SuiteReport};
+use vhca_run::qemu_cmd::{probe_carrier, GdbStub};
+use vhca_run::run::{command_lines, plan, RunContext};
+use vhca_run::suite::{run_suite, SuiteOptions};
 use vhca_run::supervise;
-use vhca_run::ui;
+use vhca_run::ui::SuiteUi;
 
 #[derive(Parser)]
 #[command(name = "vhca-run", version, about = "Boots guests against vhca-device under QEMU and gives verdicts")]
@@ -39,77 +39,184 @@ struct BinArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the built-in suite (the smoke run) and print a verdict table.
+    /// Run a suite (the built-in seed suite unless FILE is given): result table, JSON and JUnit reports, artifacts.
     Suite {
-        /// Write the full report as JSON here.
+        /// Suite file (TOML, docs/suites.md) [default: the built-in seed suite]
+        file: Option<PathBuf>,
+        /// Runs at a time [default: number of cores]
+        #[arg(short = 'j', long)]
+        jobs: Option<usize>,
+        /// Only the concrete runs whose name (`<run>/verifier-<mode>`) this regex matches.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Artifact root: per-run folders, report.json, junit.xml [default: <target>/vhca-artifacts/<suite>]
+        #[arg(long)]
+        artifacts: Option<PathBuf>,
+        /// Also write the JSON report here.
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Copy every run's logs to DIR/<run>/.
+        /// Also write the JUnit XML report here.
         #[arg(long)]
-        artifacts: Option<PathBuf>,
-        /// Hard timeout per run in seconds [default 120 under TCG, 60 under KVM].
+        junit: Option<PathBuf>,
+        /// Print the concrete runs (after --filter) and exit without running them.
         #[arg(long)]
-        timeout: Option<u64>,
+        list: bool,
     },
-    /// Boot one guest, show its console, give the verdict.
+    /// Boot one run interactively: its console on stderr, then its verdict.
     Boot {
         #[command(flatten)]
-        run: RunArgs,
-        /// Start QEMU paused with a gdb stub on :1234 (no timeout).
+        pick: RunPick,
+        /// Give QEMU a gdb stub (-gdb tcp::PORT); turns the timeout and silence limit off.
         #[arg(long)]
         gdb: bool,
-        /// Keep the run's work dir (logs, event log) and print where it is.
+        /// Port of the gdb stub.
+        #[arg(long, default_value_t = 1234)]
+        gdb_port: u16,
+        /// Start the guest paused (-S) until gdb continues it. Implies --gdb.
+        #[arg(long)]
+        gdb_wait: bool,
+        /// Keep the run's work dir (sockets, logs, event log) and print where it is.
         #[arg(long)]
         keep: bool,
-        /// Copy the run's logs to DIR/<run>/.
+        /// Artifact root [default: <target>/vhca-artifacts/boot]
         #[arg(long)]
         artifacts: Option<PathBuf>,
-        /// Hard timeout in seconds [default 120 under TCG, 60 under KVM].
-        #[arg(long)]
-        timeout: Option<u64>,
     },
-    /// Print the device and QEMU command lines of a run (files under --dir).
+    /// Print the exact vhca-device and QEMU command lines of one run (its files under --dir).
     QemuArgs {
         #[command(flatten)]
-        run: RunArgs,
+        pick: RunPick,
         /// Directory the printed command lines put their sockets and logs in.
         #[arg(long, default_value = "/tmp/vhca-run")]
         dir: PathBuf,
     },
 }
 
+/// One run: a concrete run of a suite (`--run`), or one described by flags.
 #[derive(Args)]
-struct RunArgs {
-    /// Guest scenario (vhca.scenario=...).
-    #[arg(long, default_value = "smoke")]
-    scenario: String,
-    /// Extra kernel command-line word, e.g. vhca.verifier=0x80 or vhca.init=hang (repeatable).
+struct RunPick {
+    /// A concrete run of the suite: `<run>/verifier-<mode>`, or a run name that has one mode.
+    #[arg(long, conflicts_with_all = ["scenario", "lock", "verifier", "map_registers", "inject", "param", "expect"])]
+    run: Option<String>,
+    /// The suite file --run picks from [default: the built-in seed suite].
+    #[arg(long, requires = "run")]
+    suite: Option<PathBuf>,
+    /// Guest scenario (vhca.scenario) [default: smoke]
     #[arg(long)]
-    append: Vec<String>,
-    /// Map registers of the device.
+    scenario: Option<String>,
+    /// Lock the control path holds: fast_mutex, kmutex, eresource (vhca.lock).
+    #[arg(long)]
+    lock: Option<String>,
+    /// Driver Verifier flags, e.g. 0xAA [default: off]
+    #[arg(long)]
+    verifier: Option<String>,
+    /// vhca-device --map-registers N.
     #[arg(long)]
     map_registers: Option<u32>,
-    /// Extra vhca-device argument (repeatable; use --device-arg=--flag for flags).
-    #[arg(long, allow_hyphen_values = true)]
-    device_arg: Vec<String>,
+    /// vhca-device --inject KEY=VALUE (repeatable).
+    #[arg(long)]
+    inject: Vec<String>,
+    /// Guest setting vhca.KEY=VALUE (repeatable), e.g. --param init=hang, --param disable_rule=0xC4.
+    #[arg(long)]
+    param: Vec<String>,
+    /// Expected verdict: pass, bugcheck CODE [PARAM1], device-fault CAUSE, guest-panic, hang [default: pass]
+    #[arg(long)]
+    expect: Option<String>,
+    /// Hard timeout in seconds [default: the suite's, 60]
+    #[arg(long)]
+    timeout: Option<u32>,
+    /// Seconds without serial output that count as a hang [default: the suite's, 30]
+    #[arg(long)]
+    silence: Option<u32>,
 }
 
-impl RunArgs {
-    fn spec(&self, timeout: Duration) -> RunSpec {
-        let mut spec = suite::smoke(timeout);
-        spec.name = self.scenario.clone();
-        spec.scenario = self.scenario.clone();
-        spec.append = self.append.clone();
-        spec.map_registers = self.map_registers;
-        spec.device_args = self.device_arg.clone();
-        spec
+impl RunPick {
+    /// The one concrete run these flags describe, validated as a suite file would be.
+    fn concrete(&self) -> Result<(ConcreteRun, Option<String>)> {
+        let (mut run, file) = match &self.run {
+            Some(name) => {
+                let (suite, file) = load_suite(self.suite.as_deref())?;
+                (pick_run(&suite, name)?, file)
+            }
+            None => (self.ad_hoc()?, None),
+        };
+        if let Some(t) = self.timeout {
+            run.guest.timeout_s = t;
+        }
+        if let Some(s) = self.silence {
+            run.guest.silence_s = s;
+        }
+        Ok((run, file))
+    }
+
+    /// Writes the flags as a one-run suite file and parses it, so flags get exactly a suite file's checks.
+    fn ad_hoc(&self) -> Result<ConcreteRun> {
+        let scenario = self.scenario.clone().unwrap_or_else(|| "smoke".into());
+        let mut run = toml::Table::new();
+        run.insert("name".into(), scenario.clone().into());
+        let on = self.verifier.as_deref().is_some_and(|v| !matches!(v.trim(), "0" | "0x0" | "off"));
+        run.insert("modes".into(), toml::Value::Array(vec![(if on { "on" } else { "off" }).into()]));
+        if on {
+            run.insert("verifier_flags".into(), self.verifier.clone().unwrap_or_default().into());
+        }
+        run.insert("expect".into(), self.expect.clone().unwrap_or_else(|| "pass".into()).into());
+        let mut device = toml::Table::new();
+        if let Some(n) = self.map_registers {
+            device.insert("map_registers".into(), i64::from(n).into());
+        }
+        if !self.inject.is_empty() {
+            device.insert("inject".into(), self.inject.clone().into());
+        }
+        run.insert("device".into(), device.into());
+        let mut guest = toml::Table::new();
+        guest.insert("scenario".into(), scenario.into());
+        if let Some(lock) = &self.lock {
+            guest.insert("lock".into(), lock.clone().into());
+        }
+        let mut extra = toml::Table::new();
+        for kv in &self.param {
+            let Some((k, v)) = kv.split_once('=') else { bail!("--param {kv}: expected KEY=VALUE") };
+            extra.insert(k.trim_start_matches("vhca.").to_string(), v.into());
+        }
+        guest.insert("extra".into(), extra.into());
+        run.insert("guest".into(), guest.into());
+        let mut doc = toml::Table::new();
+        doc.insert("name".into(), "boot".into());
+        doc.insert("run".into(), toml::Value::Array(vec![run.into()]));
+        let text = toml::to_string(&doc).context("writing the run as TOML")?;
+        let suite =
+            Suite::parse(&text, "<command line>").map_err(|e| anyhow::anyhow!("{e}\n(the run as TOML:\n{text})"))?;
+        suite.expand().into_iter().next().context("the command line describes no run")
     }
 }
 
-/// Everything `suite`, `boot` and `qemu-args` share.
-struct Session {
-    ctx: RunContext,
-    accel: AccelChoice,
+/// The suite from FILE, or the built-in seed suite; with the file's path for reproducers.
+fn load_suite(file: Option<&Path>) -> Result<(Suite, Option<String>)> {
+    match file {
+        None => Ok((Suite::seed().map_err(|e| anyhow::anyhow!("{e}"))?, None)),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let suite = Suite::parse(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+            Ok((suite, Some(abs.display().to_string())))
+        }
+    }
+}
+
+fn pick_run(suite: &Suite, name: &str) -> Result<ConcreteRun> {
+    let runs = suite.expand();
+    if let Some(r) = runs.iter().find(|r| r.name == name) {
+        return Ok(r.clone());
+    }
+    let same: Vec<&ConcreteRun> = runs.iter().filter(|r| r.run == name).collect();
+    match same.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => bail!("suite {:?} has no run {name:?}", suite.name),
+        many => bail!(
+            "run {name:?} has several modes; name one: {}",
+            many.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+        ),
+    }
 }
 
 fn require(path: &Path, what: &str, hint: &str) -> Result<()> {
@@ -119,7 +226,8 @@ fn require(path: &Path, what: &str, hint: &str) -> Result<()> {
     Ok(())
 }
 
-fn session(bins: &BinArgs) -> Result<Session> {
+/// Binaries, image, accelerator and carrier: what every run of this invocation shares.
+fn session(bins: &BinArgs) -> Result<(RunContext, AccelChoice)> {
     let bins = Binaries::resolve(bins.device_bin.clone(), bins.guest_bin.clone());
     require(&bins.device, "vhca-device", "cargo build --release -p vhca-device, or --device-bin / VHCA_DEVICE_BIN")?;
     require(
@@ -134,15 +242,51 @@ fn session(bins: &BinArgs) -> Result<Session> {
     let accel = accel::choose(&cache, &bins.qemu, &image).context("choosing the accelerator")?;
     let carrier =
         probe_carrier(&bins.qemu).with_context(|| format!("asking {} for its devices", bins.qemu.display()))?;
-    let ctx = RunContext { bins, image, accel: accel.accel, carrier, artifacts: None, keep: false, gdb: false };
-    Ok(Session { ctx, accel })
+    eprintln!(
+        "vhca-run: accelerator {} ({}); carrier {}; kernel {} ({:?}); image {}{}",
+        accel.accel.name(),
+        accel.how,
+        carrier.device_name(),
+        image.kernel_package,
+        image.kernel_kind,
+        image.key,
+        if image.built { " (built now)" } else { "" },
+    );
+    let ctx = RunContext { bins, image, accel: accel.accel, carrier, keep: false, gdb: None };
+    Ok((ctx, accel))
 }
 
-fn print_report(report: &SuiteReport) {
+fn program() -> String {
+    std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "vhca-run".into())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The table on stdout, the reports into the artifact root and wherever else asked.
+fn publish(report: &SuiteReport, root: &Path, json: Option<&Path>, junit: Option<&Path>) -> Result<()> {
+    let (json_text, junit_text) = (report.to_json(), render_junit(report));
+    let mut written = Vec::new();
+    for (path, text) in [
+        (Some(root.join("report.json")), &json_text),
+        (Some(root.join("junit.xml")), &junit_text),
+        (json.map(Path::to_path_buf), &json_text),
+        (junit.map(Path::to_path_buf), &junit_text),
+    ] {
+        if let Some(path) = path {
+            write_file(&path, text)?;
+            written.push(path.display().to_string());
+        }
+    }
     let mut out = std::io::stdout().lock();
-    let _ = write!(out, "{}", ui::failures(report));
-    let _ = write!(out, "{}", ui::table(report));
-    let _ = write!(out, "{}", ui::summary(report));
+    let _ = write!(out, "{}", render_table(report));
+    let _ = out.flush();
+    eprintln!("vhca-run: artifacts in {}; reports: {}", root.display(), written.join(", "));
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -168,60 +312,84 @@ fn main() -> ExitCode {
 
 fn real_main(cli: Cli) -> Result<bool> {
     match cli.command {
-        Cmd::Suite { json, artifacts, timeout } => {
-            let mut s = session(&cli.bins)?;
-            s.ctx.artifacts = artifacts;
-            let timeout = timeout.map(Duration::from_secs).unwrap_or_else(|| suite::default_timeout(s.ctx.accel));
-            let specs = suite::builtin(timeout);
-            let mut on = |p: Progress| {
-                if let Some(line) = ui::progress_line(&p, false) {
-                    eprintln!("{line}");
-                }
+        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list } => {
+            let (suite, suite_file) = load_suite(file.as_deref())?;
+            let runs = match &filter {
+                Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
+                None => suite.expand(),
             };
-            let report = run_suite(&s.ctx, s.accel, &specs, &mut on)?;
-            if let Some(path) = json {
-                std::fs::write(&path, ui::json(&report)?).with_context(|| format!("writing {}", path.display()))?;
+            if runs.is_empty() {
+                bail!("no run of suite {:?} matches --filter {:?}", suite.name, filter.unwrap_or_default());
             }
-            print_report(&report);
+            if list {
+                for r in &runs {
+                    println!("{}  expect {}", r.name, r.expected);
+                }
+                return Ok(true);
+            }
+            let (ctx, _) = session(&cli.bins)?;
+            let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join(&suite.name));
+            let opts = SuiteOptions { jobs, artifacts: Some(root.clone()), program: program(), suite_file };
+            eprintln!("vhca-run: suite {} ({}): {} runs, {} at a time", suite.name, suite.source, runs.len(), jobs);
+            let mut ui = SuiteUi::new(runs.len(), false);
+            let report = run_suite(&ctx, &suite, &runs, &opts, &mut |e| ui.handle(e));
+            ui.finish();
+            let report = report?;
+            publish(&report, &root, json.as_deref(), junit.as_deref())?;
             Ok(report.all_passed())
         }
-        Cmd::Boot { run, gdb, keep, artifacts, timeout } => {
-            let mut s = session(&cli.bins)?;
-            s.ctx.gdb = gdb;
-            s.ctx.keep = keep;
-            s.ctx.artifacts = artifacts;
-            let timeout = match (gdb, timeout) {
-                (true, _) => Duration::ZERO,
-                (false, Some(t)) => Duration::from_secs(t),
-                (false, None) => suite::default_timeout(s.ctx.accel),
-            };
-            if gdb {
+        Cmd::Boot { pick, gdb, gdb_port, gdb_wait, keep, artifacts } => {
+            let (run, _) = pick.concrete()?;
+            let (mut ctx, _) = session(&cli.bins)?;
+            ctx.keep = keep;
+            if gdb || gdb_wait {
+                ctx.gdb = Some(GdbStub { port: gdb_port, wait: gdb_wait });
+                let vmlinux = ctx.image.dir.join("vmlinux");
+                let symbols = if vmlinux.is_file() { vmlinux } else { ctx.image.kernel.clone() };
                 eprintln!(
-                    "QEMU starts paused with a gdb stub on :1234 (target remote :1234; vmlinux in the image dir)"
+                    "vhca-run: gdb stub on :{gdb_port}{}; attach with:",
+                    if gdb_wait { ", guest paused" } else { "" }
                 );
+                eprintln!("  gdb {} -ex 'target remote :{gdb_port}'", symbols.display());
             }
-            let mut on = |p: Progress| {
-                if let Some(line) = ui::progress_line(&p, true) {
-                    eprintln!("{line}");
-                }
-            };
-            let report = run_suite(&s.ctx, s.accel, &[run.spec(timeout)], &mut on)?;
-            print_report(&report);
-            if let Some(dir) = report.runs.first().and_then(|r| r.outcome.artifacts.as_ref()) {
+            let suite = Suite { name: "boot".into(), source: "<command line>".into(), runs: Vec::new() };
+            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("boot"));
+            let opts = SuiteOptions { jobs: 1, artifacts: Some(root.clone()), program: program(), suite_file: None };
+            let mut ui = SuiteUi::new(1, true);
+            let report = run_suite(&ctx, &suite, std::slice::from_ref(&run), &opts, &mut |e| ui.handle(e));
+            ui.finish();
+            let mut report = report?;
+            // A boot is repeated by its own command line, not by a suite filter.
+            let again: Vec<String> = std::env::args().map(|a| shell_word(&a)).collect();
+            for r in report.runs.iter_mut().filter(|r| !r.passed()) {
+                r.reproducer = Some(again.join(" "));
+            }
+            publish(&report, &root, None, None)?;
+            if let Some(dir) = report.runs.first().and_then(|r| r.artifact_dir.as_ref()) {
                 println!("run files: {}", dir.display());
             }
             Ok(report.all_passed())
         }
-        Cmd::QemuArgs { run, dir } => {
-            let s = session(&cli.bins)?;
-            let spec = run.spec(suite::default_timeout(s.ctx.accel));
-            let (device, qemu) = plan(&s.ctx, &spec, &dir);
-            let device_args: Vec<std::ffi::OsString> = device.args().into_iter().map(Into::into).collect();
-            println!("# accelerator: {} ({})", s.accel.accel.name(), s.accel.how);
-            println!("mkdir -p {}", dir.display());
-            println!("{}", shell_line(&device.bin, &device_args));
-            println!("{}", shell_line(&qemu.qemu, &qemu.args()));
+        Cmd::QemuArgs { pick, dir } => {
+            let (run, _) = pick.concrete()?;
+            let (ctx, accel) = session(&cli.bins)?;
+            let (device, qemu) = plan(&ctx, &run, &dir);
+            let (device_line, qemu_line) = command_lines(&device, &qemu);
+            println!("# {}: accelerator {} ({})", run.name, accel.accel.name(), accel.how);
+            println!("mkdir -p {}", shell_word(&dir.display().to_string()));
+            println!("{device_line} &");
+            println!("{qemu_line}");
             Ok(true)
         }
+    }
+}
+
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }

@@ -78,6 +78,13 @@ pub struct VhostUserDevice {
     pub carrier: Carrier,
 }
 
+/// QEMU's gdb stub: `-gdb tcp::PORT`, and `-S` (start paused until gdb continues) only when asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdbStub {
+    pub port: u16,
+    pub wait: bool,
+}
+
 /// Everything one QEMU invocation depends on; `args()` turns it into the command line.
 #[derive(Debug, Clone)]
 pub struct QemuConfig {
@@ -91,8 +98,7 @@ pub struct QemuConfig {
     pub device: Option<VhostUserDevice>,
     pub serial_log: PathBuf,
     pub qmp_socket: PathBuf,
-    /// Start paused with a gdb stub on :1234.
-    pub gdb: bool,
+    pub gdb: Option<GdbStub>,
 }
 
 impl QemuConfig {
@@ -114,6 +120,9 @@ impl QemuConfig {
         push(&["-object", &mem, "-numa", "node,memdev=mem"]);
         push(&["-device", "intel-iommu,intremap=on,device-iotlb=on"]);
         push(&["-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"]);
+        // A guest kernel panic reaches QMP as GUEST_PANICKED through the pvpanic device (the image loads
+        // pvpanic-mmio), so a panic is seen even when the console is quiet or cut off.
+        push(&["-device", "pvpanic"]);
         if let Some(dev) = &self.device {
             let chardev = format!("socket,id=vhca0,path={}", dev.socket.display());
             let mut device = format!("{},chardev=vhca0,bus=rp1", dev.carrier.device_name());
@@ -139,8 +148,11 @@ impl QemuConfig {
         push(&["-qmp", &qmp]);
         // A guest panic (panic=-1) or reboot ends QEMU instead of looping.
         push(&["-no-reboot"]);
-        if self.gdb {
-            push(&["-s", "-S"]);
+        if let Some(gdb) = self.gdb {
+            push(&["-gdb", &format!("tcp::{}", gdb.port)]);
+            if gdb.wait {
+                push(&["-S"]);
+            }
         }
         a
     }
@@ -184,7 +196,7 @@ mod tests {
             device,
             serial_log: "/run/serial.log".into(),
             qmp_socket: "/run/qmp.sock".into(),
-            gdb: false,
+            gdb: None,
         }
     }
 
@@ -216,14 +228,15 @@ mod tests {
         assert_eq!(values(&args, "-qmp"), ["unix:/run/qmp.sock,server=on,wait=off"]);
         assert_eq!(values(&args, "-kernel"), ["/img/vmlinux"]);
         assert!(args.contains(&"-no-reboot".to_string()));
-        assert!(!args.contains(&"-S".to_string()));
+        assert!(devices.contains(&"pvpanic"));
+        assert!(!args.contains(&"-S".to_string()) && values(&args, "-gdb").is_empty());
     }
 
     #[test]
     fn test_device_carrier_gets_its_virtio_id_and_kvm_uses_host_cpu() {
         let dev = VhostUserDevice { socket: "/s".into(), carrier: Carrier::TestDevice };
         let mut c = config(Some(dev), Accel::Kvm);
-        c.gdb = true;
+        c.gdb = Some(GdbStub { port: 4321, wait: true });
         let args = strings(&c);
         assert_eq!(values(&args, "-accel"), ["kvm"]);
         assert_eq!(values(&args, "-cpu"), ["host"]);
@@ -231,7 +244,12 @@ mod tests {
         assert!(
             dev.starts_with("vhost-user-test-device-pci,chardev=vhca0,bus=rp1,virtio-id=42,num_vqs=4,config_size=12")
         );
-        assert!(args.contains(&"-S".to_string()) && args.contains(&"-s".to_string()));
+        assert_eq!(values(&args, "-gdb"), ["tcp::4321"]);
+        assert!(args.contains(&"-S".to_string()));
+        c.gdb = Some(GdbStub { port: 1234, wait: false });
+        let args = strings(&c);
+        assert_eq!(values(&args, "-gdb"), ["tcp::1234"]);
+        assert!(!args.contains(&"-S".to_string()), "a gdb stub without --gdb-wait must not pause the guest");
     }
 
     #[test]

@@ -1,74 +1,129 @@
-//! Suites: the built-in one (for now the smoke run) and running a list of run specs into a report. The one place the
-//! expected verdict of each built-in run is written down.
+//! Running a list of concrete runs: up to `jobs` at a time on worker threads, each judged by vhca-suite as it ends and
+//! stored as artifacts, then one `SuiteReport`. An interrupt or a runner panic stops every worker's children.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::Instant;
 
-use serde::Serialize;
+use vhca_suite::{judge_run, BootPath, ConcreteRun, Observation, RunReport, Suite, SuiteReport};
 
-use crate::accel::AccelChoice;
-use crate::image::Image;
-use crate::outcome::RunOutcome;
-use crate::qemu_cmd::{Accel, Carrier};
-use crate::run::{execute, Progress, RunContext, RunError, RunSpec};
-use crate::verdict::{judge, Expectation, Verdict};
+use crate::artifacts;
+use crate::run::{execute, Progress, RunContext, RunError, RunRecord};
+use crate::supervise::interrupted;
 
-/// Hard timeout of one run when none is given: TCG boots in seconds here, but a loaded CI host is slower.
-pub fn default_timeout(accel: Accel) -> Duration {
-    match accel {
-        Accel::Tcg => Duration::from_secs(120),
-        Accel::Kvm => Duration::from_secs(60),
-    }
+/// How a suite is run and where its files go.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    pub jobs: usize,
+    /// Artifact folders go to `<artifacts>/<run>/verifier-<mode>/`.
+    pub artifacts: Option<PathBuf>,
+    /// The reproducer's program and suite file (None: the built-in suite).
+    pub program: String,
+    pub suite_file: Option<String>,
 }
 
-/// The smoke run: QUERY_DEVICE over VFIO through the vIOMMU, proven by the device's IOTLB log.
-pub fn smoke(timeout: Duration) -> RunSpec {
-    RunSpec {
-        name: "smoke".into(),
-        scenario: "smoke".into(),
-        append: Vec::new(),
-        map_registers: None,
-        device_args: Vec::new(),
-        timeout,
-        expect: Expectation::GuestOk { iova_check: true },
-    }
+/// What the UI hears while the suite runs.
+#[derive(Debug, Clone)]
+pub enum SuiteEvent {
+    Started { index: usize, name: String },
+    Progress(Progress),
+    Finished { index: usize, report: Box<RunReport> },
 }
 
-pub fn builtin(timeout: Duration) -> Vec<RunSpec> {
-    vec![smoke(timeout)]
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RunReport {
-    pub outcome: RunOutcome,
-    pub verdict: Verdict,
-    pub expect: Expectation,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct SuiteReport {
-    pub accel: AccelChoice,
-    pub carrier: Carrier,
-    pub image: Image,
-    pub runs: Vec<RunReport>,
-}
-
-impl SuiteReport {
-    pub fn all_passed(&self) -> bool {
-        !self.runs.is_empty() && self.runs.iter().all(|r| r.verdict.pass())
-    }
-}
-
+/// Runs `runs` (from `suite`) and reports every one. Err only for an interrupt (or a panic, which propagates).
 pub fn run_suite(
     ctx: &RunContext,
-    accel: AccelChoice,
-    specs: &[RunSpec],
-    on: &mut dyn FnMut(Progress),
+    suite: &Suite,
+    runs: &[ConcreteRun],
+    opts: &SuiteOptions,
+    on: &mut dyn FnMut(SuiteEvent),
 ) -> Result<SuiteReport, RunError> {
-    let mut runs = Vec::new();
-    for spec in specs {
-        let outcome = execute(ctx, spec, on)?;
-        let verdict = judge(&spec.expect, &outcome);
-        runs.push(RunReport { outcome, verdict, expect: spec.expect.clone() });
+    let start = Instant::now();
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<RunReport>>> = Mutex::new(vec![None; runs.len()]);
+    let failure: Mutex<Option<RunError>> = Mutex::new(None);
+    let (tx, rx) = mpsc::channel::<SuiteEvent>();
+    std::thread::scope(|scope| {
+        for _ in 0..opts.jobs.clamp(1, runs.len().max(1)) {
+            let tx = tx.clone();
+            let (next, results, failure) = (&next, &results, &failure);
+            scope.spawn(move || loop {
+                if interrupted() {
+                    return;
+                }
+                let index = next.fetch_add(1, Ordering::SeqCst);
+                let Some(run) = runs.get(index) else { return };
+                let _ = tx.send(SuiteEvent::Started { index, name: run.name.clone() });
+                let mut progress = |p: Progress| {
+                    let _ = tx.send(SuiteEvent::Progress(p));
+                };
+                match one_run(ctx, run, opts, &mut progress) {
+                    Ok(report) => {
+                        let _ = tx.send(SuiteEvent::Finished { index, report: Box::new(report.clone()) });
+                        if let Ok(mut r) = results.lock() {
+                            r[index] = Some(report);
+                        }
+                    }
+                    Err(e) => {
+                        if let Ok(mut f) = failure.lock() {
+                            f.get_or_insert(e);
+                        }
+                        return;
+                    }
+                }
+            });
+        }
+        // Only the workers hold senders now: the loop ends when the last worker does.
+        drop(tx);
+        for event in rx {
+            on(event);
+        }
+    });
+    if let Some(e) = failure.into_inner().ok().flatten() {
+        return Err(e);
     }
-    Ok(SuiteReport { accel, carrier: ctx.carrier, image: ctx.image.clone(), runs })
+    let reports: Vec<RunReport> = results.into_inner().unwrap_or_default().into_iter().flatten().collect();
+    Ok(SuiteReport::new(suite, reports, start.elapsed().as_secs_f64()))
+}
+
+/// Executes, judges and stores one run. A runner error other than an interrupt (QEMU would not start, the work dir
+/// could not be written) becomes that run's device failure, so one broken run does not hide the others.
+pub fn one_run(
+    ctx: &RunContext,
+    run: &ConcreteRun,
+    opts: &SuiteOptions,
+    on: &mut dyn FnMut(Progress),
+) -> Result<RunReport, RunError> {
+    let record = match execute(ctx, run, on) {
+        Ok(record) => record,
+        Err(e) if e.is_interrupt() => return Err(e),
+        Err(e) => {
+            let observation = Observation { rig_problems: vec![format!("runner: {e}")], ..Observation::default() };
+            let mut report = RunReport::new(run, judge_run(run, &observation), 0.0, ctx.accel.name(), BootPath::Cold);
+            report.set_reproducer(&opts.program, opts.suite_file.as_deref());
+            return Ok(report);
+        }
+    };
+    Ok(report_of(ctx, run, opts, record))
+}
+
+fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: RunRecord) -> RunReport {
+    let verdict = judge_run(run, &record.evidence.observation);
+    let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), BootPath::Cold);
+    if let Some(root) = &opts.artifacts {
+        match artifacts::store(root, run, record.work.path(), &record.evidence) {
+            Ok(stored) => {
+                report.artifact_dir = Some(stored.dir);
+                report.timeline_svg = Some(stored.timeline);
+            }
+            // The verdict stands without its files; the report says they are missing.
+            Err(e) => report.notes.push(format!("artifacts under {} not written: {e}", root.display())),
+        }
+    }
+    if let crate::run::WorkDir::Kept(dir) = &record.work {
+        report.notes.push(format!("work dir kept: {}", dir.display()));
+    }
+    report.set_reproducer(&opts.program, opts.suite_file.as_deref());
+    report
 }

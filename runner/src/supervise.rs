@@ -42,6 +42,13 @@ pub fn install_interrupt_handler() -> io::Result<()> {
         signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())?;
         signal_hook::flag::register(sig, flag.clone())?;
     }
+    // A panic in one worker raises the same flag, so the other workers unwind too (children killed, work dirs
+    // removed) instead of finishing their runs while the panic waits for them.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        interrupt_flag().store(true, Ordering::SeqCst);
+        default_hook(info);
+    }));
     Ok(())
 }
 

@@ -1,109 +1,90 @@
-//! Output: renders progress, the verdict table and failure details as text, and the report as JSON. The only module
-//! that decides how things look; everything else returns data.
+//! What a person sees while a suite runs: a progress bar on a terminal, plain lines otherwise (CI logs), and the
+//! guest's console for an interactive boot. Everything goes to stderr; the result table is stdout's.
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use vhca_suite::RunReport;
 
 use crate::run::Progress;
-use crate::suite::{RunReport, SuiteReport};
+use crate::suite::SuiteEvent;
 
-/// Progress lines for the terminal (stderr); serial lines only when `echo_serial` (interactive boot).
-pub fn progress_line(p: &Progress, echo_serial: bool) -> Option<String> {
-    match p {
-        Progress::Stage { run, what } => Some(format!("[{run}] {what}")),
-        Progress::Serial { line, .. } if echo_serial => Some(format!("| {line}")),
-        Progress::Serial { .. } => None,
-    }
+pub struct SuiteUi {
+    bar: Option<ProgressBar>,
+    total: usize,
+    done: usize,
+    running: BTreeMap<usize, String>,
+    echo_serial: bool,
 }
 
-pub fn table(report: &SuiteReport) -> String {
-    let rows: Vec<[String; 4]> = report
-        .runs
-        .iter()
-        .map(|r| {
-            [
-                r.outcome.name.clone(),
-                r.verdict.kind.label().to_string(),
-                format!("{:.2}", r.outcome.seconds),
-                r.outcome.accel.name().to_string(),
-            ]
-        })
-        .collect();
-    let header = ["run", "verdict", "seconds", "accelerator"];
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+impl SuiteUi {
+    /// `echo_serial` shows the guest's console lines (interactive boot); a bar is drawn only on a terminal.
+    pub fn new(total: usize, echo_serial: bool) -> SuiteUi {
+        let bar = (std::io::stderr().is_terminal() && !echo_serial).then(|| {
+            let bar = ProgressBar::new(total as u64);
+            let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        SuiteUi { bar, total, done: 0, running: BTreeMap::new(), echo_serial }
+    }
+
+    fn say(&self, line: String) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
         }
     }
-    let mut out = String::new();
-    let mut line = |cells: &[String; 4]| {
-        let _ = writeln!(
-            out,
-            "{:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}",
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2],
-            w3 = widths[3]
-        );
-    };
-    line(&header.map(String::from));
-    for row in &rows {
-        line(row);
-    }
-    out
-}
 
-pub fn summary(report: &SuiteReport) -> String {
-    let passed = report.runs.iter().filter(|r| r.verdict.pass()).count();
-    format!(
-        "{passed}/{} passed · accelerator {} ({}) · carrier {} · kernel {} ({:?}) · image {}{}\n",
-        report.runs.len(),
-        report.accel.accel.name(),
-        report.accel.how,
-        report.carrier.device_name(),
-        report.image.kernel_package,
-        report.image.kernel_kind,
-        report.image.key,
-        if report.image.built { " (built now)" } else { "" },
-    )
-}
-
-/// Why each failed run failed, what its guest, QEMU and device said last, and how to repeat it.
-pub fn failures(report: &SuiteReport) -> String {
-    let mut out = String::new();
-    for r in report.runs.iter().filter(|r| !r.verdict.pass()) {
-        failure(&mut out, r);
-    }
-    out
-}
-
-fn failure(out: &mut String, r: &RunReport) {
-    let o = &r.outcome;
-    let _ = writeln!(out, "--- {} {}", o.name, r.verdict.kind.label());
-    for reason in &r.verdict.reasons {
-        let _ = writeln!(out, "  - {reason}");
-    }
-    for (title, lines) in
-        [("serial", &o.serial_tail), ("device log", &o.device_log_tail), ("qemu log", &o.qemu_log_tail)]
-    {
-        if lines.is_empty() {
-            continue;
-        }
-        let _ = writeln!(out, "  {title} (last {} lines):", lines.len());
-        for l in lines.iter() {
-            let _ = writeln!(out, "    {l}");
+    fn refresh(&self) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(self.done as u64);
+            bar.set_message(self.running.values().cloned().collect::<Vec<_>>().join(", "));
         }
     }
-    if let Some(dir) = &o.artifacts {
-        let _ = writeln!(out, "  artifacts: {}", dir.display());
+
+    pub fn handle(&mut self, event: SuiteEvent) {
+        match event {
+            SuiteEvent::Started { index, name } => {
+                if self.bar.is_none() {
+                    self.say(format!("[{}/{}] start {name}", index + 1, self.total));
+                }
+                self.running.insert(index, name);
+            }
+            SuiteEvent::Progress(Progress::Stage { run, what }) => {
+                if self.echo_serial {
+                    self.say(format!("[{run}] {what}"));
+                }
+            }
+            SuiteEvent::Progress(Progress::Serial { line, .. }) => {
+                if self.echo_serial {
+                    self.say(format!("| {line}"));
+                }
+            }
+            SuiteEvent::Finished { report, .. } => {
+                self.done += 1;
+                self.running.retain(|_, name| *name != report.name);
+                self.say(format!("[{}/{}] {}", self.done, self.total, finished_line(&report)));
+            }
+        }
+        self.refresh();
     }
-    let _ = writeln!(out, "  reproduce: {}", o.reproducer);
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
-pub fn json(report: &SuiteReport) -> serde_json::Result<String> {
-    serde_json::to_string_pretty(report)
+/// One line per finished run: `ok   NAME: ACTUAL (S s)` or `FAIL NAME: REASON (S s)`.
+pub fn finished_line(r: &RunReport) -> String {
+    match r.failure_reason() {
+        None => format!("ok   {}: {} ({:.1} s, {})", r.name, r.actual_text, r.seconds, r.accelerator),
+        Some(reason) => format!("FAIL {}: {reason} ({:.1} s, {})", r.name, r.seconds, r.accelerator),
+    }
 }

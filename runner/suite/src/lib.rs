@@ -4,6 +4,7 @@
 mod bugcheck;
 mod eventlog;
 mod expect;
+mod iotlb;
 mod junit;
 mod observation;
 mod report;
@@ -19,6 +20,7 @@ mod xml_text;
 pub use bugcheck::{bugcheck_name, parse_bugcheck, Bugcheck};
 pub use eventlog::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
 pub use expect::{fault_cause_names, ExpectParseError, Expected};
+pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;
 pub use observation::{GuestPanicked, HyperVCrash, Observation, ProcessExit};
 pub use report::{reproducer, BootPath, RunReport, SuiteReport, Totals};
@@ -26,10 +28,10 @@ pub use serial::{
     parse_linux_panic, parse_result_line, scan_serial, LinuxPanic, PanicKind, ResultLine, SerialFindings,
 };
 pub use suite::{
-    ConcreteRun, DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_TIMEOUT_S,
-    DEFAULT_VERIFIER_FLAGS,
+    ConcreteRun, DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS,
 };
 pub use suite_file::{Problem, SuiteError, SEED_SUITE, SEED_SUITE_NAME};
 pub use table::render_table;
 pub use timeline::render_timeline;
-pub use verdict::{judge, Actual, Outcome, Verdict};
+pub use verdict::{judge, judge_run, Actual, Outcome, Verdict};

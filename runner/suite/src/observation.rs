@@ -1,6 +1,8 @@
 //! What one finished run showed, as the runner collected it: serial findings, QMP panics, device faults, how the
 //! processes ended and whether the runner had to time the run out. `judge` turns it into a verdict.
 
+use std::collections::BTreeSet;
+
 use serde::Serialize;
 
 use crate::bugcheck::{bugcheck_name, Bugcheck};
@@ -145,6 +147,12 @@ pub struct Observation {
     pub guest_panicked: Option<GuestPanicked>,
     /// Refused DMAs from the device's event log, in order.
     pub device_faults: Vec<DeviceFault>,
+    /// Every event-log `kind` that appeared, for the suite's required `events`.
+    pub event_kinds: BTreeSet<String>,
+    /// The rig itself misbehaved in a way no process exit shows: the device never listened, it followed a
+    /// descriptor no IOTLB update covered, the guest ran another scenario than asked, the runner could not start
+    /// QEMU. Judged as a device failure: nothing else the run showed can be trusted.
+    pub rig_problems: Vec<String>,
     pub qemu_exit: ProcessExit,
     pub device_exit: ProcessExit,
     /// Seconds between the last serial output and the end of the run.
@@ -172,9 +180,10 @@ impl Observation {
         self.linux_panics.extend(found.panics);
     }
 
-    /// Adds the device's refused DMAs.
+    /// Adds the device's refused DMAs and the kinds of event it logged.
     pub fn add_event_log(&mut self, log: &EventLog) {
         self.device_faults.extend(log.faults());
+        self.event_kinds.extend(log.events.iter().map(|e| e.kind.clone()));
     }
 
     /// Records a QMP event if it is GUEST_PANICKED (the first one counts); returns whether it was.

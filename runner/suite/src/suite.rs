@@ -15,6 +15,10 @@ pub const DEFAULT_VERIFIER_FLAGS: u32 = 0x80 | 0x2 | 0x8 | 0x20;
 /// Per-run guest timeout when neither the run nor the suite's `[defaults]` sets one.
 pub const DEFAULT_TIMEOUT_S: u32 = 60;
 
+/// Seconds without serial output after which a run counts as hung. A TCG boot with `quiet` is silent for 3-10 s
+/// (more on a loaded host running runs in parallel), so this leaves room without waiting out the whole timeout.
+pub const DEFAULT_SILENCE_S: u32 = 30;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VerifierMode {
@@ -75,6 +79,8 @@ pub struct GuestOptions {
     /// Free-form `vhca.KEY=VALUE` settings, keys without the `vhca.` prefix.
     pub extra: BTreeMap<String, String>,
     pub timeout_s: u32,
+    /// No serial output for this long: the run is hung.
+    pub silence_s: u32,
 }
 
 /// One run as written in the suite file, validated.
@@ -87,6 +93,8 @@ pub struct SuiteRun {
     pub verifier_flags: u32,
     /// The modes this run expands to, each with its expectation, in `VerifierMode` order.
     pub expect: BTreeMap<VerifierMode, Expected>,
+    /// Device event-log kinds that must appear, per mode (a mode without an entry requires none).
+    pub events: BTreeMap<VerifierMode, Vec<String>>,
     /// 1-based line of the run's `name` in the suite file, for messages that point back at it.
     pub line: usize,
 }
@@ -112,6 +120,8 @@ pub struct ConcreteRun {
     pub device: DeviceOptions,
     pub guest: GuestOptions,
     pub expected: Expected,
+    /// Device event-log kinds (`map_registers_exhausted`, ...) that must appear for the run to pass.
+    pub events: Vec<String>,
 }
 
 impl ConcreteRun {
@@ -164,6 +174,7 @@ impl Suite {
                     device: run.device.clone(),
                     guest: run.guest.clone(),
                     expected: expected.clone(),
+                    events: run.events.get(mode).cloned().unwrap_or_default(),
                 });
             }
         }
@@ -200,9 +211,11 @@ mod tests {
                 lock: Some(LockKind::Kmutex),
                 extra: BTreeMap::from([("fragmentation".to_string(), "4".to_string())]),
                 timeout_s: 30,
+                silence_s: 10,
             },
             verifier_flags: 0x80,
             expect: modes.iter().cloned().collect(),
+            events: BTreeMap::from([(VerifierMode::On, vec!["map_registers_exhausted".to_string()])]),
             line: 1,
         }
     }
@@ -223,6 +236,8 @@ mod tests {
         assert_eq!(runs[0].verifier_flags, 0);
         assert_eq!(runs[1].verifier_flags, 0x80);
         assert_eq!(runs[1].expected, Expected::Hang);
+        assert!(runs[0].events.is_empty(), "the off mode requires no event");
+        assert_eq!(runs[1].events, ["map_registers_exhausted"]);
         let filtered = suite.expand_filtered("^a/verifier-on$").unwrap();
         assert_eq!(filtered.len(), 1);
         assert_eq!(filtered[0].name, "a/verifier-on");

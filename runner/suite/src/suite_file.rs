@@ -11,7 +11,8 @@ use toml::Spanned;
 
 use crate::expect::Expected;
 use crate::suite::{
-    DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS,
+    DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S, DEFAULT_TIMEOUT_S,
+    DEFAULT_VERIFIER_FLAGS,
 };
 use crate::toml_location::{field_path_at, line_column};
 
@@ -67,6 +68,7 @@ struct RawSuite {
 #[serde(deny_unknown_fields)]
 struct RawDefaults {
     timeout_s: Option<Spanned<i64>>,
+    silence_s: Option<Spanned<i64>>,
     verifier_flags: Option<Spanned<toml::Value>>,
     map_registers: Option<Spanned<i64>>,
 }
@@ -82,6 +84,7 @@ struct RawRun {
     #[serde(default)]
     guest: RawGuest,
     expect: Spanned<RawExpect>,
+    events: Option<Spanned<RawEvents>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -98,6 +101,7 @@ struct RawGuest {
     scenario: Option<Spanned<String>>,
     lock: Option<Spanned<String>>,
     timeout_s: Option<Spanned<i64>>,
+    silence_s: Option<Spanned<i64>>,
     #[serde(default)]
     extra: BTreeMap<Spanned<String>, RawExtra>,
 }
@@ -180,6 +184,44 @@ impl<'de> Deserialize<'de> for RawExpect {
                     per_mode.push((mode, map.next_value::<Spanned<String>>()?));
                 }
                 Ok(RawExpect::PerMode(per_mode))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `events = ["kind", ...]` (every mode) or `events = { off = [...], on = [...] }`.
+enum RawEvents {
+    All(Vec<Spanned<String>>),
+    PerMode(Vec<(VerifierMode, Vec<Spanned<String>>)>),
+}
+
+impl<'de> Deserialize<'de> for RawEvents {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawEvents;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of event-log kinds, or a table with keys `off` and/or `on` holding such lists")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<RawEvents, A::Error> {
+                let mut kinds = Vec::new();
+                while let Some(kind) = seq.next_element::<Spanned<String>>()? {
+                    kinds.push(kind);
+                }
+                Ok(RawEvents::All(kinds))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEvents, A::Error> {
+                let mut per_mode = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let mode = match key.as_str() {
+                        "off" => VerifierMode::Off,
+                        "on" => VerifierMode::On,
+                        _ => return Err(de::Error::unknown_field(&key, &["off", "on"])),
+                    };
+                    per_mode.push((mode, map.next_value::<Vec<Spanned<String>>>()?));
+                }
+                Ok(RawEvents::PerMode(per_mode))
             }
         }
         d.deserialize_any(V)
@@ -314,6 +356,11 @@ fn validate(raw: RawSuite, file: &str, c: &mut Checker) -> Suite {
         .as_ref()
         .and_then(|t| c.positive_u32(t, "defaults.timeout_s", MAX_TIMEOUT_S))
         .unwrap_or(DEFAULT_TIMEOUT_S);
+    let default_silence = d
+        .silence_s
+        .as_ref()
+        .and_then(|t| c.positive_u32(t, "defaults.silence_s", MAX_TIMEOUT_S))
+        .unwrap_or(DEFAULT_SILENCE_S);
     let default_flags = d
         .verifier_flags
         .as_ref()
@@ -355,9 +402,10 @@ fn validate(raw: RawSuite, file: &str, c: &mut Checker) -> Suite {
                 .filter_map(|(j, kv)| check_injection(kv, &f(&format!("device.inject[{j}]")), c))
                 .collect(),
         };
-        let guest = guest_options(&r, &name, default_timeout, c, &f);
+        let guest = guest_options(&r, &name, (default_timeout, default_silence), c, &f);
         let expect = expectations(&r, &modes, c, &f);
-        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, line });
+        let events = required_events(&r, &modes, c, &f);
+        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, line });
     }
     Suite { name: raw.name.into_inner(), source: file.to_string(), runs }
 }
@@ -406,7 +454,7 @@ fn check_injection(kv: &Spanned<String>, field: &str, c: &mut Checker) -> Option
 fn guest_options(
     r: &RawRun,
     name: &str,
-    default_timeout: u32,
+    (default_timeout, default_silence): (u32, u32),
     c: &mut Checker,
     f: &dyn Fn(&str) -> String,
 ) -> GuestOptions {
@@ -442,6 +490,11 @@ fn guest_options(
         .as_ref()
         .and_then(|t| c.positive_u32(t, &f("guest.timeout_s"), MAX_TIMEOUT_S))
         .unwrap_or(default_timeout);
+    let silence_s = g
+        .silence_s
+        .as_ref()
+        .and_then(|t| c.positive_u32(t, &f("guest.silence_s"), MAX_TIMEOUT_S))
+        .unwrap_or(default_silence);
     let mut extra = BTreeMap::new();
     for (key, value) in &g.extra {
         // `vhca.fragmentation = 4` in TOML is a dotted key: a table `vhca` holding `fragmentation`. Accept it.
@@ -455,7 +508,7 @@ fn guest_options(
         let name = key.get_ref().strip_prefix("vhca.").unwrap_or(key.get_ref());
         add_extra(&mut extra, name, value, key.span(), &f(&format!("guest.extra.{name}")), c);
     }
-    GuestOptions { scenario, lock, extra, timeout_s }
+    GuestOptions { scenario, lock, extra, timeout_s, silence_s }
 }
 
 fn add_extra(
@@ -505,6 +558,61 @@ fn add_extra(
     if extra.insert(key.to_string(), text).is_some() {
         c.at(span, field, format!("`{key}` given twice (with and without the vhca. prefix?)"));
     }
+}
+
+/// The event-log kinds each mode requires. Kinds are checked for spelling only: the device's list is its own (and
+/// grows without a schema bump), so an unknown kind shows up as "never seen" when the run is judged.
+fn required_events(
+    r: &RawRun,
+    modes: &[VerifierMode],
+    c: &mut Checker,
+    f: &dyn Fn(&str) -> String,
+) -> BTreeMap<VerifierMode, Vec<String>> {
+    let mut out: BTreeMap<VerifierMode, Vec<String>> = BTreeMap::new();
+    let Some(events) = &r.events else { return out };
+    let check = |kinds: &[Spanned<String>], field: String, c: &mut Checker| -> Vec<String> {
+        let mut ok = Vec::new();
+        for (j, kind) in kinds.iter().enumerate() {
+            let k = kind.get_ref();
+            if !is_key(k) {
+                c.at(
+                    kind.span(),
+                    format!("{field}[{j}]"),
+                    format!("bad event kind {k:?}: event-log kinds are lower_snake_case (docs/events.md)"),
+                );
+            } else if ok.contains(k) {
+                c.at(kind.span(), format!("{field}[{j}]"), format!("event kind {k:?} listed twice"));
+            } else {
+                ok.push(k.clone());
+            }
+        }
+        ok
+    };
+    match events.get_ref() {
+        RawEvents::All(kinds) => {
+            if kinds.is_empty() {
+                c.at(events.span(), f("events"), "empty list: leave `events` out to require none");
+            }
+            let kinds = check(kinds, f("events"), c);
+            out.extend(modes.iter().map(|m| (*m, kinds.clone())));
+        }
+        RawEvents::PerMode(per_mode) => {
+            for (mode, kinds) in per_mode {
+                let field = f(&format!("events.{mode}"));
+                if !modes.contains(mode) {
+                    c.at(
+                        events.span(),
+                        field,
+                        format!("required events for mode {:?}, which `modes` leaves out", mode.as_str()),
+                    );
+                    continue;
+                }
+                let kinds = check(kinds, field, c);
+                out.insert(*mode, kinds);
+            }
+        }
+    }
+    out
 }
 
 fn expectations(

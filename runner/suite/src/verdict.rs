@@ -9,6 +9,7 @@ use crate::bugcheck::Bugcheck;
 use crate::expect::Expected;
 use crate::observation::{Observation, ProcessExit};
 use crate::serial::clip;
+use crate::suite::ConcreteRun;
 
 /// What a run ended in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -94,6 +95,25 @@ pub fn judge(expected: &Expected, o: &Observation) -> Verdict {
     Verdict { actual, outcome, notes }
 }
 
+/// Judges a concrete run: its expectation, then the event-log kinds it requires. A run whose verdict matched but
+/// whose device never logged a required kind fails, naming the missing kinds; one that failed anyway gets a note.
+pub fn judge_run(run: &ConcreteRun, o: &Observation) -> Verdict {
+    let mut verdict = judge(&run.expected, o);
+    let missing: Vec<&str> =
+        run.events.iter().filter(|k| !o.event_kinds.contains(k.as_str())).map(String::as_str).collect();
+    if missing.is_empty() {
+        return verdict;
+    }
+    let what = format!("required event-log kind(s) never logged by the device: {}", missing.join(", "));
+    if verdict.outcome.passed() {
+        verdict.outcome =
+            Outcome::Fail { reason: format!("expected {}, got {} but {what}", run.expected, verdict.actual) };
+    } else {
+        verdict.notes.push(what);
+    }
+    verdict
+}
+
 fn actual_of(o: &Observation, notes: &mut Vec<String>) -> Actual {
     let serial_bugcheck = o.bugchecks.first();
     let qmp_bugcheck = o.guest_panicked.as_ref().and_then(|p| p.hyperv.as_ref()).and_then(|h| h.bugcheck());
@@ -121,6 +141,7 @@ fn actual_of(o: &Observation, notes: &mut Vec<String>) -> Actual {
     notes.extend(o.result_problems.iter().cloned());
 
     let mut failures = Vec::new();
+    failures.extend(o.rig_problems.iter().cloned());
     if o.device_exit.is_abnormal() {
         failures.push(format!("vhca-device {}", o.device_exit.describe()));
     }
