@@ -17,7 +17,7 @@ use vhca_device::{serve, DeviceOptions};
 /// Largest pool `--map-registers` accepts: 4 GiB of 4 KiB pages, and a table of a few MiB.
 const MAX_MAP_REGISTERS: i64 = 1 << 20;
 /// Longest `--miss-timeout-ms`: an hour is already far past any QEMU answer.
-const MAX_MISS_TIMEOUT_MS: u64 = 3_600_000;
+const MAX_MISS_TIMEOUT_MS: u64 = vhca_device::shared::MAX_MISS_TIMEOUT.as_secs() * 1000;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "vhost-user backend emulating an RDMA HCA behind QEMU's intel-iommu")]

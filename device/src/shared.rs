@@ -32,9 +32,12 @@ pub struct Shared {
     pub control_pending: AtomicBool,
     /// IOTLB invalidations the worker still has to tell the HCA about (the front-end never touches the HCA).
     pub invalidations: Mutex<Vec<(u64, u64)>>,
-    /// How long a miss may stay unanswered before the access counts as an IOMMU fault.
+    /// How long a miss may stay unanswered before the access counts as an IOMMU fault (at most `MAX_MISS_TIMEOUT`).
     pub miss_timeout: Duration,
 }
+
+/// Longest miss wait: deadlines are `Instant + miss_timeout`, which must never overflow (that would panic).
+pub const MAX_MISS_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Shared {
     pub fn new(events: Arc<EventLog>, num_queues: u16, miss_timeout: Duration) -> std::io::Result<Shared> {
@@ -51,7 +54,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             control_pending: AtomicBool::new(false),
             invalidations: Mutex::new(Vec::new()),
-            miss_timeout,
+            miss_timeout: miss_timeout.min(MAX_MISS_TIMEOUT),
         })
     }
 
@@ -107,5 +110,18 @@ impl Shared {
         let result = f(&mut lock(vring));
         self.control_pending.store(false, Ordering::Release);
         Some(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn miss_timeout_is_clamped_so_deadlines_cannot_overflow() {
+        let events = Arc::new(EventLog::to_writer(Box::new(std::io::sink())));
+        let shared = Shared::new(events, 4, Duration::MAX).unwrap();
+        assert_eq!(shared.miss_timeout, MAX_MISS_TIMEOUT);
+        assert!(std::time::Instant::now().checked_add(shared.miss_timeout).is_some());
     }
 }
