@@ -24,11 +24,14 @@ pub struct HcaConfig {
     pub ring_memory: RingMemory,
     /// Largest transfer the adapter is described with (sets the map registers IoGetDmaAdapter asks for).
     pub max_transfer: u32,
+    /// When one contiguous ring allocation fails, retry with smaller pieces (the seed's algorithm). Off: the
+    /// first failure is the caller's.
+    pub ring_fallback: bool,
 }
 
 impl Default for HcaConfig {
     fn default() -> Self {
-        HcaConfig { ring_memory: RingMemory::CommonBuffer, max_transfer: 1 << 20 }
+        HcaConfig { ring_memory: RingMemory::CommonBuffer, max_transfer: 1 << 20, ring_fallback: true }
     }
 }
 
@@ -192,7 +195,7 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
         }
         let pages = u32::try_from(ring_pages(entries, entry_size))
             .map_err(|_| DriverError::InvalidParameter("ring too large"))?;
-        Ring::allocate(&*self.kernel, self.adapter, self.device, self.config.ring_memory, pages)
+        Ring::allocate(&*self.kernel, self.adapter, self.device, self.config.ring_memory, pages, self.config.ring_fallback)
     }
 
     /// Allocates the CQ ring (contiguous first, then smaller pieces) and sends CREATE_CQ with its page list.
@@ -348,15 +351,30 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
         self.post(qpn, wqe, false)
     }
 
+    /// Writes several WQEs into consecutive SQ slots and rings the doorbell once, as drivers batch posts. At most
+    /// one ring's worth: the device refuses a producer index more than one ring ahead of its consumer.
+    pub fn post_send_many(&mut self, qpn: u32, wqes: &[Wqe]) -> Result<(), DriverError> {
+        self.post_many(qpn, wqes, true)
+    }
+
     fn post(&mut self, qpn: u32, wqe: &Wqe, send: bool) -> Result<(), DriverError> {
+        self.post_many(qpn, core::slice::from_ref(wqe), send)
+    }
+
+    fn post_many(&mut self, qpn: u32, wqes: &[Wqe], send: bool) -> Result<(), DriverError> {
         let kernel = self.kernel.clone();
         let q = self.qps.get_mut(&qpn).ok_or(DriverError::UnknownHandle(qpn))?;
         let (ring, entries, head) =
             if send { (&q.sq, q.sq_entries, &mut q.sq_head) } else { (&q.rq, q.rq_entries, &mut q.rq_head) };
-        let slot = (*head % entries) as u64 * WQE_SIZE as u64;
-        let va = ring.va(slot).ok_or(DriverError::InvalidParameter("WQE slot outside its ring"))?;
-        kernel.RtlCopyToVa(va, wqe.as_bytes());
-        *head = head.wrapping_add(1);
+        if wqes.is_empty() || wqes.len() > entries as usize {
+            return Err(DriverError::InvalidParameter("batch empty or longer than the work queue"));
+        }
+        for wqe in wqes {
+            let slot = (*head % entries) as u64 * WQE_SIZE as u64;
+            let va = ring.va(slot).ok_or(DriverError::InvalidParameter("WQE slot outside its ring"))?;
+            kernel.RtlCopyToVa(va, wqe.as_bytes());
+            *head = head.wrapping_add(1);
+        }
         let kind = if send { DoorbellKind::SendQueue } else { DoorbellKind::RecvQueue };
         let db = Doorbell { kind: (kind as u32).into(), handle: qpn.into(), index: (*head).into(), flags: 0.into() };
         self.channel.ring_doorbell(db.as_bytes())?;
@@ -467,6 +485,21 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
             }
             self.kernel.IoFreeMdl(mdl);
         }
+    }
+
+    /// The use-after-unmap bug: gives the MR's buffer back (Put/IoUnmap, unlock, free the MDL) while the device
+    /// still holds the registration. The device's next DMA through the MR meets an unmapped IOVA. A later
+    /// dereg_mr only deregisters.
+    pub fn release_mr_buffer_early(&mut self, lkey: u32) -> Result<(), DriverError> {
+        let mr = self.mrs.get_mut(&lkey).ok_or(DriverError::UnknownHandle(lkey))?;
+        let taken = core::mem::replace(mr, Mr { mdl: None, locked: false, view: MrDeviceView::None });
+        self.release_mr(&taken);
+        Ok(())
+    }
+
+    /// MR keys still registered.
+    pub fn registered_mrs(&self) -> Vec<u32> {
+        self.mrs.keys().copied().collect()
     }
 
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), DriverError> {

@@ -39,13 +39,15 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    /// Allocates `pages` pages, trying piece sizes pages, pages/2, ... 1 until every piece fits.
+    /// Allocates `pages` pages, trying piece sizes pages, pages/2, ... 1 until every piece fits (with `fallback`;
+    /// without it one contiguous attempt only).
     pub fn allocate<K: NtKernel>(
         kernel: &K,
         adapter: PDMA_ADAPTER,
         device: PDEVICE_OBJECT,
         memory: RingMemory,
         pages: u32,
+        fallback: bool,
     ) -> Result<Ring, DriverError> {
         if pages == 0 {
             return Err(DriverError::InvalidParameter("ring of zero pages"));
@@ -55,7 +57,7 @@ impl Ring {
             match Self::allocate_pieces(kernel, adapter, device, memory, pages, piece_pages) {
                 Ok(ring) => return Ok(ring),
                 // Physically contiguous memory is scarce: retry with pieces half as long, down to single pages.
-                Err(DriverError::NoMemory { .. }) if piece_pages > 1 => piece_pages = piece_pages.div_ceil(2),
+                Err(DriverError::NoMemory { .. }) if fallback && piece_pages > 1 => piece_pages = piece_pages.div_ceil(2),
                 Err(e) => return Err(e),
             }
         }

@@ -3,6 +3,9 @@
 
 use std::fmt;
 
+use vhca_driver::ClMutexKind;
+use vhca_ntmodel::{RuleId, VerifierFlags};
+
 /// PCI identity of the device to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PciId {
@@ -29,7 +32,7 @@ impl fmt::Display for PciId {
 /// What the run does and how long it may wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Scenario name; only `smoke` exists so far.
+    /// Scenario name (see `scenarios::NAMES`, plus the transport's `smoke` and `unmapped`).
     pub scenario: String,
     /// Bound on every wait for the device (reset, one command completion).
     pub timeout_ms: u64,
@@ -39,6 +42,18 @@ pub struct Options {
     pub poweroff: bool,
     /// Written to the device's sysfs reset_method before vfio-pci opens it (e.g. `pm`); None keeps the kernel's.
     pub reset_method: Option<String>,
+    /// The kernel lock the driver's control path holds (`vhca.lock`); None: the scenario's own choice.
+    pub lock: Option<ClMutexKind>,
+    /// Driver Verifier flags of the NT model (`vhca.verifier`, 0 = off).
+    pub verifier: VerifierFlags,
+    /// Longest physically contiguous run, in pages, the NT model can still find (`vhca.fragmentation`).
+    pub fragmentation: Option<usize>,
+    /// Map registers of the NT model's DMA adapter (`vhca.map_registers`); None: as many as the device has.
+    pub map_registers: Option<u32>,
+    /// Verifier rules turned off (`vhca.disable_rule=0xE6/0x26`, repeatable).
+    pub disabled_rules: Vec<RuleId>,
+    /// The fixed scenarios take their buggy path again (`vhca.break_fix=1`): proves their checks can fail.
+    pub break_fix: bool,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -51,6 +66,12 @@ impl Default for Options {
             device: None,
             poweroff: true,
             reset_method: None,
+            lock: None,
+            verifier: VerifierFlags::NONE,
+            fragmentation: None,
+            map_registers: None,
+            disabled_rules: Vec::new(),
+            break_fix: false,
             warnings: Vec::new(),
         }
     }
@@ -81,13 +102,30 @@ impl Options {
                     value.parse().ok().filter(|ms| *ms > 0).ok_or(format!("not a positive integer: {value:?}"))?
             }
             "device" => self.device = Some(PciId::parse(value).ok_or(format!("not vvvv:dddd in hex: {value:?}"))?),
-            "poweroff" => {
-                self.poweroff = match value {
-                    "1" | "on" | "yes" | "true" => true,
-                    "0" | "off" | "no" | "false" => false,
-                    _ => return Err(format!("not a boolean: {value:?}")),
-                }
+            "poweroff" => self.poweroff = boolean(value)?,
+            "break_fix" => self.break_fix = boolean(value)?,
+            "lock" => {
+                self.lock = Some(match value {
+                    "fast_mutex" => ClMutexKind::FastMutex,
+                    "kmutex" => ClMutexKind::KMutex,
+                    "eresource" => ClMutexKind::EResource,
+                    _ => return Err(format!("not fast_mutex, kmutex or eresource: {value:?}")),
+                })
             }
+            "verifier" => {
+                self.verifier = VerifierFlags::parse(value).ok_or(format!("not verifier flags: {value:?}"))?
+            }
+            "fragmentation" => {
+                self.fragmentation =
+                    Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a page count > 0: {value:?}"))?)
+            }
+            "map_registers" => {
+                self.map_registers =
+                    Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a count > 0: {value:?}"))?)
+            }
+            "disable_rule" => self
+                .disabled_rules
+                .push(RuleId::parse(value).ok_or(format!("not 0xCODE or 0xCODE/0xSUBCODE: {value:?}"))?),
             "reset_method" if !value.is_empty() => self.reset_method = Some(value.to_string()),
             "reset_method" => return Err("empty value".into()),
             // Read by the initramfs' /init (probe / hang modes), not by this program.
@@ -95,6 +133,23 @@ impl Options {
             _ => return Err("unknown key".into()),
         }
         Ok(())
+    }
+}
+
+fn boolean(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "on" | "yes" | "true" => Ok(true),
+        "0" | "off" | "no" | "false" => Ok(false),
+        _ => Err(format!("not a boolean: {value:?}")),
+    }
+}
+
+/// The `vhca.lock` spelling of a lock kind, for reports.
+pub fn lock_name(kind: ClMutexKind) -> &'static str {
+    match kind {
+        ClMutexKind::FastMutex => "fast_mutex",
+        ClMutexKind::KMutex => "kmutex",
+        ClMutexKind::EResource => "eresource",
     }
 }
 
@@ -131,6 +186,27 @@ mod tests {
         assert_eq!(options.warnings.len(), 5, "{:?}", options.warnings);
         assert!(options.warnings[0].contains("vhca.colour"));
         assert!(options.warnings[1].contains("soon"));
+    }
+
+    #[test]
+    fn reads_the_driver_options_the_runner_passes() {
+        let options = Options::parse(
+            "vhca.scenario=contiguous-cq-fallback vhca.lock=kmutex vhca.verifier=0xaa vhca.fragmentation=4 \
+             vhca.map_registers=16 vhca.disable_rule=0xC4/0xE5 vhca.disable_rule=0xE6 vhca.break_fix=1",
+        );
+        assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+        assert_eq!(options.lock, Some(ClMutexKind::KMutex));
+        assert_eq!(options.verifier, VerifierFlags(0xAA));
+        assert_eq!(options.fragmentation, Some(4));
+        assert_eq!(options.map_registers, Some(16));
+        assert_eq!(options.disabled_rules.len(), 2);
+        assert_eq!(options.disabled_rules[0].subcode, Some(0xE5));
+        assert_eq!(options.disabled_rules[1].subcode, None);
+        assert!(options.break_fix);
+        let off = Options::parse("vhca.verifier=0x0 vhca.lock=spin vhca.disable_rule=E6/x");
+        assert_eq!(off.verifier, VerifierFlags::NONE);
+        assert_eq!(off.lock, None);
+        assert_eq!(off.warnings.len(), 2, "{:?}", off.warnings);
     }
 
     #[test]

@@ -167,6 +167,35 @@ impl CommandQueue {
         Ok(Response { header, body, used_len: used.len })
     }
 
+    /// Sends an encoded request (header, body, page list) and returns the bytes the device wrote into the response
+    /// buffer, at most `response_capacity`: the driver core decodes and checks them. Only the transport is checked
+    /// here (sizes, which chain completed, at least a response header written).
+    pub fn execute_raw(&mut self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, CommandError> {
+        let opcode = request.get(..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let name = Opcode::from_u32(opcode).map_or("unknown opcode", Opcode::name);
+        if request.len() > self.request.len() || request.is_empty() {
+            return Err(CommandError::RequestTooLarge { opcode: name, len: request.len(), max: self.request.len() });
+        }
+        let room = response_capacity.clamp(RESPONSE_HEADER_SIZE, self.response.len());
+        self.request.write_bytes(0, request)?;
+        self.response.fill(0, room, POISON)?;
+        let head = self.queue.add_chain(&[
+            Buffer { iova: self.request.iova(), len: request.len() as u32, device_writes: false },
+            Buffer { iova: self.response.iova(), len: room as u32, device_writes: true },
+        ])?;
+        self.notifier.notify()?;
+        let used = self.queue.wait_used(self.timeout)?;
+        if used.head != head {
+            return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });
+        }
+        if (used.len as usize) < RESPONSE_HEADER_SIZE {
+            return Err(CommandError::ShortResponse { opcode: name, written: used.len, need: RESPONSE_HEADER_SIZE });
+        }
+        let mut out = vec![0u8; (used.len as usize).min(room)];
+        self.response.read_bytes(0, &mut out)?;
+        Ok(out)
+    }
+
     /// QUERY_DEVICE, with the fields a driver relies on checked.
     pub fn query_device(&mut self) -> Result<(QueryDeviceResp, Response), CommandError> {
         let opcode = Opcode::QueryDevice;

@@ -221,6 +221,75 @@ fn anonymous_memory(len: usize) -> Result<NonNull<u8>, DmaError> {
     NonNull::new(ptr.cast::<u8>()).ok_or(DmaError::Alloc { len, source: std::io::ErrorKind::OutOfMemory.into() })
 }
 
+/// Pinned, page-aligned memory this process owns but has not mapped for the device: what the NT model's backend
+/// hands out as "physical pages", mapped at IOVAs later (and as often) as the model's DMA adapter decides.
+#[derive(Debug)]
+pub struct HostMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the memory is owned exclusively by this value; every access goes through volatile byte copies on `&self`
+// (the device may write it concurrently anyway), so sharing across threads adds no data race of Rust's own.
+unsafe impl Send for HostMemory {}
+// SAFETY: see Send.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// `len` bytes (page-rounded) of zeroed memory.
+    pub fn new(len: usize) -> Result<HostMemory, DmaError> {
+        let len = region_len(len)?;
+        Ok(HostMemory { ptr: anonymous_memory(len)?, len })
+    }
+
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn range(&self, op: &'static str, offset: usize, len: usize) -> Result<*mut u8, DmaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.ptr.as_ptr().wrapping_add(offset)),
+            _ => Err(DmaError::OutOfRange { op, offset, len, size: self.len }),
+        }
+    }
+
+    /// Copies out with volatile loads: the device may have written these bytes behind the compiler's back.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
+        let base = self.range("read", offset, out.len())?;
+        for (i, byte) in out.iter_mut().enumerate() {
+            // SAFETY: `range` proved offset..offset+len lies inside our mapping, which lives as long as `self`.
+            *byte = unsafe { std::ptr::read_volatile(base.add(i)) };
+        }
+        Ok(())
+    }
+
+    /// Copies in with volatile stores: the device may read these bytes at any time.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), DmaError> {
+        let base = self.range("write", offset, data.len())?;
+        for (i, byte) in data.iter().enumerate() {
+            // SAFETY: `range` proved offset..offset+len lies inside our mapping, which lives as long as `self`.
+            unsafe { std::ptr::write_volatile(base.add(i), *byte) };
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what our own mmap returned; the owner of this value unmapped every IOVA
+        // pointing here before dropping it (NtDmaBackend::free), so neither the CPU nor the device refers to it.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// One mapping: host memory the device reaches at `iova`. Dropping it unmaps the IOVA before freeing the memory.
 #[derive(Debug)]
 pub struct DmaRegion {

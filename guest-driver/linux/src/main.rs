@@ -1,11 +1,12 @@
 //! vhca-guest: the init of the test guest. Reads options, drives the device once, prints `VHCA-RESULT {json}`,
 //! then powers the machine off. Every failure, panics included, still ends in a result line and a power-off.
 
-use std::os::unix::process::CommandExt;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use vhca_guest::cmdline::{Options, PciId};
+use vhca_guest::channel::{DoorbellQueue, EventQueue, VirtioChannel};
 use vhca_guest::command::CommandQueue;
 use vhca_guest::dma::{DmaMapper, DmaRegion, PAGE_SIZE};
 use vhca_guest::report::{progress, ConfigView, QueryDeviceView, Report};
@@ -13,8 +14,12 @@ use vhca_guest::virtio_pci::{
     QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
 };
 use vhca_guest::virtqueue::{RingLayout, SplitQueue};
-use vhca_guest::{kmsg, pci, rng, vfio};
-use vhca_proto::{DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_SIZE};
+use vhca_guest::scenarios::{self, DriverRun};
+use vhca_guest::{kmsg, pci, rng, shutdown, vfio};
+use vhca_proto::{
+    DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
+    QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
+};
 use zerocopy::FromBytes;
 
 /// QEMU's virtio-rng (modern id), the backend-less device used to prove the transport.
@@ -52,31 +57,18 @@ fn main() {
     finish(&options, report.ok);
 }
 
-/// PID 1 must never exit (the kernel would panic): power off, or hand over to a shell when asked to stay up.
 fn finish(options: &Options, ok: bool) -> ! {
-    if std::process::id() != 1 {
-        std::process::exit(if ok { 0 } else { 1 });
-    }
-    // SAFETY: sync has no preconditions; it flushes filesystem buffers before the power goes.
-    unsafe { libc::sync() };
-    if !options.poweroff {
-        let err = std::process::Command::new("/bin/busybox").arg("sh").exec();
-        progress(format_args!("cannot start a shell: {err}"));
-    }
-    // SAFETY: we are PID 1 with nothing left to do; RB_POWER_OFF stops the machine and does not return on success.
-    unsafe { libc::reboot(libc::RB_POWER_OFF) };
-    progress(format_args!("power-off failed: {}", std::io::Error::last_os_error()));
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
-    }
+    shutdown::finish(options.poweroff, ok)
 }
 
 /// What the run does. `Unmapped` is the negative control: DMA aimed at an IOVA that was never mapped must fault,
 /// which shows the checks that pass `Smoke` are able to fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `Driver` runs the driver core on the NT model (scenarios/).
+#[derive(Clone, Copy)]
 enum Scenario {
     Smoke,
     Unmapped,
+    Driver(&'static scenarios::Scenario),
 }
 
 impl Scenario {
@@ -84,10 +76,23 @@ impl Scenario {
         match name {
             "smoke" => Ok(Scenario::Smoke),
             "unmapped" => Ok(Scenario::Unmapped),
-            _ => bail!("unknown scenario {name:?} (known: smoke, unmapped)"),
+            _ => match scenarios::find(name) {
+                Some(s) => Ok(Scenario::Driver(s)),
+                None => {
+                    let known: Vec<&str> = scenarios::SCENARIOS.iter().map(|s| s.name).collect();
+                    bail!("unknown scenario {name:?} (known: smoke, unmapped, {})", known.join(", "))
+                }
+            },
         }
     }
+
+    fn is_unmapped(self) -> bool {
+        matches!(self, Scenario::Unmapped)
+    }
 }
+
+/// What a driver scenario leaves for the end of the run: its queues and buffers, alive until the device is reset.
+type DriverKeep = Option<(VirtioChannel, Option<DriverRun>)>;
 
 /// How long the negative control waits for the IOMMU's fault report to reach the kernel log.
 const FAULT_REPORT_WAIT: Duration = Duration::from_millis(500);
@@ -130,7 +135,7 @@ fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let session = vfio::Session::open(group, &device.address).context("VFIO setup")?;
     mark(report, "vfio_open");
     progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
-    let mapper = DmaMapper::new(session.container.clone());
+    let mapper = Arc::new(DmaMapper::new(session.container.clone()));
 
     let transport = VirtioPci::open(&session.device).context("virtio-pci transport")?;
     report.mmio = Some(if transport.mmio_mapped() { "mmap" } else { "pread" });
@@ -160,18 +165,24 @@ fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     ));
 
     let mut commands = None;
-    let result = match personality {
-        Personality::Vhca => vhca(scenario, &transport, &mut queues, &mut commands, &mapper, timeout, report),
-        Personality::Rng => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
+    let mut driver: DriverKeep = None;
+    let result = match (personality, scenario) {
+        (Personality::Vhca, Scenario::Driver(s)) => {
+            driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
+        }
+        (Personality::Vhca, _) => vhca(scenario, &transport, &mut queues, &mut commands, &mapper, timeout, report),
+        (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name)),
+        (Personality::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
     };
     mark(report, "scenario");
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
     let reset = transport.reset(timeout);
     drop(commands);
+    drop(driver);
     drop(queues);
     report.kernel_log = kmsg::iommu_lines(32);
     let deadline = Instant::now() + FAULT_REPORT_WAIT;
-    while scenario == Scenario::Unmapped && count_faults(&report.kernel_log) == 0 && Instant::now() < deadline {
+    while scenario.is_unmapped() && count_faults(&report.kernel_log) == 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
         report.kernel_log = kmsg::iommu_lines(32);
     }
@@ -192,6 +203,8 @@ fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         (Scenario::Unmapped, _) => {
             ensure!(report.iommu_faults > 0, "DMA to an unmapped IOVA left no IOMMU fault in the kernel log")
         }
+        // IOMMU faults are part of some driver scenarios' story (use-after-unmap); the count is reported.
+        (Scenario::Driver(_), _) => {}
     }
     Ok(())
 }
@@ -215,15 +228,7 @@ fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow:
     Ok((queue, notifier))
 }
 
-fn vhca(
-    scenario: Scenario,
-    transport: &VirtioPci,
-    queues: &mut [Option<Queue>],
-    commands: &mut Option<CommandQueue>,
-    mapper: &DmaMapper,
-    timeout: Duration,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+fn read_config(transport: &VirtioPci, report: &mut Report) -> anyhow::Result<DeviceConfig> {
     let raw = transport.read_device_config(DEVICE_CONFIG_SIZE)?.context("device has no device-config capability")?;
     let config =
         DeviceConfig::read_from_bytes(&raw).map_err(|_| anyhow::anyhow!("device config of {} bytes", raw.len()))?;
@@ -234,13 +239,71 @@ fn vhca(
             config.magic.get()
         );
     }
+    Ok(config)
+}
+
+/// The driver core over the three queues, on an NT model whose DMA goes through VFIO.
+#[allow(clippy::too_many_arguments)]
+fn driver_scenario(
+    scenario: &'static scenarios::Scenario,
+    options: &Options,
+    transport: &VirtioPci,
+    queues: &mut [Option<Queue>],
+    keep: &mut DriverKeep,
+    mapper: &Arc<DmaMapper>,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let config = read_config(transport, report)?;
+    let mut take = |index: u16| {
+        queues.get_mut(index as usize).and_then(Option::take).with_context(|| format!("no queue {index}"))
+    };
+    let (cq, cn) = take(QUEUE_COMMAND)?;
+    let (eq, en) = take(QUEUE_EVENT)?;
+    let (dq, dn) = take(QUEUE_DOORBELL)?;
+    let commands = CommandQueue::new(cq, cn, mapper, timeout)?;
+    report.iovas.cmd = Some(commands.request_iova());
+    report.iovas.resp = Some(commands.response_iova());
+    (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
+    let events = EventQueue::new(eq, en, mapper)?;
+    let doorbells = DoorbellQueue::new(dq, dn, mapper, timeout)?;
+    let channel = VirtioChannel::new(commands, doorbells, events);
+    *keep = Some((channel.clone(), None));
+    let sink = Arc::new(Mutex::new(report.clone()));
+    progress(format_args!("driver scenario {}", scenario.name));
+    let (run, result) = scenarios::run(
+        scenario,
+        options,
+        channel,
+        mapper.clone(),
+        config.map_registers.get(),
+        sink.clone(),
+        timeout,
+    );
+    if let Some(k) = keep.as_mut() {
+        k.1 = run;
+    }
+    *report = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    result
+}
+
+fn vhca(
+    scenario: Scenario,
+    transport: &VirtioPci,
+    queues: &mut [Option<Queue>],
+    commands: &mut Option<CommandQueue>,
+    mapper: &DmaMapper,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    read_config(transport, report)?;
     let (queue, notifier) = queues.first_mut().and_then(Option::take).context("no command queue")?;
     // Kept by the caller until the device is reset, so a late completion never lands in unmapped memory.
     let commands = commands.insert(CommandQueue::new(queue, notifier, mapper, timeout)?);
     report.iovas.cmd = Some(commands.request_iova());
     report.iovas.resp = Some(commands.response_iova());
     (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
-    if scenario == Scenario::Unmapped {
+    if scenario.is_unmapped() {
         let iova = mapper.reserve_iova(PAGE_SIZE)?;
         report.iovas.resp = Some(iova);
         return match commands.execute_to(Opcode::QueryDevice, &[], Some(iova)) {
@@ -272,7 +335,7 @@ fn self_test_rng(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let (queue, notifier) = queues.first_mut().and_then(Option::as_mut).context("no request queue")?;
-    if scenario == Scenario::Unmapped {
+    if scenario.is_unmapped() {
         let read = rng::read_entropy_unmapped(queue, notifier, mapper, timeout)?;
         progress(format_args!("entropy into unmapped IOVA {:#x}: completion of {} bytes", read.iova, read.used_len));
         report.rng = Some(read);

@@ -82,6 +82,24 @@ impl From<&DeviceConfig> for ConfigView {
     }
 }
 
+/// A bugcheck as the result line carries it: code and parameters in hex, as Windows prints them.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct BugcheckView {
+    pub code: String,
+    pub params: [String; 4],
+    pub name: &'static str,
+}
+
+impl From<&vhca_ntmodel::Bugcheck> for BugcheckView {
+    fn from(b: &vhca_ntmodel::Bugcheck) -> BugcheckView {
+        BugcheckView {
+            code: format!("{:#010X}", b.code).replace("0X", "0x"),
+            params: b.params.map(|p| format!("{p:#X}").replace("0X", "0x")),
+            name: b.name(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Iovas {
     pub cmd: Option<u64>,
@@ -122,6 +140,14 @@ pub struct Report {
     /// In a negative control, the error the device was expected to cause, and did.
     pub expected_failure: Option<String>,
     pub warnings: Vec<String>,
+    /// Driver Verifier flags of the NT model, e.g. "0xaa" ("0x0" when off).
+    pub verifier: Option<String>,
+    /// The lock the control path held, when the scenario takes one.
+    pub lock: Option<String>,
+    /// What a driver scenario saw: data checks, statuses, pieces, registers, events.
+    pub details: serde_json::Map<String, serde_json::Value>,
+    /// The bugcheck that stopped the machine, also printed above in Windows' `*** STOP:` form.
+    pub bugcheck: Option<BugcheckView>,
     pub elapsed_ms: u64,
     /// Where the time went: (phase, milliseconds) in order.
     pub phases_ms: Vec<(&'static str, f64)>,

@@ -1,0 +1,90 @@
+//! shared-buffer-sg, shared-buffer-common, io-map-common-buffer: a long-lived MR the device writes (RDMA_WRITE
+//! from the other QP) and the CPU reads while it stays registered, mapped three ways (seed: "sharing the buffer").
+
+use vhca_driver::MrMapping;
+use vhca_ntmodel::VerifierFlags;
+use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
+
+use super::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
+use super::Ctx;
+
+const LEN: u32 = 3 * 4096;
+const WRITE_AT: u64 = 100;
+const WRITE_LEN: u32 = 2048;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// Non-paged pool, GetScatterGatherList held for the MR's life: double-buffered under DMA checking.
+    ScatterGather,
+    /// AllocateCommonBuffer: never double-buffered.
+    CommonBuffer,
+    /// A user buffer, probed and locked, made a common buffer by IoMapCommonBuffer (the seed's proposal).
+    IoMapCommonBuffer,
+}
+
+pub fn sg(ctx: &mut Ctx) -> anyhow::Result<()> {
+    shared(ctx, Variant::ScatterGather)
+}
+
+pub fn common(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let v = if ctx.options.break_fix { Variant::ScatterGather } else { Variant::CommonBuffer };
+    shared(ctx, v)
+}
+
+pub fn io_map_common_buffer(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let v = if ctx.options.break_fix { Variant::ScatterGather } else { Variant::IoMapCommonBuffer };
+    shared(ctx, v)
+}
+
+fn shared(ctx: &mut Ctx, variant: Variant) -> anyhow::Result<()> {
+    ctx.detail("mapping", format!("{variant:?}"));
+    let lb = Loopback::new(ctx, 64, 64)?;
+    let src = Buffer::common(ctx, WRITE_LEN)?;
+    let data = pattern(9, WRITE_LEN as usize);
+    src.fill(ctx, &data);
+    let mr_src = register(ctx, lb.pd, &src, 0, MrMapping::ScatterGather, true)?;
+    let (dst, mapping) = match variant {
+        Variant::ScatterGather => (Buffer::pool(ctx, LEN)?, MrMapping::ScatterGather),
+        Variant::CommonBuffer => (Buffer::common(ctx, LEN)?, MrMapping::ScatterGather),
+        Variant::IoMapCommonBuffer => (Buffer::user(ctx, LEN, 0x230)?, MrMapping::IoMapCommonBuffer),
+    };
+    let mr_dst = register(ctx, lb.pd, &dst, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, mapping, true)?;
+
+    let c = lb.run_on_a(ctx, &wqe(1, WrOpcode::RdmaWrite, &[sge(&mr_src, 0, WRITE_LEN)], Some((&mr_dst, WRITE_AT))))?;
+    ctx.detail("completion", cqe_view(&c));
+    expect_success(&c, 1, WrOpcode::RdmaWrite, Some(WRITE_LEN))?;
+    // The long-lived registration: the CPU reads the buffer the device just wrote, with no flush in between.
+    let seen = dst.read(ctx);
+    let check = compare("cpu_read_while_registered", &seen[WRITE_AT as usize..][..WRITE_LEN as usize], &data);
+    let fresh = check["matches"] == serde_json::json!(true);
+    ctx.detail("data", &check);
+    ctx.say(format_args!(
+        "{variant:?}: the CPU read {} data while the MR is registered",
+        if fresh { "the device's" } else { "STALE" }
+    ));
+    dereg(ctx, &mr_src)?;
+    src.free(ctx);
+    if variant == Variant::ScatterGather {
+        // The registration lives as long as the HCA: nothing in a sharing driver ever ends the S/G mapping, so the
+        // list is still out when the adapter goes (PutDmaAdapter, at unload).
+        for qp in lb.qp {
+            ctx.hca.destroy_qp(qp).map_err(anyhow::Error::msg)?;
+        }
+        for cq in lb.cq {
+            ctx.hca.destroy_cq(cq).map_err(anyhow::Error::msg)?;
+        }
+        if !fresh {
+            let dma_checking = ctx.kernel.verifier().contains(VerifierFlags::DMA_CHECKING);
+            ctx.defer_failure(format!(
+                "the CPU read stale data from the S/G-mapped MR (DMA checking {})",
+                if dma_checking { "on: the device wrote the verifier's shadow" } else { "off" }
+            ));
+        }
+        return Ok(());
+    }
+    dereg(ctx, &mr_dst)?;
+    dst.free(ctx);
+    lb.destroy(ctx)?;
+    anyhow::ensure!(fresh, "the CPU read stale data from the {variant:?} MR");
+    Ok(())
+}

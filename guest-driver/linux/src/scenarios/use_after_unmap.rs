@@ -1,0 +1,42 @@
+//! use-after-unmap: the driver ends the DMA mapping of a buffer (PutScatterGatherList) while the MR over it is
+//! still registered; the device's next write into that MR meets an IOVA the vIOMMU no longer maps.
+
+use std::time::Duration;
+
+use anyhow::ensure;
+use vhca_driver::MrMapping;
+use vhca_proto::status::WcStatus;
+use vhca_proto::{EventKind, WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
+
+use super::verbs::{cqe_view, dereg, pattern, register, sge, status_name, wqe, Buffer, Loopback};
+use super::Ctx;
+
+const LEN: u32 = 4096;
+
+pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let lb = Loopback::new(ctx, 64, 64)?;
+    let src = Buffer::common(ctx, LEN)?;
+    src.fill(ctx, &pattern(5, LEN as usize));
+    let dst = Buffer::pool(ctx, LEN)?;
+    let mr_src = register(ctx, lb.pd, &src, 0, MrMapping::ScatterGather, true)?;
+    let mr_dst = register(ctx, lb.pd, &dst, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, MrMapping::ScatterGather, true)?;
+    // The bug: the buffer's mapping goes (its IOVA is unmapped through VFIO) but the registration stays.
+    ctx.hca.release_mr_buffer_early(mr_dst.lkey).map_err(anyhow::Error::msg)?;
+    ctx.say("mapping of the registered buffer released; the MR is still registered on the device");
+
+    let c = lb.run_on_a(ctx, &wqe(1, WrOpcode::RdmaWrite, &[sge(&mr_src, 0, LEN)], Some((&mr_dst, 0))))?;
+    ctx.detail("completion", cqe_view(&c));
+    ctx.say(format_args!("RDMA_WRITE into the unmapped buffer completed with {}", status_name(c.status.get())));
+    // With DMA checking, the fault event is the platform's IOMMU report: 0xE6/0x26 stops the machine here.
+    let fault = ctx.wait_event(EventKind::DmaFault, Duration::from_secs(1));
+    ctx.detail("dma_fault_event", fault.is_some());
+
+    dereg(ctx, &mr_src)?;
+    dereg(ctx, &mr_dst)?;
+    src.free(ctx);
+    dst.free(ctx);
+    lb.destroy(ctx)?;
+    ensure!(c.status.get() != WcStatus::Success as u32, "the write into an unmapped buffer reported success");
+    ensure!(fault.is_some(), "the device reported no DMA fault");
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! How the guest program ends: as PID 1 it must never exit (the kernel would panic), so it powers the machine off,
+//! or hands over to a shell when asked to stay up; off PID 1 (a host test) it exits with the outcome.
+
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use crate::report::progress;
+
+pub fn finish(poweroff: bool, ok: bool) -> ! {
+    if std::process::id() != 1 {
+        std::process::exit(if ok { 0 } else { 1 });
+    }
+    // SAFETY: sync has no preconditions; it flushes filesystem buffers before the power goes.
+    unsafe { libc::sync() };
+    if !poweroff {
+        let err = std::process::Command::new("/bin/busybox").arg("sh").exec();
+        progress(format_args!("cannot start a shell: {err}"));
+    }
+    // SAFETY: we are PID 1 with nothing left to do; RB_POWER_OFF stops the machine and does not return on success.
+    unsafe { libc::reboot(libc::RB_POWER_OFF) };
+    progress(format_args!("power-off failed: {}", std::io::Error::last_os_error()));
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
