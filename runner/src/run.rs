@@ -177,7 +177,7 @@ pub fn execute(ctx: &RunContext, run: &ConcreteRun, on: &mut dyn FnMut(Progress)
     let (device_line, qemu_line) = command_lines(&device_cfg, &qemu_cfg);
     fs::write(files.device_cmdline(), format!("{device_line}\n"))?;
     fs::write(files.qemu_cmdline(), format!("{qemu_line}\n"))?;
-    let mut stage = |on: &mut dyn FnMut(Progress), what: String| on(Progress::Stage { run: run.name.clone(), what });
+    let stage = |on: &mut dyn FnMut(Progress), what: String| on(Progress::Stage { run: run.name.clone(), what });
 
     let start = Instant::now();
     let mut watched = Watched::default();

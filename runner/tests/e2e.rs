@@ -1,14 +1,20 @@
-//! End to end: the vhca-run binary boots the real guest against the real device under QEMU. One run must pass the
-//! smoke verdict; a guest that never answers must fail it, by timeout, leaving no process or work dir behind.
-//! Prerequisites missing: the test fails under CI=true, and is skipped with the reason elsewhere.
+//! End to end: the vhca-run binary boots the real guest against the real device under QEMU. Suites pass and fail as
+//! they must, with reports and artifacts; killed, hung and interrupted runs get their verdicts and leave no process,
+//! socket or work dir behind. Prerequisites missing: the test fails under CI=true, and is skipped with the reason
+//! elsewhere.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_vhca-run");
+
+fn suite_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suites").join(name)
+}
 
 /// The binaries vhca-run will use, or why the test cannot run.
 fn prerequisites() -> Result<(), String> {
@@ -56,76 +62,287 @@ fn show(out: &Output) -> String {
     )
 }
 
-#[test]
-fn smoke_suite_passes_with_iovas_through_the_iommu() {
-    if !ready("smoke_suite_passes_with_iovas_through_the_iommu") {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    let artifacts = dir.path().join("artifacts");
-    let out = Command::new(RUNNER)
-        .args(["suite", "--json"])
-        .arg(&json)
-        .arg("--artifacts")
-        .arg(&artifacts)
-        .output()
-        .expect("run vhca-run");
-    assert!(out.status.success(), "suite failed:\n{}", show(&out));
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let run = &report["runs"][0];
-    assert_eq!(run["verdict"]["kind"], "pass", "{}", show(&out));
-    assert_eq!(run["outcome"]["guest_result"]["ok"], true);
-    assert_eq!(run["outcome"]["end"], "guest_result");
-    // The guest's IOVAs are in the report, and the device's log that proved them is kept as an artifact.
-    assert!(run["outcome"]["guest_result"]["iovas"]["cmd"].is_u64());
-    let events = std::fs::read_to_string(artifacts.join("smoke/events.jsonl")).unwrap();
-    assert!(events.contains("iotlb_update") && events.contains("\"desc\""), "event log lacks IOTLB/desc events");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("smoke  PASS"), "{}", show(&out));
+/// A private TMPDIR (where the runner's work dirs and sockets go) and a separate artifact root.
+struct Scratch {
+    tmp: tempfile::TempDir,
+    artifacts: tempfile::TempDir,
 }
 
-/// Pids of processes whose command line mentions `needle`.
-fn processes_mentioning(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch { tmp: tempfile::tempdir().unwrap(), artifacts: tempfile::tempdir().unwrap() }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(RUNNER);
+        cmd.env("TMPDIR", self.tmp.path()).args(args).arg("--artifacts").arg(self.artifacts.path());
+        cmd
+    }
+
+    fn report(&self) -> Value {
+        let path = self.artifacts.path().join("report.json");
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+            .unwrap()
+    }
+
+    /// No process mentions our TMPDIR (QEMU and the device both name their sockets there) and no work dir or
+    /// socket is left in it.
+    fn assert_nothing_left(&self, context: &str) {
+        let needle = self.tmp.path().to_string_lossy().into_owned();
+        assert_eq!(processes_mentioning(&needle), Vec::<(u32, String)>::new(), "{context}: processes outlived the run");
+        let left: Vec<_> = std::fs::read_dir(self.tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
+        assert!(left.is_empty(), "{context}: work dirs or sockets left behind: {left:?}");
+    }
+}
+
+/// Pids and command lines of live processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
         let zombie = stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'));
-        if !zombie && String::from_utf8_lossy(&cmdline).contains(needle) {
-            pids.push(pid);
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !zombie && cmdline.contains(needle) {
+            found.push((pid, cmdline));
         }
     }
-    pids
+    found
+}
+
+/// Starts `vhca-run boot` on a guest that hangs in /init and returns once QEMU and the device both run.
+fn boot_hung_guest(s: &Scratch) -> (Child, BufReader<ChildStderr>, String) {
+    let mut cmd =
+        s.command(&["boot", "--param", "init=hang", "--expect", "hang", "--timeout", "300", "--silence", "300"]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run vhca-run");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 {
+        seen.push_str(&line);
+        if line.contains("not starting vhca-guest") {
+            return (child, stderr, seen);
+        }
+        line.clear();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the guest never reached /init:\n{seen}");
+}
+
+fn finish(
+    mut child: Child,
+    mut stderr: BufReader<ChildStderr>,
+    mut seen: String,
+) -> (std::process::ExitStatus, String) {
+    stderr.read_to_string(&mut seen).unwrap();
+    let mut stdout = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    (status, format!("--- stdout\n{stdout}\n--- stderr\n{seen}"))
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).unwrap();
+    // SAFETY: kill(2) on a pid this test found running and means to signal; it touches no memory.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+}
+
+/// Kills the one child process of the run whose command line contains `which`, then checks the verdict.
+fn kill_mid_run(which: &str, test: &str) -> (Value, String) {
+    let s = Scratch::new();
+    let (child, stderr, seen) = boot_hung_guest(&s);
+    let needle = s.tmp.path().to_string_lossy().into_owned();
+    let victims: Vec<(u32, String)> =
+        processes_mentioning(&needle).into_iter().filter(|(_, cmd)| cmd.contains(which)).collect();
+    assert_eq!(victims.len(), 1, "{test}: expected one {which} process, found {victims:?}");
+    signal(victims[0].0, libc::SIGKILL);
+    let (status, output) = finish(child, stderr, seen);
+    assert_eq!(status.code(), Some(1), "{test}: a killed process must fail the run\n{output}");
+    s.assert_nothing_left(test);
+    let run = s.report()["runs"][0].clone();
+    (run, output)
 }
 
 #[test]
-fn guest_that_never_answers_fails_by_timeout_and_leaves_nothing() {
-    if !ready("guest_that_never_answers_fails_by_timeout_and_leaves_nothing") {
+fn runner_suite_in_parallel_passes_with_reports_and_artifacts() {
+    if !ready("runner_suite_in_parallel_passes_with_reports_and_artifacts") {
         return;
     }
-    // The runner's work dirs go under TMPDIR: a private one shows whether anything is left behind.
-    let tmp = tempfile::tempdir().unwrap();
-    let timeout = 20;
+    let s = Scratch::new();
+    let junit = s.artifacts.path().join("extra/junit.xml");
+    let file = suite_file("runner.toml");
+    let out = s
+        .command(&["suite", file.to_str().unwrap(), "-j", "2", "--junit", junit.to_str().unwrap()])
+        .output()
+        .expect("run vhca-run");
+    assert!(out.status.success(), "suite failed:\n{}", show(&out));
+    s.assert_nothing_left("runner suite");
+    let report = s.report();
+    let kinds: Vec<(String, String)> = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap().to_string(), r["actual"]["kind"].as_str().unwrap().to_string()))
+        .collect();
+    let want = [
+        ("smoke/verifier-off", "pass"),
+        ("smoke/verifier-on", "pass"),
+        ("hang/verifier-off", "hang"),
+        ("panic/verifier-off", "guest-panic"),
+    ];
+    assert_eq!(kinds, want.map(|(a, b)| (a.to_string(), b.to_string())), "{}", show(&out));
+    assert_eq!(report["totals"]["passed"], 4);
+    // Two at a time: the wall time is less than the sum of the runs.
+    let (wall, sum) =
+        (report["totals"]["wall_seconds"].as_f64().unwrap(), report["totals"]["run_seconds"].as_f64().unwrap());
+    assert!(wall < sum, "wall {wall} s is not below the runs' {sum} s: the runs did not overlap");
+    for run in report["runs"].as_array().unwrap() {
+        let dir = PathBuf::from(run["artifact_dir"].as_str().unwrap());
+        for file in [
+            "serial.log",
+            "events.jsonl",
+            "device.log",
+            "qemu.log",
+            "device.cmdline",
+            "qemu.cmdline",
+            "qmp-events.jsonl",
+            "observation.json",
+        ] {
+            assert!(dir.join(file).is_file(), "{} lacks {file}", dir.display());
+        }
+        let svg = std::fs::read_to_string(run["timeline_svg"].as_str().unwrap()).unwrap();
+        assert!(svg.starts_with("<svg") || svg.contains("<svg"), "timeline is not SVG");
+        assert_eq!(run["accelerator"], "tcg", "this host has no usable KVM");
+    }
+    // The smoke run proves the device used the guest's IOVAs through the vIOMMU: descriptors in its log, and no
+    // rig problem (the IOTLB coverage check) in the observation.
+    let smoke = PathBuf::from(report["runs"][0]["artifact_dir"].as_str().unwrap());
+    let events = std::fs::read_to_string(smoke.join("events.jsonl")).unwrap();
+    assert!(events.contains("\"iotlb_update\"") && events.contains("\"desc\""), "event log lacks IOTLB/desc events");
+    let observation: Value =
+        serde_json::from_str(&std::fs::read_to_string(smoke.join("observation.json")).unwrap()).unwrap();
+    assert_eq!(observation["rig_problems"], serde_json::json!([]));
+    assert!(observation["guest_result"]["iovas"]["cmd"].is_u64());
+    // The panic reached QMP through pvpanic, and the timeline marks it.
+    let panic = PathBuf::from(report["runs"][3]["artifact_dir"].as_str().unwrap());
+    let qmp = std::fs::read_to_string(panic.join("qmp-events.jsonl")).unwrap();
+    assert!(qmp.contains("GUEST_PANICKED"), "no GUEST_PANICKED from pvpanic: {qmp}");
+    let svg = std::fs::read_to_string(panic.join("timeline.svg")).unwrap();
+    assert!(svg.contains("kernel panic") || svg.contains("GUEST_PANICKED"), "the crash is not marked on the timeline");
+    // JUnit, read back: four test cases, no failure.
+    for path in [s.artifacts.path().join("junit.xml"), junit] {
+        let xml = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(xml.matches("<testcase ").count(), 4, "{xml}");
+        assert!(!xml.contains("<failure"), "{xml}");
+        assert!(xml.contains("name=\"hang/verifier-off\""), "{xml}");
+    }
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("4 runs: 4 passed, 0 failed"), "{}", show(&out));
+}
+
+#[test]
+fn the_suite_can_fail_with_a_mismatch_and_a_reproducer() {
+    if !ready("the_suite_can_fail_with_a_mismatch_and_a_reproducer") {
+        return;
+    }
+    let s = Scratch::new();
+    let file = suite_file("suite-can-fail.toml");
+    let out = s.command(&["suite", file.to_str().unwrap(), "-j", "2"]).output().expect("run vhca-run");
+    assert_eq!(out.status.code(), Some(1), "a failed run must make vhca-run exit 1:\n{}", show(&out));
+    s.assert_nothing_left("suite-can-fail");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("FAIL expected bugcheck 0xC4, got "), "{}", show(&out));
+    assert!(stdout.contains("1 runs: 0 passed, 1 failed"), "{}", show(&out));
+    let run = &s.report()["runs"][0];
+    assert_eq!(run["name"], "fast-mutex-rule-disabled/verifier-on");
+    assert_eq!(run["outcome"]["result"], "fail");
+    let reproducer = run["reproducer"].as_str().expect("a failed run has a reproducer");
+    assert!(reproducer.contains(" suite ") && reproducer.contains("suite-can-fail.toml"), "{reproducer}");
+    assert!(reproducer.ends_with("--filter '^fast-mutex-rule-disabled/verifier-on$'"), "{reproducer}");
+    assert!(stdout.contains(&format!("reproduce fast-mutex-rule-disabled/verifier-on: {reproducer}")), "{stdout}");
+    let junit = std::fs::read_to_string(s.artifacts.path().join("junit.xml")).unwrap();
+    assert!(junit.contains("<failure message=\"expected bugcheck 0xC4, got"), "{junit}");
+}
+
+#[test]
+fn verbs_suite_passes() {
+    if !ready("verbs_suite_passes") {
+        return;
+    }
+    let s = Scratch::new();
+    let file = suite_file("verbs.toml");
+    let out = s.command(&["suite", file.to_str().unwrap(), "-j", "2"]).output().expect("run vhca-run");
+    assert!(out.status.success(), "verbs suite failed:\n{}", show(&out));
+    s.assert_nothing_left("verbs suite");
+    assert_eq!(s.report()["totals"]["passed"], 4);
+}
+
+#[test]
+fn seed_suite_passes() {
+    if !ready("seed_suite_passes") {
+        return;
+    }
+    let s = Scratch::new();
+    let out = s.command(&["suite", "-j", "2"]).output().expect("run vhca-run");
+    assert!(out.status.success(), "the seed suite failed:\n{}", show(&out));
+    s.assert_nothing_left("seed suite");
+    let report = s.report();
+    assert_eq!(report["totals"]["failed"], 0);
+    assert!(report["totals"]["runs"].as_u64().unwrap() >= 22, "the seed suite has 11 runs in two modes");
+}
+
+#[test]
+fn hung_guest_is_a_hang_and_leaves_nothing() {
+    if !ready("hung_guest_is_a_hang_and_leaves_nothing") {
+        return;
+    }
+    let s = Scratch::new();
     let start = Instant::now();
-    let out = Command::new(RUNNER)
-        .env("TMPDIR", tmp.path())
-        .args(["boot", "--scenario", "smoke", "--append", "vhca.init=hang", "--timeout", &timeout.to_string()])
+    let out = s
+        .command(&["boot", "--param", "init=hang", "--silence", "5", "--timeout", "120"])
         .output()
         .expect("run vhca-run");
     let took = start.elapsed();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "a hung guest must fail the run:\n{}", show(&out));
-    assert!(stdout.contains("smoke  TIMEOUT"), "{}", show(&out));
-    assert!(stdout.contains("no VHCA-RESULT within 20 s"), "{}", show(&out));
-    // The guest really booted and hung in /init: this is the timeout path, not a start-up failure.
-    assert!(stderr.contains("vhca.init=hang: not starting vhca-guest"), "{}", show(&out));
-    assert!(took < Duration::from_secs(timeout + 60), "took {took:?}");
-    let needle = tmp.path().to_string_lossy().into_owned();
-    assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "QEMU or the device outlived the run");
-    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
-    assert!(left.is_empty(), "work dirs left behind: {left:?}");
+    assert_eq!(out.status.code(), Some(1), "a hung guest must fail a run expecting pass:\n{}", show(&out));
+    s.assert_nothing_left("hung guest");
+    let run = &s.report()["runs"][0];
+    assert_eq!(run["actual"]["kind"], "hang", "{}", show(&out));
+    assert!(run["outcome"]["reason"].as_str().unwrap().starts_with("expected pass, got hang (no output for"));
+    // The guest really booted and hung in /init: this is the silence path, not a start-up failure.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("vhca.init=hang: not starting vhca-guest"), "{}", show(&out));
+    // Declared hung on silence (5 s), long before the 120 s timeout.
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    let observation: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(run["artifact_dir"].as_str().unwrap()).join("observation.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(observation["qemu_exit"]["state"], "killed-by-runner");
+    assert_eq!(observation["timed_out"], true);
+}
+
+#[test]
+fn qemu_killed_mid_run_is_a_device_failure_and_leaves_nothing() {
+    if !ready("qemu_killed_mid_run_is_a_device_failure_and_leaves_nothing") {
+        return;
+    }
+    let (run, output) = kill_mid_run("qemu-system", "kill QEMU");
+    assert_eq!(run["actual"]["kind"], "device-failure", "{output}");
+    let text = run["actual_text"].as_str().unwrap();
+    assert!(text.contains("QEMU killed by signal 9 (SIGKILL)"), "{text}\n{output}");
+}
+
+#[test]
+fn device_killed_mid_run_is_a_device_failure_and_leaves_nothing() {
+    if !ready("device_killed_mid_run_is_a_device_failure_and_leaves_nothing") {
+        return;
+    }
+    let (run, output) = kill_mid_run("vhca-device", "kill the device");
+    assert_eq!(run["actual"]["kind"], "device-failure", "{output}");
+    let text = run["actual_text"].as_str().unwrap();
+    assert!(text.contains("vhca-device killed by signal 9 (SIGKILL)"), "{text}\n{output}");
 }
 
 #[test]
@@ -133,36 +350,26 @@ fn ctrl_c_stops_the_run_and_leaves_nothing() {
     if !ready("ctrl_c_stops_the_run_and_leaves_nothing") {
         return;
     }
-    use std::io::{BufRead, BufReader};
-    let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(RUNNER)
-        .env("TMPDIR", tmp.path())
-        .args(["boot", "--append", "vhca.init=hang", "--timeout", "120"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run vhca-run");
-    // Interrupt once the guest is up and hanging, with QEMU and the device both running.
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    let mut line = String::new();
-    while stderr.read_line(&mut line).unwrap() > 0 {
-        seen.push_str(&line);
-        if line.contains("not starting vhca-guest") {
-            break;
-        }
-        line.clear();
+    let s = Scratch::new();
+    let (child, stderr, seen) = boot_hung_guest(&s);
+    signal(child.id(), libc::SIGINT);
+    let (status, output) = finish(child, stderr, seen);
+    assert_eq!(status.code(), Some(130), "{output}");
+    s.assert_nothing_left("Ctrl-C");
+}
+
+#[test]
+fn runner_panic_mid_run_leaves_nothing() {
+    if !ready("runner_panic_mid_run_leaves_nothing") {
+        return;
     }
-    assert!(line.contains("not starting vhca-guest"), "the guest never reached /init:\n{seen}");
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) on the pid of the child this test spawned and has not yet reaped.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "stderr:\n{seen}{rest}");
-    let needle = tmp.path().to_string_lossy().into_owned();
-    assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "QEMU or the device outlived the interrupt");
-    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
-    assert!(left.is_empty(), "work dirs left behind: {left:?}");
+    let s = Scratch::new();
+    let out = s
+        .command(&["boot", "--param", "init=hang", "--silence", "60"])
+        .env("VHCA_RUN_TEST_PANIC", "1")
+        .output()
+        .expect("run vhca-run");
+    assert_eq!(out.status.code(), Some(101), "a panicking runner exits 101:\n{}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("VHCA_RUN_TEST_PANIC is set"), "{}", show(&out));
+    s.assert_nothing_left("runner panic");
 }

@@ -265,3 +265,50 @@ fn display_lists_every_problem_with_its_place() {
     let err = Suite::parse("name = \"s\"\n[[run]]\nname = \"a\"\nexpct = \"pass\"\n", "my.toml").unwrap_err();
     println!("{err}");
 }
+
+#[test]
+fn events_and_silence_parse_per_mode_and_by_default() {
+    let text = r#"name = "t"
+[defaults]
+silence_s = 12
+
+[[run]]
+name = "pool"
+device = { map_registers = 16 }
+events = ["map_registers_exhausted", "unmap"]
+expect = "pass"
+
+[[run]]
+name = "quiet"
+guest = { silence_s = 5 }
+events = { off = ["fault"] }
+expect = { off = "device-fault iommu_unmapped", on = "pass" }
+"#;
+    let runs = Suite::parse(text, "t.toml").unwrap().expand();
+    let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap();
+    for mode in ["off", "on"] {
+        let r = find(&format!("pool/verifier-{mode}"));
+        assert_eq!(r.events, ["map_registers_exhausted", "unmap"]);
+        assert_eq!(r.guest.silence_s, 12, "the suite's default");
+    }
+    assert_eq!(find("quiet/verifier-off").events, ["fault"]);
+    assert!(find("quiet/verifier-on").events.is_empty());
+    assert_eq!(find("quiet/verifier-on").guest.silence_s, 5);
+    let seed = Suite::seed().unwrap();
+    assert!(seed.expand().iter().all(|r| r.guest.silence_s == vhca_suite::DEFAULT_SILENCE_S || r.guest.silence_s > 0));
+}
+
+#[test]
+fn bad_events_name_line_and_field() {
+    let head = "name = \"t\"\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n";
+    assert_problem(&format!("{head}events = [\"Map-Registers\"]\n"), 5, "run[0].events[0]", "lower_snake_case");
+    assert_problem(&format!("{head}events = [\"map\", \"map\"]\n"), 5, "run[0].events[1]", "listed twice");
+    assert_problem(&format!("{head}events = []\n"), 5, "run[0].events", "empty list");
+    let one_mode =
+        "name = \"t\"\n[[run]]\nname = \"a\"\nmodes = [\"off\"]\nexpect = \"pass\"\nevents = { on = [\"map\"] }\n";
+    assert_problem(one_mode, 6, "run[0].events.on", "which `modes` leaves out");
+    let wrong_key = format!("{head}events = {{ maybe = [\"map\"] }}\n");
+    let found = problems(&wrong_key);
+    assert!(found.iter().any(|p| p.line == 5 && p.message.contains("unknown field `maybe`")), "{found:#?}");
+    assert_problem(&format!("{head}guest = {{ silence_s = 0 }}\n"), 5, "run[0].guest.silence_s", "out of range");
+}

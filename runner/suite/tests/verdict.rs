@@ -302,3 +302,52 @@ fn actual_serialises_with_hex_codes() {
     assert_eq!(json["actual"]["source"], "serial");
     assert_eq!(json["outcome"]["result"], "pass");
 }
+
+#[test]
+fn rig_problems_are_a_device_failure_above_everything_else() {
+    let mut o = clean(&format!("{STOP_C4}{OK}"));
+    o.rig_problems.push("command-queue descriptor at IOVA 0x1000+16: no IOTLB update from QEMU covers it".into());
+    let v = judge(&expect("bugcheck 0xC4"), &o);
+    assert_eq!(kind(&v.actual), "device-failure");
+    assert!(v.actual.to_string().contains("no IOTLB update"), "{}", v.actual);
+    assert!(!v.outcome.passed());
+}
+
+/// A concrete run of a one-run suite, with `events` as written in the file.
+fn run_requiring(events: &str, expected: &str) -> vhca_suite::ConcreteRun {
+    let text =
+        format!("name = \"t\"\n[[run]]\nname = \"a\"\nmodes = [\"on\"]\nexpect = \"{expected}\"\nevents = {events}\n");
+    vhca_suite::Suite::parse(&text, "t.toml").unwrap().expand().remove(0)
+}
+
+#[test]
+fn required_events_fail_a_matching_run_and_note_a_failing_one() {
+    let exhausted = r#"{"seq":3,"t_us":30,"kind":"map_registers_exhausted","owner":"mr","wanted":1,"free":0}"#;
+    let run = run_requiring("[\"map_registers_exhausted\"]", "pass");
+    let mut seen = clean(OK);
+    seen.add_event_log(&parse_event_log(exhausted));
+    assert!(seen.event_kinds.contains("map_registers_exhausted"));
+    assert_eq!(vhca_suite::judge_run(&run, &seen).outcome, Outcome::Pass);
+
+    let unseen = clean(OK);
+    let v = vhca_suite::judge_run(&run, &unseen);
+    match &v.outcome {
+        Outcome::Fail { reason } => {
+            assert!(reason.contains("got pass but") && reason.contains("map_registers_exhausted"), "{reason}")
+        }
+        Outcome::Pass => panic!("a run without its required event passed"),
+    }
+
+    // A run that fails for another reason keeps that reason; the missing kind is a note.
+    let v = vhca_suite::judge_run(&run, &clean(FAILED));
+    assert!(matches!(&v.outcome, Outcome::Fail { reason } if reason.contains("guest-failed")), "{:?}", v.outcome);
+    assert!(v.notes.iter().any(|n| n.contains("map_registers_exhausted")), "{:?}", v.notes);
+
+    // The off mode of `events = { on = [...] }` requires nothing.
+    let text = "name = \"t\"\n[[run]]\nname = \"a\"\nexpect = \"pass\"\nevents = { on = [\"map\"] }\n";
+    let runs = vhca_suite::Suite::parse(text, "t.toml").unwrap().expand();
+    assert!(runs[0].events.is_empty());
+    assert_eq!(runs[1].events, ["map"]);
+    assert_eq!(vhca_suite::judge_run(&runs[0], &clean(OK)).outcome, Outcome::Pass);
+    assert!(!vhca_suite::judge_run(&runs[1], &clean(OK)).outcome.passed());
+}
