@@ -195,7 +195,14 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
         }
         let pages = u32::try_from(ring_pages(entries, entry_size))
             .map_err(|_| DriverError::InvalidParameter("ring too large"))?;
-        Ring::allocate(&*self.kernel, self.adapter, self.device, self.config.ring_memory, pages, self.config.ring_fallback)
+        Ring::allocate(
+            &*self.kernel,
+            self.adapter,
+            self.device,
+            self.config.ring_memory,
+            pages,
+            self.config.ring_fallback,
+        )
     }
 
     /// Allocates the CQ ring (contiguous first, then smaller pieces) and sends CREATE_CQ with its page list.

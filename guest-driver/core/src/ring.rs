@@ -57,7 +57,9 @@ impl Ring {
             match Self::allocate_pieces(kernel, adapter, device, memory, pages, piece_pages) {
                 Ok(ring) => return Ok(ring),
                 // Physically contiguous memory is scarce: retry with pieces half as long, down to single pages.
-                Err(DriverError::NoMemory { .. }) if fallback && piece_pages > 1 => piece_pages = piece_pages.div_ceil(2),
+                Err(DriverError::NoMemory { .. }) if fallback && piece_pages > 1 => {
+                    piece_pages = piece_pages.div_ceil(2)
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -5,16 +5,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use vhca_guest::cmdline::{Options, PciId};
 use vhca_guest::channel::{DoorbellQueue, EventQueue, VirtioChannel};
+use vhca_guest::cmdline::{Options, PciId};
 use vhca_guest::command::CommandQueue;
 use vhca_guest::dma::{DmaMapper, DmaRegion, PAGE_SIZE};
 use vhca_guest::report::{progress, ConfigView, QueryDeviceView, Report};
+use vhca_guest::scenarios::{self, DriverRun};
 use vhca_guest::virtio_pci::{
     QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
 };
 use vhca_guest::virtqueue::{RingLayout, SplitQueue};
-use vhca_guest::scenarios::{self, DriverRun};
 use vhca_guest::{kmsg, pci, rng, shutdown, vfio};
 use vhca_proto::{
     DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
@@ -255,9 +255,8 @@ fn driver_scenario(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let config = read_config(transport, report)?;
-    let mut take = |index: u16| {
-        queues.get_mut(index as usize).and_then(Option::take).with_context(|| format!("no queue {index}"))
-    };
+    let mut take =
+        |index: u16| queues.get_mut(index as usize).and_then(Option::take).with_context(|| format!("no queue {index}"));
     let (cq, cn) = take(QUEUE_COMMAND)?;
     let (eq, en) = take(QUEUE_EVENT)?;
     let (dq, dn) = take(QUEUE_DOORBELL)?;
@@ -271,15 +270,8 @@ fn driver_scenario(
     *keep = Some((channel.clone(), None));
     let sink = Arc::new(Mutex::new(report.clone()));
     progress(format_args!("driver scenario {}", scenario.name));
-    let (run, result) = scenarios::run(
-        scenario,
-        options,
-        channel,
-        mapper.clone(),
-        config.map_registers.get(),
-        sink.clone(),
-        timeout,
-    );
+    let (run, result) =
+        scenarios::run(scenario, options, channel, mapper.clone(), config.map_registers.get(), sink.clone(), timeout);
     if let Some(k) = keep.as_mut() {
         k.1 = run;
     }

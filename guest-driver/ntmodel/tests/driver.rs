@@ -272,3 +272,46 @@ fn post_send_writes_the_wqe_into_the_ring_and_rings_the_doorbell() {
     })
     .unwrap();
 }
+
+#[test]
+fn without_ring_fallback_a_fragmented_cq_fails_instead_of_splitting() {
+    let (k, b) = with(0, 64, Some(4));
+    let (mut hca, _) = open(&k, &b, HcaConfig { ring_fallback: false, ..HcaConfig::default() });
+    assert!(matches!(hca.create_cq(1024), Err(DriverError::NoMemory { routine: "AllocateCommonBuffer", .. })));
+    assert_eq!(hca.create_cq(512).map(|cq| hca.cq_ring_pieces(cq)), Ok(Some(vec![4])), "4 pages still fit");
+}
+
+#[test]
+fn batched_posts_ring_one_doorbell_with_the_last_index() {
+    let (k, b) = machine(0x209BB);
+    let (mut hca, dev) = open(&k, &b, HcaConfig::default());
+    let pd = hca.alloc_pd().unwrap();
+    let cq = hca.create_cq(64).unwrap();
+    let qp = hca.create_qp(pd, cq, cq, 64, 64).unwrap();
+    let wqes: Vec<_> = (0..10).map(|i| vhca_proto::Wqe { wr_id: i.into(), ..Default::default() }).collect();
+    hca.post_send_many(qp, &wqes).unwrap();
+    let dbs = dev.doorbells();
+    assert_eq!(dbs.len(), 1);
+    assert_eq!((dbs[0].handle.get(), dbs[0].index.get()), (qp, 10));
+    let too_many = vec![vhca_proto::Wqe::default(); 65];
+    assert!(matches!(hca.post_send_many(qp, &too_many), Err(DriverError::InvalidParameter(_))));
+}
+
+#[test]
+fn releasing_an_mr_buffer_early_leaves_the_registration_and_the_device_faults() {
+    for flags in [0u32, 0x80] {
+        let (k, mut hca, dev, _, mr) = shared_mr(flags, MrMapping::ScatterGather, false);
+        hca.release_mr_buffer_early(mr.lkey).unwrap();
+        assert_eq!(hca.registered_mrs(), vec![mr.lkey], "still registered");
+        let r = NtModel::run_guarded(|| dev.write_mr(mr.lkey, 0, b"late"));
+        if flags == 0 {
+            assert_eq!(r, Ok(false));
+        } else {
+            assert_eq!(r.unwrap_err().params[0], 0x26);
+        }
+        assert_eq!(k.iommu_faults().len(), 1);
+        // Deregistration now only deregisters: nothing is put twice (no 0xE6/0x06).
+        NtModel::run_guarded(|| hca.dereg_mr(mr.lkey).unwrap()).unwrap();
+        assert!(hca.registered_mrs().is_empty());
+    }
+}

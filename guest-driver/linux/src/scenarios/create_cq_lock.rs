@@ -34,7 +34,8 @@ fn create_under(ctx: &mut Ctx, kind: ClMutexKind) -> anyhow::Result<()> {
     let recv = Buffer::common(ctx, 256)?;
     send.fill(ctx, &pattern(7, 256));
     let mr_s = register(ctx, lb.pd, &send, 0, vhca_driver::MrMapping::ScatterGather, true)?;
-    let mr_r = register(ctx, lb.pd, &recv, vhca_proto::ACCESS_LOCAL_WRITE, vhca_driver::MrMapping::ScatterGather, true)?;
+    let mr_r =
+        register(ctx, lb.pd, &recv, vhca_proto::ACCESS_LOCAL_WRITE, vhca_driver::MrMapping::ScatterGather, true)?;
     ctx.hca.post_recv(lb.qp[1], &wqe(2, WrOpcode::Recv, &[sge(&mr_r, 0, 256)], None)).map_err(anyhow::Error::msg)?;
     let c = lb.run_on_a(ctx, &wqe(1, WrOpcode::Send, &[sge(&mr_s, 0, 256)], None))?;
     expect_success(&c, 1, WrOpcode::Send, Some(256))?;

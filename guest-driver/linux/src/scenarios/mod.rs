@@ -242,3 +242,34 @@ pub fn run(
     };
     (Some(keep), result)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seed suite (the runner's file) names only scenarios this program knows.
+    #[test]
+    fn every_seed_suite_scenario_is_known() {
+        let suite = include_str!("../../../../runner/suite/suites/seed.toml");
+        let mut names = Vec::new();
+        let mut in_run = false;
+        for line in suite.lines().map(str::trim) {
+            if line.starts_with('[') {
+                in_run = line == "[[run]]";
+            } else if let Some(rest) = line.strip_prefix("name = \"").filter(|_| in_run) {
+                names.push(rest.trim_end_matches('"').to_string());
+            }
+        }
+        assert!(names.len() >= 10, "parsed {names:?}");
+        let unknown: Vec<_> = names.iter().filter(|n| *n != "smoke" && find(n).is_none()).collect();
+        assert!(unknown.is_empty(), "seed.toml runs the guest does not know: {unknown:?}");
+    }
+
+    #[test]
+    fn scenario_names_are_unique() {
+        let mut names: Vec<_> = SCENARIOS.iter().map(|s| s.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), SCENARIOS.len());
+    }
+}

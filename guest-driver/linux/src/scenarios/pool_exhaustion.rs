@@ -46,8 +46,16 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
     let expected = DriverError::Device { opcode: Opcode::RegMr, status: Status::MapRegistersExhausted };
     ensure!(status.ends_with(&expected.to_string()), "REG_MR failed with {status:?}, expected {expected}");
-    ensure!(keys.len() as u32 == free, "{} MRs registered before exhaustion, QUERY_DEVICE said {free} free", keys.len());
+    ensure!(
+        keys.len() as u32 == free,
+        "{} MRs registered before exhaustion, QUERY_DEVICE said {free} free",
+        keys.len()
+    );
     ensure!(exhausted.is_some(), "no MAP_REGISTERS_EXHAUSTED event arrived");
-    ctx.say(format_args!("device-pool-exhaustion: {} registered, then {}", keys.len(), Status::MapRegistersExhausted.name()));
+    ctx.say(format_args!(
+        "device-pool-exhaustion: {} registered, then {}",
+        keys.len(),
+        Status::MapRegistersExhausted.name()
+    ));
     Ok(())
 }
