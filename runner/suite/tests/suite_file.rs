@@ -58,7 +58,10 @@ fn seed_suite_parses_and_expands() {
     assert_eq!(find("fast-mutex-create-cq/verifier-on").guest.lock, Some(LockKind::FastMutex));
     assert_eq!(find("fast-mutex-create-cq/verifier-on").verifier_flags, 0xAA);
     assert_eq!(find("fast-mutex-create-cq/verifier-off").verifier_flags, 0);
-    assert_eq!(find("use-after-unmap/verifier-off").expected, Expected::DeviceFault { cause: "iommu_unmapped".into() });
+    assert_eq!(
+        find("use-after-unmap/verifier-off").expected,
+        Expected::DeviceFault { cause: "stale_translation".into() }
+    );
     assert_eq!(find("use-after-unmap/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x26) });
     assert_eq!(find("user-buffer-no-lock/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x0E) });
     assert_eq!(find("map-register-exhaustion/verifier-off").expected, Expected::Pass);
