@@ -379,6 +379,8 @@ fn real_main(cli: Cli) -> Result<bool> {
             println!("# {}: accelerator {} ({})", run.name, accel.accel.name(), accel.how);
             println!("mkdir -p {}", shell_word(&dir.display().to_string()));
             println!("{device_line} &");
+            // QEMU must find the device listening, as the runner waits for the socket before starting it.
+            println!("while [ ! -S {} ]; do sleep 0.1; done", shell_word(&device.socket.display().to_string()));
             println!("{qemu_line}");
             Ok(true)
         }
