@@ -22,7 +22,7 @@ pub enum SuperviseError {
     Log { path: String, source: io::Error },
     #[error("waiting for {name}: {source}")]
     Wait { name: String, source: io::Error },
-    #[error("interrupted (SIGINT/SIGTERM)")]
+    #[error("interrupted (SIGINT/SIGTERM/SIGHUP)")]
     Interrupted,
     #[error("{name} did not finish within {secs:.1} s")]
     Timeout { name: String, secs: f64 },
@@ -33,12 +33,13 @@ fn interrupt_flag() -> &'static Arc<AtomicBool> {
     FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)))
 }
 
-/// Makes SIGINT/SIGTERM set a flag that every waiting loop checks, so the run unwinds through its guards (children
+/// Makes SIGINT/SIGTERM/SIGHUP set a flag that every waiting loop checks, so the run unwinds through its guards (children
 /// killed, temp dirs removed). A second signal exits at once; the children then die with us through PDEATHSIG.
 pub fn install_interrupt_handler() -> io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let flag = interrupt_flag().clone();
-    for sig in [SIGINT, SIGTERM] {
+    // SIGHUP too: closing the terminal a suite runs in must clean up like Ctrl-C does.
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
         signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())?;
         signal_hook::flag::register(sig, flag.clone())?;
     }
