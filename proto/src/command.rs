@@ -5,60 +5,24 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum Opcode {
-    QueryDevice = 1,
-    QueryPort = 2,
-    AllocPd = 3,
-    DeallocPd = 4,
-    CreateCq = 5,
-    DestroyCq = 6,
-    ReqNotifyCq = 7,
-    RegMr = 8,
-    DeregMr = 9,
-    CreateQp = 10,
-    ModifyQp = 11,
-    DestroyQp = 12,
+wire_enum! {
+    pub enum Opcode {
+        QueryDevice = 1 => "QUERY_DEVICE",
+        QueryPort = 2 => "QUERY_PORT",
+        AllocPd = 3 => "ALLOC_PD",
+        DeallocPd = 4 => "DEALLOC_PD",
+        CreateCq = 5 => "CREATE_CQ",
+        DestroyCq = 6 => "DESTROY_CQ",
+        ReqNotifyCq = 7 => "REQ_NOTIFY_CQ",
+        RegMr = 8 => "REG_MR",
+        DeregMr = 9 => "DEREG_MR",
+        CreateQp = 10 => "CREATE_QP",
+        ModifyQp = 11 => "MODIFY_QP",
+        DestroyQp = 12 => "DESTROY_QP",
+    }
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 12] = [
-        Opcode::QueryDevice,
-        Opcode::QueryPort,
-        Opcode::AllocPd,
-        Opcode::DeallocPd,
-        Opcode::CreateCq,
-        Opcode::DestroyCq,
-        Opcode::ReqNotifyCq,
-        Opcode::RegMr,
-        Opcode::DeregMr,
-        Opcode::CreateQp,
-        Opcode::ModifyQp,
-        Opcode::DestroyQp,
-    ];
-
-    pub fn from_u32(v: u32) -> Option<Opcode> {
-        Opcode::ALL.iter().copied().find(|o| *o as u32 == v)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Opcode::QueryDevice => "QUERY_DEVICE",
-            Opcode::QueryPort => "QUERY_PORT",
-            Opcode::AllocPd => "ALLOC_PD",
-            Opcode::DeallocPd => "DEALLOC_PD",
-            Opcode::CreateCq => "CREATE_CQ",
-            Opcode::DestroyCq => "DESTROY_CQ",
-            Opcode::ReqNotifyCq => "REQ_NOTIFY_CQ",
-            Opcode::RegMr => "REG_MR",
-            Opcode::DeregMr => "DEREG_MR",
-            Opcode::CreateQp => "CREATE_QP",
-            Opcode::ModifyQp => "MODIFY_QP",
-            Opcode::DestroyQp => "DESTROY_QP",
-        }
-    }
-
     /// Size of the fixed request body (without any trailing page list).
     pub fn request_size(self) -> usize {
         use core::mem::size_of;
@@ -237,36 +201,16 @@ pub struct CreateQpReq {
     pub rq_page_count: U32,
 }
 
-/// ibverbs QP states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum QpState {
-    Reset = 0,
-    Init = 1,
-    Rtr = 2,
-    Rts = 3,
-    Sqd = 4,
-    Sqe = 5,
-    Err = 6,
-}
-
-impl QpState {
-    pub fn from_u32(v: u32) -> Option<QpState> {
-        [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err]
-            .into_iter()
-            .find(|s| *s as u32 == v)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            QpState::Reset => "RESET",
-            QpState::Init => "INIT",
-            QpState::Rtr => "RTR",
-            QpState::Rts => "RTS",
-            QpState::Sqd => "SQD",
-            QpState::Sqe => "SQE",
-            QpState::Err => "ERR",
-        }
+wire_enum! {
+    /// ibverbs QP states.
+    pub enum QpState {
+        Reset = 0 => "RESET",
+        Init = 1 => "INIT",
+        Rtr = 2 => "RTR",
+        Rts = 3 => "RTS",
+        Sqd = 4 => "SQD",
+        Sqe = 5 => "SQE",
+        Err = 6 => "ERR",
     }
 }
 

@@ -3,20 +3,14 @@
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum DoorbellKind {
-    /// `index`: the SQ producer index (count of WQEs ever posted).
-    SendQueue = 1,
-    /// `index`: the RQ producer index.
-    RecvQueue = 2,
-    /// Arm the CQ: `index` is the driver's consumer index; flags 1 = solicited only.
-    CqArm = 3,
-}
-
-impl DoorbellKind {
-    pub fn from_u32(v: u32) -> Option<DoorbellKind> {
-        [DoorbellKind::SendQueue, DoorbellKind::RecvQueue, DoorbellKind::CqArm].into_iter().find(|k| *k as u32 == v)
+wire_enum! {
+    pub enum DoorbellKind {
+        /// `index`: the SQ producer index (count of WQEs ever posted).
+        SendQueue = 1 => "SQ",
+        /// `index`: the RQ producer index.
+        RecvQueue = 2 => "RQ",
+        /// Arm the CQ: `index` is the driver's consumer index; flags 1 = solicited only.
+        CqArm = 3 => "CQ_ARM",
     }
 }
 

@@ -3,71 +3,35 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum EventKind {
-    /// An armed CQ got a completion. `handle`: the CQ.
-    CqCompletion = 1,
-    /// A QP went to ERR. `handle`: the QPN, `cause`: a `FaultCause`.
-    QpFatal = 2,
-    /// The device's DMA was refused. `addr`: the IOVA, `cause`: a `FaultCause`.
-    DmaFault = 3,
-    /// A command could not get map registers. `detail`: registers asked for.
-    MapRegistersExhausted = 4,
-}
-
-impl EventKind {
-    pub fn from_u32(v: u32) -> Option<EventKind> {
-        [EventKind::CqCompletion, EventKind::QpFatal, EventKind::DmaFault, EventKind::MapRegistersExhausted]
-            .into_iter()
-            .find(|k| *k as u32 == v)
+wire_enum! {
+    pub enum EventKind {
+        /// An armed CQ got a completion. `handle`: the CQ.
+        CqCompletion = 1 => "cq_completion",
+        /// A QP went to ERR. `handle`: the QPN, `cause`: a `FaultCause`.
+        QpFatal = 2 => "qp_fatal",
+        /// The device's DMA was refused. `addr`: the IOVA, `cause`: a `FaultCause`.
+        DmaFault = 3 => "dma_fault",
+        /// A command could not get map registers. `detail`: registers asked for.
+        MapRegistersExhausted = 4 => "map_registers_exhausted",
     }
 }
 
-/// Why the device refused a DMA. Also the CQE's `vendor_err`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum FaultCause {
-    None = 0,
-    /// The range is not inside the MR (or a bad key).
-    OutsideMr = 1,
-    /// The MR (or QP) lacks the access right the operation needs.
-    AccessRight = 2,
-    /// The map register behind the address was freed.
-    FreedMapRegister = 3,
-    /// The vIOMMU has no mapping for the IOVA.
-    IommuUnmapped = 4,
-    /// The vIOMMU mapping lacks the needed permission.
-    IommuPermission = 5,
-    /// The translation was invalidated after the mapping was made.
-    StaleTranslation = 6,
-}
-
-impl FaultCause {
-    pub fn from_u32(v: u32) -> Option<FaultCause> {
-        [
-            FaultCause::None,
-            FaultCause::OutsideMr,
-            FaultCause::AccessRight,
-            FaultCause::FreedMapRegister,
-            FaultCause::IommuUnmapped,
-            FaultCause::IommuPermission,
-            FaultCause::StaleTranslation,
-        ]
-        .into_iter()
-        .find(|c| *c as u32 == v)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultCause::None => "none",
-            FaultCause::OutsideMr => "outside_mr",
-            FaultCause::AccessRight => "access_right",
-            FaultCause::FreedMapRegister => "freed_map_register",
-            FaultCause::IommuUnmapped => "iommu_unmapped",
-            FaultCause::IommuPermission => "iommu_permission",
-            FaultCause::StaleTranslation => "stale_translation",
-        }
+wire_enum! {
+    /// Why the device refused a DMA. Also the CQE's `vendor_err`.
+    pub enum FaultCause {
+        None = 0 => "none",
+        /// The range is not inside the MR (or a bad key).
+        OutsideMr = 1 => "outside_mr",
+        /// The MR (or QP) lacks the access right the operation needs.
+        AccessRight = 2 => "access_right",
+        /// The map register behind the address was freed.
+        FreedMapRegister = 3 => "freed_map_register",
+        /// The vIOMMU has no mapping for the IOVA.
+        IommuUnmapped = 4 => "iommu_unmapped",
+        /// The vIOMMU mapping lacks the needed permission.
+        IommuPermission = 5 => "iommu_permission",
+        /// The translation was invalidated after the mapping was made.
+        StaleTranslation = 6 => "stale_translation",
     }
 }
 

@@ -2,6 +2,9 @@
 //! `no_std`, little-endian, fixed layouts; both sides encode and decode through these types only.
 #![no_std]
 
+#[macro_use]
+mod wire_enum;
+
 pub mod command;
 pub mod config;
 pub mod doorbell;
@@ -18,3 +21,40 @@ pub use work::*;
 
 /// Page size of every ring, MR page list and map register: the guest's and the IOMMU's 4 KiB page.
 pub const PAGE_SIZE: u64 = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every wire enum decodes each of its own values back to itself, refuses the first value past its last, and
+    /// has distinct names: a value or name typed twice in a declaration fails here.
+    #[test]
+    fn wire_enums_round_trip_and_names_are_unique() {
+        fn check<T: Copy + PartialEq + core::fmt::Debug>(
+            all: &[T],
+            value: fn(T) -> u32,
+            from: fn(u32) -> Option<T>,
+            name: fn(T) -> &'static str,
+        ) {
+            for (i, a) in all.iter().enumerate() {
+                assert_eq!(from(value(*a)), Some(*a));
+                for b in &all[i + 1..] {
+                    assert_ne!(value(*a), value(*b), "{a:?} and {b:?} share a wire value");
+                    assert_ne!(name(*a), name(*b), "{a:?} and {b:?} share a name");
+                }
+            }
+            let past = all.iter().map(|a| value(*a)).max().unwrap() + 1;
+            assert_eq!(from(past), None);
+        }
+        check(Opcode::ALL, |v| v as u32, Opcode::from_u32, Opcode::name);
+        check(QpState::ALL, |v| v as u32, QpState::from_u32, QpState::name);
+        check(Status::ALL, |v| v as u32, Status::from_u32, Status::name);
+        check(status::WcStatus::ALL, |v| v as u32, status::WcStatus::from_u32, status::WcStatus::name);
+        check(WrOpcode::ALL, |v| v as u32, WrOpcode::from_u32, WrOpcode::name);
+        check(FaultCause::ALL, |v| v as u32, FaultCause::from_u32, FaultCause::name);
+        check(EventKind::ALL, |v| v as u32, EventKind::from_u32, EventKind::name);
+        check(DoorbellKind::ALL, |v| v as u32, DoorbellKind::from_u32, DoorbellKind::name);
+        assert_eq!(Status::from_u32(7), Some(Status::MapRegistersExhausted));
+        assert_eq!(FaultCause::StaleTranslation.name(), "stale_translation");
+    }
+}

@@ -4,27 +4,12 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum WrOpcode {
-    Send = 0,
-    RdmaWrite = 1,
-    RdmaRead = 2,
-    Recv = 128,
-}
-
-impl WrOpcode {
-    pub fn from_u32(v: u32) -> Option<WrOpcode> {
-        [WrOpcode::Send, WrOpcode::RdmaWrite, WrOpcode::RdmaRead, WrOpcode::Recv].into_iter().find(|o| *o as u32 == v)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WrOpcode::Send => "SEND",
-            WrOpcode::RdmaWrite => "RDMA_WRITE",
-            WrOpcode::RdmaRead => "RDMA_READ",
-            WrOpcode::Recv => "RECV",
-        }
+wire_enum! {
+    pub enum WrOpcode {
+        Send = 0 => "SEND",
+        RdmaWrite = 1 => "RDMA_WRITE",
+        RdmaRead = 2 => "RDMA_READ",
+        Recv = 128 => "RECV",
     }
 }
 
