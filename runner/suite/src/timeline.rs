@@ -64,7 +64,7 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
     let (t0, t1) = times.fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
     let total = log.map_register_total().unwrap_or(0);
     let peak = usage.iter().map(|u| u.1).max().unwrap_or(0);
-    let scale = Scale { t0, t_span: t1.saturating_sub(t0).max(1) as f64, y_max: total.max(peak).max(1) as f64 };
+    let scale = Scale { t0, t_span: t1.saturating_sub(t0).max(1) as f64, y_max: y_axis_max(total, peak) as f64 };
 
     let mut svg = String::new();
     let _ = writeln!(
@@ -74,9 +74,10 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
     let _ = writeln!(svg, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
     let _ = writeln!(
         svg,
-        r#"<text class="title" x="{}" y="20" text-anchor="middle" font-size="14">{} — map registers in use</text>"#,
+        r#"<text class="title" x="{}" y="20" text-anchor="middle" font-size="14">{} — map registers in use{}</text>"#,
         WIDTH / 2.0,
-        escape(run_name)
+        escape(run_name),
+        if total > 0 { format!(" (pool of {total})") } else { String::new() }
     );
     if t0 > t1 {
         let _ = writeln!(
@@ -146,6 +147,22 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// The top of the y axis. A small pool is drawn whole, so exhaustion reaches the top; a large one would flatten a
+/// driver's handful of registers onto the floor, so the axis then ends a quarter above the peak (the title names the
+/// pool's size).
+fn y_axis_max(total: u64, peak: u64) -> u64 {
+    const DRAW_WHOLE_POOL_UP_TO: u64 = 64;
+    if total > 0 && total <= DRAW_WHOLE_POOL_UP_TO {
+        return total.max(peak);
+    }
+    let headroom = peak.saturating_add(peak.div_ceil(4)).max(4);
+    if total > 0 {
+        headroom.min(total).max(peak)
+    } else {
+        headroom
+    }
 }
 
 fn axes(svg: &mut String, scale: &Scale, t1: u64) {

@@ -238,6 +238,7 @@ fn timeline_svg_parses_and_has_its_marks() {
         .map(|e| e.text.as_str())
         .collect();
     assert!(ticks.contains(&"3.0") && ticks.contains(&"16"), "{ticks:?}");
+    assert!(title.text.ends_with("(pool of 16)"), "{}", title.text);
 }
 
 #[test]
@@ -257,4 +258,22 @@ fn timeline_survives_extreme_timestamps() {
     let svg = render_timeline("extreme", &log, Some((u64::MAX, "STOP 0xE6")));
     let elements = parse_xml(&svg);
     assert_eq!(elements.iter().filter(|e| e.attrs.get("class").map(String::as_str) == Some("fault")).count(), 1);
+}
+
+/// A large pool (the device's default 4096) must not flatten a driver's few registers onto the floor: the axis ends
+/// a quarter above the peak, and the title still names the pool.
+#[test]
+fn timeline_of_a_large_pool_scales_to_the_peak() {
+    let events = "{\"seq\":0,\"t_us\":0,\"kind\":\"start\",\"schema\":1,\"map_registers\":4096}\n\
+        {\"seq\":1,\"t_us\":100,\"kind\":\"map\",\"registers\":8,\"in_use\":8,\"free\":4088,\"total\":4096}\n\
+        {\"seq\":2,\"t_us\":200,\"kind\":\"unmap\",\"registers\":8,\"in_use\":0,\"free\":4096,\"total\":4096}\n";
+    let svg = render_timeline("big", &parse_event_log(events), None);
+    let elements = parse_xml(&svg);
+    let line = elements.iter().find(|e| e.attrs.get("class").map(String::as_str) == Some("in-use")).unwrap();
+    let ys: Vec<f64> = line.attrs["points"].split(' ').map(|p| p.split_once(',').unwrap().1.parse().unwrap()).collect();
+    let (top, bottom) = (ys.iter().copied().fold(f64::MAX, f64::min), ys[0]);
+    // Peak 8 on an axis of 10: four fifths of the plot's height, not 8/4096 of it.
+    assert!(((bottom - top) - 0.8 * 230.0).abs() < 0.2, "peak at {top}, floor at {bottom}");
+    let title = elements.iter().find(|e| e.attrs.get("class").map(String::as_str) == Some("title")).unwrap();
+    assert!(title.text.ends_with("(pool of 4096)"), "{}", title.text);
 }
