@@ -54,6 +54,8 @@ pub struct Options {
     pub disabled_rules: Vec<RuleId>,
     /// The fixed scenarios take their buggy path again (`vhca.break_fix=1`): proves their checks can fail.
     pub break_fix: bool,
+    /// A test mode instead of a run (`vhca.init=hang|panic|poweroff`): the runner's own tests of hangs and crashes.
+    pub init: Option<String>,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -72,6 +74,7 @@ impl Default for Options {
             map_registers: None,
             disabled_rules: Vec::new(),
             break_fix: false,
+            init: None,
             warnings: Vec::new(),
         }
     }
@@ -82,8 +85,13 @@ const PREFIX: &str = "vhca.";
 impl Options {
     /// Parses a whole kernel command line; words without the `vhca.` prefix belong to others and are ignored.
     pub fn parse(cmdline: &str) -> Options {
+        Options::parse_words(cmdline.split_whitespace())
+    }
+
+    /// Parses words in order (a later word overrides an earlier one): the kernel command line, then a run request's.
+    pub fn parse_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Options {
         let mut options = Options::default();
-        for word in cmdline.split_whitespace() {
+        for word in words {
             let Some(setting) = word.strip_prefix(PREFIX) else { continue };
             let (key, value) = setting.split_once('=').unwrap_or((setting, ""));
             if let Err(why) = options.apply(key, value) {
@@ -128,8 +136,14 @@ impl Options {
                 .push(RuleId::parse(value).ok_or(format!("not 0xCODE or 0xCODE/0xSUBCODE: {value:?}"))?),
             "reset_method" if !value.is_empty() => self.reset_method = Some(value.to_string()),
             "reset_method" => return Err("empty value".into()),
-            // Read by the initramfs' /init (probe / hang modes), not by this program.
-            "init" => {}
+            // `probe` is the initramfs' /init's own (it never starts this program); the others are test modes here.
+            "init" => match value {
+                "hang" | "panic" | "poweroff" => self.init = Some(value.to_string()),
+                "probe" | "guest" => {}
+                _ => return Err(format!("not hang, panic or poweroff: {value:?}")),
+            },
+            // The resident agent (agent.rs) is chosen from the kernel command line before options are parsed.
+            "agent" => {}
             _ => return Err("unknown key".into()),
         }
         Ok(())
@@ -173,7 +187,20 @@ mod tests {
         assert_eq!(options.device, Some(PciId { vendor: 0x1af4, device: 0x1044 }));
         assert!(!options.poweroff);
         assert_eq!(options.reset_method.as_deref(), Some("pm"));
+        assert_eq!(options.init, None);
         assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+    }
+
+    #[test]
+    fn request_words_follow_and_override_the_kernel_command_line() {
+        let boot = "quiet vhca.agent=1 vhca.reset_method=pm vhca.scenario=smoke";
+        let request = ["vhca.scenario=cq-fallback", "vhca.init=hang"];
+        let options = Options::parse_words(boot.split_whitespace().chain(request));
+        assert_eq!(options.scenario, "cq-fallback");
+        assert_eq!(options.reset_method.as_deref(), Some("pm"));
+        assert_eq!(options.init.as_deref(), Some("hang"));
+        assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+        assert_eq!(Options::parse("vhca.init=sing").warnings.len(), 1);
     }
 
     #[test]

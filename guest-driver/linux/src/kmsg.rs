@@ -30,6 +30,25 @@ pub fn iommu_lines(limit: usize) -> Vec<String> {
     lines
 }
 
+/// The IOMMU faults among `lines` caused by the device at `address` (`0000:01:00.0`); faults of other requesters are
+/// not the run's (a restored q35 guest's AHCI controller, which no driver owns, faults once as QEMU loads its state).
+/// A fault line that names no requester counts.
+pub fn count_faults(lines: &[String], address: Option<&str>) -> usize {
+    // The kernel names the requester as [bus:dev.fn], without the PCI domain.
+    let requester = address.map(|a| a.split_once(':').map_or(a, |(_, rest)| rest).to_ascii_lowercase());
+    lines
+        .iter()
+        .filter(|l| l.contains("DMAR") && l.contains("fault addr"))
+        .filter(|l| {
+            let named = l.split_once("Request device [").and_then(|(_, rest)| rest.split_once(']'));
+            match (named, &requester) {
+                (Some((who, _)), Some(want)) => who.eq_ignore_ascii_case(want),
+                _ => true,
+            }
+        })
+        .count()
+}
+
 fn is_iommu_line(message: &str) -> bool {
     message.contains("DMAR") && (message.contains("fault") || message.contains("Fault")) || message.starts_with("vfio")
 }
@@ -46,5 +65,20 @@ mod tests {
         assert!(is_iommu_line("vfio-pci 0000:01:00.0: enabling device (0000 -> 0002)"));
         assert!(!is_iommu_line("DMAR: IOMMU enabled"));
         assert!(!is_iommu_line("virtio_blk virtio0: [vda] 4096 512-byte logical blocks"));
+    }
+
+    #[test]
+    fn counts_only_the_devices_own_faults() {
+        let lines: Vec<String> = [
+            "DMAR: DRHD: handling fault status reg 2",
+            "DMAR: [DMA Write NO_PASID] Request device [00:1f.2] fault addr 0x1ffdf000 [fault reason 0x05]",
+            "DMAR: [DMA Write NO_PASID] Request device [01:00.0] fault addr 0x1000000000 [fault reason 0x05]",
+            "DMAR: [DMA Read NO_PASID] fault addr 0x2000 [fault reason 0x06]",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(count_faults(&lines, Some("0000:01:00.0")), 2, "its own fault and the unnamed one");
+        assert_eq!(count_faults(&lines, Some("0000:02:00.0")), 1);
+        assert_eq!(count_faults(&lines, None), 3);
     }
 }

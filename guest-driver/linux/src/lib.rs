@@ -1,6 +1,7 @@
 //! vhca's Linux guest driver: drives the vhca device from user space through VFIO and virtio-pci.
 //! The binary (main.rs) runs as the initramfs' init; these modules are also the base the NT model maps DMA with.
 
+pub mod agent;
 pub mod bugcheck;
 pub mod channel;
 pub mod cmdline;

@@ -15,7 +15,7 @@ use vhca_guest::virtio_pci::{
     QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
 };
 use vhca_guest::virtqueue::{RingLayout, SplitQueue};
-use vhca_guest::{kmsg, pci, rng, shutdown, vfio};
+use vhca_guest::{agent, kmsg, pci, rng, shutdown, vfio};
 use vhca_proto::{
     DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
     QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
@@ -27,18 +27,42 @@ const PCI_DEVICE_RNG: u16 = 0x1044;
 /// Upper bound on queues set up, whatever the device claims.
 const MAX_QUEUES: u16 = 16;
 
+/// How long a restored guest waits for its hot-plugged device to appear (ACPI hot-plug takes about 0.1 s).
+const HOTPLUG_PATIENCE: Duration = Duration::from_secs(5);
+
 fn main() {
-    let started = Instant::now();
     // Off PID 1 (tests on a host, debugging) a command-line argument stands in for /proc/cmdline.
     let cmdline = std::env::args().nth(1).or_else(|| std::fs::read_to_string("/proc/cmdline").ok()).unwrap_or_default();
-    let options = Options::parse(&cmdline);
+    // As the agent, the guest is saved while it waits here; every restore continues from this call with its own run.
+    let resident = agent::enabled(&cmdline);
+    let (request, request_error) = if resident {
+        agent::quiet_console();
+        match agent::wait_for_request(&mut std::io::stdin().lock(), &mut std::io::stdout()) {
+            Ok(request) => (request.params, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        }
+    } else {
+        (Vec::new(), None)
+    };
+    let started = Instant::now();
+    let options = Options::parse_words(cmdline.split_whitespace().chain(request.iter().map(String::as_str)));
+    if resident {
+        progress(format_args!("run request: {}", request.join(" ")));
+    }
     let mut report =
         Report { scenario: options.scenario.clone(), warnings: options.warnings.clone(), ..Report::default() };
     for warning in &options.warnings {
         progress(format_args!("warning: {warning}"));
     }
+    if let Some(mode) = &options.init {
+        test_mode(mode, &options);
+    }
+    let patience = if resident { HOTPLUG_PATIENCE } else { Duration::ZERO };
 
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&options, &mut report)));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &request_error {
+        Some(e) => Err(anyhow::anyhow!("run request: {e}")),
+        None => run(&options, patience, &mut report),
+    }));
     let error = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(format!("{e:#}")),
@@ -59,6 +83,33 @@ fn main() {
 
 fn finish(options: &Options, ok: bool) -> ! {
     shutdown::finish(options.poweroff, ok)
+}
+
+/// The runner's own tests: a guest that never answers, one whose kernel panics, one that powers off without a result.
+/// Only `panic` returns, if the kernel refused to crash; the run then reports that.
+fn test_mode(mode: &str, options: &Options) {
+    match mode {
+        "hang" => {
+            progress(format_args!("vhca.init=hang: hanging without a result"));
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        // Off PID 1 this is a host, which must not be crashed.
+        "panic" if std::process::id() == 1 => {
+            progress(format_args!("vhca.init=panic: crashing the kernel"));
+            // panic=-1 and -no-reboot end QEMU; pvpanic tells QMP.
+            if let Err(e) = std::fs::write("/proc/sysrq-trigger", "c") {
+                progress(format_args!("sysrq crash refused: {e}"));
+            }
+            std::thread::sleep(Duration::from_secs(10));
+        }
+        "poweroff" => {
+            progress(format_args!("vhca.init=poweroff: powering off without a result"));
+            shutdown::finish(options.poweroff, false)
+        }
+        _ => progress(format_args!("vhca.init={mode} is not available here")),
+    }
 }
 
 /// What the run does. `Unmapped` is the negative control: DMA aimed at an IOVA that was never mapped must fault,
@@ -104,7 +155,7 @@ enum Personality {
     Rng,
 }
 
-fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow::Result<()> {
     let scenario = Scenario::parse(&options.scenario)?;
     let timeout = Duration::from_millis(options.timeout_ms);
     let wanted = match options.device {
@@ -114,7 +165,7 @@ fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             PciId { vendor: PCI_VENDOR_VIRTIO, device: vhca_proto::PCI_DEVICE_RDMA },
         ],
     };
-    let device = pci::find(&wanted)?;
+    let device = pci::wait_for(&wanted, patience)?;
     report.device = Some(device.id.to_string());
     report.pci_address = Some(device.address.clone());
     let personality = if device.id.device == PCI_DEVICE_RNG { Personality::Rng } else { Personality::Vhca };
@@ -182,11 +233,12 @@ fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     drop(queues);
     report.kernel_log = kmsg::iommu_lines(32);
     let deadline = Instant::now() + FAULT_REPORT_WAIT;
-    while scenario.is_unmapped() && count_faults(&report.kernel_log) == 0 && Instant::now() < deadline {
+    let own = Some(device.address.as_str());
+    while scenario.is_unmapped() && kmsg::count_faults(&report.kernel_log, own) == 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
         report.kernel_log = kmsg::iommu_lines(32);
     }
-    report.iommu_faults = count_faults(&report.kernel_log);
+    report.iommu_faults = kmsg::count_faults(&report.kernel_log, own);
     // Closing the device fd makes vfio-pci reset the device once more: measured, as it is part of every run.
     drop(mapper);
     drop(transport);
@@ -207,11 +259,6 @@ fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         (Scenario::Driver(_), _) => {}
     }
     Ok(())
-}
-
-fn count_faults(lines: &[String]) -> usize {
-    // One fault prints a "handling fault status" line and then the fault itself; count the latter.
-    lines.iter().filter(|l| l.contains("DMAR") && l.contains("fault addr")).count()
 }
 
 type Queue = (SplitQueue<DmaRegion>, QueueNotifier);

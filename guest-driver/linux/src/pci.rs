@@ -54,6 +54,28 @@ pub fn find(wanted: &[PciId]) -> Result<PciDevice, PciError> {
     find_in(Path::new(DEVICES), wanted)
 }
 
+/// Finds the device, waiting up to `patience` for it: a hot-plugged device appears after the run request, and the PCI
+/// core may still be probing it (vfio-pci claims it by id) when it does. Zero patience is one look.
+pub fn wait_for(wanted: &[PciId], patience: Duration) -> Result<PciDevice, PciError> {
+    let deadline = Instant::now() + patience;
+    let device = loop {
+        match find(wanted) {
+            Ok(device) => break device,
+            // A device being added can briefly lack its attributes: any error is retried while patience lasts.
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(e),
+        }
+    };
+    let probed = Instant::now() + patience.min(PROBE_SETTLE);
+    while device.driver().is_none() && Instant::now() < probed {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(device)
+}
+
+/// How long a found device may stay without a driver before `bind_vfio` binds it itself.
+const PROBE_SETTLE: Duration = Duration::from_secs(1);
+
 fn find_in(root: &Path, wanted: &[PciId]) -> Result<PciDevice, PciError> {
     let mut entries: Vec<PathBuf> = fs::read_dir(root)
         .map_err(|e| PciError::List(root.to_path_buf(), e))?

@@ -12,6 +12,7 @@ pub fn finish(poweroff: bool, ok: bool) -> ! {
     }
     // SAFETY: sync has no preconditions; it flushes filesystem buffers before the power goes.
     unsafe { libc::sync() };
+    drain_console();
     if !poweroff {
         let err = std::process::Command::new("/bin/busybox").arg("sh").exec();
         progress(format_args!("cannot start a shell: {err}"));
@@ -22,4 +23,13 @@ pub fn finish(poweroff: bool, ok: bool) -> ! {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+/// Waits until the console has sent everything written to it. Power-off does not wait for the serial line: without
+/// this, the end of the result line can be lost, or cut by the kernel's own "reboot: Power down".
+fn drain_console() {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: tcdrain only waits on fd 1; on a non-terminal it fails with ENOTTY at once and changes nothing.
+    unsafe { libc::tcdrain(1) };
 }
