@@ -78,8 +78,10 @@ fn probe_kvm(qemu: &Path, image: &Image) -> Result<(Accel, String), AccelError> 
         append: vec!["vhca.init=probe".into()],
         device: None,
         serial_log: serial.clone(),
+        serial_socket: None,
         qmp_socket: work.path().join("qmp.sock"),
         gdb: None,
+        incoming_defer: false,
     };
     let start = Instant::now();
     let mut child = Supervised::spawn("qemu (kvm probe)", config.command(), Some(&work.path().join("qemu.log")))?;

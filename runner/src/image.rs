@@ -71,7 +71,12 @@ pub struct CacheLock {
 impl CacheLock {
     pub fn acquire(cache: &Path) -> Result<CacheLock, ImageError> {
         fs::create_dir_all(cache).map_err(cache_err(cache))?;
-        let path = cache.join("lock");
+        CacheLock::acquire_file(&cache.join("lock"))
+    }
+
+    /// Locks one file (created if missing) exclusively, waiting for whoever holds it.
+    pub fn acquire_file(path: &Path) -> Result<CacheLock, ImageError> {
+        let path = path.to_path_buf();
         let file = File::create(&path).map_err(cache_err(&path))?;
         loop {
             // SAFETY: flock on a descriptor this function owns; non-blocking, so the wait stays interruptible.
@@ -258,9 +263,13 @@ fn run_script(
     Ok(out)
 }
 
+/// Marks an image used. Its own marker file, not the initramfs: the snapshot key includes the image files' mtimes,
+/// which must change only when their content does.
+const USED: &str = ".used";
+
 fn touch(dir: &Path) {
-    // The mtime orders images for pruning: a used image is a recent one.
-    let _ = File::open(dir.join("initramfs.cpio")).and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    // The marker's mtime orders images for pruning: a used image is a recent one.
+    let _ = File::create(dir.join(USED));
 }
 
 fn prune(images: &Path, keep_key: &str) {
@@ -269,7 +278,8 @@ fn prune(images: &Path, keep_key: &str) {
         .filter_map(Result::ok)
         .filter(|e| !e.file_name().to_string_lossy().starts_with('.') && e.file_name() != keep_key)
         .filter_map(|e| {
-            let mtime = fs::metadata(e.path().join("initramfs.cpio")).and_then(|m| m.modified()).ok()?;
+            let last_use = |name: &str| fs::metadata(e.path().join(name)).and_then(|m| m.modified()).ok();
+            let mtime = last_use(USED).or_else(|| last_use("initramfs.cpio"))?;
             Some((mtime, e.path()))
         })
         .collect();

@@ -3,14 +3,17 @@
 
 pub mod accel;
 pub mod artifacts;
+pub mod bench;
 pub mod device;
 pub mod evidence;
 pub mod image;
 pub mod paths;
 pub mod qemu_cmd;
 pub mod qmp;
+pub mod restore;
 pub mod run;
 pub mod serial;
+pub mod snapshot;
 pub mod suite;
 pub mod supervise;
 pub mod ui;

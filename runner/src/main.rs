@@ -1,19 +1,23 @@
-//! vhca-run's command line: `suite`, `boot`, `qemu-args`. Sets up the session (binaries, image, accelerator, carrier),
-//! picks the runs, hands the work to the library and the look to `ui`; exit code 0 only when every run passed.
+//! vhca-run's command line: `suite`, `boot`, `qemu-args`, `bench`. Sets up the session (binaries, image, accelerator,
+//! carrier, snapshot), picks the runs, hands the work to the library and the look to `ui`; exit code 0 only when every
+//! run passed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use vhca_suite::{render_junit, render_table, ConcreteRun, Suite, SuiteReport};
 
 use vhca_run::accel::{self, AccelChoice};
+use vhca_run::bench;
 use vhca_run::image::{self, CacheLock};
 use vhca_run::paths::{self, Binaries};
 use vhca_run::qemu_cmd::{probe_carrier, GdbStub};
 use vhca_run::run::{command_lines, plan, RunContext};
+use vhca_run::snapshot;
 use vhca_run::suite::{run_suite, SuiteOptions};
 use vhca_run::supervise;
 use vhca_run::ui::SuiteUi;
@@ -23,6 +27,9 @@ use vhca_run::ui::SuiteUi;
 struct Cli {
     #[command(flatten)]
     bins: BinArgs,
+    /// Boot every run cold instead of restoring the saved guest (the snapshot path is the default).
+    #[arg(long, global = true)]
+    cold: bool,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -82,7 +89,18 @@ enum Cmd {
         #[arg(long)]
         artifacts: Option<PathBuf>,
     },
-    /// Print the exact vhca-device and QEMU command lines of one run (its files under --dir).
+    /// Time a suite (the seed suite by default) from the snapshot and cold in one session; print a Markdown table.
+    Bench {
+        /// Suite file [default: the built-in seed suite]
+        file: Option<PathBuf>,
+        /// Parallelism to measure, comma-separated.
+        #[arg(short = 'j', long, value_delimiter = ',', default_values_t = [1, 2])]
+        jobs: Vec<usize>,
+        /// Only the concrete runs whose name this regex matches.
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// Print the exact vhca-device and QEMU command lines of one run, cold-boot form (its files under --dir).
     QemuArgs {
         #[command(flatten)]
         pick: RunPick,
@@ -252,8 +270,27 @@ fn session(bins: &BinArgs) -> Result<(RunContext, AccelChoice)> {
         image.key,
         if image.built { " (built now)" } else { "" },
     );
-    let ctx = RunContext { bins, image, accel: accel.accel, carrier, keep: false, gdb: None };
+    let ctx = RunContext { bins, image, accel: accel.accel, carrier, keep: false, gdb: None, snapshot: None };
     Ok((ctx, accel))
+}
+
+/// Gives the session its snapshot, or says why every run boots cold.
+fn attach_snapshot(ctx: &mut RunContext, cold_because: Option<&str>) -> Result<()> {
+    if let Some(why) = cold_because {
+        eprintln!("vhca-run: cold boot for every run: {why}");
+        return Ok(());
+    }
+    let dir = paths::snapshot_dir();
+    let found = snapshot::prepare(&dir, &ctx.saved_machine(), &mut |msg| eprintln!("vhca-run: {msg}"))
+        .context("preparing the snapshot")?;
+    match &found {
+        Some(s) => {
+            eprintln!("vhca-run: runs restore snapshot {} ({}); --cold boots them instead", s.key, dir.display())
+        }
+        None => eprintln!("vhca-run: no usable snapshot: every run boots cold"),
+    }
+    ctx.snapshot = found.map(Arc::new);
+    Ok(())
 }
 
 fn program() -> String {
@@ -327,7 +364,8 @@ fn real_main(cli: Cli) -> Result<bool> {
                 }
                 return Ok(true);
             }
-            let (ctx, _) = session(&cli.bins)?;
+            let (mut ctx, _) = session(&cli.bins)?;
+            attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join(&suite.name));
             let opts = SuiteOptions { jobs, artifacts: Some(root.clone()), program: program(), suite_file };
@@ -342,6 +380,14 @@ fn real_main(cli: Cli) -> Result<bool> {
         Cmd::Boot { pick, gdb, gdb_port, gdb_wait, keep, artifacts } => {
             let (run, _) = pick.concrete()?;
             let (mut ctx, _) = session(&cli.bins)?;
+            let cold_because = if cli.cold {
+                Some("--cold")
+            } else if gdb || gdb_wait {
+                Some("--gdb attaches to a booting kernel")
+            } else {
+                None
+            };
+            attach_snapshot(&mut ctx, cold_because)?;
             ctx.keep = keep;
             if gdb || gdb_wait {
                 ctx.gdb = Some(GdbStub { port: gdb_port, wait: gdb_wait });
@@ -370,6 +416,42 @@ fn real_main(cli: Cli) -> Result<bool> {
                 println!("run files: {}", dir.display());
             }
             Ok(report.all_passed())
+        }
+        Cmd::Bench { file, jobs, filter } => {
+            let (suite, _) = load_suite(file.as_deref())?;
+            let runs = match &filter {
+                Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
+                None => suite.expand(),
+            };
+            if runs.is_empty() || jobs.is_empty() || jobs.contains(&0) {
+                bail!("nothing to measure: {} runs, -j {jobs:?}", runs.len());
+            }
+            let (mut ctx, _) = session(&cli.bins)?;
+            attach_snapshot(&mut ctx, None)?;
+            let Some(snap) = ctx.snapshot.clone() else {
+                bail!("the bench compares the snapshot with cold boots: no snapshot")
+            };
+            let started = std::time::Instant::now();
+            let ms = bench::measure(&ctx, &suite, &runs, &jobs, &program(), &mut |label, e| {
+                if let vhca_run::suite::SuiteEvent::Finished { report, .. } = e {
+                    eprintln!("[{label}] {}", vhca_run::ui::finished_line(&report));
+                }
+            })?;
+            println!(
+                "suite {} ({} runs), accelerator {}, snapshot {}{}; bench {:.0} s",
+                suite.name,
+                runs.len(),
+                ctx.accel.name(),
+                snap.key,
+                snap.built.map(|s| format!(" (built now in {s:.1} s)")).unwrap_or_default(),
+                started.elapsed().as_secs_f64()
+            );
+            print!("{}", bench::render(&ms));
+            let diffs = bench::verdict_differences(&ms);
+            for (j, name, a, b) in &diffs {
+                println!("VERDICTS DIFFER at -j {j}: {name}: snapshot {a}, cold {b}");
+            }
+            Ok(diffs.is_empty() && ms.iter().all(|m| m.passed == m.runs && m.off_path == 0))
         }
         Cmd::QemuArgs { pick, dir } => {
             let (run, _) = pick.concrete()?;

@@ -57,3 +57,8 @@ pub fn cache_dir() -> PathBuf {
     }
     env_path("HOME").unwrap_or_else(|| PathBuf::from("/root")).join(".cache").join("vhca")
 }
+
+/// $VHCA_SNAPSHOT_DIR, else `<cache>/snapshots`: where saved guests are kept.
+pub fn snapshot_dir() -> PathBuf {
+    env_path("VHCA_SNAPSHOT_DIR").unwrap_or_else(|| cache_dir().join("snapshots"))
+}

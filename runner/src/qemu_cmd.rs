@@ -78,6 +78,44 @@ pub struct VhostUserDevice {
     pub carrier: Carrier,
 }
 
+/// The HCA's chardev id, its QEMU device id and the root port it sits in, on the command line and when hot-plugged.
+pub const HCA_CHARDEV: &str = "vhca0";
+pub const HCA_DEVICE_ID: &str = "hca0";
+pub const HCA_BUS: &str = "rp1";
+
+impl VhostUserDevice {
+    /// QMP `chardev-add` arguments: QEMU connects to the device's socket as a client, as `-chardev socket` does.
+    pub fn qmp_chardev_add(&self) -> serde_json::Value {
+        let path = self.socket.display().to_string();
+        serde_json::json!({
+            "id": HCA_CHARDEV,
+            "backend": { "type": "socket", "data": {
+                "addr": { "type": "unix", "data": { "path": path } },
+                "server": false
+            } }
+        })
+    }
+
+    /// QMP `device_add` arguments: the same device as the command line's `-device`, into the empty root port.
+    /// Through QMP the booleans are JSON booleans, not "on".
+    pub fn qmp_device_add(&self) -> serde_json::Value {
+        let mut args = serde_json::json!({
+            "driver": self.carrier.device_name(),
+            "id": HCA_DEVICE_ID,
+            "chardev": HCA_CHARDEV,
+            "bus": HCA_BUS,
+            "iommu_platform": true,
+            "ats": true,
+        });
+        if self.carrier == Carrier::TestDevice {
+            args["virtio-id"] = 42.into();
+            args["num_vqs"] = 4.into();
+            args["config_size"] = 12.into();
+        }
+        args
+    }
+}
+
 /// QEMU's gdb stub: `-gdb tcp::PORT`, and `-S` (start paused until gdb continues) only when asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GdbStub {
@@ -96,9 +134,16 @@ pub struct QemuConfig {
     pub append: Vec<String>,
     /// None: no HCA (the accelerator probe boots the same machine without it).
     pub device: Option<VhostUserDevice>,
+    /// Where the guest's console output goes.
     pub serial_log: PathBuf,
+    /// Console as a socket (QEMU the server) the runner reads into `serial_log` and types into; None: QEMU writes
+    /// `serial_log` itself. The resident agent of a snapshot reads its run request from it. (Not the chardev's
+    /// `logfile=`: QEMU logs a byte again each time the socket is full and the serial retries it.)
+    pub serial_socket: Option<PathBuf>,
     pub qmp_socket: PathBuf,
     pub gdb: Option<GdbStub>,
+    /// `-incoming defer`: wait for `migrate-incoming` (restore from a snapshot) instead of booting.
+    pub incoming_defer: bool,
 }
 
 impl QemuConfig {
@@ -124,8 +169,8 @@ impl QemuConfig {
         // pvpanic-mmio), so a panic is seen even when the console is quiet or cut off.
         push(&["-device", "pvpanic"]);
         if let Some(dev) = &self.device {
-            let chardev = format!("socket,id=vhca0,path={}", dev.socket.display());
-            let mut device = format!("{},chardev=vhca0,bus=rp1", dev.carrier.device_name());
+            let chardev = format!("socket,id={HCA_CHARDEV},path={}", dev.socket.display());
+            let mut device = format!("{},chardev={HCA_CHARDEV},bus={HCA_BUS}", dev.carrier.device_name());
             if dev.carrier == Carrier::TestDevice {
                 device.push_str(",virtio-id=42,num_vqs=4,config_size=12");
             }
@@ -142,8 +187,15 @@ impl QemuConfig {
         let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
         push(&["-append", &cmdline]);
         push(&["-display", "none", "-vga", "none", "-nic", "none"]);
-        let serial = format!("file:{}", self.serial_log.display());
-        push(&["-serial", &serial, "-monitor", "none"]);
+        match &self.serial_socket {
+            None => push(&["-serial", &format!("file:{}", self.serial_log.display())]),
+            Some(socket) => {
+                // wait=off: QEMU starts at once; the runner connects before the guest says anything it needs.
+                let chardev = format!("socket,id=ser0,path={},server=on,wait=off", socket.display());
+                push(&["-chardev", &chardev, "-serial", "chardev:ser0"]);
+            }
+        }
+        push(&["-monitor", "none"]);
         let qmp = format!("unix:{},server=on,wait=off", self.qmp_socket.display());
         push(&["-qmp", &qmp]);
         // A guest panic (panic=-1) or reboot ends QEMU instead of looping.
@@ -153,6 +205,9 @@ impl QemuConfig {
             if gdb.wait {
                 push(&["-S"]);
             }
+        }
+        if self.incoming_defer {
+            push(&["-incoming", "defer"]);
         }
         a
     }
@@ -195,8 +250,10 @@ mod tests {
             append: vec!["vhca.scenario=smoke".into()],
             device,
             serial_log: "/run/serial.log".into(),
+            serial_socket: None,
             qmp_socket: "/run/qmp.sock".into(),
             gdb: None,
+            incoming_defer: false,
         }
     }
 
@@ -257,6 +314,36 @@ mod tests {
         let args = strings(&config(None, Accel::Kvm));
         assert!(values(&args, "-chardev").is_empty());
         assert!(!values(&args, "-device").iter().any(|d| d.starts_with("vhost-user")));
+    }
+
+    #[test]
+    fn snapshot_machine_has_a_console_socket_an_empty_root_port_and_waits_for_its_state() {
+        let mut c = config(None, Accel::Tcg);
+        c.serial_socket = Some("/run/serial.sock".into());
+        c.incoming_defer = true;
+        let args = strings(&c);
+        assert_eq!(values(&args, "-chardev"), ["socket,id=ser0,path=/run/serial.sock,server=on,wait=off"]);
+        assert_eq!(values(&args, "-serial"), ["chardev:ser0"]);
+        assert_eq!(values(&args, "-incoming"), ["defer"]);
+        assert!(values(&args, "-device").contains(&"pcie-root-port,id=rp1,bus=pcie.0,chassis=1"));
+        c.incoming_defer = false;
+        assert!(values(&strings(&c), "-incoming").is_empty());
+    }
+
+    #[test]
+    fn hot_plug_arguments_match_the_command_line_device() {
+        let dev = VhostUserDevice { socket: "/r/dev.sock".into(), carrier: Carrier::Snd };
+        let chardev = dev.qmp_chardev_add();
+        assert_eq!(chardev["id"], "vhca0");
+        assert_eq!(chardev["backend"]["data"]["addr"]["data"]["path"], "/r/dev.sock");
+        assert_eq!(chardev["backend"]["data"]["server"], false);
+        let add = dev.qmp_device_add();
+        assert_eq!(add["driver"], "vhost-user-snd-pci");
+        assert_eq!((add["bus"].as_str(), add["chardev"].as_str()), (Some("rp1"), Some("vhca0")));
+        assert_eq!((add["iommu_platform"].as_bool(), add["ats"].as_bool()), (Some(true), Some(true)));
+        assert!(add.get("virtio-id").is_none());
+        let test = VhostUserDevice { socket: "/s".into(), carrier: Carrier::TestDevice }.qmp_device_add();
+        assert_eq!((test["virtio-id"].as_u64(), test["num_vqs"].as_u64()), (Some(42), Some(4)));
     }
 
     #[test]

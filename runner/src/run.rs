@@ -1,12 +1,16 @@
-//! One concrete run: private work dir, device first, then QEMU with QMP and a captured serial console, watched until
-//! the guest's result, a crash, silence, a dead process or the timeout. Every child is stopped and reaped before
-//! `execute` returns, and the work dir goes with it unless kept.
+//! One concrete run: private work dir, device first, then QEMU (restored from the snapshot with the HCA hot-plugged,
+//! or booted cold) with QMP and a captured serial console, watched until the guest's result, a crash, silence, a dead
+//! process or the timeout. Every child is stopped and reaped before `execute` returns, and the work dir goes with it
+//! unless kept.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhca_suite::{parse_bugcheck, parse_linux_panic, parse_result_line, ConcreteRun, GuestPanicked, ProcessExit};
+use vhca_suite::{
+    parse_bugcheck, parse_linux_panic, parse_result_line, BootPath, ConcreteRun, GuestPanicked, ProcessExit,
+};
 
 use crate::device::{self, DeviceConfig, DeviceError};
 use crate::evidence::{self, Evidence};
@@ -14,7 +18,9 @@ use crate::image::Image;
 use crate::paths::Binaries;
 use crate::qemu_cmd::{shell_line, Accel, Carrier, GdbStub, QemuConfig, VhostUserDevice};
 use crate::qmp::Qmp;
-use crate::serial::SerialLog;
+use crate::restore::{self, RestoreError};
+use crate::serial::{ConsolePort, SerialLog};
+use crate::snapshot::{MachineFiles, SavedMachine, Snapshot, AGENT_WORD};
 use crate::supervise::{tick, SuperviseError, Supervised};
 
 const DEVICE_START: Duration = Duration::from_secs(10);
@@ -42,13 +48,49 @@ pub struct RunContext {
     pub keep: bool,
     /// Interactive debugging: a gdb stub, and no timeout or silence limit.
     pub gdb: Option<GdbStub>,
+    /// The saved guest runs are restored from; None: every run boots cold.
+    pub snapshot: Option<Arc<Snapshot>>,
+}
+
+/// Guest options every run gets on either path: `reset_method=pm` (vfio-pci resets the device at every open and
+/// close; a D3hot cycle costs about a third of an FLR), then the words of $VHCA_GUEST_APPEND.
+pub fn baked_guest_options() -> Vec<String> {
+    let mut words = vec!["vhca.reset_method=pm".to_string()];
+    words.extend(std::env::var("VHCA_GUEST_APPEND").unwrap_or_default().split_whitespace().map(String::from));
+    words
+}
+
+impl RunContext {
+    /// The machine a snapshot of this session is taken of: no HCA, the baked-in options and the agent.
+    pub fn saved_machine(&self) -> SavedMachine {
+        let mut append = baked_guest_options();
+        append.push(AGENT_WORD.to_string());
+        SavedMachine {
+            qemu: self.bins.qemu.clone(),
+            accel: self.accel,
+            kernel: self.image.kernel.clone(),
+            initrd: self.image.initrd.clone(),
+            append,
+        }
+    }
 }
 
 /// What a run reports while it goes; the UI decides what to show.
 #[derive(Debug, Clone)]
 pub enum Progress {
-    Stage { run: String, what: String },
-    Serial { run: String, line: String },
+    Stage {
+        run: String,
+        what: String,
+    },
+    Serial {
+        run: String,
+        line: String,
+    },
+    /// Something a person should see even in a quiet suite (a snapshot that could not serve).
+    Notice {
+        run: String,
+        what: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +134,14 @@ impl RunFiles {
     pub fn serial(&self) -> PathBuf {
         self.dir.join("serial.log")
     }
+    /// The console socket of a restored guest (its output is still logged to `serial`).
+    pub fn serial_socket(&self) -> PathBuf {
+        self.dir.join("serial.sock")
+    }
+    /// How long each restore step took.
+    pub fn restore_log(&self) -> PathBuf {
+        self.dir.join("restore.log")
+    }
     pub fn qmp_events(&self) -> PathBuf {
         self.dir.join("qmp-events.jsonl")
     }
@@ -118,13 +168,26 @@ pub fn plan(ctx: &RunContext, run: &ConcreteRun, dir: &Path) -> (DeviceConfig, Q
         accel: ctx.accel,
         kernel: ctx.image.kernel.clone(),
         initrd: ctx.image.initrd.clone(),
-        append: run.guest_params().into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        append: baked_guest_options()
+            .into_iter()
+            .chain(run.guest_params().into_iter().map(|(k, v)| format!("{k}={v}")))
+            .collect(),
         device: Some(VhostUserDevice { socket: files.socket(), carrier: ctx.carrier }),
         serial_log: files.serial(),
+        serial_socket: None,
         qmp_socket: files.qmp(),
         gdb: ctx.gdb,
+        incoming_defer: false,
     };
     (device, qemu)
+}
+
+/// The snapshot path's QEMU: the saved machine's exact command line with this run's files and `-incoming defer`.
+pub fn plan_restore(machine: &SavedMachine, dir: &Path) -> QemuConfig {
+    let files = RunFiles { dir: dir.to_path_buf() };
+    let machine_files =
+        MachineFiles { serial_log: files.serial(), serial_socket: files.serial_socket(), qmp_socket: files.qmp() };
+    machine.config(&machine_files, true)
 }
 
 /// The two command lines of a run, shell-pastable: device first, then QEMU.
@@ -150,6 +213,10 @@ pub struct Watched {
 pub struct RunRecord {
     pub evidence: Evidence,
     pub seconds: f64,
+    /// How the guest came up; a snapshot run that fell back to a cold boot says Cold.
+    pub path: BootPath,
+    /// For the report: why the run did not take the snapshot path it was meant to.
+    pub notes: Vec<String>,
     /// The work dir; dropped (removed) after the artifacts are copied, unless kept.
     pub work: WorkDir,
 }
@@ -168,13 +235,67 @@ impl WorkDir {
     }
 }
 
-/// Runs one concrete run to its end. Errors are the runner's own (work dir, spawning, interrupt); everything the
-/// rig or the guest did wrong is in the record's evidence.
+/// Runs one concrete run to its end: from the snapshot when the session has a usable one, else (or when the restore
+/// fails before the guest continues) by a cold boot. Errors are the runner's own (work dir, spawning, interrupt);
+/// everything the rig or the guest did wrong is in the record's evidence.
 pub fn execute(ctx: &RunContext, run: &ConcreteRun, on: &mut dyn FnMut(Progress)) -> Result<RunRecord, RunError> {
+    let mut notes = Vec::new();
+    if let Some(snapshot) = ctx.snapshot.as_ref().filter(|s| s.usable()) {
+        match attempt(ctx, run, Some(snapshot), on)? {
+            Attempt::Done(record) => return Ok(*record),
+            Attempt::Fallback(why) => {
+                let mut note = format!("snapshot restore failed ({why}): booting cold");
+                if why.snapshot_bad() && snapshot.mark_broken() {
+                    note.push_str(&format!("; snapshot {} removed, later runs boot cold", snapshot.key));
+                }
+                on(Progress::Notice { run: run.name.clone(), what: note.clone() });
+                notes.push(note);
+            }
+        }
+    }
+    match attempt(ctx, run, None, on)? {
+        Attempt::Done(mut record) => {
+            record.notes.extend(notes);
+            Ok(*record)
+        }
+        // A cold boot has no restore to fail.
+        Attempt::Fallback(why) => Err(RunError::Io(std::io::Error::other(why.to_string()))),
+    }
+}
+
+/// What one try at a run came to.
+enum Attempt {
+    Done(Box<RunRecord>),
+    /// The restore failed before the guest ran anything: the run can be tried again cold.
+    Fallback(RestoreError),
+}
+
+fn attempt(
+    ctx: &RunContext,
+    run: &ConcreteRun,
+    snapshot: Option<&Arc<Snapshot>>,
+    on: &mut dyn FnMut(Progress),
+) -> Result<Attempt, RunError> {
     let temp = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
     let files = RunFiles { dir: temp.path().to_path_buf() };
-    let (device_cfg, qemu_cfg) = plan(ctx, run, &files.dir);
-    let (device_line, qemu_line) = command_lines(&device_cfg, &qemu_cfg);
+    let (device_cfg, cold_cfg) = plan(ctx, run, &files.dir);
+    let qemu_cfg = match snapshot {
+        Some(s) => plan_restore(&s.machine, &files.dir),
+        None => cold_cfg,
+    };
+    let hca = VhostUserDevice { socket: files.socket(), carrier: ctx.carrier };
+    let request = restore::request_line(&run.guest_params());
+    let (device_line, mut qemu_line) = command_lines(&device_cfg, &qemu_cfg);
+    if let Some(s) = snapshot {
+        qemu_line.push_str(&format!(
+            "\n# then over QMP: migrate-set-capabilities {}; migrate-incoming file:{}; chardev-add {}; device_add {}; cont\n\
+             # then on the console: {request}",
+            crate::snapshot::capabilities(),
+            s.state.display(),
+            hca.qmp_chardev_add(),
+            hca.qmp_device_add(),
+        ));
+    }
     fs::write(files.device_cmdline(), format!("{device_line}\n"))?;
     fs::write(files.qemu_cmdline(), format!("{qemu_line}\n"))?;
     let stage = |on: &mut dyn FnMut(Progress), what: String| on(Progress::Stage { run: run.name.clone(), what });
@@ -185,11 +306,21 @@ pub fn execute(ctx: &RunContext, run: &ConcreteRun, on: &mut dyn FnMut(Progress)
     let device_started = Instant::now();
     match device::launch(&device_cfg, &files.device_log(), DEVICE_START) {
         Ok(device) => {
-            stage(on, format!("starting QEMU ({})", ctx.accel.name()));
-            let qemu = Supervised::spawn("qemu", qemu_cfg.command(), Some(&files.qemu_log()))?;
+            let how = if snapshot.is_some() { "restoring the snapshot" } else { "booting" };
+            stage(on, format!("starting QEMU ({}, {how})", ctx.accel.name()));
+            let mut qemu = Supervised::spawn("qemu", qemu_cfg.command(), Some(&files.qemu_log()))?;
+            let (mut qmp, mut port) = (None, None);
+            if let Some(s) = snapshot {
+                // Any failure here drops both guards (device and QEMU killed and reaped) with the work dir.
+                match connect_and_restore(&files, &mut qemu, s, &hca, &request) {
+                    Ok((q, p)) => (qmp, port) = (Some(q), Some(p)),
+                    Err(RestoreError::Process(e)) => return Err(e.into()),
+                    Err(why) => return Ok(Attempt::Fallback(why)),
+                }
+            }
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
             let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on };
-            w.run(device, qemu)?;
+            w.run(device, qemu, qmp, port)?;
         }
         Err(DeviceError::ExitedEarly { status }) => {
             watched.device_exit = ProcessExit::from_status(status.code(), exit_signal(&status));
@@ -204,7 +335,32 @@ pub fn execute(ctx: &RunContext, run: &ConcreteRun, on: &mut dyn FnMut(Progress)
     let seconds = start.elapsed().as_secs_f64();
     let evidence = evidence::gather(run, &files, watched, ctx.gdb.is_some())?;
     let work = if ctx.keep { WorkDir::Kept(temp.keep()) } else { WorkDir::Temp(temp) };
-    Ok(RunRecord { evidence, seconds, work })
+    let path = if snapshot.is_some() { BootPath::Snapshot } else { BootPath::Cold };
+    Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
+}
+
+/// Connects to the restoring QEMU's QMP and console, then restores; the step timings go to the run's files.
+fn connect_and_restore(
+    files: &RunFiles,
+    qemu: &mut Supervised,
+    snapshot: &Snapshot,
+    hca: &VhostUserDevice,
+    request: &str,
+) -> Result<(Qmp, ConsolePort), RestoreError> {
+    let started = Instant::now();
+    let setup = |step: &'static str| move |e: String| RestoreError::Failed { step, why: e, snapshot_bad: false };
+    let mut port = ConsolePort::connect(&files.serial_socket(), &files.serial(), QMP_CONNECT)
+        .map_err(|e| setup("console")(e.to_string()))?;
+    let mut qmp = Qmp::connect(&files.qmp(), QMP_CONNECT).map_err(|e| setup("QMP")(e.to_string()))?;
+    let connected = started.elapsed().as_secs_f64();
+    let mut timings = restore::restore(&mut qmp, &mut port, qemu, snapshot, hca, request)?;
+    timings.steps.insert(0, ("QEMU up (QMP and console connected)", connected));
+    let total = started.elapsed().as_secs_f64();
+    let _ = fs::write(
+        files.restore_log(),
+        format!("snapshot {}\n{}total {total:.3} s (from QEMU's start)\n", snapshot.key, timings.render()),
+    );
+    Ok((qmp, port))
 }
 
 fn exit_signal(status: &std::process::ExitStatus) -> Option<i32> {
@@ -238,13 +394,19 @@ enum End {
 }
 
 impl Watch<'_> {
-    fn run(&mut self, mut device: Supervised, mut qemu: Supervised) -> Result<(), RunError> {
+    /// `qmp` and `port`: already connected (a restore needed them first); a cold boot's QMP is connected here.
+    fn run(
+        &mut self,
+        mut device: Supervised,
+        mut qemu: Supervised,
+        mut qmp: Option<Qmp>,
+        port: Option<ConsolePort>,
+    ) -> Result<(), RunError> {
         let qemu_started = Instant::now();
         let mut serial = SerialLog::new(&self.files.serial());
         let mut last_output = qemu_started;
         let mut last_offset = 0;
-        let mut qmp: Option<Qmp> = None;
-        let mut qmp_tried = false;
+        let mut qmp_tried = qmp.is_some();
         // When a result or crash arrived, and how long QEMU then gets to end by itself.
         let mut settled: Option<(Instant, Duration)> = None;
         let untimed = self.ctx.gdb.is_some();
@@ -332,6 +494,7 @@ impl Watch<'_> {
         // A closed QMP socket still holds what QEMU wrote before it exited (GUEST_PANICKED comes just before).
         self.drain_qmp(qmp.as_mut());
         drop(qmp);
+        drop(port);
         drop(qemu);
         drop(device);
         for line in serial.poll().unwrap_or_default().into_iter().chain(serial.take_partial()) {

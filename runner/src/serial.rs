@@ -1,9 +1,12 @@
 //! Serial console capture: follows the file QEMU writes the guest's ttyS0 to and hands out complete lines as they
-//! arrive. What the lines mean (results, bugchecks, panics) is vhca-suite's to say.
+//! arrive; and the console socket a restored guest's run request is typed into. What the lines mean (results,
+//! bugchecks, panics) is vhca-suite's to say.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Follows a growing file and yields the lines completed since the last poll.
 #[derive(Debug)]
@@ -54,6 +57,67 @@ impl SerialLog {
     }
 }
 
+/// The runner's end of a console socket (`-chardev socket`): a thread copies what the guest says into the log file
+/// `SerialLog` follows, as it arrives. Draining at once matters: QEMU's serial writes one byte per socket message, so
+/// an unread socket fills after a few hundred bytes and slows the guest's console to the reader's pace.
+#[derive(Debug)]
+pub struct ConsolePort {
+    stream: UnixStream,
+    pump: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ConsolePort {
+    /// Connects, retrying until `timeout` while QEMU creates the socket; `log` is created afresh.
+    pub fn connect(path: &Path, log: &Path, timeout: Duration) -> io::Result<ConsolePort> {
+        let end = Instant::now() + timeout;
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(stream) => break stream,
+                Err(e) if Instant::now() >= end => {
+                    return Err(io::Error::new(e.kind(), format!("console socket {}: {e}", path.display())))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let mut file = File::create(log)?;
+        let mut reader = stream.try_clone()?;
+        stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+        let pump = std::thread::Builder::new().name("console".into()).spawn(move || {
+            let mut buf = [0u8; 16 * 1024];
+            // Ends when QEMU closes the socket, or when the port is dropped (shutdown makes the read return 0).
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        if file.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return,
+                }
+            }
+        })?;
+        Ok(ConsolePort { stream, pump: Some(pump) })
+    }
+
+    /// Types one line into the guest's console.
+    pub fn send_line(&mut self, line: &str) -> io::Result<()> {
+        let mut bytes = line.as_bytes().to_vec();
+        bytes.push(b'\n');
+        self.stream.write_all(&bytes)
+    }
+}
+
+impl Drop for ConsolePort {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(pump) = self.pump.take() {
+            let _ = pump.join();
+        }
+    }
+}
+
 fn clean_line(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).trim_end_matches(['\n', '\r']).replace('\r', "")
 }
@@ -76,5 +140,31 @@ mod tests {
         assert_eq!(log.poll().unwrap(), ["two"]);
         assert_eq!(log.take_partial().as_deref(), Some("three"));
         assert!(log.poll().unwrap().is_empty());
+    }
+
+    #[test]
+    fn console_port_logs_what_the_guest_says_and_types_lines() {
+        use std::io::{BufRead, BufReader};
+        use std::os::unix::net::UnixListener;
+        let dir = tempfile::tempdir().unwrap();
+        let (path, log) = (dir.path().join("serial.sock"), dir.path().join("serial.log"));
+        let listener = UnixListener::bind(&path).unwrap();
+        let mut port = ConsolePort::connect(&path, &log, Duration::from_secs(5)).unwrap();
+        let (mut guest, _) = listener.accept().unwrap();
+        // One byte per message, as QEMU's serial sends: more than an unread socket would hold.
+        for _ in 0..2000 {
+            guest.write_all(b"x").unwrap();
+        }
+        guest.write_all(b"\nVHCA-AGENT-READY\n").unwrap();
+        port.send_line("{\"params\":[]}").unwrap();
+        let mut line = String::new();
+        BufReader::new(guest.try_clone().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line, "{\"params\":[]}\n");
+        drop(guest);
+        drop(port);
+        let mut follow = SerialLog::new(&log);
+        assert_eq!(follow.poll().unwrap(), ["x".repeat(2000), "VHCA-AGENT-READY".to_string()]);
+        let missing = ConsolePort::connect(&dir.path().join("none.sock"), &log, Duration::from_millis(50)).unwrap_err();
+        assert!(missing.to_string().contains("none.sock"), "{missing}");
     }
 }

@@ -100,7 +100,8 @@ pub fn one_run(
         Err(e) if e.is_interrupt() => return Err(e),
         Err(e) => {
             let observation = Observation { rig_problems: vec![format!("runner: {e}")], ..Observation::default() };
-            let mut report = RunReport::new(run, judge_run(run, &observation), 0.0, ctx.accel.name(), BootPath::Cold);
+            let path = if ctx.snapshot.is_some() { BootPath::Snapshot } else { BootPath::Cold };
+            let mut report = RunReport::new(run, judge_run(run, &observation), 0.0, ctx.accel.name(), path);
             report.set_reproducer(&opts.program, opts.suite_file.as_deref());
             return Ok(report);
         }
@@ -110,7 +111,8 @@ pub fn one_run(
 
 fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: RunRecord) -> RunReport {
     let verdict = judge_run(run, &record.evidence.observation);
-    let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), BootPath::Cold);
+    let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), record.path);
+    report.notes.extend(record.notes.iter().cloned());
     if let Some(root) = &opts.artifacts {
         match artifacts::store(root, run, record.work.path(), &record.evidence) {
             Ok(stored) => {

@@ -60,6 +60,7 @@ impl SuiteUi {
                     self.say(format!("[{run}] {what}"));
                 }
             }
+            SuiteEvent::Progress(Progress::Notice { run, what }) => self.say(format!("[{run}] {what}")),
             SuiteEvent::Progress(Progress::Serial { line, .. }) => {
                 if self.echo_serial {
                     self.say(format!("| {line}"));
@@ -84,7 +85,11 @@ impl SuiteUi {
 /// One line per finished run: `ok   NAME: ACTUAL (S s)` or `FAIL NAME: REASON (S s)`.
 pub fn finished_line(r: &RunReport) -> String {
     match r.failure_reason() {
-        None => format!("ok   {}: {} ({:.1} s, {})", r.name, r.actual_text, r.seconds, r.accelerator),
-        Some(reason) => format!("FAIL {}: {reason} ({:.1} s, {})", r.name, r.seconds, r.accelerator),
+        None => {
+            format!("ok   {}: {} ({:.1} s, {}, {})", r.name, r.actual_text, r.seconds, r.accelerator, r.path.as_str())
+        }
+        Some(reason) => {
+            format!("FAIL {}: {reason} ({:.1} s, {}, {})", r.name, r.seconds, r.accelerator, r.path.as_str())
+        }
     }
 }

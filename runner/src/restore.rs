@@ -1,0 +1,134 @@
+//! One run's guest from the snapshot: the fresh QEMU loads the saved state, the HCA is hot-plugged into the empty root
+//! port, the guest continues, and its resident agent gets the run's request on the console.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::qemu_cmd::VhostUserDevice;
+use crate::qmp::{Qmp, QmpError};
+use crate::serial::ConsolePort;
+use crate::snapshot::{capabilities, Snapshot};
+use crate::supervise::{interrupted, SuperviseError, Supervised};
+
+const QMP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Loading takes about 0.2 s; a busy machine, or a slow disk on the first read of the file, takes longer.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// `query-migrate` is cheap: poll it often, the load is short.
+const LOAD_POLL: Duration = Duration::from_millis(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The runner's own trouble (an interrupt): the run stops.
+    #[error(transparent)]
+    Process(#[from] SuperviseError),
+    /// The restore did not work; the run can still boot cold. `snapshot_bad`: the state file itself would not load.
+    #[error("{step}: {why}")]
+    Failed { step: &'static str, why: String, snapshot_bad: bool },
+}
+
+impl RestoreError {
+    /// True when the state file itself would not load: no later run should try it.
+    pub fn snapshot_bad(&self) -> bool {
+        matches!(self, RestoreError::Failed { snapshot_bad: true, .. })
+    }
+}
+
+fn failed(step: &'static str, snapshot_bad: bool) -> impl Fn(QmpError) -> RestoreError {
+    move |e| RestoreError::Failed { step, why: e.to_string(), snapshot_bad }
+}
+
+/// How long each step took, for the run's files.
+#[derive(Debug, Default, Clone)]
+pub struct Timings {
+    pub steps: Vec<(&'static str, f64)>,
+}
+
+impl Timings {
+    pub fn render(&self) -> String {
+        self.steps.iter().map(|(step, s)| format!("{step} {:.3} s\n", s)).collect()
+    }
+}
+
+/// Drives a QEMU started with `-incoming defer` from the saved state to a guest running `request`. Nothing of the
+/// run has happened when this fails: the guest only continues at the last step but one.
+pub fn restore(
+    qmp: &mut Qmp,
+    port: &mut ConsolePort,
+    qemu: &mut Supervised,
+    snapshot: &Snapshot,
+    hca: &VhostUserDevice,
+    request: &str,
+) -> Result<Timings, RestoreError> {
+    let mut timings = Timings::default();
+    let mut at = Instant::now();
+    let mut mark = |timings: &mut Timings, step| {
+        timings.steps.push((step, at.elapsed().as_secs_f64()));
+        at = Instant::now();
+    };
+    qmp.execute("migrate-set-capabilities", Some(capabilities()), QMP_TIMEOUT)
+        .map_err(failed("migrate-set-capabilities", false))?;
+    let uri = format!("file:{}", snapshot.state.display());
+    qmp.execute("migrate-incoming", Some(json!({ "uri": uri })), QMP_TIMEOUT)
+        .map_err(failed("migrate-incoming", true))?;
+    wait_loaded(qmp, qemu)?;
+    mark(&mut timings, "load");
+    qmp.execute("chardev-add", Some(hca.qmp_chardev_add()), QMP_TIMEOUT).map_err(failed("chardev-add", false))?;
+    qmp.execute("device_add", Some(hca.qmp_device_add()), QMP_TIMEOUT).map_err(failed("device_add", false))?;
+    mark(&mut timings, "hot-plug");
+    qmp.execute("cont", None, QMP_TIMEOUT).map_err(failed("cont", false))?;
+    // The agent may still be on its way into read(): the console buffers the line until it gets there.
+    port.send_line(request).map_err(|e| RestoreError::Failed {
+        step: "run request",
+        why: e.to_string(),
+        snapshot_bad: false,
+    })?;
+    mark(&mut timings, "cont+request");
+    Ok(timings)
+}
+
+/// Waits for the incoming migration to complete. A failure, or QEMU ending, means the file would not load.
+fn wait_loaded(qmp: &mut Qmp, qemu: &mut Supervised) -> Result<(), RestoreError> {
+    let end = Instant::now() + LOAD_TIMEOUT;
+    loop {
+        let bad = |why: String| RestoreError::Failed { step: "loading the snapshot", why, snapshot_bad: true };
+        if let Some(status) = qemu.try_status()? {
+            return Err(bad(format!("QEMU ended ({status}) while loading")));
+        }
+        let status = qmp.execute("query-migrate", None, QMP_TIMEOUT).map_err(failed("query-migrate", true))?;
+        match status.get("status").and_then(|s| s.as_str()) {
+            Some("completed") => return Ok(()),
+            Some("failed") | Some("cancelled") => {
+                let why = status.get("error-desc").and_then(|s| s.as_str()).unwrap_or("no reason given");
+                return Err(bad(format!("migration failed: {why}")));
+            }
+            _ => {}
+        }
+        if Instant::now() >= end {
+            return Err(bad(format!("not loaded within {} s", LOAD_TIMEOUT.as_secs())));
+        }
+        if interrupted() {
+            return Err(SuperviseError::Interrupted.into());
+        }
+        std::thread::sleep(LOAD_POLL);
+    }
+}
+
+/// The request line the agent reads: the run's guest parameters, as a cold boot puts them on the kernel command line.
+pub fn request_line(params: &[(String, String)]) -> String {
+    let words: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    json!({ "params": words }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_line_is_one_json_line_of_words() {
+        let line = request_line(&[("vhca.scenario".into(), "smoke".into()), ("vhca.verifier".into(), "0xaa".into())]);
+        assert!(!line.contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v, json!({ "params": ["vhca.scenario=smoke", "vhca.verifier=0xaa"] }));
+    }
+}
