@@ -1,6 +1,7 @@
 //! One run's guest from the snapshot: the fresh QEMU loads the saved state, the HCA is hot-plugged into the empty root
 //! port, the guest continues, and its resident agent gets the run's request on the console.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -59,6 +60,7 @@ pub fn restore(
     snapshot: &Snapshot,
     hca: &VhostUserDevice,
     request: &str,
+    qemu_log: &Path,
 ) -> Result<Timings, RestoreError> {
     let mut timings = Timings::default();
     let mut at = Instant::now();
@@ -71,7 +73,7 @@ pub fn restore(
     let uri = format!("file:{}", snapshot.state.display());
     qmp.execute("migrate-incoming", Some(json!({ "uri": uri })), QMP_TIMEOUT)
         .map_err(failed("migrate-incoming", true))?;
-    wait_loaded(qmp, qemu)?;
+    wait_loaded(qmp, qemu, qemu_log)?;
     mark(&mut timings, "load");
     qmp.execute("chardev-add", Some(hca.qmp_chardev_add()), QMP_TIMEOUT).map_err(failed("chardev-add", false))?;
     qmp.execute("device_add", Some(hca.qmp_device_add()), QMP_TIMEOUT).map_err(failed("device_add", false))?;
@@ -88,14 +90,28 @@ pub fn restore(
 }
 
 /// Waits for the incoming migration to complete. A failure, or QEMU ending, means the file would not load.
-fn wait_loaded(qmp: &mut Qmp, qemu: &mut Supervised) -> Result<(), RestoreError> {
+fn wait_loaded(qmp: &mut Qmp, qemu: &mut Supervised, qemu_log: &Path) -> Result<(), RestoreError> {
     let end = Instant::now() + LOAD_TIMEOUT;
+    let bad = |why: String| RestoreError::Failed { step: "loading the snapshot", why, snapshot_bad: true };
+    // QEMU gives up on a file it cannot load by exiting: its last words say why.
+    let ended = |status: std::process::ExitStatus| {
+        let log = std::fs::read_to_string(qemu_log).unwrap_or_default();
+        let last = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no message)").trim().to_string();
+        bad(format!("QEMU ended ({status}) while loading: {last}"))
+    };
     loop {
-        let bad = |why: String| RestoreError::Failed { step: "loading the snapshot", why, snapshot_bad: true };
         if let Some(status) = qemu.try_status()? {
-            return Err(bad(format!("QEMU ended ({status}) while loading")));
+            return Err(ended(status));
         }
-        let status = qmp.execute("query-migrate", None, QMP_TIMEOUT).map_err(failed("query-migrate", true))?;
+        let status = match qmp.execute("query-migrate", None, QMP_TIMEOUT) {
+            Ok(status) => status,
+            Err(e) => {
+                return Err(match qemu.wait_timeout(Duration::from_secs(2))? {
+                    Some(status) => ended(status),
+                    None => bad(format!("query-migrate: {e}")),
+                })
+            }
+        };
         match status.get("status").and_then(|s| s.as_str()) {
             Some("completed") => return Ok(()),
             Some("failed") | Some("cancelled") => {

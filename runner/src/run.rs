@@ -353,7 +353,7 @@ fn connect_and_restore(
         .map_err(|e| setup("console")(e.to_string()))?;
     let mut qmp = Qmp::connect(&files.qmp(), QMP_CONNECT).map_err(|e| setup("QMP")(e.to_string()))?;
     let connected = started.elapsed().as_secs_f64();
-    let mut timings = restore::restore(&mut qmp, &mut port, qemu, snapshot, hca, request)?;
+    let mut timings = restore::restore(&mut qmp, &mut port, qemu, snapshot, hca, request, &files.qemu_log())?;
     timings.steps.insert(0, ("QEMU up (QMP and console connected)", connected));
     let total = started.elapsed().as_secs_f64();
     let _ = fs::write(

@@ -1,7 +1,7 @@
 //! End to end: the vhca-run binary boots the real guest against the real device under QEMU. Suites pass and fail as
-//! they must, with reports and artifacts; killed, hung and interrupted runs get their verdicts and leave no process,
-//! socket or work dir behind. Prerequisites missing: the test fails under CI=true, and is skipped with the reason
-//! elsewhere.
+//! they must, with reports and artifacts, from the snapshot and cold alike; stale and corrupt snapshots are never
+//! restored; killed, hung and interrupted runs get their verdicts and leave no process, socket or work dir behind.
+//! Prerequisites missing: the test fails under CI=true, and is skipped with the reason elsewhere.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -122,7 +122,7 @@ fn boot_hung_guest(s: &Scratch) -> (Child, BufReader<ChildStderr>, String) {
     let mut line = String::new();
     while stderr.read_line(&mut line).unwrap() > 0 {
         seen.push_str(&line);
-        if line.contains("not starting vhca-guest") {
+        if line.contains("vhca.init=hang: hanging without a result") {
             return (child, stderr, seen);
         }
         line.clear();
@@ -280,18 +280,166 @@ fn verbs_suite_passes() {
     assert_eq!(s.report()["totals"]["passed"], 4);
 }
 
+/// Every run's name → (boot path, actual verdict) from a report.
+fn verdicts(report: &Value) -> Vec<(String, String, Value)> {
+    report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (r["name"].as_str().unwrap().to_string(), r["path"].as_str().unwrap().to_string(), r["actual"].clone())
+        })
+        .collect()
+}
+
 #[test]
-fn seed_suite_passes() {
-    if !ready("seed_suite_passes") {
+fn seed_suite_passes_from_the_snapshot_and_cold_with_identical_verdicts() {
+    if !ready("seed_suite_passes_from_the_snapshot_and_cold_with_identical_verdicts") {
         return;
     }
-    let s = Scratch::new();
-    let out = s.command(&["suite", "-j", "2"]).output().expect("run vhca-run");
-    assert!(out.status.success(), "the seed suite failed:\n{}", show(&out));
-    s.assert_nothing_left("seed suite");
-    let report = s.report();
+    let (snap, cold) = (Scratch::new(), Scratch::new());
+    let out = snap.command(&["suite", "-j", "2"]).output().expect("run vhca-run");
+    assert!(out.status.success(), "the seed suite failed from the snapshot:\n{}", show(&out));
+    snap.assert_nothing_left("seed suite, snapshot");
+    let out_cold = cold.command(&["--cold", "suite", "-j", "2"]).output().expect("run vhca-run");
+    assert!(out_cold.status.success(), "the seed suite failed cold:\n{}", show(&out_cold));
+    cold.assert_nothing_left("seed suite, cold");
+    let (a, b) = (snap.report(), cold.report());
+    assert!(a["totals"]["runs"].as_u64().unwrap() >= 22, "the seed suite has 11 runs in two modes");
+    let (va, vb) = (verdicts(&a), verdicts(&b));
+    assert_eq!(va.len(), vb.len());
+    for ((name, path, actual), (cold_name, cold_path, cold_actual)) in va.iter().zip(&vb) {
+        assert_eq!(name, cold_name);
+        assert_eq!((path.as_str(), cold_path.as_str()), ("snapshot", "cold"), "{name}: {}", show(&out));
+        assert_eq!(actual, cold_actual, "{name}: the snapshot and the cold boot disagree");
+    }
+    let wall = |r: &Value| r["totals"]["wall_seconds"].as_f64().unwrap();
+    assert!(wall(&a) < wall(&b), "snapshot suite {} s is not faster than cold {} s", wall(&a), wall(&b));
+}
+
+/// Runs `vhca-run` with a private snapshot dir; returns the report and stderr.
+fn run_with_snapshots(s: &Scratch, snapshots: &Path, args: &[&str], env: &[(&str, &str)]) -> (Value, String) {
+    let mut cmd = s.command(args);
+    cmd.env("VHCA_SNAPSHOT_DIR", snapshots);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run vhca-run");
+    assert!(out.status.success(), "{args:?} failed:\n{}", show(&out));
+    s.assert_nothing_left(&format!("{args:?}"));
+    (s.report(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The snapshot key a session said it restores from.
+fn restored_key(stderr: &str) -> Option<String> {
+    let rest = stderr.split("runs restore snapshot ").nth(1)?;
+    Some(rest.split_whitespace().next()?.to_string())
+}
+
+fn single_path(report: &Value) -> String {
+    let paths: Vec<&str> = report["runs"].as_array().unwrap().iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert!(paths.windows(2).all(|w| w[0] == w[1]), "mixed paths {paths:?}");
+    paths[0].to_string()
+}
+
+#[test]
+fn stale_snapshot_is_rebuilt_and_never_restored() {
+    if !ready("stale_snapshot_is_rebuilt_and_never_restored") {
+        return;
+    }
+    let (s, snapshots) = (Scratch::new(), tempfile::tempdir().unwrap());
+    let boot = ["boot"];
+    let (report, err) = run_with_snapshots(&s, snapshots.path(), &boot, &[]);
+    let first = restored_key(&err).unwrap_or_else(|| panic!("no snapshot used:\n{err}"));
+    assert!(err.contains(&format!("no snapshot {first} yet")), "{err}");
+    assert_eq!(single_path(&report), "snapshot");
+
+    // A baked-in guest option changes the command line: a new snapshot, the old one named stale.
+    let (report, err) =
+        run_with_snapshots(&s, snapshots.path(), &boot, &[("VHCA_GUEST_APPEND", "vhca.timeout_ms=6000")]);
+    let second = restored_key(&err).unwrap();
+    assert_ne!(second, first, "{err}");
+    assert!(err.contains(&format!("no snapshot {second} yet")) && err.contains(&format!("not used: {first}")), "{err}");
+    assert_eq!(single_path(&report), "snapshot");
+    assert_eq!(report["runs"][0]["outcome"]["result"], "pass");
+
+    // A changed guest binary makes a new image: again a new snapshot.
+    let guest = std::env::var_os("VHCA_GUEST_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        target.join("x86_64-unknown-linux-gnu/release/vhca-guest")
+    });
+    let changed = s.artifacts.path().join("vhca-guest-changed");
+    let mut bytes = std::fs::read(&guest).unwrap();
+    // Bytes after the ELF's last section: the program runs the same, the image's key changes.
+    bytes.extend_from_slice(b"stale-snapshot-test");
+    std::fs::write(&changed, bytes).unwrap();
+    std::fs::set_permissions(&changed, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (report, err) =
+        run_with_snapshots(&s, snapshots.path(), &boot, &[("VHCA_GUEST_BIN", changed.to_str().unwrap())]);
+    let third = restored_key(&err).unwrap();
+    assert!(third != first && third != second, "{err}");
+    assert!(err.contains(&format!("no snapshot {third} yet")), "{err}");
+    assert_eq!(report["runs"][0]["outcome"]["result"], "pass");
+
+    // Back to the first configuration: its snapshot is restored as it is, not rebuilt.
+    let (report, err) = run_with_snapshots(&s, snapshots.path(), &boot, &[]);
+    assert_eq!(restored_key(&err).as_deref(), Some(first.as_str()), "{err}");
+    assert!(!err.contains("yet: booting the guest"), "rebuilt a valid snapshot:\n{err}");
+    assert_eq!(single_path(&report), "snapshot");
+}
+
+#[test]
+fn corrupt_snapshot_gives_a_log_line_and_cold_boots_not_a_failed_suite() {
+    if !ready("corrupt_snapshot_gives_a_log_line_and_cold_boots_not_a_failed_suite") {
+        return;
+    }
+    let (s, snapshots) = (Scratch::new(), tempfile::tempdir().unwrap());
+    let smoke = ["suite", "--filter", "^smoke/", "-j", "1"];
+    let (report, err) = run_with_snapshots(&s, snapshots.path(), &smoke, &[]);
+    let key = restored_key(&err).unwrap_or_else(|| panic!("no snapshot used:\n{err}"));
+    assert_eq!(single_path(&report), "snapshot");
+    let dir = snapshots.path().join(&key);
+    let state = dir.join(vhca_run::snapshot::STATE_FILE);
+
+    // Garbage in the middle of the file: the digest check refuses it before any restore.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&state).unwrap();
+        f.write_at(&[0xAB; 4096], 64 << 20).unwrap();
+    }
+    let (report, err) = run_with_snapshots(&s, snapshots.path(), &smoke, &[]);
+    assert!(err.contains(&format!("snapshot {key} is corrupt (state.img content digest")), "{err}");
+    assert!(err.contains("this session boots cold"), "{err}");
+    assert_eq!(single_path(&report), "cold");
     assert_eq!(report["totals"]["failed"], 0);
-    assert!(report["totals"]["runs"].as_u64().unwrap() >= 22, "the seed suite has 11 runs in two modes");
+    assert!(!dir.exists(), "the corrupt snapshot was kept");
+
+    // The next session rebuilds it.
+    let (report, err) = run_with_snapshots(&s, snapshots.path(), &smoke, &[]);
+    assert_eq!(restored_key(&err).as_deref(), Some(key.as_str()));
+    assert!(err.contains(&format!("no snapshot {key} yet")), "{err}");
+    assert_eq!(single_path(&report), "snapshot");
+
+    // A file that passes the check but will not load (cut short, its record made to match): the first run's restore
+    // fails, the run boots cold and says why, and the second run goes cold at once.
+    let f = std::fs::OpenOptions::new().write(true).open(&state).unwrap();
+    f.set_len(1 << 20).unwrap();
+    let meta_path = dir.join("snapshot.json");
+    let mut meta: Value = serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
+    meta["size"] = (1u64 << 20).into();
+    meta["digest"] = vhca_run::snapshot::state_digest(&state).unwrap().into();
+    std::fs::write(&meta_path, meta.to_string()).unwrap();
+    let (report, err) = run_with_snapshots(&s, snapshots.path(), &smoke, &[]);
+    assert_eq!(restored_key(&err).as_deref(), Some(key.as_str()), "{err}");
+    assert_eq!(single_path(&report), "cold");
+    assert_eq!(report["totals"]["failed"], 0);
+    let notes = report["runs"][0]["notes"].to_string();
+    assert!(notes.contains("snapshot restore failed (loading the snapshot: "), "{notes}\n{err}");
+    assert!(notes.contains(&format!("snapshot {key} removed")), "{notes}");
+    assert!(!report["runs"][1]["notes"].to_string().contains("restore failed"), "the second run tried it again");
+    assert!(!dir.exists());
 }
 
 #[test]
@@ -312,7 +460,11 @@ fn hung_guest_is_a_hang_and_leaves_nothing() {
     assert_eq!(run["actual"]["kind"], "hang", "{}", show(&out));
     assert!(run["outcome"]["reason"].as_str().unwrap().starts_with("expected pass, got hang (no output for"));
     // The guest really booted and hung in /init: this is the silence path, not a start-up failure.
-    assert!(String::from_utf8_lossy(&out.stderr).contains("vhca.init=hang: not starting vhca-guest"), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("vhca.init=hang: hanging without a result"),
+        "{}",
+        show(&out)
+    );
     // Declared hung on silence (5 s), long before the 120 s timeout.
     assert!(took < Duration::from_secs(60), "took {took:?}");
     let observation: Value = serde_json::from_str(

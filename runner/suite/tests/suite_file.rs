@@ -54,7 +54,10 @@ fn seed_suite_parses_and_expands() {
     let runs = suite.expand();
     assert_eq!(runs.len(), 2 * suite.runs.len());
     let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {name}"));
-    assert_eq!(find("fast-mutex-create-cq/verifier-on").expected, Expected::Bugcheck { code: 0xC4, param1: Some(0xE5) });
+    assert_eq!(
+        find("fast-mutex-create-cq/verifier-on").expected,
+        Expected::Bugcheck { code: 0xC4, param1: Some(0xE5) }
+    );
     assert_eq!(find("fast-mutex-create-cq/verifier-on").guest.lock, Some(LockKind::FastMutex));
     assert_eq!(find("fast-mutex-create-cq/verifier-on").verifier_flags, 0xAA);
     assert_eq!(find("fast-mutex-create-cq/verifier-off").verifier_flags, 0);
