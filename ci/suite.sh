@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the seed suite on this host: set-up, release builds, then `vhca-run suite` (arguments are passed on,
+# Runs the seed suite on this host: set-up, release builds, then `vhca-run suite`, each run restored from the saved
+# guest (`--cold` boots every run instead; arguments are passed on,
 # e.g. --json report.json --artifacts out/). Exit status 0 only if every run passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
