@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the seed suite on this host: set-up, release builds, then `vhca-run suite`, each run restored from the saved
-# guest (`--cold` boots every run instead; arguments are passed on,
-# e.g. --json report.json --artifacts out/). Exit status 0 only if every run passed.
+# guest. Arguments are passed on (e.g. --cold to boot every run, --json report.json, --artifacts out/).
+# Exit status 0 only if every run passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup-host.sh
