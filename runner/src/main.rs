@@ -285,7 +285,12 @@ fn attach_snapshot(ctx: &mut RunContext, cold_because: Option<&str>) -> Result<(
         .context("preparing the snapshot")?;
     match &found {
         Some(s) => {
-            eprintln!("vhca-run: runs restore snapshot {} ({}); --cold boots them instead", s.key, dir.display())
+            let checked = s.checked.map(|c| format!(", checked in {c:.2} s")).unwrap_or_default();
+            eprintln!(
+                "vhca-run: runs restore snapshot {} ({}{checked}); --cold boots them instead",
+                s.key,
+                dir.display()
+            )
         }
         None => eprintln!("vhca-run: no usable snapshot: every run boots cold"),
     }

@@ -33,6 +33,8 @@ const AFTER_CRASH: Duration = Duration::from_secs(3);
 /// The device exits when QEMU hangs up; QEMU closes the socket while it is still tearing down.
 const DEVICE_AFTER_QEMU: Duration = Duration::from_secs(5);
 const QEMU_AFTER_DEVICE: Duration = Duration::from_secs(2);
+/// How long the console copy may take to reach the end of a dead QEMU's socket.
+const CONSOLE_TAIL: Duration = Duration::from_millis(500);
 
 /// Set to make the runner panic mid-run, once QEMU runs: the test of "a runner panic leaves nothing behind".
 pub const TEST_PANIC_ENV: &str = "VHCA_RUN_TEST_PANIC";
@@ -494,8 +496,11 @@ impl Watch<'_> {
         // A closed QMP socket still holds what QEMU wrote before it exited (GUEST_PANICKED comes just before).
         self.drain_qmp(qmp.as_mut());
         drop(qmp);
-        drop(port);
         drop(qemu);
+        if let Some(port) = port {
+            // QEMU is gone (exited, or killed and reaped): its last console bytes are still in the socket.
+            port.close(CONSOLE_TAIL);
+        }
         drop(device);
         for line in serial.poll().unwrap_or_default().into_iter().chain(serial.take_partial()) {
             self.absorb(&line);

@@ -109,6 +109,17 @@ impl ConsolePort {
     }
 }
 
+impl ConsolePort {
+    /// Lets the copy thread reach QEMU's end of the stream (QEMU is gone: what it sent is still in the socket) for up
+    /// to `patience`, then closes. Dropping instead closes at once, and what was not yet read is lost.
+    pub fn close(self, patience: Duration) {
+        let end = Instant::now() + patience;
+        while self.pump.as_ref().is_some_and(|p| !p.is_finished()) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 impl Drop for ConsolePort {
     fn drop(&mut self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);

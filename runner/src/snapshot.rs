@@ -160,6 +160,8 @@ pub struct Snapshot {
     pub machine: SavedMachine,
     /// Built by this session, with how long the boot and save took.
     pub built: Option<f64>,
+    /// Found stored, with how long checking it against its record took.
+    pub checked: Option<f64>,
     broken: AtomicBool,
 }
 
@@ -224,18 +226,20 @@ pub fn prepare(
     };
     let dir = root.join(&key);
     let state = dir.join(STATE_FILE);
-    let snapshot = |built| Snapshot {
+    let snapshot = |built, checked| Snapshot {
         key: key.clone(),
         state: state.clone(),
         machine: machine.clone(),
         built,
+        checked,
         broken: AtomicBool::new(false),
     };
     if dir.exists() {
+        let started = Instant::now();
         return Ok(match verify(&dir) {
             Ok(()) => {
                 touch(&dir);
-                Some(snapshot(None))
+                Some(snapshot(None, Some(started.elapsed().as_secs_f64())))
             }
             Err(why) => {
                 let _ = fs::remove_dir_all(&dir);
@@ -289,7 +293,7 @@ pub fn prepare(
             let _ = work.keep();
             log(&format!("snapshot {key} saved in {seconds:.1} s ({} MB on disk)", bytes >> 20));
             prune(root, &key);
-            Ok(Some(snapshot(Some(seconds))))
+            Ok(Some(snapshot(Some(seconds), None)))
         }
         Err(e) => {
             log(&format!("cold boot: storing the snapshot in {}: {e}", dir.display()));
