@@ -5,12 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup-host.sh
 source ci/build.sh
-# --all-targets: unit, integration and bench-as-test targets, without the empty doc-test passes. The output is kept
-# so the last line can total every harness's counts: one closing line that says what ran.
+# --all-targets: unit, integration and bench-as-test targets, without the empty doc-test passes. --no-fail-fast: one
+# failing harness does not hide the others' results. The output is kept so the last line can total every harness's
+# counts: one closing line that says what ran.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --release --all-targets 2>&1 | tee "$log"
+cargo test --workspace --release --all-targets --no-fail-fast 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
