@@ -102,6 +102,9 @@ enum Step {
     Empty,
     Used,
     Parked,
+    /// Taken off the avail ring but impossible to return (a head past the table): logged, and the chains behind
+    /// it are served on this same pass, since the driver will not kick again for them.
+    Dropped,
 }
 
 pub struct Worker {
@@ -226,6 +229,7 @@ impl Worker {
         while !shared.stopping() && !shared.control_pending.load(Ordering::Acquire) {
             match self.next_chain(&shared, &mem, queue, &mut vring) {
                 Step::Used => used = true,
+                Step::Dropped => {}
                 Step::Empty | Step::Parked => break,
             }
         }
@@ -345,7 +349,8 @@ impl Worker {
                 head,
                 cause: format!("cannot return chain to the used ring: {err}"),
             });
-            return Step::Empty;
+            // A used ring that stopped translating is caught by the check at the top of the next chain.
+            return Step::Dropped;
         }
         Step::Used
     }
