@@ -264,7 +264,12 @@ impl Worker {
             Ok(None) => {
                 return match iommu.take_fault() {
                     Some(fault) => self.ring_fault(shared, queue, vring, Some(fault), "available ring"),
-                    None => Step::Empty,
+                    None => {
+                        // Rings translate and no chain waits: whatever this queue parked on was answered. A stale
+                        // park would keep `timeout_ms` at its past deadline and wake the worker every millisecond.
+                        vring.parked = None;
+                        Step::Empty
+                    }
                 };
             }
             Err(err) => {
