@@ -84,6 +84,13 @@ impl VringState {
 
 const WAKE_TOKEN: u64 = u64::MAX;
 
+/// Whether the worker's epoll can watch `kick`: a regular file or a character device (a memfd, /dev/null) cannot
+/// be polled, so a kick fd must be checked before it is taken.
+pub fn check_pollable(kick: &EventFd) -> io::Result<()> {
+    let epoll = Epoll::new()?;
+    epoll.ctl(ControlOperation::Add, std::os::fd::AsRawFd::as_raw_fd(kick), EpollEvent::new(EventSet::IN, 0))
+}
+
 /// What became of one popped chain.
 enum Outcome {
     /// Returned with this many bytes written.
@@ -179,15 +186,20 @@ impl Worker {
         for (index, vring) in self.shared.vrings.iter().enumerate() {
             let vring = lock(vring);
             let Some(kick) = vring.kick.as_ref() else { continue };
-            let copy = kick.try_clone()?;
             let token = self.kicks.len() as u64;
-            self.epoll.ctl(
-                ControlOperation::Add,
-                std::os::fd::AsRawFd::as_raw_fd(&copy),
-                EpollEvent::new(EventSet::IN, token),
-            )?;
-            tracing::debug!("watching kick fd of queue {index}");
-            self.kicks.push(copy);
+            let watched = kick.try_clone().and_then(|copy| {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&copy);
+                self.epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))?;
+                Ok(copy)
+            });
+            match watched {
+                Ok(copy) => {
+                    tracing::debug!("watching kick fd of queue {index}");
+                    self.kicks.push(copy);
+                }
+                // One queue's bad kick fd must not stop the worker that serves the others.
+                Err(err) => tracing::error!("queue {index}: cannot watch its kick fd, kicks are not seen: {err}"),
+            }
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ use super::wire::{
 use crate::event_log::{perm_name, TransportEvent};
 use crate::iommu::{perm_from_vhost, IotlbError};
 use crate::memory::{map_regions, MemTable, RegionDesc, RegionError};
-use crate::queues::MAX_QUEUE_SIZE;
+use crate::queues::{check_pollable, MAX_QUEUE_SIZE};
 use crate::shared::Shared;
 
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
@@ -87,6 +87,8 @@ pub enum ProtocolError {
     Reply { request: FrontendReq, source: io::Error },
     #[error("{request:?}: {source}")]
     Setup { request: FrontendReq, source: io::Error },
+    #[error("SET_VRING_KICK: queue {index}: the kick fd cannot be polled: {source}")]
+    KickNotPollable { index: usize, source: io::Error },
 }
 
 enum Reply {
@@ -367,6 +369,9 @@ impl Frontend {
             // SAFETY: we own `fd` (received over SCM_RIGHTS) and hand its ownership to the EventFd.
             Some(unsafe { EventFd::from_raw_fd(fd.into_raw_fd()) })
         };
+        if let (FrontendReq::SET_VRING_KICK, Some(kick)) = (request, fd.as_ref()) {
+            check_pollable(kick).map_err(|source| ProtocolError::KickNotPollable { index, source })?;
+        }
         let protocol_features = self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
         self.shared.with_vring(index, |vring| match request {
             FrontendReq::SET_VRING_KICK => {
