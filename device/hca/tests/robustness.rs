@@ -606,8 +606,7 @@ impl Harness {
         Ok(())
     }
 
-    /// Runs one request and checks the response; returns its status (None when the response was malformed, which
-    /// already failed the case) and body.
+    /// Runs one request, checks the response, the log lines and the invariants; returns the status and body.
     fn execute(&mut self, request: &[u8]) -> Result<(Status, Vec<u8>), TestCaseError> {
         let in_flight = request_pages(request);
         let before = self.event_count();
