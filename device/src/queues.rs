@@ -222,6 +222,10 @@ impl Worker {
         }
     }
 
+    /// Hands the HCA every invalidation the front-end has applied to the IOTLB so far. Called per wake-up and again
+    /// right before each chain reaches the HCA: a chain the guest published after QEMU's (acknowledged) invalidation
+    /// may be popped in the same pass that started before the invalidation arrived, and its DMA must already meet
+    /// the stale register, as it would on an HCA whose translation cache QEMU had flushed.
     fn tell_hca_invalidations(&mut self) {
         let pending = std::mem::take(&mut *lock(&self.shared.invalidations));
         for (iova, size) in pending {
@@ -438,6 +442,7 @@ impl Worker {
         if let Err(outcome) = self.prepare_writes(shared, queue, writable) {
             return outcome;
         }
+        self.tell_hca_invalidations();
         let response = self.hca.execute(&QueueDma::new(shared, mem, queue), &request);
         self.scatter(shared, mem, queue, writable, &response)
     }
@@ -452,6 +457,7 @@ impl Worker {
             Ok(records) => records,
             Err(outcome) => return outcome,
         };
+        self.tell_hca_invalidations();
         self.hca.doorbell(&QueueDma::new(shared, mem, queue), &records);
         Outcome::Used(0)
     }
