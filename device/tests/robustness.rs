@@ -38,49 +38,6 @@ const SERVE_TIMEOUT: Duration = Duration::from_secs(5);
 // ---------------------------------------------------------------------------------------------------------------
 // A front-end that survives the device closing on it.
 
-/// Sends one message whose header says `size` (the payload's length unless lying); errors instead of panicking.
-fn send_raw(stream: &UnixStream, request: u32, flags: u32, size: u32, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    let mut bytes = Vec::with_capacity(12 + payload.len());
-    for v in [request, flags, size] {
-        bytes.extend_from_slice(&v.to_ne_bytes());
-    }
-    bytes.extend_from_slice(payload);
-    let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
-    let mut control = [0u64; 16];
-    // SAFETY: a zeroed msghdr is a valid empty header; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        let data_len = std::mem::size_of_val(fds);
-        msg.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
-        // SAFETY: the 128-byte control buffer holds one cmsghdr and the at most 4 fds the strategies attach.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), data_len);
-        }
-    }
-    // SAFETY: msg describes live buffers as set up above; MSG_NOSIGNAL turns a closed peer into EPIPE.
-    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let rest = &bytes[sent as usize..];
-    if !rest.is_empty() {
-        // SAFETY: writes the unsent tail from a live buffer.
-        let n = unsafe { libc::send(stream.as_raw_fd(), rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
-        if n < 0 || n as usize != rest.len() {
-            return Err(io::Error::other("short send"));
-        }
-    }
-    Ok(())
-}
-
 /// One reply: (request code, flags, payload).
 fn read_reply(stream: &mut UnixStream) -> io::Result<(u32, u32, Vec<u8>)> {
     let mut header = [0u8; 12];

@@ -152,14 +152,25 @@ pub fn kinds<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_j
 
 /// Sends one vhost-user message with `fds` attached as SCM_RIGHTS.
 pub fn send(stream: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[RawFd]) {
-    let mut bytes = Vec::new();
-    bytes.extend_from_slice(&request.to_ne_bytes());
-    bytes.extend_from_slice(&(0x1 | flags).to_ne_bytes());
-    bytes.extend_from_slice(&(payload.len() as u32).to_ne_bytes());
+    send_raw(stream, request, 0x1 | flags, payload.len() as u32, payload, fds).expect("sendmsg");
+}
+/// Sends one message whose header says `size` (the payload's length unless lying); errors instead of panicking.
+pub fn send_raw(
+    stream: &UnixStream,
+    request: u32,
+    flags: u32,
+    size: u32,
+    payload: &[u8],
+    fds: &[RawFd],
+) -> std::io::Result<()> {
+    let mut bytes = Vec::with_capacity(12 + payload.len());
+    for v in [request, flags, size] {
+        bytes.extend_from_slice(&v.to_ne_bytes());
+    }
     bytes.extend_from_slice(payload);
     let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
-    let mut control = [0u64; 32];
-    // SAFETY: zeroed msghdr is a valid empty header; every pointer set below outlives the sendmsg call.
+    let mut control = [0u64; 16];
+    // SAFETY: a zeroed msghdr is a valid empty header; every pointer set below outlives the sendmsg call.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
@@ -168,7 +179,7 @@ pub fn send(stream: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: 
         msg.msg_control = control.as_mut_ptr().cast();
         // SAFETY: CMSG_SPACE is a pure size computation.
         msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
-        // SAFETY: the control buffer (256 bytes) holds one cmsghdr plus up to 32 fds.
+        // SAFETY: the 128-byte control buffer holds one cmsghdr and the at most 4 fds the strategies attach.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
@@ -177,9 +188,20 @@ pub fn send(stream: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: 
             std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), data_len);
         }
     }
-    // SAFETY: msg describes valid buffers as set up above.
-    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, 0) };
-    assert_eq!(sent as usize, bytes.len(), "sendmsg: {}", std::io::Error::last_os_error());
+    // SAFETY: msg describes live buffers as set up above; MSG_NOSIGNAL turns a closed peer into EPIPE.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let rest = &bytes[sent as usize..];
+    if !rest.is_empty() {
+        // SAFETY: writes the unsent tail from a live buffer.
+        let n = unsafe { libc::send(stream.as_raw_fd(), rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 || n as usize != rest.len() {
+            return Err(std::io::Error::other("short send"));
+        }
+    }
+    Ok(())
 }
 
 /// Reads one reply; checks it answers `request` and carries the reply flag.
