@@ -44,11 +44,15 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   add_backports
   apt-get update -qq
-  if printf '%s\n' "${pkgs[@]}" | grep -qx qemu-system-x86; then
-    apt-get install -y -qq -t bookworm-backports --no-install-recommends qemu-system-x86 >/dev/null
-  fi
+  # No pipe into `grep -q` here: under pipefail an early-closing grep can turn a match into a failure.
   rest=()
-  for p in "${pkgs[@]}"; do [ "$p" = qemu-system-x86 ] || rest+=("$p"); done
+  for p in "${pkgs[@]}"; do
+    if [ "$p" = qemu-system-x86 ]; then
+      apt-get install -y -qq -t bookworm-backports --no-install-recommends qemu-system-x86 >/dev/null
+    else
+      rest+=("$p")
+    fi
+  done
   [ ${#rest[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${rest[@]}" >/dev/null
 fi
 qemu-system-x86_64 --version | head -n1
