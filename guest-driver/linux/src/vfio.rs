@@ -12,6 +12,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use vfio_bindings::bindings::vfio as sys;
 
@@ -204,9 +205,49 @@ pub struct Session {
     pub container: Arc<Container>,
 }
 
+/// How long vfio-pci's probe of a freshly bound (hot-plugged) device may take to finish.
+const PROBE_PATIENCE: Duration = Duration::from_secs(2);
+
+impl VfioError {
+    /// The kernel links a device to its driver in sysfs before it calls the driver's probe, so right after a bind
+    /// (above all a hot-plug) vfio-pci may not have made `/dev/vfio/<group>` yet (seen: "open /dev/vfio/3: No such
+    /// file or directory"), or not yet put the device in its group (seen: "VFIO_GROUP_GET_DEVICE_FD: No such
+    /// device"). Both end when the probe does.
+    fn is_probe_in_progress(&self) -> bool {
+        match self {
+            VfioError::Open { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            VfioError::Ioctl { what, source } => {
+                *what == "VFIO_GROUP_GET_DEVICE_FD" && source.raw_os_error() == Some(libc::ENODEV)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails for a reason other than a probe still in progress, or `patience` is out.
+fn retry_while_probing<T>(
+    patience: Duration,
+    mut attempt: impl FnMut() -> Result<T, VfioError>,
+) -> Result<T, VfioError> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match attempt() {
+            Err(err) if err.is_probe_in_progress() && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Session {
-    /// The fixed order the kernel demands: container, group, attach, choose the IOMMU, then the device.
+    /// Opens the device's VFIO session, waiting out the end of vfio-pci's probe (see `is_probe_in_progress`).
     pub fn open(group_number: u32, address: &str) -> Result<Session, VfioError> {
+        retry_while_probing(PROBE_PATIENCE, || Session::open_once(group_number, address))
+    }
+
+    /// The fixed order the kernel demands: container, group, attach, choose the IOMMU, then the device.
+    fn open_once(group_number: u32, address: &str) -> Result<Session, VfioError> {
         let container = Container::open()?;
         let group = Group::open(group_number)?;
         group.set_container(&container)?;
@@ -371,6 +412,36 @@ impl Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn enodev() -> VfioError {
+        VfioError::Ioctl { what: "VFIO_GROUP_GET_DEVICE_FD", source: std::io::Error::from_raw_os_error(libc::ENODEV) }
+    }
+
+    #[test]
+    fn a_probe_in_progress_is_waited_out_and_other_errors_are_not() {
+        let mut tries = 0;
+        let opened = retry_while_probing(Duration::from_secs(5), || {
+            tries += 1;
+            match tries {
+                1 => Err(VfioError::Open { path: "/dev/vfio/3".into(), source: std::io::ErrorKind::NotFound.into() }),
+                2 => Err(enodev()),
+                _ => Ok(tries),
+            }
+        });
+        assert_eq!(opened.unwrap(), 3);
+
+        let mut tries = 0;
+        let refused = retry_while_probing(Duration::from_secs(5), || -> Result<(), _> {
+            tries += 1;
+            Err(VfioError::GroupNotViable(3))
+        });
+        assert!(matches!(refused, Err(VfioError::GroupNotViable(3))) && tries == 1, "no retry for a real refusal");
+
+        let started = Instant::now();
+        let gone = retry_while_probing(Duration::from_millis(30), || -> Result<(), _> { Err(enodev()) });
+        assert!(matches!(gone, Err(VfioError::Ioctl { .. })), "still an error once patience is out");
+        assert!(started.elapsed() >= Duration::from_millis(30));
+    }
 
     #[test]
     fn ioctl_numbers_match_the_kernel_header() {
