@@ -47,6 +47,23 @@ struct HostState {
     next_iova: u64,
 }
 
+/// The part of a device access that falls in one IOMMU page: which host memory, where in it, how many bytes.
+struct Chunk {
+    mem: HostMemId,
+    start: usize,
+    n: usize,
+}
+
+impl HostState {
+    /// Translates the page holding byte `done` of an access of `len` bytes at `iova`.
+    fn chunk(&self, iova: u64, done: usize, len: usize) -> Result<Chunk, BackendError> {
+        let addr = iova.checked_add(done as u64).ok_or(BackendError::NotMapped { iova })?;
+        let (mem, page) = *self.iotlb.get(&(addr / PAGE)).ok_or(BackendError::NotMapped { iova: addr })?;
+        let in_page = (addr % PAGE) as usize;
+        Ok(Chunk { mem, start: page * PAGE as usize + in_page, n: (PAGE as usize - in_page).min(len - done) })
+    }
+}
+
 /// Host memory in `Vec`s and a bump IOVA allocator that never reuses an address, so a stale IOVA always faults.
 /// Also the device's side of the IOMMU for in-process tests: `device_read` / `device_write`.
 pub struct HostDmaBackend {
@@ -86,12 +103,8 @@ impl HostDmaBackend {
         let s = self.lock();
         let mut done = 0usize;
         while done < buf.len() {
-            let addr = iova.checked_add(done as u64).ok_or(BackendError::NotMapped { iova })?;
-            let (mem, page) = *s.iotlb.get(&(addr / PAGE)).ok_or(BackendError::NotMapped { iova: addr })?;
-            let in_page = (addr % PAGE) as usize;
-            let n = (PAGE as usize - in_page).min(buf.len() - done);
+            let Chunk { mem, start, n } = s.chunk(iova, done, buf.len())?;
             let bytes = s.memory.get(&mem).ok_or(BackendError::UnknownMemory(mem))?;
-            let start = page * PAGE as usize + in_page;
             buf[done..done + n].copy_from_slice(&bytes[start..start + n]);
             done += n;
         }
@@ -101,13 +114,10 @@ impl HostDmaBackend {
     pub fn device_write(&self, iova: u64, buf: &[u8]) -> Result<(), BackendError> {
         let mut s = self.lock();
         let mut done = 0usize;
+        // Page by page, as a device writes: the pages before an unmapped one are written.
         while done < buf.len() {
-            let addr = iova.checked_add(done as u64).ok_or(BackendError::NotMapped { iova })?;
-            let (mem, page) = *s.iotlb.get(&(addr / PAGE)).ok_or(BackendError::NotMapped { iova: addr })?;
-            let in_page = (addr % PAGE) as usize;
-            let n = (PAGE as usize - in_page).min(buf.len() - done);
+            let Chunk { mem, start, n } = s.chunk(iova, done, buf.len())?;
             let bytes = s.memory.get_mut(&mem).ok_or(BackendError::UnknownMemory(mem))?;
-            let start = page * PAGE as usize + in_page;
             bytes[start..start + n].copy_from_slice(&buf[done..done + n]);
             done += n;
         }
