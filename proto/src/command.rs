@@ -232,3 +232,32 @@ pub struct ModifyQpReq {
     pub access: U32,
     pub reserved: U32,
 }
+
+/// Bytes a request takes: header, a fixed body of `body` bytes, and `pages` page-list entries. `None` on overflow.
+pub fn request_len(body: usize, pages: usize) -> Option<usize> {
+    pages.checked_mul(8)?.checked_add(body)?.checked_add(COMMAND_HEADER_SIZE)
+}
+
+/// Encodes a request (`CommandHeader`, fixed body, page list as little-endian u64s) into `out`, which must be exactly
+/// `request_len(body.len(), pages.len())` bytes. `None` if it is not, or if the body length does not fit the header.
+/// Without allocation, so the `no_std` driver core and the tests share the one encoding.
+pub fn encode_request(out: &mut [u8], opcode: Opcode, tag: u32, body: &[u8], pages: &[u64]) -> Option<()> {
+    if request_len(body.len(), pages.len())? != out.len() {
+        return None;
+    }
+    let body_len = u32::try_from(out.len() - COMMAND_HEADER_SIZE).ok()?;
+    let header = CommandHeader {
+        opcode: (opcode as u32).into(),
+        tag: tag.into(),
+        body_len: body_len.into(),
+        reserved: 0.into(),
+    };
+    let (head, rest) = out.split_at_mut(COMMAND_HEADER_SIZE);
+    head.copy_from_slice(header.as_bytes());
+    let (fixed, list) = rest.split_at_mut(body.len());
+    fixed.copy_from_slice(body);
+    for (slot, page) in list.chunks_exact_mut(8).zip(pages) {
+        slot.copy_from_slice(&page.to_le_bytes());
+    }
+    Some(())
+}

@@ -57,4 +57,21 @@ mod tests {
         assert_eq!(Status::from_u32(7), Some(Status::MapRegistersExhausted));
         assert_eq!(FaultCause::StaleTranslation.name(), "stale_translation");
     }
+
+    #[test]
+    fn a_request_is_header_then_body_then_pages_and_the_size_must_match() {
+        use zerocopy::FromBytes;
+        let body = [1u8, 2, 3, 4];
+        let pages = [0x1000u64, 0x10_0000_2000];
+        let mut out = [0u8; COMMAND_HEADER_SIZE + 4 + 16];
+        assert_eq!(request_len(body.len(), pages.len()), Some(out.len()));
+        encode_request(&mut out, Opcode::RegMr, 7, &body, &pages).unwrap();
+        let (header, rest) = CommandHeader::read_from_prefix(&out).unwrap();
+        assert_eq!((header.opcode.get(), header.tag.get(), header.body_len.get()), (Opcode::RegMr as u32, 7, 20));
+        assert_eq!(&rest[..4], &body);
+        assert_eq!(rest[4..12], 0x1000u64.to_le_bytes());
+        assert_eq!(rest[12..20], 0x10_0000_2000u64.to_le_bytes());
+        assert_eq!(encode_request(&mut out[..20], Opcode::RegMr, 7, &body, &pages), None, "wrong size is refused");
+        assert_eq!(request_len(usize::MAX, 1), None);
+    }
 }

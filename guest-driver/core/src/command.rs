@@ -2,8 +2,10 @@
 
 use alloc::vec::Vec;
 
-use vhca_proto::{CommandHeader, Opcode, ResponseHeader, Status, MAX_PAGES_PER_COMMAND, RESPONSE_HEADER_SIZE};
-use zerocopy::{FromBytes, Immutable, IntoBytes};
+use vhca_proto::{
+    encode_request, request_len, Opcode, ResponseHeader, Status, MAX_PAGES_PER_COMMAND, RESPONSE_HEADER_SIZE,
+};
+use zerocopy::{FromBytes, Immutable};
 
 use crate::error::DriverError;
 
@@ -12,19 +14,9 @@ pub(crate) fn encode(opcode: Opcode, tag: u32, body: &[u8], pages: &[u64]) -> Re
     if pages.len() > MAX_PAGES_PER_COMMAND {
         return Err(DriverError::InvalidParameter("page list longer than one command carries"));
     }
-    let body_len = body.len() + pages.len() * 8;
-    let header = CommandHeader {
-        opcode: (opcode as u32).into(),
-        tag: tag.into(),
-        body_len: (body_len as u32).into(),
-        reserved: 0.into(),
-    };
-    let mut out = Vec::with_capacity(core::mem::size_of::<CommandHeader>() + body_len);
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(body);
-    for p in pages {
-        out.extend_from_slice(&p.to_le_bytes());
-    }
+    let too_long = DriverError::InvalidParameter("command larger than its header can describe");
+    let mut out = alloc::vec![0; request_len(body.len(), pages.len()).ok_or(too_long)?];
+    encode_request(&mut out, opcode, tag, body, pages).ok_or(too_long)?;
     Ok(out)
 }
 

@@ -227,18 +227,8 @@ impl Rig {
     }
 
     pub fn request(opcode: Opcode, tag: u32, body: &[u8], pages: &[u64]) -> Vec<u8> {
-        let mut payload = body.to_vec();
-        for p in pages {
-            payload.extend_from_slice(&p.to_le_bytes());
-        }
-        let header = CommandHeader {
-            opcode: (opcode as u32).into(),
-            tag: tag.into(),
-            body_len: (payload.len() as u32).into(),
-            reserved: 0.into(),
-        };
-        let mut req = header.as_bytes().to_vec();
-        req.extend_from_slice(&payload);
+        let mut req = vec![0; request_len(body.len(), pages.len()).expect("request size")];
+        encode_request(&mut req, opcode, tag, body, pages).expect("request encodes");
         req
     }
 
