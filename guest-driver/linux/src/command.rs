@@ -4,15 +4,15 @@
 use std::time::Duration;
 
 use vhca_proto::{
-    CommandHeader, Opcode, QueryDeviceResp, ResponseHeader, Status, ABI_VERSION, MAX_REQUEST_SIZE, PAGE_SIZE,
-    RESPONSE_HEADER_SIZE,
+    encode_request, request_len, Opcode, QueryDeviceResp, ResponseHeader, Status, ABI_VERSION, MAX_REQUEST_SIZE,
+    PAGE_SIZE, RESPONSE_HEADER_SIZE,
 };
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::FromBytes;
 
 use crate::dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
 use crate::vfio::{DmaAccess, VfioError};
 use crate::virtio_pci::QueueNotifier;
-use crate::virtqueue::{Buffer, QueueError, SplitQueue};
+use crate::virtqueue::{Buffer, QueueError, SplitQueue, Used};
 
 /// Poison for the response buffer: a device that completes without writing leaves it, and a status of
 /// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
@@ -106,37 +106,19 @@ impl CommandQueue {
         let name = opcode.name();
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
-        let header = CommandHeader {
-            opcode: (opcode as u32).into(),
-            tag: tag.into(),
-            body_len: u32::try_from(body.len()).unwrap_or(u32::MAX).into(),
-            reserved: 0.into(),
-        };
-        let request_len = header.as_bytes().len() + body.len();
+        let request_len = request_len(body.len(), 0).unwrap_or(usize::MAX);
         if request_len > self.request.len() {
             return Err(CommandError::RequestTooLarge { opcode: name, len: request_len, max: self.request.len() });
         }
-        self.request.write_bytes(0, header.as_bytes())?;
-        self.request.write_bytes(header.as_bytes().len(), body)?;
+        let mut request = vec![0u8; request_len];
+        encode_request(&mut request, opcode, tag, body, &[]).ok_or(CommandError::RequestTooLarge {
+            opcode: name,
+            len: request_len,
+            max: self.request.len(),
+        })?;
+        self.request.write_bytes(0, &request)?;
         let response_room = RESPONSE_HEADER_SIZE + opcode.response_size();
-        self.response.fill(0, response_room, POISON)?;
-
-        let head = self.queue.add_chain(&[
-            Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
-            Buffer {
-                iova: response_iova.unwrap_or(self.response.iova()),
-                len: response_room as u32,
-                device_writes: true,
-            },
-        ])?;
-        self.notifier.notify()?;
-        let used = self.queue.wait_used(self.timeout)?;
-        if used.head != head {
-            return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });
-        }
-        if (used.len as usize) < RESPONSE_HEADER_SIZE {
-            return Err(CommandError::ShortResponse { opcode: name, written: used.len, need: RESPONSE_HEADER_SIZE });
-        }
+        let used = self.submit(name, request_len, response_iova.unwrap_or(self.response.iova()), response_room)?;
         let mut raw = [0u8; RESPONSE_HEADER_SIZE];
         self.response.read_bytes(0, &mut raw)?;
         // Cannot fail: the array has exactly the header's size.
@@ -178,10 +160,26 @@ impl CommandQueue {
         }
         let room = response_capacity.clamp(RESPONSE_HEADER_SIZE, self.response.len());
         self.request.write_bytes(0, request)?;
+        let used = self.submit(name, request.len(), self.response.iova(), room)?;
+        let mut out = vec![0u8; (used.len as usize).min(room)];
+        self.response.read_bytes(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Puts the request already written to the request buffer (`request_len` bytes) and a `room`-byte response
+    /// buffer at `response_iova` (poisoned first, so unwritten bytes show) on the queue, notifies, waits, and checks
+    /// the transport: the chain that completed is ours and at least a response header was written.
+    fn submit(
+        &mut self,
+        name: &'static str,
+        request_len: usize,
+        response_iova: u64,
+        room: usize,
+    ) -> Result<Used, CommandError> {
         self.response.fill(0, room, POISON)?;
         let head = self.queue.add_chain(&[
-            Buffer { iova: self.request.iova(), len: request.len() as u32, device_writes: false },
-            Buffer { iova: self.response.iova(), len: room as u32, device_writes: true },
+            Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
+            Buffer { iova: response_iova, len: room as u32, device_writes: true },
         ])?;
         self.notifier.notify()?;
         let used = self.queue.wait_used(self.timeout)?;
@@ -191,9 +189,7 @@ impl CommandQueue {
         if (used.len as usize) < RESPONSE_HEADER_SIZE {
             return Err(CommandError::ShortResponse { opcode: name, written: used.len, need: RESPONSE_HEADER_SIZE });
         }
-        let mut out = vec![0u8; (used.len as usize).min(room)];
-        self.response.read_bytes(0, &mut out)?;
-        Ok(out)
+        Ok(used)
     }
 
     /// QUERY_DEVICE, with the fields a driver relies on checked.
