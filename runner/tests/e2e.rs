@@ -277,7 +277,11 @@ fn verbs_suite_passes() {
     let out = s.command(&["suite", file.to_str().unwrap(), "-j", "2"]).output().expect("run vhca-run");
     assert!(out.status.success(), "verbs suite failed:\n{}", show(&out));
     s.assert_nothing_left("verbs suite");
-    assert_eq!(s.report()["totals"]["passed"], 4);
+    let report = s.report();
+    assert_eq!(report["totals"]["passed"], 5);
+    let control = report["runs"].as_array().unwrap().iter().find(|r| r["run"] == "iommu-refuses-unmapped-response");
+    let control = control.expect("the negative control ran");
+    assert_eq!(control["actual"]["kind"], "device-fault", "{control}");
 }
 
 /// Every run's name → (boot path, actual verdict) from a report.
