@@ -8,14 +8,14 @@ mod wire_enum;
 pub mod command;
 pub mod config;
 pub mod doorbell;
-pub mod event;
+pub mod async_event;
 pub mod status;
 pub mod work;
 
 pub use command::*;
 pub use config::*;
 pub use doorbell::*;
-pub use event::*;
+pub use async_event::*;
 pub use status::Status;
 pub use work::*;
 

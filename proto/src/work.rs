@@ -55,7 +55,7 @@ pub struct Cqe {
     pub opcode: U32,
     pub qpn: U32,
     pub byte_len: U32,
-    /// Device detail for errors (an `event::FaultCause`), 0 on success.
+    /// Device detail for errors (an `async_event::FaultCause`), 0 on success.
     pub vendor_err: U32,
     /// Written last; see `cqe_owner`.
     pub owner: U32,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::image::Image;
 use crate::qemu_cmd::{Accel, QemuConfig};
-use crate::serial::SerialLog;
+use crate::serial_capture::SerialLog;
 use crate::supervise::{tick, SuperviseError, Supervised};
 
 /// A working KVM reaches the probe's userspace in about a second; allow for a loaded host.

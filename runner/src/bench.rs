@@ -7,7 +7,7 @@ use std::fmt::Write;
 use vhca_suite::{ConcreteRun, Suite, SuiteReport};
 
 use crate::run::{RunContext, RunError};
-use crate::suite::{run_suite, SuiteEvent, SuiteOptions};
+use crate::suite_run::{run_suite, SuiteEvent, SuiteOptions};
 
 /// One suite run of the bench.
 #[derive(Debug, Clone)]

@@ -18,7 +18,7 @@ use vhca_run::paths::{self, Binaries};
 use vhca_run::qemu_cmd::{probe_carrier, GdbStub};
 use vhca_run::run::{command_lines, plan, RunContext};
 use vhca_run::snapshot;
-use vhca_run::suite::{run_suite, SuiteOptions};
+use vhca_run::suite_run::{run_suite, SuiteOptions};
 use vhca_run::supervise;
 use vhca_run::ui::SuiteUi;
 
@@ -438,7 +438,7 @@ fn real_main(cli: Cli) -> Result<bool> {
             };
             let started = std::time::Instant::now();
             let ms = bench::measure(&ctx, &suite, &runs, &jobs, &program(), &mut |label, e| {
-                if let vhca_run::suite::SuiteEvent::Finished { report, .. } = e {
+                if let vhca_run::suite_run::SuiteEvent::Finished { report, .. } = e {
                     eprintln!("[{label}] {}", vhca_run::ui::finished_line(&report));
                 }
             })?;

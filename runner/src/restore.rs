@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::qemu_cmd::VhostUserDevice;
 use crate::qmp::{Qmp, QmpError};
-use crate::serial::ConsolePort;
+use crate::serial_capture::ConsolePort;
 use crate::snapshot::{capabilities, Snapshot};
 use crate::supervise::{interrupted, SuperviseError, Supervised};
 

@@ -19,7 +19,7 @@ use crate::paths::Binaries;
 use crate::qemu_cmd::{shell_line, Accel, Carrier, GdbStub, QemuConfig, VhostUserDevice};
 use crate::qmp::Qmp;
 use crate::restore::{self, RestoreError};
-use crate::serial::{ConsolePort, SerialLog};
+use crate::serial_capture::{ConsolePort, SerialLog};
 use crate::snapshot::{MachineFiles, SavedMachine, Snapshot, AGENT_WORD};
 use crate::supervise::{tick, SuperviseError, Supervised};
 

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use crate::image::{CacheLock, ImageError};
 use crate::qemu_cmd::{Accel, QemuConfig};
 use crate::qmp::{Qmp, QmpError};
-use crate::serial::{ConsolePort, SerialLog};
+use crate::serial_capture::{ConsolePort, SerialLog};
 use crate::supervise::{tick, SuperviseError, Supervised};
 
 /// Bumped when the way a snapshot is made or restored changes, so old files are never restored by a new runner.
@@ -30,7 +30,7 @@ const KEEP: usize = 3;
 const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The word that makes the guest program wait as the resident agent (guest-driver/linux/src/agent.rs).
+/// The word that makes the guest program wait as the resident agent (guest-driver/guest/src/agent.rs).
 pub const AGENT_WORD: &str = "vhca.agent=1";
 /// What the agent prints once it waits for a run request.
 pub const READY_LINE: &str = "VHCA-AGENT-READY";

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use vhca_suite::RunReport;
 
 use crate::run::Progress;
-use crate::suite::SuiteEvent;
+use crate::suite_run::SuiteEvent;
 
 pub struct SuiteUi {
     bar: Option<ProgressBar>,

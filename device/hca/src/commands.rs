@@ -12,7 +12,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::cq::Cq;
 use crate::dma_engine::DmaContext;
-use crate::events::HcaEvent;
+use crate::event_records::HcaEvent;
 use crate::fault_injection::ContiguousPolicy;
 use crate::map_registers::{Owner, RegisterRef};
 use crate::mr::Mr;

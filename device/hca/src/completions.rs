@@ -6,7 +6,7 @@ use vhca_proto::{Cqe, EventKind, FaultCause, WrOpcode, CQE_SIZE};
 use zerocopy::IntoBytes;
 
 use crate::dma_engine::DmaContext;
-use crate::events::HcaEvent;
+use crate::event_records::HcaEvent;
 use crate::fault_injection::CompletionFate;
 use crate::{Dma, Hca};
 

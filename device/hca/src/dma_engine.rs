@@ -3,8 +3,8 @@
 
 use vhca_proto::{EventKind, FaultCause, PAGE_SIZE};
 
-use crate::dma::Dma;
-use crate::events::HcaEvent;
+use crate::dma_access::Dma;
+use crate::event_records::HcaEvent;
 use crate::fault_injection::{ContiguousPolicy, Injector};
 use crate::map_registers::{MapRegisterPool, RegisterRef};
 use crate::notify::Notifier;

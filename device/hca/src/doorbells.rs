@@ -4,7 +4,7 @@
 use vhca_proto::{Doorbell, DoorbellKind, QpState, DOORBELL_SIZE};
 use zerocopy::FromBytes;
 
-use crate::events::HcaEvent;
+use crate::event_records::HcaEvent;
 use crate::{Dma, Hca};
 
 impl Hca {

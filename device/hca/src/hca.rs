@@ -9,7 +9,7 @@ use vhca_proto::{DeviceConfig, ABI_VERSION, CONFIG_MAGIC, NUM_QUEUES};
 use crate::completions::DelayedCompletion;
 use crate::cq::Cq;
 use crate::dma_engine::DmaEngine;
-use crate::events::HcaEvent;
+use crate::event_records::HcaEvent;
 use crate::fault_injection::{FaultInjection, Injector};
 use crate::handles::HandleAllocator;
 use crate::map_registers::MapRegisterPool;

@@ -4,10 +4,10 @@
 mod commands;
 mod completions;
 mod cq;
-pub mod dma;
+pub mod dma_access;
 mod dma_engine;
 mod doorbells;
-pub mod events;
+pub mod event_records;
 pub mod fault_injection;
 mod handles;
 mod hca;
@@ -18,7 +18,7 @@ mod pd;
 mod qp;
 mod work_requests;
 
-pub use dma::{Dma, DmaError};
-pub use events::{EventSink, HcaEvent, NullSink, EVENT_SCHEMA_VERSION};
+pub use dma_access::{Dma, DmaError};
+pub use event_records::{EventSink, HcaEvent, NullSink, EVENT_SCHEMA_VERSION};
 pub use fault_injection::{ContiguousPolicy, FaultInjection, InjectionParseError};
 pub use hca::{Hca, HcaConfig};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use vhca_proto::{Event, EventKind, FaultCause};
 
-use crate::events::{EventSink, HcaEvent};
+use crate::event_records::{EventSink, HcaEvent};
 
 /// Async events held while the driver posts no event buffers; beyond this the newest are dropped (and logged).
 const ASYNC_QUEUE_LIMIT: usize = 1024;

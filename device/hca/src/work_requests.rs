@@ -11,7 +11,7 @@ use zerocopy::FromBytes;
 
 use crate::completions::WorkCompletion;
 use crate::dma_engine::{DmaContext, DmaFault};
-use crate::events::HcaEvent;
+use crate::event_records::HcaEvent;
 use crate::mr::{check_access, MrAccess};
 use crate::{Dma, Hca};
 

@@ -3,7 +3,7 @@
 
 pub mod backend;
 pub mod bugcheck;
-mod dma;
+mod dma_adapter;
 mod kernel;
 mod locks;
 mod mdl;

@@ -7,7 +7,7 @@ use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
 use crate::verifier::{c4, VerifierFlags};
-use crate::{dma, lock, mdl, HostMemId, NtModel, PAGE};
+use crate::{dma_adapter, lock, mdl, HostMemId, NtModel, PAGE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RegionKind {
@@ -55,7 +55,7 @@ pub(crate) struct Memory {
     /// Pool bases that were freed (a second free is 0xC4/0x13, not 0x10).
     pub freed_pool: HashSet<u64>,
     pub mdls: HashMap<u64, mdl::Mdl>,
-    pub dma: dma::DmaState,
+    pub dma: dma_adapter::DmaState,
 }
 
 impl Memory {

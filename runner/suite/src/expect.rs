@@ -4,9 +4,9 @@
 use std::fmt;
 
 use serde::{Serialize, Serializer};
-use vhca_proto::event::FaultCause;
+use vhca_proto::async_event::FaultCause;
 
-use crate::bugcheck::parse_hex;
+use crate::stop_line::parse_hex;
 
 /// What a run should end in.
 #[derive(Debug, Clone, PartialEq, Eq)]

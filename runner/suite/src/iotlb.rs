@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::eventlog::{EventLog, LogEvent};
+use crate::event_log_reader::{EventLog, LogEvent};
 
 /// The command queue: every command's request and response descriptors live there.
 pub const COMMAND_QUEUE: u64 = 0;
@@ -164,7 +164,7 @@ fn guest_iovas_seen(descs: &[Desc], guest_result: Option<&Value>) -> Vec<String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eventlog::parse_event_log;
+    use crate::event_log_reader::parse_event_log;
     use serde_json::json;
 
     const LOG: &str = r#"{"seq":1,"t_us":1,"kind":"connected"}

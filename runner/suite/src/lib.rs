@@ -1,14 +1,14 @@
 //! The pure logic of vhca-run's suites: suite files, what a finished run showed, verdicts, reports and timelines.
 //! Nothing here starts processes or prints; the runner fills an `Observation`, this crate judges and renders.
 
-mod bugcheck;
-mod eventlog;
+mod stop_line;
+mod event_log_reader;
 mod expect;
 mod iotlb;
 mod junit;
 mod observation;
 mod report;
-mod serial;
+mod serial_scan;
 mod suite;
 mod suite_file;
 mod table;
@@ -17,14 +17,14 @@ mod toml_location;
 mod verdict;
 mod xml_text;
 
-pub use bugcheck::{bugcheck_name, parse_bugcheck, Bugcheck};
-pub use eventlog::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
+pub use stop_line::{bugcheck_name, parse_bugcheck, Bugcheck};
+pub use event_log_reader::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
 pub use expect::{fault_cause_names, ExpectParseError, Expected};
 pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;
 pub use observation::{GuestPanicked, HyperVCrash, Observation, ProcessExit};
 pub use report::{reproducer, BootPath, RunReport, SuiteReport, Totals};
-pub use serial::{
+pub use serial_scan::{
     parse_linux_panic, parse_result_line, scan_serial, LinuxPanic, PanicKind, ResultLine, SerialFindings,
 };
 pub use suite::{

@@ -258,7 +258,7 @@ impl Checker<'_> {
     fn verifier_flags(&mut self, v: &Spanned<toml::Value>, field: &str) -> Option<u32> {
         let flags = match v.get_ref() {
             toml::Value::Integer(n) => u32::try_from(*n).ok(),
-            toml::Value::String(s) => crate::bugcheck::parse_hex(s.trim()).and_then(|n| u32::try_from(n).ok()),
+            toml::Value::String(s) => crate::stop_line::parse_hex(s.trim()).and_then(|n| u32::try_from(n).ok()),
             _ => None,
         };
         match flags {

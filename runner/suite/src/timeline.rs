@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::eventlog::EventLog;
+use crate::event_log_reader::EventLog;
 use crate::xml_text::escape;
 
 const WIDTH: f64 = 800.0;

@@ -5,10 +5,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::bugcheck::Bugcheck;
+use crate::stop_line::Bugcheck;
 use crate::expect::Expected;
 use crate::observation::{Observation, ProcessExit};
-use crate::serial::clip;
+use crate::serial_scan::clip;
 use crate::suite::ConcreteRun;
 
 /// What a run ended in.

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::serial::clip;
+use crate::serial_scan::clip;
 
 /// One parsed event line.
 #[derive(Debug, Clone, PartialEq)]

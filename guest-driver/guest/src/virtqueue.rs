@@ -4,7 +4,7 @@
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::dma::DmaMemory;
+use crate::vfio_dma::DmaMemory;
 
 const DESC_SIZE: usize = 16;
 const DESC_F_NEXT: u16 = 1;
@@ -235,7 +235,7 @@ impl<M: DmaMemory> SplitQueue<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dma::testing::HeapDma;
+    use crate::vfio_dma::testing::HeapDma;
 
     const IOVA: u64 = 0x10_0000_0000;
 

@@ -6,7 +6,7 @@ extern crate alloc;
 
 mod channel;
 mod cl_mutex;
-mod command;
+mod command_codec;
 mod error;
 mod hca;
 mod ring;

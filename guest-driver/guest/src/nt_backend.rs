@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhca_ntmodel::{BackendError, DmaBackend, HostMemId};
 
-use crate::dma::{DmaMapper, DmaRegion, HostMemory, PAGE_SIZE};
+use crate::vfio_dma::{DmaMapper, DmaRegion, HostMemory, PAGE_SIZE};
 use crate::vfio::DmaAccess;
 
 struct Mapping {

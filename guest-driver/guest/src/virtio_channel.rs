@@ -9,8 +9,8 @@ use vhca_driver::{ChannelError, CommandChannel};
 use vhca_proto::{Event, EVENT_SIZE};
 use zerocopy::FromBytes;
 
-use crate::command::{CommandError, CommandQueue};
-use crate::dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
+use crate::command_queue::{CommandError, CommandQueue};
+use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
 use crate::report::progress;
 use crate::vfio::DmaAccess;
 use crate::virtio_pci::QueueNotifier;

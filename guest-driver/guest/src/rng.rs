@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::dma::DmaRegion;
-use crate::dma::{DmaMapper, DmaMemory};
+use crate::vfio_dma::DmaRegion;
+use crate::vfio_dma::{DmaMapper, DmaMemory};
 use crate::vfio::DmaAccess;
 use crate::virtio_pci::QueueNotifier;
 use crate::virtqueue::{Buffer, SplitQueue};

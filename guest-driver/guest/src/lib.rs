@@ -2,11 +2,11 @@
 //! The binary (main.rs) runs as the initramfs' init; these modules are also the base the NT model maps DMA with.
 
 pub mod agent;
-pub mod bugcheck;
-pub mod channel;
+pub mod bugcheck_handler;
+pub mod virtio_channel;
 pub mod cmdline;
-pub mod command;
-pub mod dma;
+pub mod command_queue;
+pub mod vfio_dma;
 pub mod kmsg;
 pub mod nt_backend;
 pub mod pci;

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::bugcheck::{parse_bugcheck, symbolic_name, Bugcheck};
+use crate::stop_line::{parse_bugcheck, symbolic_name, Bugcheck};
 
 /// The marker the guest program prints before its JSON result.
 pub const RESULT_MARK: &str = "VHCA-RESULT";

@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use vhca_guest::channel::{DoorbellQueue, EventQueue, VirtioChannel};
+use vhca_guest::virtio_channel::{DoorbellQueue, EventQueue, VirtioChannel};
 use vhca_guest::cmdline::{Options, PciId};
-use vhca_guest::command::CommandQueue;
-use vhca_guest::dma::{DmaMapper, DmaRegion, PAGE_SIZE};
+use vhca_guest::command_queue::CommandQueue;
+use vhca_guest::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
 use vhca_guest::report::{progress, ConfigView, QueryDeviceView, Report};
 use vhca_guest::scenarios::{self, DriverRun};
 use vhca_guest::virtio_pci::{

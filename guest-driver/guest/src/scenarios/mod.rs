@@ -21,10 +21,10 @@ use vhca_ntapi::PDEVICE_OBJECT;
 use vhca_ntmodel::{NtModel, NtModelConfig};
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
-use crate::bugcheck::ConsoleBugcheck;
-use crate::channel::VirtioChannel;
+use crate::bugcheck_handler::ConsoleBugcheck;
+use crate::virtio_channel::VirtioChannel;
 use crate::cmdline::{lock_name, Options};
-use crate::dma::DmaMapper;
+use crate::vfio_dma::DmaMapper;
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
 

@@ -14,7 +14,7 @@ use vhca_proto::{
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::channel::CommandChannel;
-use crate::command::{body, decode, encode, response_capacity};
+use crate::command_codec::{body, decode, encode, response_capacity};
 use crate::error::DriverError;
 use crate::ring::{Ring, RingMemory};
 

@@ -9,7 +9,7 @@ use vhca_proto::{
 };
 use zerocopy::FromBytes;
 
-use crate::dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
+use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
 use crate::vfio::{DmaAccess, VfioError};
 use crate::virtio_pci::QueueNotifier;
 use crate::virtqueue::{Buffer, QueueError, SplitQueue, Used};
