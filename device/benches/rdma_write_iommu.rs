@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use vhca_device::iommu_dma::QueueDma;
 use vhca_device::event_log::EventLog;
+use vhca_device::iommu_dma::QueueDma;
 use vhca_device::memory::{map_regions, GuestMem, RegionDesc};
 use vhca_device::shared::Shared;
 use vhca_hca::{Hca, HcaConfig, NullSink};

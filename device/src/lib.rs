@@ -2,9 +2,9 @@
 //! `serve` runs one front-end connection to its end; the binary adds the CLI, the socket and the event log file.
 
 pub mod config;
-pub mod iommu_dma;
 pub mod event_log;
 pub mod iommu;
+pub mod iommu_dma;
 pub mod memory;
 pub mod queues;
 pub mod shared;

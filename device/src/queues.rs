@@ -19,9 +19,9 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use zerocopy::IntoBytes;
 
-use crate::iommu_dma::{fault_event, QueueDma};
 use crate::event_log::TransportEvent;
 use crate::iommu::{FaultKind, TranslationFault};
+use crate::iommu_dma::{fault_event, QueueDma};
 use crate::memory::GuestMem;
 use crate::shared::{lock, Shared};
 

@@ -5,17 +5,17 @@
 #[macro_use]
 mod wire_enum;
 
+pub mod async_event;
 pub mod command;
 pub mod config;
 pub mod doorbell;
-pub mod async_event;
 pub mod status;
 pub mod work;
 
+pub use async_event::*;
 pub use command::*;
 pub use config::*;
 pub use doorbell::*;
-pub use async_event::*;
 pub use status::Status;
 pub use work::*;
 

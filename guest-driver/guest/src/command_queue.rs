@@ -9,8 +9,8 @@ use vhca_proto::{
 };
 use zerocopy::FromBytes;
 
-use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
 use crate::vfio::{DmaAccess, VfioError};
+use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
 use crate::virtio_pci::QueueNotifier;
 use crate::virtqueue::{Buffer, QueueError, SplitQueue, Used};
 

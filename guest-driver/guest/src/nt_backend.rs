@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhca_ntmodel::{BackendError, DmaBackend, HostMemId};
 
-use crate::vfio_dma::{DmaMapper, DmaRegion, HostMemory, PAGE_SIZE};
 use crate::vfio::DmaAccess;
+use crate::vfio_dma::{DmaMapper, DmaRegion, HostMemory, PAGE_SIZE};
 
 struct Mapping {
     mem: HostMemId,

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::vfio::DmaAccess;
 use crate::vfio_dma::DmaRegion;
 use crate::vfio_dma::{DmaMapper, DmaMemory};
-use crate::vfio::DmaAccess;
 use crate::virtio_pci::QueueNotifier;
 use crate::virtqueue::{Buffer, SplitQueue};
 

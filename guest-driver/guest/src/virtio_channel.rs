@@ -10,9 +10,9 @@ use vhca_proto::{Event, EVENT_SIZE};
 use zerocopy::FromBytes;
 
 use crate::command_queue::{CommandError, CommandQueue};
-use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
 use crate::report::progress;
 use crate::vfio::DmaAccess;
+use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
 use crate::virtio_pci::QueueNotifier;
 use crate::virtqueue::{Buffer, QueueError, SplitQueue};
 

@@ -1,7 +1,6 @@
 //! The pure logic of vhca-run's suites: suite files, what a finished run showed, verdicts, reports and timelines.
 //! Nothing here starts processes or prints; the runner fills an `Observation`, this crate judges and renders.
 
-mod stop_line;
 mod event_log_reader;
 mod expect;
 mod iotlb;
@@ -9,6 +8,7 @@ mod junit;
 mod observation;
 mod report;
 mod serial_scan;
+mod stop_line;
 mod suite;
 mod suite_file;
 mod table;
@@ -17,7 +17,6 @@ mod toml_location;
 mod verdict;
 mod xml_text;
 
-pub use stop_line::{bugcheck_name, parse_bugcheck, Bugcheck};
 pub use event_log_reader::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
 pub use expect::{fault_cause_names, ExpectParseError, Expected};
 pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
@@ -27,6 +26,7 @@ pub use report::{reproducer, BootPath, RunReport, SuiteReport, Totals};
 pub use serial_scan::{
     parse_linux_panic, parse_result_line, scan_serial, LinuxPanic, PanicKind, ResultLine, SerialFindings,
 };
+pub use stop_line::{bugcheck_name, parse_bugcheck, Bugcheck};
 pub use suite::{
     ConcreteRun, DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
     DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS,

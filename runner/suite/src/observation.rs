@@ -5,9 +5,9 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
-use crate::stop_line::{bugcheck_name, Bugcheck};
 use crate::event_log_reader::{DeviceFault, EventLog};
 use crate::serial_scan::{scan_serial, LinuxPanic};
+use crate::stop_line::{bugcheck_name, Bugcheck};
 
 /// How a child process (QEMU or vhca-device) ended, as far as the runner knows when it judges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

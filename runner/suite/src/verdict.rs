@@ -5,10 +5,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::stop_line::Bugcheck;
 use crate::expect::Expected;
 use crate::observation::{Observation, ProcessExit};
 use crate::serial_scan::clip;
+use crate::stop_line::Bugcheck;
 use crate::suite::ConcreteRun;
 
 /// What a run ended in.

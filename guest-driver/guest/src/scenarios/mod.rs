@@ -22,11 +22,11 @@ use vhca_ntmodel::{NtModel, NtModelConfig};
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
-use crate::virtio_channel::VirtioChannel;
 use crate::cmdline::{lock_name, Options};
-use crate::vfio_dma::DmaMapper;
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
+use crate::vfio_dma::DmaMapper;
+use crate::virtio_channel::VirtioChannel;
 
 /// The physical device object the driver's DMA adapter is for (a stand-in address, as the model's objects are).
 pub const PDO: PDEVICE_OBJECT = PDEVICE_OBJECT(0xFFFF_C000_0000_1000);

@@ -1,0 +1,300 @@
+//! Bring-up of one run: find the device, open it through VFIO, set up the virtio-pci transport and its queues, then
+//! run the scenario on it (smoke, the unmapped negative control, a driver scenario on the NT model, or the rng self-test).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::cmdline::{Options, PciId};
+use crate::command_queue::CommandQueue;
+use crate::report::{progress, ConfigView, QueryDeviceView, Report};
+use crate::scenarios::{self, DriverRun};
+use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
+use crate::virtio_channel::{DoorbellQueue, EventQueue, VirtioChannel};
+use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
+use crate::virtqueue::{RingLayout, SplitQueue};
+use crate::{kmsg, pci, rng, vfio};
+use anyhow::{bail, ensure, Context};
+use vhca_proto::{
+    DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
+    QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
+};
+use zerocopy::FromBytes;
+
+/// QEMU's virtio-rng (modern id), the backend-less device used to prove the transport.
+const PCI_DEVICE_RNG: u16 = 0x1044;
+/// Upper bound on queues set up, whatever the device claims.
+const MAX_QUEUES: u16 = 16;
+
+/// What the run does. `Unmapped` is the negative control: DMA aimed at an IOVA that was never mapped must fault,
+/// which shows the checks that pass `Smoke` are able to fail.
+/// `Driver` runs the driver core on the NT model (scenarios/).
+#[derive(Clone, Copy)]
+enum Scenario {
+    Smoke,
+    Unmapped,
+    Driver(&'static scenarios::Scenario),
+}
+
+impl Scenario {
+    fn parse(name: &str) -> anyhow::Result<Scenario> {
+        match name {
+            "smoke" => Ok(Scenario::Smoke),
+            "unmapped" => Ok(Scenario::Unmapped),
+            _ => match scenarios::find(name) {
+                Some(s) => Ok(Scenario::Driver(s)),
+                None => {
+                    let known: Vec<&str> = scenarios::SCENARIOS.iter().map(|s| s.name).collect();
+                    bail!("unknown scenario {name:?} (known: smoke, unmapped, {})", known.join(", "))
+                }
+            },
+        }
+    }
+
+    fn is_unmapped(self) -> bool {
+        matches!(self, Scenario::Unmapped)
+    }
+}
+
+/// What a driver scenario leaves for the end of the run: its queues and buffers, alive until the device is reset.
+type DriverKeep = Option<(VirtioChannel, Option<DriverRun>)>;
+
+/// How long the negative control waits for the IOMMU's fault report to reach the kernel log.
+const FAULT_REPORT_WAIT: Duration = Duration::from_millis(500);
+
+/// What the device turned out to be, which decides what each scenario does on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Personality {
+    Vhca,
+    Rng,
+}
+
+pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow::Result<()> {
+    let scenario = Scenario::parse(&options.scenario)?;
+    let timeout = Duration::from_millis(options.timeout_ms);
+    let wanted = match options.device {
+        Some(id) => vec![id],
+        None => vec![
+            PciId { vendor: PCI_VENDOR_VIRTIO, device: vhca_proto::PCI_DEVICE_SND_CARRIER },
+            PciId { vendor: PCI_VENDOR_VIRTIO, device: vhca_proto::PCI_DEVICE_RDMA },
+        ],
+    };
+    let device = pci::wait_for(&wanted, patience)?;
+    report.device = Some(device.id.to_string());
+    report.pci_address = Some(device.address.clone());
+    let personality = if device.id.device == PCI_DEVICE_RNG { Personality::Rng } else { Personality::Vhca };
+    progress(format_args!("found {} at {} (driver {:?})", device.id, device.address, device.driver()));
+
+    if let Some(method) = &options.reset_method {
+        device.set_reset_method(method)?;
+    }
+    let mut phase = Instant::now();
+    let mut mark = |report: &mut Report, name: &'static str| {
+        report.phases_ms.push((name, phase.elapsed().as_secs_f64() * 1000.0));
+        phase = Instant::now();
+    };
+    device.bind_vfio()?;
+    mark(report, "bind");
+    let group = device.iommu_group()?;
+    report.iommu_group = Some(group);
+    let session = vfio::Session::open(group, &device.address).context("VFIO setup")?;
+    mark(report, "vfio_open");
+    progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
+    let mapper = Arc::new(DmaMapper::new(session.container.clone()));
+
+    let transport = VirtioPci::open(&session.device).context("virtio-pci transport")?;
+    report.mmio = Some(if transport.mmio_mapped() { "mmap" } else { "pread" });
+    transport.reset(timeout)?;
+    transport.add_status(STATUS_ACKNOWLEDGE)?;
+    transport.add_status(STATUS_DRIVER)?;
+    let features = transport.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0)?;
+    report.features = Some(format!("{features:#x}"));
+
+    let num_queues = transport.num_queues()?;
+    report.num_queues = Some(num_queues);
+    if personality == Personality::Vhca {
+        ensure!(num_queues >= NUM_QUEUES, "device has {num_queues} queues, vhca needs {NUM_QUEUES}");
+    }
+    // Every queue the device has is set up: QEMU pre-sends an IOTLB update for each used ring at DRIVER_OK.
+    let mut queues = Vec::new();
+    for index in 0..num_queues.min(MAX_QUEUES) {
+        let (queue, notifier) = setup_queue(&transport, &mapper, index)?;
+        report.iovas.rings.push(queue.ring_iovas());
+        queues.push(Some((queue, notifier)));
+    }
+    transport.driver_ok()?;
+    mark(report, "virtio_init");
+    progress(format_args!(
+        "DRIVER_OK: features {features:#x}, {num_queues} queues, registers {}",
+        report.mmio.unwrap_or("?")
+    ));
+
+    let mut commands = None;
+    let mut driver: DriverKeep = None;
+    let result = match (personality, scenario) {
+        (Personality::Vhca, Scenario::Driver(s)) => {
+            driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
+        }
+        (Personality::Vhca, _) => vhca(scenario, &transport, &mut queues, &mut commands, &mapper, timeout, report),
+        (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name)),
+        (Personality::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
+    };
+    mark(report, "scenario");
+    // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
+    let reset = transport.reset(timeout);
+    drop(commands);
+    drop(driver);
+    drop(queues);
+    report.kernel_log = kmsg::iommu_lines(32);
+    let deadline = Instant::now() + FAULT_REPORT_WAIT;
+    let own = Some(device.address.as_str());
+    while scenario.is_unmapped() && kmsg::count_faults(&report.kernel_log, own) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        report.kernel_log = kmsg::iommu_lines(32);
+    }
+    report.iommu_faults = kmsg::count_faults(&report.kernel_log, own);
+    // Closing the device fd makes vfio-pci reset the device once more: measured, as it is part of every run.
+    drop(mapper);
+    drop(transport);
+    drop(session);
+    mark(report, "teardown");
+    result?;
+    reset.context("reset at the end")?;
+    match (scenario, personality) {
+        (Scenario::Smoke, _) => {
+            ensure!(report.iommu_faults == 0, "{} IOMMU fault line(s) in the kernel log", report.iommu_faults)
+        }
+        // Both QEMU's own devices and a vhost-user backend's IOTLB miss go through the vIOMMU's translation, which
+        // reports the refused IOVA to the guest (measured for virtio-rng and vhca): no fault line means no check.
+        (Scenario::Unmapped, _) => {
+            ensure!(report.iommu_faults > 0, "DMA to an unmapped IOVA left no IOMMU fault in the kernel log")
+        }
+        // IOMMU faults are part of some driver scenarios' story (use-after-unmap); the count is reported.
+        (Scenario::Driver(_), _) => {}
+    }
+    Ok(())
+}
+
+type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
+
+fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow::Result<Queue> {
+    let max = transport.queue_max_size(index)?;
+    ensure!(max > 0, "queue {index} has size 0");
+    // Split rings need a power of two; take the largest one the device allows, capped at the carrier's size.
+    let size = 1u16 << (15 - max.min(QUEUE_SIZE).leading_zeros().min(15));
+    let layout = RingLayout::new(size)?;
+    let memory = mapper.alloc(layout.bytes, vfio::DmaAccess::READ_WRITE)?;
+    let queue = SplitQueue::new(size, memory)?;
+    let notifier = transport.setup_queue(index, size, queue.ring_iovas())?;
+    Ok((queue, notifier))
+}
+
+fn read_config(transport: &VirtioPci, report: &mut Report) -> anyhow::Result<DeviceConfig> {
+    let raw = transport.read_device_config(DEVICE_CONFIG_SIZE)?.context("device has no device-config capability")?;
+    let config =
+        DeviceConfig::read_from_bytes(&raw).map_err(|_| anyhow::anyhow!("device config of {} bytes", raw.len()))?;
+    report.config = Some(ConfigView::from(&config));
+    if config.magic.get() != CONFIG_MAGIC {
+        bail!(
+            "device config magic {:#010x}, expected {CONFIG_MAGIC:#010x} (\"VHCA\"): not a vhca backend",
+            config.magic.get()
+        );
+    }
+    Ok(config)
+}
+
+/// The driver core over the three queues, on an NT model whose DMA goes through VFIO.
+#[allow(clippy::too_many_arguments)]
+fn driver_scenario(
+    scenario: &'static scenarios::Scenario,
+    options: &Options,
+    transport: &VirtioPci,
+    queues: &mut [Option<Queue>],
+    keep: &mut DriverKeep,
+    mapper: &Arc<DmaMapper>,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let config = read_config(transport, report)?;
+    let mut take =
+        |index: u16| queues.get_mut(index as usize).and_then(Option::take).with_context(|| format!("no queue {index}"));
+    let (cq, cn) = take(QUEUE_COMMAND)?;
+    let (eq, en) = take(QUEUE_EVENT)?;
+    let (dq, dn) = take(QUEUE_DOORBELL)?;
+    let commands = CommandQueue::new(cq, cn, mapper, timeout)?;
+    report.iovas.cmd = Some(commands.request_iova());
+    report.iovas.resp = Some(commands.response_iova());
+    (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
+    let events = EventQueue::new(eq, en, mapper)?;
+    let doorbells = DoorbellQueue::new(dq, dn, mapper, timeout)?;
+    let channel = VirtioChannel::new(commands, doorbells, events);
+    *keep = Some((channel.clone(), None));
+    let sink = Arc::new(Mutex::new(report.clone()));
+    progress(format_args!("driver scenario {}", scenario.name));
+    let (run, result) =
+        scenarios::run(scenario, options, channel, mapper.clone(), config.map_registers.get(), sink.clone(), timeout);
+    if let Some(k) = keep.as_mut() {
+        k.1 = run;
+    }
+    *report = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    result
+}
+
+fn vhca(
+    scenario: Scenario,
+    transport: &VirtioPci,
+    queues: &mut [Option<Queue>],
+    commands: &mut Option<CommandQueue>,
+    mapper: &DmaMapper,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    read_config(transport, report)?;
+    let (queue, notifier) = queues.first_mut().and_then(Option::take).context("no command queue")?;
+    // Kept by the caller until the device is reset, so a late completion never lands in unmapped memory.
+    let commands = commands.insert(CommandQueue::new(queue, notifier, mapper, timeout)?);
+    report.iovas.cmd = Some(commands.request_iova());
+    report.iovas.resp = Some(commands.response_iova());
+    (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
+    if scenario.is_unmapped() {
+        let iova = mapper.reserve_iova(PAGE_SIZE)?;
+        report.iovas.resp = Some(iova);
+        return match commands.execute_to(Opcode::QueryDevice, &[], Some(iova)) {
+            Ok(response) => bail!("QUERY_DEVICE answered {:?} through unmapped IOVA {iova:#x}", response.header),
+            Err(e) => {
+                progress(format_args!("QUERY_DEVICE into unmapped IOVA {iova:#x} failed as it must: {e}"));
+                report.expected_failure = Some(e.to_string());
+                Ok(())
+            }
+        };
+    }
+    let (resp, response) = commands.query_device()?;
+    progress(format_args!(
+        "QUERY_DEVICE: abi {}, {} map registers ({} free), max_qp {}",
+        resp.abi_version.get(),
+        resp.map_registers_total.get(),
+        resp.map_registers_free.get(),
+        resp.max_qp.get()
+    ));
+    report.query_device = Some(QueryDeviceView::new(&resp, response.header.tag.get(), response.used_len));
+    Ok(())
+}
+
+fn self_test_rng(
+    scenario: Scenario,
+    queues: &mut [Option<Queue>],
+    mapper: &DmaMapper,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let (queue, notifier) = queues.first_mut().and_then(Option::as_mut).context("no request queue")?;
+    if scenario.is_unmapped() {
+        let read = rng::read_entropy_unmapped(queue, notifier, mapper, timeout)?;
+        progress(format_args!("entropy into unmapped IOVA {:#x}: completion of {} bytes", read.iova, read.used_len));
+        report.rng = Some(read);
+        return Ok(());
+    }
+    let read = rng::read_entropy(queue, notifier, mapper, timeout)?;
+    progress(format_args!("entropy: {} bytes at IOVA {:#x}: {}", read.used_len, read.iova, &read.bytes_hex[..16]));
+    report.rng = Some(read);
+    Ok(())
+}
