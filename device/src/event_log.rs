@@ -10,9 +10,6 @@ use std::time::Instant;
 use serde::Serialize;
 use vhca_hca::{EventSink, FaultInjection, HcaEvent};
 
-/// Bumped when a field changes meaning or disappears; new kinds and fields do not bump it.
-pub const SCHEMA_VERSION: u32 = 1;
-
 /// What the transport records. Serialised with `"kind"` as tag; the log adds `seq` and `t_us`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

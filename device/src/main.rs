@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use vhca_device::config::HcaChoices;
-use vhca_device::event_log::{EventLog, TransportEvent, SCHEMA_VERSION};
+use vhca_device::event_log::{EventLog, TransportEvent};
 use vhca_device::{serve, DeviceOptions};
 
 /// Largest pool `--map-registers` accepts: 4 GiB of 4 KiB pages, and a table of a few MiB.
@@ -132,7 +132,7 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot create event log {}", cli.event_log.display()))?,
     );
     events.record(&TransportEvent::Start {
-        schema: SCHEMA_VERSION,
+        schema: vhca_hca::EVENT_SCHEMA_VERSION,
         pid: std::process::id(),
         socket: cli.socket_path.display().to_string(),
         map_registers: hca.map_registers,

@@ -179,7 +179,7 @@ fn apt_lists_fingerprint() -> Option<String> {
     for (name, len, mtime) in entries {
         h.update(format!("{name}\0{len}\0{mtime}\n"));
     }
-    Some(h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect())
+    Some(hex::encode(&h.finalize()[..12]))
 }
 
 fn path_str(p: &Path) -> &str {
@@ -197,7 +197,7 @@ pub fn image_key(pkg: &str, ver: &str, guest: &[u8]) -> String {
     }
     h.update((guest.len() as u64).to_le_bytes());
     h.update(guest);
-    h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect()
+    hex::encode(&h.finalize()[..12])
 }
 
 fn complete_image(dir: &Path, key: &str, kernel_package: &str, built: bool) -> Option<Image> {

@@ -464,21 +464,14 @@ fn real_main(cli: Cli) -> Result<bool> {
             let (device, qemu) = plan(&ctx, &run, &dir);
             let (device_line, qemu_line) = command_lines(&device, &qemu);
             println!("# {}: accelerator {} ({})", run.name, accel.accel.name(), accel.how);
-            println!("mkdir -p {}", shell_word(&dir.display().to_string()));
+            println!("mkdir -p {}", shell_words::quote(&dir.display().to_string()));
             println!("{device_line} &");
             // QEMU must find the device listening, as the runner waits for the socket before starting it.
-            println!("while [ ! -S {} ]; do sleep 0.1; done", shell_word(&device.socket.display().to_string()));
+            println!("while [ ! -S {} ]; do sleep 0.1; done", shell_words::quote(&device.socket.display().to_string()));
             println!("{qemu_line}");
             Ok(true)
         }
     }
 }
 
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
+

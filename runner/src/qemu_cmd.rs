@@ -223,18 +223,9 @@ impl QemuConfig {
 pub fn shell_line(program: &Path, args: &[OsString]) -> String {
     std::iter::once(program.as_os_str())
         .chain(args.iter().map(OsString::as_os_str))
-        .map(|w| shell_quote(&w.to_string_lossy()))
+        .map(|w| shell_words::quote(&w.to_string_lossy()).into_owned())
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn shell_quote(word: &str) -> String {
-    let plain = !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]
@@ -357,6 +348,8 @@ mod tests {
     #[test]
     fn shell_line_quotes_what_needs_it() {
         let line = shell_line(Path::new("qemu"), &["-append".into(), "a b 'c'".into(), "x=1,y".into()]);
-        assert_eq!(line, r"qemu -append 'a b '\''c'\''' x=1,y");
+        assert_eq!(line, r"qemu -append 'a b '\''c'\''' 'x=1,y'");
+        // What a shell reads back is the command line itself.
+        assert_eq!(shell_words::split(&line).unwrap(), ["qemu", "-append", "a b 'c'", "x=1,y"]);
     }
 }

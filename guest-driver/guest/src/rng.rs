@@ -35,7 +35,7 @@ pub fn read_entropy(
     anyhow::ensure!(used.head == head, "completion for head {}, expected {head}", used.head);
     let mut bytes = [0u8; ENTROPY_BYTES];
     buffer.read_bytes(0, &mut bytes)?;
-    let bytes_hex = bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let bytes_hex = hex::encode(bytes);
     anyhow::ensure!(
         used.len as usize == ENTROPY_BYTES,
         "device reported {} bytes, asked for {ENTROPY_BYTES}",

@@ -155,17 +155,8 @@ fn regex_literal(text: &str) -> String {
     out
 }
 
-/// One shell word: bare when only safe characters, else single-quoted with `'` as `'\''`.
 fn shell_quote(word: &str) -> String {
-    let safe = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':' | '=' | '@' | '+' | ','));
-    if safe {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
+    shell_words::quote(word).into_owned()
 }
 
 #[cfg(test)]

@@ -13,9 +13,6 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 
-/// Statuses a `command` line may carry for success; anything else is drawn as a failed command.
-const OK_STATUSES: [&str; 3] = ["OK", "ok", "SUCCESS"];
-
 /// Where on the plot a time and a register count land.
 struct Scale {
     t0: u64,
@@ -51,7 +48,8 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
         .filter_map(|e| {
             let status = e.str_field("status").unwrap_or("?");
             let label = format!("{} {status}", e.str_field("opcode").unwrap_or("command"));
-            Some((e.t_us?, label, OK_STATUSES.contains(&status)))
+            // A command line carries proto's `Status` name; anything but OK is drawn as a failed command.
+            Some((e.t_us?, label, status == vhca_proto::Status::Ok.name()))
         })
         .collect();
 
