@@ -412,7 +412,7 @@ fn real_main(cli: Cli) -> Result<bool> {
             ui.finish();
             let mut report = report?;
             // A boot is repeated by its own command line, not by a suite filter.
-            let again: Vec<String> = std::env::args().map(|a| shell_word(&a)).collect();
+            let again: Vec<String> = std::env::args().map(|a| shell_words::quote(&a).into_owned()).collect();
             for r in report.runs.iter_mut().filter(|r| !r.passed()) {
                 r.reproducer = Some(again.join(" "));
             }
