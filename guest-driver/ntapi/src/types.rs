@@ -218,13 +218,6 @@ pub fn ADDRESS_AND_SIZE_TO_SPAN_PAGES(va: PVOID, length: u64) -> u64 {
     (offset + length).div_ceil(PAGE_SIZE)
 }
 
-/// Bugcheck codes the model raises and the WDK shim passes to KeBugCheckEx.
-pub const IRQL_NOT_LESS_OR_EQUAL: u32 = 0x0A;
-pub const PAGE_FAULT_IN_NONPAGED_AREA: u32 = 0x50;
-pub const DRIVER_VERIFIER_DETECTED_VIOLATION: u32 = 0xC4;
-pub const DRIVER_IRQL_NOT_LESS_OR_EQUAL: u32 = 0xD1;
-pub const DRIVER_VERIFIER_DMA_VIOLATION: u32 = 0xE6;
-
 /// Pool tag from four characters, as the driver writes them ('vhca' reads "vhca" in a pool dump).
 pub const fn pool_tag(tag: &[u8; 4]) -> u32 {
     u32::from_le_bytes(*tag)
