@@ -254,7 +254,7 @@ fn the_suite_can_fail_with_a_mismatch_and_a_reproducer() {
     assert_eq!(out.status.code(), Some(1), "a failed run must make vhca-run exit 1:\n{}", show(&out));
     s.assert_nothing_left("suite-can-fail");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("FAIL expected bugcheck 0xC4, got "), "{}", show(&out));
+    assert!(stdout.contains("FAIL expected bugcheck 0xE6 0x13 0x1 0x0 0x1, got "), "{}", show(&out));
     assert!(stdout.contains("1 runs: 0 passed, 1 failed"), "{}", show(&out));
     let run = &s.report()["runs"][0];
     assert_eq!(run["name"], "fast-mutex-rule-disabled/verifier-on");
@@ -264,7 +264,7 @@ fn the_suite_can_fail_with_a_mismatch_and_a_reproducer() {
     assert!(reproducer.ends_with("--filter '^fast-mutex-rule-disabled/verifier-on$'"), "{reproducer}");
     assert!(stdout.contains(&format!("reproduce fast-mutex-rule-disabled/verifier-on: {reproducer}")), "{stdout}");
     let junit = std::fs::read_to_string(s.artifacts.path().join("junit.xml")).unwrap();
-    assert!(junit.contains("<failure message=\"expected bugcheck 0xC4, got"), "{junit}");
+    assert!(junit.contains("<failure message=\"expected bugcheck 0xE6 0x13 0x1 0x0 0x1, got"), "{junit}");
 }
 
 #[test]

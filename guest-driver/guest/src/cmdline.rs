@@ -48,8 +48,11 @@ pub struct Options {
     pub verifier: VerifierFlags,
     /// Longest physically contiguous run, in pages, the NT model can still find (`vhca.fragmentation`).
     pub fragmentation: Option<usize>,
-    /// Map registers of the NT model's DMA adapter (`vhca.map_registers`); None: as many as the device has.
+    /// Map registers of the NT model's HAL per adapter (`vhca.map_registers`); None: the model's default. Not the
+    /// device's pool: that one is the device's own (`vhca-device --map-registers`).
     pub map_registers: Option<u32>,
+    /// DMA checking double-buffers (`vhca.double_buffering=0` turns it off, to show what depends on it).
+    pub double_buffering: bool,
     /// Verifier rules turned off (`vhca.disable_rule=0xE6/0x26`, repeatable).
     pub disabled_rules: Vec<RuleId>,
     /// The fixed scenarios take their buggy path again (`vhca.break_fix=1`): proves their checks can fail.
@@ -72,6 +75,7 @@ impl Default for Options {
             verifier: VerifierFlags::NONE,
             fragmentation: None,
             map_registers: None,
+            double_buffering: true,
             disabled_rules: Vec::new(),
             break_fix: false,
             init: None,
@@ -112,6 +116,7 @@ impl Options {
             "device" => self.device = Some(PciId::parse(value).ok_or(format!("not vvvv:dddd in hex: {value:?}"))?),
             "poweroff" => self.poweroff = boolean(value)?,
             "break_fix" => self.break_fix = boolean(value)?,
+            "double_buffering" => self.double_buffering = boolean(value)?,
             "lock" => {
                 self.lock = Some(match value {
                     "fast_mutex" => ClMutexKind::FastMutex,
