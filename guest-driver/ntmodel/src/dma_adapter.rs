@@ -453,7 +453,7 @@ impl NtModel {
                         0,
                     ))?;
                 }
-                return Err(Refusal::Status(STATUS_BUFFER_TOO_SMALL));
+                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
             let waiting = Waiting::List { device, mdl, va, length, write_to_device, routine };
             let Some(waiting) = m.dma.run_now_or_queue(adapter.0, waiting) else { return Ok(None) };

@@ -532,7 +532,7 @@ fn under_dma_checking_requests_short_of_map_registers_wait_for_them_instead_of_f
 }
 
 #[test]
-fn a_list_needing_more_registers_than_granted_is_e6_0c_or_buffer_too_small() {
+fn a_list_needing_more_registers_than_granted_is_e6_0c_or_insufficient_resources() {
     for flags in [0x0, DMA] {
         let k = machine_with_registers(flags, 8);
         let mut n = 0;
@@ -543,7 +543,7 @@ fn a_list_needing_more_registers_than_granted_is_e6_0c_or_buffer_too_small() {
         k.KeRaiseIrql(DISPATCH_LEVEL);
         let r = NtModel::run_guarded(|| get_sg(&k, a, mdl, va, 3 * 4096, true));
         if flags == 0 {
-            assert_eq!(r, Ok(Err(STATUS_BUFFER_TOO_SMALL)));
+            assert_eq!(r, Ok(Err(STATUS_INSUFFICIENT_RESOURCES)));
         } else {
             assert_eq!(r, Err(Bugcheck::e6(0x0C, 3, 2, 0)));
         }
