@@ -15,6 +15,8 @@ impl VerifierFlags {
     pub const DMA_CHECKING: VerifierFlags = VerifierFlags(0x80);
     pub const SECURITY_CHECKS: VerifierFlags = VerifierFlags(0x100);
     pub const MISC_CHECKS: VerifierFlags = VerifierFlags(0x800);
+    /// DDI compliance checking: the DDI rules (IrqlIoPassive5, ...), part of /standard.
+    pub const DDI_COMPLIANCE: VerifierFlags = VerifierFlags(0x20000);
     /// `verifier /standard`: 0x209BB (special pool, IRQL, pool tracking, I/O, deadlock, DMA, security, misc, ...).
     pub const STANDARD: VerifierFlags = VerifierFlags(0x209BB);
 
@@ -116,6 +118,7 @@ pub mod e6 {
     pub const IRQL_ABOVE_MAXIMUM: u64 = 0x02;
     pub const IMPROPER_IRQL_OTHER: u64 = 0x14;
     pub const TOO_MANY_MAP_REGISTERS: u64 = 0x15;
+    pub const FLUSH_NOT_MAPPED: u64 = 0x16;
     pub const ADAPTER_ALREADY_RELEASED: u64 = 0x18;
     pub const ALREADY_MAPPED: u64 = 0x1D;
     pub const ZERO_LENGTH_MAP: u64 = 0x21;
