@@ -6,9 +6,10 @@ pub mod event_log;
 pub mod iommu;
 pub mod iommu_dma;
 pub mod memory;
-pub mod queues;
+pub mod queue_worker;
 pub mod shared;
 pub mod vhost_user;
+pub mod vring;
 
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -20,7 +21,7 @@ use vhca_proto::NUM_QUEUES;
 use zerocopy::IntoBytes;
 
 use crate::event_log::{EventLog, TransportEvent};
-use crate::queues::Worker;
+use crate::queue_worker::Worker;
 use crate::shared::Shared;
 use crate::vhost_user::connection::{Frontend, ProtocolError};
 

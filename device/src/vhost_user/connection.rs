@@ -24,8 +24,8 @@ use super::wire::{
 use crate::event_log::{perm_name, TransportEvent};
 use crate::iommu::{perm_from_vhost, IotlbError};
 use crate::memory::{map_regions, MemTable, RegionDesc, RegionError};
-use crate::queues::{check_pollable, MAX_QUEUE_SIZE};
 use crate::shared::Shared;
+use crate::vring::{check_pollable, MAX_QUEUE_SIZE};
 
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
