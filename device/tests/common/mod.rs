@@ -4,12 +4,15 @@
 
 pub mod verbs;
 
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 pub const GET_FEATURES: u32 = 1;
 pub const SET_FEATURES: u32 = 2;
@@ -168,36 +171,22 @@ pub fn send_raw(
         bytes.extend_from_slice(&v.to_ne_bytes());
     }
     bytes.extend_from_slice(payload);
-    let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
-    let mut control = [0u64; 16];
-    // SAFETY: a zeroed msghdr is a valid empty header; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        let data_len = std::mem::size_of_val(fds);
-        msg.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
-        // SAFETY: the 128-byte control buffer holds one cmsghdr and the at most 4 fds the strategies attach.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), data_len);
-        }
+    let fds: Vec<BorrowedFd<'_>> = fds
+        .iter()
+        // SAFETY: the caller's fds stay open for this call; they are only borrowed for the sendmsg.
+        .map(|fd| unsafe { BorrowedFd::borrow_raw(*fd) })
+        .collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("more fds than the control buffer holds"));
     }
-    // SAFETY: msg describes live buffers as set up above; MSG_NOSIGNAL turns a closed peer into EPIPE.
-    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let rest = &bytes[sent as usize..];
+    // MSG_NOSIGNAL turns a closed peer into EPIPE.
+    let sent = sendmsg(stream, &[IoSlice::new(&bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    let rest = &bytes[sent..];
     if !rest.is_empty() {
-        // SAFETY: writes the unsent tail from a live buffer.
-        let n = unsafe { libc::send(stream.as_raw_fd(), rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
-        if n < 0 || n as usize != rest.len() {
+        let n = rustix::net::send(stream, rest, SendFlags::NOSIGNAL)?;
+        if n != rest.len() {
             return Err(std::io::Error::other("short send"));
         }
     }
