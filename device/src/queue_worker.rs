@@ -567,8 +567,7 @@ fn split_chain(descs: &[Descriptor]) -> Result<(&[Descriptor], &[Descriptor]), S
 #[cfg(test)]
 mod tests {
     use super::*;
-    const VRING_DESC_F_NEXT: u32 = 1;
-    const VRING_DESC_F_WRITE: u32 = 2;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 
     fn desc(flags: u32) -> Descriptor {
         Descriptor::new(0x1000, 16, flags as u16, 0)

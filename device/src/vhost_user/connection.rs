@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use vhca_proto::NUM_QUEUES;
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
 use virtio_queue::QueueT;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
@@ -27,10 +28,10 @@ use crate::memory::{map_regions, MemTable, RegionDesc, RegionError};
 use crate::shared::Shared;
 use crate::vring::{check_pollable, MAX_QUEUE_SIZE};
 
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
-pub const OFFERED_FEATURES: u64 =
-    VIRTIO_F_VERSION_1 | VIRTIO_F_ACCESS_PLATFORM | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+/// virtio-bindings numbers feature bits; the feature words carry them as masks.
+const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+const ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
+pub const OFFERED_FEATURES: u64 = VERSION_1 | ACCESS_PLATFORM | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
 /// QEMU needs BACKEND_REQ and REPLY_ACK for iommu_platform=on, CONFIG for the config space, MQ for 4 queues.
 pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
@@ -147,7 +148,7 @@ impl Frontend {
     }
 
     fn iommu_platform(&self) -> bool {
-        self.acked_features & VIRTIO_F_ACCESS_PLATFORM != 0
+        self.acked_features & ACCESS_PLATFORM != 0
     }
 
     fn dispatch(&mut self, request: FrontendReq, msg: Message) -> Result<Reply, ProtocolError> {

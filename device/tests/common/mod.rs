@@ -13,41 +13,61 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::{VhostAccess, VhostIotlbType};
+use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 
-pub const GET_FEATURES: u32 = 1;
-pub const SET_FEATURES: u32 = 2;
-pub const SET_OWNER: u32 = 3;
-pub const SET_MEM_TABLE: u32 = 5;
-pub const SET_VRING_NUM: u32 = 8;
-pub const SET_VRING_ADDR: u32 = 9;
-pub const SET_VRING_BASE: u32 = 10;
-pub const GET_VRING_BASE: u32 = 11;
-pub const SET_VRING_KICK: u32 = 12;
-pub const SET_VRING_CALL: u32 = 13;
-pub const GET_PROTOCOL_FEATURES: u32 = 15;
-pub const SET_PROTOCOL_FEATURES: u32 = 16;
-pub const GET_QUEUE_NUM: u32 = 17;
-pub const SET_VRING_ENABLE: u32 = 18;
-pub const SET_BACKEND_REQ_FD: u32 = 21;
-pub const IOTLB_MSG: u32 = 22;
-pub const GET_CONFIG: u32 = 24;
+/// Request codes as the u32 the wire carries (and the robustness strategies match on), from the vhost crate.
+macro_rules! request_codes {
+    ($($name:ident),*) => { $(pub const $name: u32 = FrontendReq::$name as u32;)* };
+}
+request_codes!(
+    GET_FEATURES,
+    SET_FEATURES,
+    SET_OWNER,
+    RESET_OWNER,
+    SET_MEM_TABLE,
+    SET_VRING_NUM,
+    SET_VRING_ADDR,
+    SET_VRING_BASE,
+    GET_VRING_BASE,
+    SET_VRING_KICK,
+    SET_VRING_CALL,
+    SET_VRING_ERR,
+    GET_PROTOCOL_FEATURES,
+    SET_PROTOCOL_FEATURES,
+    GET_QUEUE_NUM,
+    SET_VRING_ENABLE,
+    SET_BACKEND_REQ_FD,
+    IOTLB_MSG,
+    GET_CONFIG,
+    SET_CONFIG
+);
 
-pub const NEED_REPLY: u32 = 0x8;
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
-pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
-/// MQ | REPLY_ACK | BACKEND_REQ | CONFIG
-pub const PROTOCOL_FEATURES: u64 = 0x1 | 0x8 | 0x20 | 0x200;
+pub const NEED_REPLY: u32 = VhostUserHeaderFlag::NEED_REPLY.bits();
+/// Feature masks built from virtio-bindings' bit numbers.
+pub const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+pub const ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
+pub const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+/// What QEMU needs with iommu_platform=on, and what the device offers.
+pub const PROTOCOL_FEATURES: u64 = VhostUserProtocolFeatures::MQ
+    .union(VhostUserProtocolFeatures::REPLY_ACK)
+    .union(VhostUserProtocolFeatures::BACKEND_REQ)
+    .union(VhostUserProtocolFeatures::CONFIG)
+    .bits();
 
-pub const IOTLB_MISS: u8 = 1;
-pub const IOTLB_UPDATE: u8 = 2;
-pub const IOTLB_INVALIDATE: u8 = 3;
-pub const ACCESS_RO: u8 = 1;
-pub const ACCESS_WO: u8 = 2;
-pub const ACCESS_RW: u8 = 3;
+pub const IOTLB_MISS: u8 = VhostIotlbType::Miss as u8;
+pub const IOTLB_UPDATE: u8 = VhostIotlbType::Update as u8;
+pub const IOTLB_INVALIDATE: u8 = VhostIotlbType::Invalidate as u8;
+pub const ACCESS_RO: u8 = VhostAccess::ReadOnly as u8;
+pub const ACCESS_WO: u8 = VhostAccess::WriteOnly as u8;
+pub const ACCESS_RW: u8 = VhostAccess::ReadWrite as u8;
 
-pub const DESC_F_NEXT: u16 = 1;
-pub const DESC_F_WRITE: u16 = 2;
+pub const DESC_F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
+pub const DESC_F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
 
 /// Guest RAM: this many bytes of memfd, at guest-physical 0, "mapped in QEMU" at `UADDR`.
 pub const MEM_SIZE: u64 = 0x10_0000;
@@ -391,7 +411,7 @@ impl Session {
         let mut stream = device.connect();
         send(&stream, SET_OWNER, 0, &[], &[]);
         let features = get_u64(&mut stream, GET_FEATURES);
-        let wanted = VIRTIO_F_VERSION_1 | VIRTIO_F_ACCESS_PLATFORM | F_PROTOCOL_FEATURES;
+        let wanted = VERSION_1 | ACCESS_PLATFORM | F_PROTOCOL_FEATURES;
         assert_eq!(features & wanted, wanted);
         send(&stream, SET_FEATURES, 0, &wanted.to_ne_bytes(), &[]);
         let protocol = get_u64(&mut stream, GET_PROTOCOL_FEATURES);
