@@ -50,10 +50,7 @@ pub enum ServeError {
 /// Serves one front-end connection until it closes (`Ok`) or misbehaves (`Err`, already logged and evented).
 /// The queue worker is stopped and joined before this returns.
 pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions) -> Result<(), ServeError> {
-    let sink: Arc<dyn EventSink> = events.clone();
-    let hca = Hca::new(options.hca.clone(), sink);
-    let config = hca.device_config().as_bytes().to_vec();
-    let shared = Arc::new(Shared::new(events.clone(), NUM_QUEUES, options.miss_timeout).map_err(ServeError::Worker)?);
+    let (shared, hca, config) = device_parts(&events, options)?;
     let worker = Worker::spawn(Arc::clone(&shared), hca).map_err(ServeError::Worker)?;
 
     let result = Frontend::new(stream, Arc::clone(&shared), config).serve();
@@ -64,6 +61,23 @@ pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions)
     if worker.join().is_err() {
         tracing::error!("queue worker panicked");
     }
+    connection_ended(&events, result)
+}
+
+/// What one connection runs on: the state the front-end and the worker share, the HCA, and its config space.
+pub fn device_parts(
+    events: &Arc<EventLog>,
+    options: &DeviceOptions,
+) -> Result<(Arc<Shared>, Hca, Vec<u8>), ServeError> {
+    let sink: Arc<dyn EventSink> = events.clone();
+    let hca = Hca::new(options.hca.clone(), sink);
+    let config = hca.device_config().as_bytes().to_vec();
+    let shared = Shared::new(Arc::clone(events), NUM_QUEUES, options.miss_timeout).map_err(ServeError::Worker)?;
+    Ok((Arc::new(shared), hca, config))
+}
+
+/// Logs how a connection ended (a `disconnected` line, after a `protocol_error` naming the cause if it misbehaved).
+pub fn connection_ended(events: &EventLog, result: Result<(), ProtocolError>) -> Result<(), ServeError> {
     match result {
         Ok(()) => {
             tracing::info!("front-end closed the connection");

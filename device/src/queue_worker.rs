@@ -65,12 +65,26 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn spawn(shared: Arc<Shared>, hca: Hca) -> io::Result<JoinHandle<()>> {
+    pub fn new(shared: Arc<Shared>, hca: Hca) -> io::Result<Worker> {
         let epoll = Epoll::new()?;
         let mut worker =
             Worker { shared, hca, epoll, kicks: Vec::new(), pending_event: None, desc_log: Vec::new(), head: 0 };
         worker.rebuild_epoll()?;
+        Ok(worker)
+    }
+
+    pub fn spawn(shared: Arc<Shared>, hca: Hca) -> io::Result<JoinHandle<()>> {
+        let worker = Worker::new(shared, hca)?;
         std::thread::Builder::new().name("vhca-queues".into()).spawn(move || worker.run())
+    }
+
+    /// One pass over every queue, as the thread makes after each wake-up. For single-threaded drivers of the
+    /// device (the fuzzer), which interleave it with the connection's requests deterministically.
+    pub fn serve_queues(&mut self) {
+        self.tell_hca_invalidations();
+        for queue in [QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_RESERVED, QUEUE_EVENT] {
+            self.process_queue(queue);
+        }
     }
 
     fn run(mut self) {
@@ -104,10 +118,7 @@ impl Worker {
             if self.shared.stopping() {
                 break;
             }
-            self.tell_hca_invalidations();
-            for queue in [QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_RESERVED, QUEUE_EVENT] {
-                self.process_queue(queue);
-            }
+            self.serve_queues();
         }
         tracing::info!("queue worker stopped");
     }

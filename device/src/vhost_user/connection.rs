@@ -122,29 +122,31 @@ impl Frontend {
 
     /// Serves requests until the front-end closes the socket (`Ok`) or sends something malformed (`Err`).
     pub fn serve(&mut self) -> Result<(), ProtocolError> {
-        loop {
-            let Some(msg) = read_message(&mut self.stream)? else {
-                return Ok(());
-            };
-            let code = msg.header.request;
-            let need_reply = msg.header.flags & FLAG_NEED_REPLY != 0;
-            let request = FrontendReq::try_from(code).map_err(|()| ProtocolError::UnknownRequest(code))?;
-            tracing::debug!("front-end request {request:?} ({} bytes, {} fds)", msg.payload.len(), msg.fds.len());
-            let reply = self.dispatch(request, msg)?;
-            let bytes = match reply {
-                Reply::Payload(bytes) => Some(bytes),
-                Reply::Ack(status)
-                    if need_reply && self.acked_protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) =>
-                {
-                    Some(status.to_ne_bytes().to_vec())
-                }
-                Reply::Ack(_) => None,
-            };
-            if let Some(bytes) = bytes {
-                write_reply(&mut self.stream, code, &bytes)
-                    .map_err(|source| ProtocolError::Reply { request, source })?;
+        while self.serve_one()? {}
+        Ok(())
+    }
+
+    /// Reads, applies and answers one request; `Ok(false)` when the front-end closed the socket instead.
+    pub fn serve_one(&mut self) -> Result<bool, ProtocolError> {
+        let Some(msg) = read_message(&mut self.stream)? else {
+            return Ok(false);
+        };
+        let code = msg.header.request;
+        let need_reply = msg.header.flags & FLAG_NEED_REPLY != 0;
+        let request = FrontendReq::try_from(code).map_err(|()| ProtocolError::UnknownRequest(code))?;
+        tracing::debug!("front-end request {request:?} ({} bytes, {} fds)", msg.payload.len(), msg.fds.len());
+        let reply = self.dispatch(request, msg)?;
+        let bytes = match reply {
+            Reply::Payload(bytes) => Some(bytes),
+            Reply::Ack(status) if need_reply && self.acked_protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) => {
+                Some(status.to_ne_bytes().to_vec())
             }
+            Reply::Ack(_) => None,
+        };
+        if let Some(bytes) = bytes {
+            write_reply(&mut self.stream, code, &bytes).map_err(|source| ProtocolError::Reply { request, source })?;
         }
+        Ok(true)
     }
 
     fn iommu_platform(&self) -> bool {
