@@ -7,6 +7,7 @@ pub mod iommu;
 pub mod iommu_dma;
 pub mod memory;
 pub mod queue_worker;
+pub mod sandbox;
 pub mod shared;
 pub mod vhost_user;
 pub mod vring;
@@ -45,15 +46,31 @@ pub enum ServeError {
     Protocol(#[from] ProtocolError),
     #[error("cannot start the queue worker: {0}")]
     Worker(std::io::Error),
+    #[error("cannot lock the device down: {0}")]
+    Lockdown(String),
 }
 
 /// Serves one front-end connection until it closes (`Ok`) or misbehaves (`Err`, already logged and evented).
 /// The queue worker is stopped and joined before this returns.
 pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions) -> Result<(), ServeError> {
+    serve_locked_down(stream, events, options, || Ok(()))
+}
+
+/// `serve`, calling `lockdown` once everything the connection needs exists (the queue worker runs) and before the
+/// first request is read: where the binary installs its seccomp filter. A lockdown that fails ends the connection.
+pub fn serve_locked_down(
+    stream: UnixStream,
+    events: Arc<EventLog>,
+    options: &DeviceOptions,
+    lockdown: impl FnOnce() -> Result<(), String>,
+) -> Result<(), ServeError> {
     let (shared, hca, config) = device_parts(&events, options)?;
     let worker = Worker::spawn(Arc::clone(&shared), hca).map_err(ServeError::Worker)?;
 
-    let result = Frontend::new(stream, Arc::clone(&shared), config).serve();
+    let result = match lockdown() {
+        Ok(()) => Ok(Frontend::new(stream, Arc::clone(&shared), config).serve()),
+        Err(cause) => Err(ServeError::Lockdown(cause)),
+    };
 
     shared.shutdown.store(true, Ordering::Release);
     shared.iommu.wake_waiters();
@@ -61,7 +78,7 @@ pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions)
     if worker.join().is_err() {
         tracing::error!("queue worker panicked");
     }
-    connection_ended(&events, result)
+    connection_ended(&events, result?)
 }
 
 /// What one connection runs on: the state the front-end and the worker share, the HCA, and its config space.
