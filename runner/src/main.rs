@@ -353,6 +353,9 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> Result<bool> {
+    for dir in vhca_run::leftovers::sweep_dead_work_dirs(&std::env::temp_dir()) {
+        eprintln!("vhca-run: removed {}, left by a runner that was killed", dir.display());
+    }
     match cli.command {
         Cmd::Suite { file, jobs, filter, artifacts, json, junit, list } => {
             let (suite, suite_file) = load_suite(file.as_deref())?;
