@@ -16,6 +16,7 @@ pub mod restore;
 pub mod run;
 pub mod serial_capture;
 pub mod snapshot;
+pub mod soak;
 pub mod suite_run;
 pub mod supervise;
 pub mod ui;
