@@ -29,9 +29,8 @@ for target in "${targets[@]}"; do
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1
     rc=$?
     set -e
-    execs=$(awk -F: '/stat::number_of_executed_units/ { gsub(/ /, "", $2); print $2 }' "$log" | tail -1)
-    took=$(awk -F: '/stat::slowest_unit_time_sec/ { next } /Done [0-9]+ runs in [0-9]+ second/ { print }' "$log" |
-        sed -E 's/.*in ([0-9]+) second.*/\1/' | tail -1)
+    execs=$(awk '/stat::number_of_executed_units/ { print $NF }' "$log" | tail -1)
+    took=$(sed -nE 's/^Done [0-9]+ runs in ([0-9]+) second.*/\1/p' "$log" | tail -1)
     cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | awk '{ print $2 }')
     ft=$(grep -Eo 'ft: [0-9]+' "$log" | tail -1 | awk '{ print $2 }')
     took=${took:-$seconds}
