@@ -333,30 +333,6 @@ fn natural(request: u32) -> BoxedStrategy<(Vec<u8>, Vec<FdKind>)> {
     }
 }
 
-/// The requests the device serves: most messages use one, so sequences get past the first message.
-const SERVED: &[u32] = &[
-    GET_FEATURES,
-    SET_FEATURES,
-    SET_OWNER,
-    RESET_OWNER,
-    SET_MEM_TABLE,
-    SET_VRING_NUM,
-    SET_VRING_ADDR,
-    SET_VRING_BASE,
-    GET_VRING_BASE,
-    SET_VRING_KICK,
-    SET_VRING_CALL,
-    SET_VRING_ERR,
-    GET_PROTOCOL_FEATURES,
-    SET_PROTOCOL_FEATURES,
-    GET_QUEUE_NUM,
-    SET_VRING_ENABLE,
-    SET_BACKEND_REQ_FD,
-    IOTLB_MSG,
-    GET_CONFIG,
-    SET_CONFIG,
-];
-
 /// The served requests that carry fds, weighted up: what a front-end passes there is the least checked.
 const WITH_FDS: &[u32] = &[SET_MEM_TABLE, SET_VRING_KICK, SET_VRING_CALL, SET_VRING_ERR, SET_BACKEND_REQ_FD];
 

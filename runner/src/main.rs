@@ -325,6 +325,10 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 
 /// The table on stdout, the reports into the artifact root and wherever else asked.
 fn publish(report: &SuiteReport, root: &Path, json: Option<&Path>, junit: Option<&Path>) -> Result<()> {
+    // The table first: a full or broken artifacts disk must not cost the verdicts.
+    let mut out = std::io::stdout().lock();
+    let _ = write!(out, "{}", render_table(report));
+    let _ = out.flush();
     let (json_text, junit_text) = (report.to_json(), render_junit(report));
     let mut written = Vec::new();
     for (path, text) in [
@@ -338,9 +342,6 @@ fn publish(report: &SuiteReport, root: &Path, json: Option<&Path>, junit: Option
             written.push(path.display().to_string());
         }
     }
-    let mut out = std::io::stdout().lock();
-    let _ = write!(out, "{}", render_table(report));
-    let _ = out.flush();
     eprintln!("vhca-run: artifacts in {}; reports: {}", root.display(), written.join(", "));
     Ok(())
 }

@@ -110,3 +110,87 @@ fn runner_killed_with_sigkill_loses_nothing_and_the_next_start_sweeps() {
     }
     s.assert_nothing_left("after the sweep");
 }
+
+/// A tmpfs of `kib` KiB at a fresh directory, unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn new(kib: u32) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount(8)");
+        assert!(status.success(), "mounting a {kib} KiB tmpfs needs root, as CI runs");
+        SmallDisk { dir }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_full_artifacts_disk_is_a_clear_error_and_costs_no_verdict() {
+    if !ready("a_full_artifacts_disk_is_a_clear_error_and_costs_no_verdict") {
+        return;
+    }
+    let s = Scratch::new();
+    let disk = SmallDisk::new(64);
+    let suite = suite_file("runner.toml");
+    let out = Command::new(RUNNER)
+        .env("TMPDIR", s.tmp.path())
+        .args(["suite", suite.to_str().unwrap(), "--filter", "^smoke/", "-j", "1", "--artifacts"])
+        .arg(disk.dir.path())
+        .output()
+        .expect("run vhca-run");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "a report that cannot be written is the runner's error:\n{}", show(&out));
+    assert!(stderr.contains("No space left on device"), "the error names the cause:\n{stderr}");
+    // Every run was judged and its verdict shown, on the progress lines and in the table.
+    for name in ["smoke/verifier-off", "smoke/verifier-on"] {
+        assert!(stderr.contains(&format!("ok   {name}: pass")), "{name}'s verdict lost:\n{stderr}");
+        assert!(stdout.contains(name), "{name} missing from the table:\n{stdout}");
+    }
+    s.assert_nothing_left("artifacts disk full");
+}
+
+#[test]
+fn two_runners_sharing_one_cache_build_the_snapshot_once_and_both_pass() {
+    if !ready("two_runners_sharing_one_cache_build_the_snapshot_once_and_both_pass") {
+        return;
+    }
+    let snapshots = tempfile::tempdir().unwrap();
+    let (a, b) = (Scratch::new(), Scratch::new());
+    let suite = suite_file("runner.toml");
+    let start = |s: &Scratch| {
+        let mut cmd = s.command(&["suite", suite.to_str().unwrap(), "--filter", "^smoke/", "-j", "1"]);
+        cmd.env("VHCA_SNAPSHOT_DIR", snapshots.path()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.spawn().expect("run vhca-run")
+    };
+    let (first, second) = (start(&a), start(&b));
+    let (out_a, out_b) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
+    assert!(out_a.status.success(), "first runner:\n{}", show(&out_a));
+    assert!(out_b.status.success(), "second runner:\n{}", show(&out_b));
+    let saved = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).contains(" saved in ");
+    assert_eq!(
+        [saved(&out_a), saved(&out_b)].iter().filter(|s| **s).count(),
+        1,
+        "exactly one runner builds the snapshot:\n{}\n{}",
+        show(&out_a),
+        show(&out_b)
+    );
+    for (s, out) in [(&a, &out_a), (&b, &out_b)] {
+        let report = s.report();
+        let paths: Vec<&str> = report["runs"].as_array().unwrap().iter().map(|r| r["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, ["snapshot", "snapshot"], "{}", show(out));
+        s.assert_nothing_left("shared cache");
+    }
+    let snapshot_dirs = entries(snapshots.path(), "").into_iter().filter(|p| p.is_dir()).count();
+    assert_eq!(snapshot_dirs, 1, "one snapshot, no build dir left");
+}

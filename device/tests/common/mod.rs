@@ -20,9 +20,13 @@ use vhost::{VhostAccess, VhostIotlbType};
 use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 
-/// Request codes as the u32 the wire carries (and the robustness strategies match on), from the vhost crate.
+/// Request codes as the u32 the wire carries (and the robustness strategies match on), from the vhost crate; and
+/// `SERVED`, all of them: the requests the device serves.
 macro_rules! request_codes {
-    ($($name:ident),*) => { $(pub const $name: u32 = FrontendReq::$name as u32;)* };
+    ($($name:ident),*) => {
+        $(pub const $name: u32 = FrontendReq::$name as u32;)*
+        pub const SERVED: &[u32] = &[$($name),*];
+    };
 }
 request_codes!(
     GET_FEATURES,
