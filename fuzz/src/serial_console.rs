@@ -15,8 +15,16 @@ pub fn run(data: &[u8]) {
             assert!(value.is_object(), "a result that is not an object was accepted");
         }
     }
-    // Every Linux panic scan_serial reports is a line parse_linux_panic accepts, in order.
-    let panics: Vec<_> = text.lines().filter_map(parse_linux_panic).collect();
+    // The Linux panics scan_serial reports are the panic lines in order, except where a line is a result that parses
+    // or a STOP line: a panic cutting into a result line that then fails to parse still counts.
+    let panics: Vec<_> = text
+        .lines()
+        .filter(|line| match parse_result_line(line) {
+            Some(parsed) => parsed.is_err(),
+            None => parse_bugcheck(line).is_none(),
+        })
+        .filter_map(parse_linux_panic)
+        .collect();
     assert_eq!(found.panics, panics, "scan_serial and parse_linux_panic disagree");
     let results = text.lines().filter_map(parse_result_line).count();
     assert_eq!(found.results.len(), results, "scan_serial and parse_result_line disagree");
