@@ -13,6 +13,11 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --workspace --release --all-targets --no-fail-fast 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
+# The fuzz targets' committed seeds and every crash the fuzzer found, replayed on stable without libFuzzer (fuzz/ is
+# a workspace of its own, docs/fuzz.md).
+cargo test --release --manifest-path fuzz/Cargo.toml --no-default-features --test replay 2>&1 | tee -a "$log"
+fuzz_rc=${PIPESTATUS[0]}
+[ "$rc" -ne 0 ] || rc=$fuzz_rc
 set -e
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

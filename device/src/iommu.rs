@@ -4,6 +4,7 @@
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
+use vhost::VhostAccess;
 use vm_memory::iommu::{IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
 
@@ -40,19 +41,19 @@ pub enum IotlbError {
 /// vhost's `VHOST_ACCESS_*` encoding of a permission.
 pub fn perm_from_vhost(raw: u8) -> Result<Permissions, IotlbError> {
     match raw {
-        1 => Ok(Permissions::Read),
-        2 => Ok(Permissions::Write),
-        3 => Ok(Permissions::ReadWrite),
+        r if r == VhostAccess::ReadOnly as u8 => Ok(Permissions::Read),
+        w if w == VhostAccess::WriteOnly as u8 => Ok(Permissions::Write),
+        rw if rw == VhostAccess::ReadWrite as u8 => Ok(Permissions::ReadWrite),
         other => Err(IotlbError::BadPermission(other)),
     }
 }
 
 pub fn perm_to_vhost(perm: Permissions) -> u8 {
     match perm {
-        Permissions::No => 0,
-        Permissions::Read => 1,
-        Permissions::Write => 2,
-        Permissions::ReadWrite => 3,
+        Permissions::No => VhostAccess::No as u8,
+        Permissions::Read => VhostAccess::ReadOnly as u8,
+        Permissions::Write => VhostAccess::WriteOnly as u8,
+        Permissions::ReadWrite => VhostAccess::ReadWrite as u8,
     }
 }
 

@@ -6,9 +6,11 @@ pub mod event_log;
 pub mod iommu;
 pub mod iommu_dma;
 pub mod memory;
-pub mod queues;
+pub mod queue_worker;
+pub mod sandbox;
 pub mod shared;
 pub mod vhost_user;
+pub mod vring;
 
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -20,7 +22,7 @@ use vhca_proto::NUM_QUEUES;
 use zerocopy::IntoBytes;
 
 use crate::event_log::{EventLog, TransportEvent};
-use crate::queues::Worker;
+use crate::queue_worker::Worker;
 use crate::shared::Shared;
 use crate::vhost_user::connection::{Frontend, ProtocolError};
 
@@ -44,18 +46,31 @@ pub enum ServeError {
     Protocol(#[from] ProtocolError),
     #[error("cannot start the queue worker: {0}")]
     Worker(std::io::Error),
+    #[error("cannot lock the device down: {0}")]
+    Lockdown(String),
 }
 
 /// Serves one front-end connection until it closes (`Ok`) or misbehaves (`Err`, already logged and evented).
 /// The queue worker is stopped and joined before this returns.
 pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions) -> Result<(), ServeError> {
-    let sink: Arc<dyn EventSink> = events.clone();
-    let hca = Hca::new(options.hca.clone(), sink);
-    let config = hca.device_config().as_bytes().to_vec();
-    let shared = Arc::new(Shared::new(events.clone(), NUM_QUEUES, options.miss_timeout).map_err(ServeError::Worker)?);
+    serve_locked_down(stream, events, options, || Ok(()))
+}
+
+/// `serve`, calling `lockdown` once everything the connection needs exists (the queue worker runs) and before the
+/// first request is read: where the binary installs its seccomp filter. A lockdown that fails ends the connection.
+pub fn serve_locked_down(
+    stream: UnixStream,
+    events: Arc<EventLog>,
+    options: &DeviceOptions,
+    lockdown: impl FnOnce() -> Result<(), String>,
+) -> Result<(), ServeError> {
+    let (shared, hca, config) = device_parts(&events, options)?;
     let worker = Worker::spawn(Arc::clone(&shared), hca).map_err(ServeError::Worker)?;
 
-    let result = Frontend::new(stream, Arc::clone(&shared), config).serve();
+    let result = match lockdown() {
+        Ok(()) => Ok(Frontend::new(stream, Arc::clone(&shared), config).serve()),
+        Err(cause) => Err(ServeError::Lockdown(cause)),
+    };
 
     shared.shutdown.store(true, Ordering::Release);
     shared.iommu.wake_waiters();
@@ -63,6 +78,23 @@ pub fn serve(stream: UnixStream, events: Arc<EventLog>, options: &DeviceOptions)
     if worker.join().is_err() {
         tracing::error!("queue worker panicked");
     }
+    connection_ended(&events, result?)
+}
+
+/// What one connection runs on: the state the front-end and the worker share, the HCA, and its config space.
+pub fn device_parts(
+    events: &Arc<EventLog>,
+    options: &DeviceOptions,
+) -> Result<(Arc<Shared>, Hca, Vec<u8>), ServeError> {
+    let sink: Arc<dyn EventSink> = events.clone();
+    let hca = Hca::new(options.hca.clone(), sink);
+    let config = hca.device_config().as_bytes().to_vec();
+    let shared = Shared::new(Arc::clone(events), NUM_QUEUES, options.miss_timeout).map_err(ServeError::Worker)?;
+    Ok((Arc::new(shared), hca, config))
+}
+
+/// Logs how a connection ended (a `disconnected` line, after a `protocol_error` naming the cause if it misbehaved).
+pub fn connection_ended(events: &EventLog, result: Result<(), ProtocolError>) -> Result<(), ServeError> {
     match result {
         Ok(()) => {
             tracing::info!("front-end closed the connection");

@@ -1,6 +1,8 @@
 //! vhca-device: listens on a vhost-user socket, serves exactly one front-end (QEMU) connection, then exits.
 //! Exit status: 0 when the front-end disconnected cleanly, 2 after a protocol error or a bad command line (nothing
-//! created then), 1 when setup failed.
+//! created then), 1 when setup failed, 3 when the sandbox stopped a forbidden system call.
+//! The sandbox (capabilities dropped after the socket is bound, a seccomp filter once the connection is set up) is
+//! on unless `--no-sandbox`.
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,8 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use vhca_device::config::HcaChoices;
 use vhca_device::event_log::{EventLog, TransportEvent};
-use vhca_device::{serve, DeviceOptions};
+use vhca_device::sandbox;
+use vhca_device::{serve_locked_down, DeviceOptions};
 
 /// Largest pool `--map-registers` accepts: 4 GiB of 4 KiB pages, and a table of a few MiB.
 const MAX_MAP_REGISTERS: i64 = 1 << 20;
@@ -60,6 +63,12 @@ struct Cli {
     /// Most memory regions alive at once.
     #[arg(long)]
     max_mr: Option<u32>,
+    /// Run without the sandbox (no seccomp filter, capabilities kept): for debugging with strace or gdb.
+    #[arg(long)]
+    no_sandbox: bool,
+    /// Test only: once the sandbox is on, make one system call it forbids, to show what a violation looks like.
+    #[arg(long, hide = true)]
+    debug_forbidden_syscall: bool,
 }
 
 impl Cli {
@@ -154,12 +163,26 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
     let listener = UnixListener::bind(&cli.socket_path)
         .with_context(|| format!("cannot listen on {}", cli.socket_path.display()))?;
     let _socket_file = SocketFile(&cli.socket_path);
+    if cli.no_sandbox {
+        tracing::warn!("sandbox off (--no-sandbox): no seccomp filter, capabilities kept");
+    } else {
+        sandbox::drop_capabilities()?;
+    }
     tracing::info!("listening on {}", cli.socket_path.display());
     let (stream, _) = listener.accept().context("accepting the front-end connection")?;
     drop(listener);
     tracing::info!("front-end connected");
     events.record(&TransportEvent::Connected);
-    match serve(stream, events, options) {
+    let lockdown = || {
+        if !cli.no_sandbox {
+            sandbox::install_filter(&cli.socket_path).map_err(|err| err.to_string())?;
+        }
+        if cli.debug_forbidden_syscall {
+            sandbox::forbidden_syscall();
+        }
+        Ok(())
+    };
+    match serve_locked_down(stream, events, options, lockdown) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(vhca_device::ServeError::Protocol(_)) => Ok(ExitCode::from(2)),
         Err(err) => Err(err.into()),

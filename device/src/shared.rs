@@ -11,8 +11,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::event_log::{perm_name, EventLog, TransportEvent};
 use crate::iommu::DeviceIommu;
 use crate::memory::GuestMem;
-use crate::queues::VringState;
 use crate::vhost_user::backend::BackendChannel;
+use crate::vring::VringState;
 
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -69,6 +69,7 @@ fn read_record(path: &Path) -> Option<ProbeRecord> {
 /// Boots the guest kernel under KVM with `vhca.init=probe` and waits for its marker line.
 fn probe_kvm(qemu: &Path, image: &Image) -> Result<(Accel, String), AccelError> {
     let work = tempfile::Builder::new().prefix("vhca-accel-probe-").tempdir()?;
+    let _claim = crate::leftovers::claim(work.path())?;
     let serial: PathBuf = work.path().join("serial.log");
     let config = QemuConfig {
         qemu: qemu.to_path_buf(),

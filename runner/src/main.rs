@@ -18,6 +18,7 @@ use vhca_run::paths::{self, Binaries};
 use vhca_run::qemu_cmd::{probe_carrier, GdbStub};
 use vhca_run::run::{command_lines, plan, RunContext};
 use vhca_run::snapshot;
+use vhca_run::soak;
 use vhca_run::suite_run::{run_suite, SuiteOptions};
 use vhca_run::supervise;
 use vhca_run::ui::SuiteUi;
@@ -99,6 +100,19 @@ enum Cmd {
         /// Only the concrete runs whose name this regex matches.
         #[arg(long)]
         filter: Option<String>,
+    },
+    /// N back-to-back runs mixing passes, bugchecks, a device fault, a hang and a guest panic; the runner's memory
+    /// and fds after each run, one line per run; fails on a wrong verdict, a leak or growth (docs/fuzz.md).
+    Soak {
+        /// Number of runs.
+        #[arg(short = 'n', long, default_value_t = 200)]
+        runs: usize,
+        /// Artifact root [default: <target>/vhca-artifacts/soak]
+        #[arg(long)]
+        artifacts: Option<PathBuf>,
+        /// Also write the samples and the judgement as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Print the exact vhca-device and QEMU command lines of one run, cold-boot form (its files under --dir).
     QemuArgs {
@@ -311,6 +325,10 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 
 /// The table on stdout, the reports into the artifact root and wherever else asked.
 fn publish(report: &SuiteReport, root: &Path, json: Option<&Path>, junit: Option<&Path>) -> Result<()> {
+    // The table first: a full or broken artifacts disk must not cost the verdicts.
+    let mut out = std::io::stdout().lock();
+    let _ = write!(out, "{}", render_table(report));
+    let _ = out.flush();
     let (json_text, junit_text) = (report.to_json(), render_junit(report));
     let mut written = Vec::new();
     for (path, text) in [
@@ -324,9 +342,6 @@ fn publish(report: &SuiteReport, root: &Path, json: Option<&Path>, junit: Option
             written.push(path.display().to_string());
         }
     }
-    let mut out = std::io::stdout().lock();
-    let _ = write!(out, "{}", render_table(report));
-    let _ = out.flush();
     eprintln!("vhca-run: artifacts in {}; reports: {}", root.display(), written.join(", "));
     Ok(())
 }
@@ -353,6 +368,9 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> Result<bool> {
+    for dir in vhca_run::leftovers::sweep_dead_work_dirs(&std::env::temp_dir()) {
+        eprintln!("vhca-run: removed {}, left by a runner that was killed", dir.display());
+    }
     match cli.command {
         Cmd::Suite { file, jobs, filter, artifacts, json, junit, list } => {
             let (suite, suite_file) = load_suite(file.as_deref())?;
@@ -457,6 +475,45 @@ fn real_main(cli: Cli) -> Result<bool> {
                 println!("VERDICTS DIFFER at -j {j}: {name}: snapshot {a}, cold {b}");
             }
             Ok(diffs.is_empty() && ms.iter().all(|m| m.passed == m.runs && m.off_path == 0))
+        }
+        Cmd::Soak { runs, artifacts, json } => {
+            let (mut ctx, _) = session(&cli.bins)?;
+            attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
+            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("soak"));
+            let opts = SuiteOptions { jobs: 1, artifacts: Some(root), program: program(), suite_file: None };
+            println!(
+                "{:>4}  {:<36} {:>7} {:>8} {:>11} {:>4} {:>15} {:>5}",
+                "run", "name", "verdict", "seconds", "runner KiB", "fds", "child peak KiB", "dirs"
+            );
+            let report = soak::soak(&ctx, runs, &opts, &mut |s| {
+                let verdict = if s.passed { "ok" } else { "WRONG" };
+                println!(
+                    "{:>4}  {:<36} {:>7} {:>8.1} {:>11} {:>4} {:>15} {:>5}",
+                    s.index,
+                    s.run,
+                    verdict,
+                    s.seconds,
+                    s.runner_rss_kib,
+                    s.runner_fds,
+                    s.children_peak_rss_kib,
+                    s.work_dirs_left
+                );
+            })?;
+            if let Some(path) = json {
+                write_file(&path, &serde_json::to_string_pretty(&report)?)?;
+            }
+            for problem in &report.problems {
+                println!("PROBLEM: {problem}");
+            }
+            println!(
+                "soak: {} runs, {} with a wrong verdict, runner fds {} before and {} after, {}",
+                report.samples.len(),
+                report.failed_runs,
+                report.fds_before,
+                report.samples.last().map_or(report.fds_before, |s| s.runner_fds),
+                if report.passed() { "passed" } else { "FAILED" }
+            );
+            Ok(report.passed())
         }
         Cmd::QemuArgs { pick, dir } => {
             let (run, _) = pick.concrete()?;

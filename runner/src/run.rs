@@ -279,6 +279,7 @@ fn attempt(
     on: &mut dyn FnMut(Progress),
 ) -> Result<Attempt, RunError> {
     let temp = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
+    let _claim = crate::leftovers::claim(temp.path())?;
     let files = RunFiles { dir: temp.path().to_path_buf() };
     let (device_cfg, cold_cfg) = plan(ctx, run, &files.dir);
     let qemu_cfg = match snapshot {

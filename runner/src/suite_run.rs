@@ -9,6 +9,7 @@ use std::time::Instant;
 use vhca_suite::{judge_run, BootPath, ConcreteRun, Observation, RunReport, Suite, SuiteReport};
 
 use crate::artifacts;
+use crate::finished_runs;
 use crate::run::{execute, Progress, RunContext, RunError, RunRecord};
 use crate::supervise::interrupted;
 
@@ -40,6 +41,9 @@ pub fn run_suite(
     on: &mut dyn FnMut(SuiteEvent),
 ) -> Result<SuiteReport, RunError> {
     let start = Instant::now();
+    if let Some(root) = &opts.artifacts {
+        finished_runs::begin(root);
+    }
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<RunReport>>> = Mutex::new(vec![None; runs.len()]);
     let failure: Mutex<Option<RunError>> = Mutex::new(None);
@@ -60,6 +64,7 @@ pub fn run_suite(
                 };
                 match one_run(ctx, run, opts, &mut progress) {
                     Ok(report) => {
+                        let report = record_finished(opts, report);
                         let _ = tx.send(SuiteEvent::Finished { index, report: Box::new(report.clone()) });
                         if let Ok(mut r) = results.lock() {
                             r[index] = Some(report);
@@ -85,6 +90,16 @@ pub fn run_suite(
     }
     let reports: Vec<RunReport> = results.into_inner().unwrap_or_default().into_iter().flatten().collect();
     Ok(SuiteReport::new(suite, reports, start.elapsed().as_secs_f64()))
+}
+
+/// Puts the run's report on disk as soon as it is judged (see `finished_runs`); a failure to is noted in it.
+fn record_finished(opts: &SuiteOptions, mut report: RunReport) -> RunReport {
+    if let Some(root) = &opts.artifacts {
+        if let Err(e) = finished_runs::record(root, &report) {
+            report.notes.push(format!("report not written to {} as the run ended: {e}", root.display()));
+        }
+    }
+    report
 }
 
 /// Executes, judges and stores one run. A runner error other than an interrupt (QEMU would not start, the work dir

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use vhca_proto::NUM_QUEUES;
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
 use virtio_queue::QueueT;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
@@ -24,13 +25,13 @@ use super::wire::{
 use crate::event_log::{perm_name, TransportEvent};
 use crate::iommu::{perm_from_vhost, IotlbError};
 use crate::memory::{map_regions, MemTable, RegionDesc, RegionError};
-use crate::queues::{check_pollable, MAX_QUEUE_SIZE};
 use crate::shared::Shared;
+use crate::vring::{check_pollable, MAX_QUEUE_SIZE};
 
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
-pub const OFFERED_FEATURES: u64 =
-    VIRTIO_F_VERSION_1 | VIRTIO_F_ACCESS_PLATFORM | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+/// virtio-bindings numbers feature bits; the feature words carry them as masks.
+const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+const ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
+pub const OFFERED_FEATURES: u64 = VERSION_1 | ACCESS_PLATFORM | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
 /// QEMU needs BACKEND_REQ and REPLY_ACK for iommu_platform=on, CONFIG for the config space, MQ for 4 queues.
 pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
@@ -121,33 +122,35 @@ impl Frontend {
 
     /// Serves requests until the front-end closes the socket (`Ok`) or sends something malformed (`Err`).
     pub fn serve(&mut self) -> Result<(), ProtocolError> {
-        loop {
-            let Some(msg) = read_message(&mut self.stream)? else {
-                return Ok(());
-            };
-            let code = msg.header.request;
-            let need_reply = msg.header.flags & FLAG_NEED_REPLY != 0;
-            let request = FrontendReq::try_from(code).map_err(|()| ProtocolError::UnknownRequest(code))?;
-            tracing::debug!("front-end request {request:?} ({} bytes, {} fds)", msg.payload.len(), msg.fds.len());
-            let reply = self.dispatch(request, msg)?;
-            let bytes = match reply {
-                Reply::Payload(bytes) => Some(bytes),
-                Reply::Ack(status)
-                    if need_reply && self.acked_protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) =>
-                {
-                    Some(status.to_ne_bytes().to_vec())
-                }
-                Reply::Ack(_) => None,
-            };
-            if let Some(bytes) = bytes {
-                write_reply(&mut self.stream, code, &bytes)
-                    .map_err(|source| ProtocolError::Reply { request, source })?;
+        while self.serve_one()? {}
+        Ok(())
+    }
+
+    /// Reads, applies and answers one request; `Ok(false)` when the front-end closed the socket instead.
+    pub fn serve_one(&mut self) -> Result<bool, ProtocolError> {
+        let Some(msg) = read_message(&mut self.stream)? else {
+            return Ok(false);
+        };
+        let code = msg.header.request;
+        let need_reply = msg.header.flags & FLAG_NEED_REPLY != 0;
+        let request = FrontendReq::try_from(code).map_err(|()| ProtocolError::UnknownRequest(code))?;
+        tracing::debug!("front-end request {request:?} ({} bytes, {} fds)", msg.payload.len(), msg.fds.len());
+        let reply = self.dispatch(request, msg)?;
+        let bytes = match reply {
+            Reply::Payload(bytes) => Some(bytes),
+            Reply::Ack(status) if need_reply && self.acked_protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) => {
+                Some(status.to_ne_bytes().to_vec())
             }
+            Reply::Ack(_) => None,
+        };
+        if let Some(bytes) = bytes {
+            write_reply(&mut self.stream, code, &bytes).map_err(|source| ProtocolError::Reply { request, source })?;
         }
+        Ok(true)
     }
 
     fn iommu_platform(&self) -> bool {
-        self.acked_features & VIRTIO_F_ACCESS_PLATFORM != 0
+        self.acked_features & ACCESS_PLATFORM != 0
     }
 
     fn dispatch(&mut self, request: FrontendReq, msg: Message) -> Result<Reply, ProtocolError> {

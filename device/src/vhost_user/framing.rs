@@ -1,9 +1,12 @@
 //! Reading and writing whole vhost-user messages on a Unix socket, with the fds QEMU passes as SCM_RIGHTS.
 //! Checks only framing (size limits, version, control data); what a request means is the dispatcher's job.
 
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io::{self, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+
+use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -75,54 +78,26 @@ pub fn write_message(stream: &mut UnixStream, request: u32, flags: u32, payload:
     stream.write_all(&bytes)
 }
 
-/// recvmsg into `buf`, collecting any SCM_RIGHTS fds. Returns bytes read (0 = EOF) and the fds, owned.
+/// recvmsg into `buf`, collecting any SCM_RIGHTS fds (CLOEXEC, owned). Returns bytes read (0 = EOF) and the fds.
 fn recv_with_fds(stream: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), FramingError> {
-    // u64 elements keep the control buffer aligned for cmsghdr.
-    const CONTROL_WORDS: usize = (MAX_FDS * 4 + 64) / 8;
-    let mut control = [0u64; CONTROL_WORDS];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: msghdr is plain old data; all-zero is a valid (empty) value that we fill in below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
     let received = loop {
-        // SAFETY: msg points at iov (valid for buf.len() bytes of buf) and at control (valid for msg_controllen
-        // bytes); both outlive the call. The kernel writes at most those lengths.
-        let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(FramingError::Io(err));
+        match recvmsg(stream, &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(received) => break received,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(errno) => return Err(FramingError::Io(errno.into())),
         }
     };
+    // Drain before judging truncation: fds that did arrive are closed, not leaked, when the message is refused.
     let mut fds = Vec::new();
-    // SAFETY: msg was filled by a successful recvmsg; CMSG_FIRSTHDR/NXTHDR stay within msg_controllen.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !cmsg.is_null() {
-        // SAFETY: cmsg is non-null and points inside the control buffer, as CMSG_FIRSTHDR/NXTHDR guarantee.
-        let header = unsafe { &*cmsg };
-        if header.cmsg_level == libc::SOL_SOCKET && header.cmsg_type == libc::SCM_RIGHTS {
-            // SAFETY: CMSG_LEN(0) is a pure computation of the header size.
-            let data_len = header.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
-            let count = data_len / std::mem::size_of::<libc::c_int>();
-            // SAFETY: CMSG_DATA points at `data_len` bytes of fds inside the control buffer.
-            let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
-            for i in 0..count {
-                // SAFETY: i < count, within the cmsg data; read_unaligned because CMSG_DATA need not be aligned.
-                let fd = unsafe { data.add(i).read_unaligned() };
-                // SAFETY: the kernel just installed this fd for us; nobody else owns it.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
         }
-        // SAFETY: as above, NXTHDR walks within the buffer and returns null at its end.
-        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if received.flags.contains(ReturnFlags::CTRUNC) {
         return Err(FramingError::ControlTruncated);
     }
-    Ok((received, fds))
+    Ok((received.bytes, fds))
 }

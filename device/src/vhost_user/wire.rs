@@ -1,6 +1,8 @@
 //! vhost-user message layouts (header and payloads), native-endian as the protocol defines them.
 //! Request codes and feature bits come from the `vhost` crate; the byte layouts live here.
 
+use vhost::vhost_user::message::VhostUserHeaderFlag;
+use vhost::VhostIotlbType;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 pub const HEADER_SIZE: usize = 12;
@@ -9,19 +11,20 @@ pub const MAX_PAYLOAD: usize = vhost::vhost_user::message::MAX_MSG_SIZE;
 /// Most fds one message may carry (vhost-user's limit).
 pub const MAX_FDS: usize = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES;
 
-pub const FLAG_VERSION_MASK: u32 = 0x3;
+pub const FLAG_VERSION_MASK: u32 = VhostUserHeaderFlag::VERSION.bits();
 pub const VERSION: u32 = 0x1;
-pub const FLAG_REPLY: u32 = 0x4;
-pub const FLAG_NEED_REPLY: u32 = 0x8;
+pub const FLAG_REPLY: u32 = VhostUserHeaderFlag::REPLY.bits();
+pub const FLAG_NEED_REPLY: u32 = VhostUserHeaderFlag::NEED_REPLY.bits();
 
-/// In SET_VRING_KICK/CALL/ERR payloads: low byte is the queue index, this bit says "no fd attached".
+/// In SET_VRING_KICK/CALL/ERR payloads: low byte is the queue index, this bit says "no fd attached". (The `vhost`
+/// crate keeps these two private to its frontend/backend code.)
 pub const VRING_INDEX_MASK: u64 = 0xff;
 pub const VRING_NOFD_MASK: u64 = 0x100;
 
-pub const IOTLB_MISS: u8 = 1;
-pub const IOTLB_UPDATE: u8 = 2;
-pub const IOTLB_INVALIDATE: u8 = 3;
-pub const IOTLB_ACCESS_FAIL: u8 = 4;
+pub const IOTLB_MISS: u8 = VhostIotlbType::Miss as u8;
+pub const IOTLB_UPDATE: u8 = VhostIotlbType::Update as u8;
+pub const IOTLB_INVALIDATE: u8 = VhostIotlbType::Invalidate as u8;
+pub const IOTLB_ACCESS_FAIL: u8 = VhostIotlbType::AccessFail as u8;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]

@@ -4,47 +4,74 @@
 
 pub mod verbs;
 
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-pub const GET_FEATURES: u32 = 1;
-pub const SET_FEATURES: u32 = 2;
-pub const SET_OWNER: u32 = 3;
-pub const SET_MEM_TABLE: u32 = 5;
-pub const SET_VRING_NUM: u32 = 8;
-pub const SET_VRING_ADDR: u32 = 9;
-pub const SET_VRING_BASE: u32 = 10;
-pub const GET_VRING_BASE: u32 = 11;
-pub const SET_VRING_KICK: u32 = 12;
-pub const SET_VRING_CALL: u32 = 13;
-pub const GET_PROTOCOL_FEATURES: u32 = 15;
-pub const SET_PROTOCOL_FEATURES: u32 = 16;
-pub const GET_QUEUE_NUM: u32 = 17;
-pub const SET_VRING_ENABLE: u32 = 18;
-pub const SET_BACKEND_REQ_FD: u32 = 21;
-pub const IOTLB_MSG: u32 = 22;
-pub const GET_CONFIG: u32 = 24;
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::{VhostAccess, VhostIotlbType};
+use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 
-pub const NEED_REPLY: u32 = 0x8;
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
-pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
-/// MQ | REPLY_ACK | BACKEND_REQ | CONFIG
-pub const PROTOCOL_FEATURES: u64 = 0x1 | 0x8 | 0x20 | 0x200;
+/// Request codes as the u32 the wire carries (and the robustness strategies match on), from the vhost crate; and
+/// `SERVED`, all of them: the requests the device serves.
+macro_rules! request_codes {
+    ($($name:ident),*) => {
+        $(pub const $name: u32 = FrontendReq::$name as u32;)*
+        pub const SERVED: &[u32] = &[$($name),*];
+    };
+}
+request_codes!(
+    GET_FEATURES,
+    SET_FEATURES,
+    SET_OWNER,
+    RESET_OWNER,
+    SET_MEM_TABLE,
+    SET_VRING_NUM,
+    SET_VRING_ADDR,
+    SET_VRING_BASE,
+    GET_VRING_BASE,
+    SET_VRING_KICK,
+    SET_VRING_CALL,
+    SET_VRING_ERR,
+    GET_PROTOCOL_FEATURES,
+    SET_PROTOCOL_FEATURES,
+    GET_QUEUE_NUM,
+    SET_VRING_ENABLE,
+    SET_BACKEND_REQ_FD,
+    IOTLB_MSG,
+    GET_CONFIG,
+    SET_CONFIG
+);
 
-pub const IOTLB_MISS: u8 = 1;
-pub const IOTLB_UPDATE: u8 = 2;
-pub const IOTLB_INVALIDATE: u8 = 3;
-pub const ACCESS_RO: u8 = 1;
-pub const ACCESS_WO: u8 = 2;
-pub const ACCESS_RW: u8 = 3;
+pub const NEED_REPLY: u32 = VhostUserHeaderFlag::NEED_REPLY.bits();
+/// Feature masks built from virtio-bindings' bit numbers.
+pub const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+pub const ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
+pub const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+/// What QEMU needs with iommu_platform=on, and what the device offers.
+pub const PROTOCOL_FEATURES: u64 = VhostUserProtocolFeatures::MQ
+    .union(VhostUserProtocolFeatures::REPLY_ACK)
+    .union(VhostUserProtocolFeatures::BACKEND_REQ)
+    .union(VhostUserProtocolFeatures::CONFIG)
+    .bits();
 
-pub const DESC_F_NEXT: u16 = 1;
-pub const DESC_F_WRITE: u16 = 2;
+pub const IOTLB_MISS: u8 = VhostIotlbType::Miss as u8;
+pub const IOTLB_UPDATE: u8 = VhostIotlbType::Update as u8;
+pub const IOTLB_INVALIDATE: u8 = VhostIotlbType::Invalidate as u8;
+pub const ACCESS_RO: u8 = VhostAccess::ReadOnly as u8;
+pub const ACCESS_WO: u8 = VhostAccess::WriteOnly as u8;
+pub const ACCESS_RW: u8 = VhostAccess::ReadWrite as u8;
+
+pub const DESC_F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
+pub const DESC_F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
 
 /// Guest RAM: this many bytes of memfd, at guest-physical 0, "mapped in QEMU" at `UADDR`.
 pub const MEM_SIZE: u64 = 0x10_0000;
@@ -168,36 +195,22 @@ pub fn send_raw(
         bytes.extend_from_slice(&v.to_ne_bytes());
     }
     bytes.extend_from_slice(payload);
-    let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
-    let mut control = [0u64; 16];
-    // SAFETY: a zeroed msghdr is a valid empty header; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        let data_len = std::mem::size_of_val(fds);
-        msg.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
-        // SAFETY: the 128-byte control buffer holds one cmsghdr and the at most 4 fds the strategies attach.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), data_len);
-        }
+    let fds: Vec<BorrowedFd<'_>> = fds
+        .iter()
+        // SAFETY: the caller's fds stay open for this call; they are only borrowed for the sendmsg.
+        .map(|fd| unsafe { BorrowedFd::borrow_raw(*fd) })
+        .collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("more fds than the control buffer holds"));
     }
-    // SAFETY: msg describes live buffers as set up above; MSG_NOSIGNAL turns a closed peer into EPIPE.
-    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let rest = &bytes[sent as usize..];
+    // MSG_NOSIGNAL turns a closed peer into EPIPE.
+    let sent = sendmsg(stream, &[IoSlice::new(&bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    let rest = &bytes[sent..];
     if !rest.is_empty() {
-        // SAFETY: writes the unsent tail from a live buffer.
-        let n = unsafe { libc::send(stream.as_raw_fd(), rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
-        if n < 0 || n as usize != rest.len() {
+        let n = rustix::net::send(stream, rest, SendFlags::NOSIGNAL)?;
+        if n != rest.len() {
             return Err(std::io::Error::other("short send"));
         }
     }
@@ -402,7 +415,7 @@ impl Session {
         let mut stream = device.connect();
         send(&stream, SET_OWNER, 0, &[], &[]);
         let features = get_u64(&mut stream, GET_FEATURES);
-        let wanted = VIRTIO_F_VERSION_1 | VIRTIO_F_ACCESS_PLATFORM | F_PROTOCOL_FEATURES;
+        let wanted = VERSION_1 | ACCESS_PLATFORM | F_PROTOCOL_FEATURES;
         assert_eq!(features & wanted, wanted);
         send(&stream, SET_FEATURES, 0, &wanted.to_ne_bytes(), &[]);
         let protocol = get_u64(&mut stream, GET_PROTOCOL_FEATURES);

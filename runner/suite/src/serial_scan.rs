@@ -98,6 +98,11 @@ pub fn scan_serial(text: &str) -> SerialFindings {
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         if let Some(parsed) = parse_result_line(line) {
+            // The kernel's printk can cut into the guest's result line: a panic inside a result that does not parse
+            // is still a panic (found by fuzzing, fuzz/regressions/serial_console).
+            if parsed.is_err() {
+                found.panics.extend(parse_linux_panic(line));
+            }
             found.results.push(ResultLine { line: i + 1, parsed });
         } else if let Some(mut bugcheck) = parse_bugcheck(line) {
             let next = lines.iter().skip(i + 1).map(|l| strip_printk_prefix(l).trim()).find(|l| !l.is_empty());
@@ -132,6 +137,18 @@ mod tests {
         assert!(parse_result_line("[ 1.0] VHCA-RESULT {\"ok\":fal").unwrap().is_err());
         assert!(parse_result_line("VHCA-RESULT [1,2]").unwrap().is_err());
         assert_eq!(parse_result_line("nothing to see"), None);
+    }
+
+    #[test]
+    fn a_panic_cutting_into_the_result_line_is_still_a_panic() {
+        let cut = "VHCA-RESULT {\"scenario\":\"verbs\",\"okKernel panic - not syncing: Fatal exception\n";
+        let found = scan_serial(cut);
+        assert_eq!(found.results.len(), 1);
+        assert!(found.results[0].parsed.is_err());
+        assert_eq!(found.panics.len(), 1);
+        assert_eq!(found.panics[0].kind, PanicKind::KernelPanic);
+        let quoted = "VHCA-RESULT {\"ok\":false,\"error\":\"Kernel panic - not syncing in the log\"}\n";
+        assert!(scan_serial(quoted).panics.is_empty(), "a result that parses is only a result");
     }
 
     #[test]

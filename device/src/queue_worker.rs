@@ -1,4 +1,4 @@
-//! Vring state and the queue worker: one thread that waits on the kick eventfds, pops descriptor chains through the
+//! The queue worker: one thread that waits on the kick eventfds, pops descriptor chains through the
 //! IOMMU-translated memory and hands their bytes to the HCA. A chain whose rings or buffers miss in the IOTLB is
 //! parked (put back, untouched) until QEMU answers the miss, or refused as an IOMMU fault when it never does.
 
@@ -13,7 +13,7 @@ use vhca_proto::{
     FaultCause, EVENT_SIZE, MAX_REQUEST_SIZE, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_RESERVED,
 };
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -24,72 +24,9 @@ use crate::iommu::{FaultKind, TranslationFault};
 use crate::iommu_dma::{fault_event, QueueDma};
 use crate::memory::GuestMem;
 use crate::shared::{lock, Shared};
-
-/// Largest queue QEMU may set up; the carrier uses 64.
-pub const MAX_QUEUE_SIZE: u16 = 1024;
-
-/// A chain put back because part of it missed in the IOTLB; retried on the next IOTLB update.
-#[derive(Debug, Clone, Copy)]
-pub struct Parked {
-    pub iova: u64,
-    pub access: Permissions,
-    pub since: Instant,
-}
-
-pub struct VringState {
-    pub queue: Queue,
-    pub kick: Option<EventFd>,
-    pub call: Option<EventFd>,
-    pub err: Option<EventFd>,
-    pub enabled: bool,
-    /// Between SET_VRING_KICK and GET_VRING_BASE.
-    pub started: bool,
-    pub parked: Option<Parked>,
-}
-
-impl Default for VringState {
-    fn default() -> Self {
-        VringState::new()
-    }
-}
-
-impl VringState {
-    pub fn new() -> VringState {
-        // MAX_QUEUE_SIZE is a non-zero power of two, the only thing Queue::new checks.
-        let queue = Queue::new(MAX_QUEUE_SIZE).unwrap_or_else(|_| unreachable!("1024 is a valid queue size"));
-        VringState { queue, kick: None, call: None, err: None, enabled: false, started: false, parked: None }
-    }
-
-    pub fn start(&mut self) {
-        self.started = true;
-        self.queue.set_ready(true);
-    }
-
-    /// GET_VRING_BASE: the ring stops; its addresses and size stay until the front-end changes them.
-    pub fn stop(&mut self) {
-        self.started = false;
-        self.queue.set_ready(false);
-        self.kick = None;
-        self.parked = None;
-    }
-
-    pub fn reset(&mut self) {
-        *self = VringState::new();
-    }
-
-    fn runnable(&self) -> bool {
-        self.started && self.enabled && self.queue.ready()
-    }
-}
+use crate::vring::{Parked, VringState};
 
 const WAKE_TOKEN: u64 = u64::MAX;
-
-/// Whether the worker's epoll can watch `kick`: a regular file or a character device (a memfd, /dev/null) cannot
-/// be polled, so a kick fd must be checked before it is taken.
-pub fn check_pollable(kick: &EventFd) -> io::Result<()> {
-    let epoll = Epoll::new()?;
-    epoll.ctl(ControlOperation::Add, std::os::fd::AsRawFd::as_raw_fd(kick), EpollEvent::new(EventSet::IN, 0))
-}
 
 /// What became of one popped chain.
 enum Outcome {
@@ -128,12 +65,26 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn spawn(shared: Arc<Shared>, hca: Hca) -> io::Result<JoinHandle<()>> {
+    pub fn new(shared: Arc<Shared>, hca: Hca) -> io::Result<Worker> {
         let epoll = Epoll::new()?;
         let mut worker =
             Worker { shared, hca, epoll, kicks: Vec::new(), pending_event: None, desc_log: Vec::new(), head: 0 };
         worker.rebuild_epoll()?;
+        Ok(worker)
+    }
+
+    pub fn spawn(shared: Arc<Shared>, hca: Hca) -> io::Result<JoinHandle<()>> {
+        let worker = Worker::new(shared, hca)?;
         std::thread::Builder::new().name("vhca-queues".into()).spawn(move || worker.run())
+    }
+
+    /// One pass over every queue, as the thread makes after each wake-up. For single-threaded drivers of the
+    /// device (the fuzzer), which interleave it with the connection's requests deterministically.
+    pub fn serve_queues(&mut self) {
+        self.tell_hca_invalidations();
+        for queue in [QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_RESERVED, QUEUE_EVENT] {
+            self.process_queue(queue);
+        }
     }
 
     fn run(mut self) {
@@ -167,10 +118,7 @@ impl Worker {
             if self.shared.stopping() {
                 break;
             }
-            self.tell_hca_invalidations();
-            for queue in [QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_RESERVED, QUEUE_EVENT] {
-                self.process_queue(queue);
-            }
+            self.serve_queues();
         }
         tracing::info!("queue worker stopped");
     }
@@ -630,8 +578,7 @@ fn split_chain(descs: &[Descriptor]) -> Result<(&[Descriptor], &[Descriptor]), S
 #[cfg(test)]
 mod tests {
     use super::*;
-    const VRING_DESC_F_NEXT: u32 = 1;
-    const VRING_DESC_F_WRITE: u32 = 2;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 
     fn desc(flags: u32) -> Descriptor {
         Descriptor::new(0x1000, 16, flags as u16, 0)

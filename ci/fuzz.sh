@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of every target in fuzz/ for SECONDS each (default 1800), one after the other on one core.
+# Usage: ci/fuzz.sh [SECONDS] [TARGET...]. Needs nightly and cargo-fuzz (installed here if missing). Starts from the
+# committed seeds plus whatever corpus earlier runs left in fuzz/corpus/TARGET (not committed), stops a target at
+# its first crash or timeout (input saved in fuzz/artifacts/TARGET/), and prints one line per target: executions,
+# seconds, executions per second, coverage (libFuzzer's edge `cov` and feature `ft` counts) and the outcome.
+# A crash, once fixed, is copied to fuzz/regressions/TARGET/ so the stable test command replays it.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+seconds=${1:-1800}
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+    targets=(vhost_user_connection hca_commands serial_console qmp_events event_log suite_file)
+fi
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
+cargo +nightly fuzz build -O --debug-assertions
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+failed=0
+printf '%-24s %12s %8s %10s %8s %8s  %s\n' target executions seconds execs/s cov ft outcome
+for target in "${targets[@]}"; do
+    mkdir -p "corpus/$target" "artifacts/$target"
+    log="$logs/$target.log"
+    set +e
+    # -timeout: one input taking 10 s is a hang; -rss_limit_mb: a leak fails the run, not the machine.
+    cargo +nightly fuzz run -O --debug-assertions "$target" "corpus/$target" -- \
+        -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1
+    rc=$?
+    set -e
+    execs=$(awk '/stat::number_of_executed_units/ { print $NF }' "$log" | tail -1)
+    took=$(sed -nE 's/^Done [0-9]+ runs in ([0-9]+) second.*/\1/p' "$log" | tail -1)
+    cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | awk '{ print $2 }')
+    ft=$(grep -Eo 'ft: [0-9]+' "$log" | tail -1 | awk '{ print $2 }')
+    took=${took:-$seconds}
+    rate=$(( ${execs:-0} / (took > 0 ? took : 1) ))
+    if [ "$rc" -eq 0 ]; then
+        outcome="0 crashes, 0 timeouts"
+    else
+        outcome="FAILED (exit $rc): $(grep -Eo 'ERROR: libFuzzer: [a-z-]+|deadly signal|panicked at [^ ]+' "$log" | head -1); input in fuzz/artifacts/$target/"
+        failed=1
+        cp "$log" "artifacts/$target/last-run.log"
+    fi
+    printf '%-24s %12s %8s %10s %8s %8s  %s\n' "$target" "${execs:-?}" "$took" "$rate" "${cov:-?}" "${ft:-?}" "$outcome"
+done
+exit "$failed"

@@ -1,0 +1,231 @@
+//! The device's sandbox, so that a bug a guest or QEMU finds cannot be turned against the host: every capability
+//! is dropped once the socket is bound, and once the connection is set up a seccomp filter (rust-vmm's seccompiler)
+//! allows only the system calls serving it needs. A forbidden call is trapped: one line on stderr naming it, and
+//! the device exits with `SANDBOX_EXIT`, which the runner judges as a device failure.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+};
+
+/// Exit status after a forbidden system call.
+pub const SANDBOX_EXIT: i32 = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot drop capabilities: {0}")]
+    Capabilities(#[from] caps::errors::CapsError),
+    #[error("cannot build the seccomp filter: {0}")]
+    Filter(#[from] seccompiler::BackendError),
+    #[error("cannot install the seccomp filter: {0}")]
+    Install(#[from] seccompiler::Error),
+    #[error("cannot install the SIGSYS handler: {0}")]
+    Handler(std::io::Error),
+    #[error("no seccomp support for architecture {0}")]
+    Arch(String),
+}
+
+/// The device needs no privilege at all: clears every capability set and the bounding set, so neither this
+/// process nor anything it could exec regains one.
+pub fn drop_capabilities() -> Result<(), SandboxError> {
+    use caps::CapSet;
+    for cap in caps::all() {
+        // Dropping from the bounding set needs CAP_SETPCAP, which is still in the effective set at this point.
+        if caps::has_cap(None, CapSet::Bounding, cap)? {
+            let _ = caps::drop(None, CapSet::Bounding, cap);
+        }
+    }
+    caps::clear(None, CapSet::Ambient)?;
+    caps::clear(None, CapSet::Inheritable)?;
+    caps::clear(None, CapSet::Effective)?;
+    caps::clear(None, CapSet::Permitted)?;
+    Ok(())
+}
+
+/// What serving an established connection calls: socket I/O with fds (recvmsg), mapping the memfds of
+/// SET_MEM_TABLE, epoll for the kick fds, futexes between the two threads, the event log, and the exit path
+/// (closing, unmapping, removing the socket file). No socket, open, exec, fork, ptrace or kill.
+fn allowed_syscalls() -> Vec<i64> {
+    let mut calls = vec![
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_readv,
+        libc::SYS_writev,
+        libc::SYS_pread64,
+        libc::SYS_pwrite64,
+        libc::SYS_recvmsg,
+        libc::SYS_sendmsg,
+        libc::SYS_recvfrom,
+        libc::SYS_sendto,
+        libc::SYS_shutdown,
+        libc::SYS_close,
+        libc::SYS_fcntl,
+        libc::SYS_dup,
+        libc::SYS_dup3,
+        libc::SYS_fstat,
+        libc::SYS_newfstatat,
+        libc::SYS_statx,
+        libc::SYS_lseek,
+        libc::SYS_fsync,
+        libc::SYS_fdatasync,
+        libc::SYS_mmap,
+        libc::SYS_munmap,
+        libc::SYS_mremap,
+        libc::SYS_mprotect,
+        libc::SYS_madvise,
+        libc::SYS_brk,
+        libc::SYS_epoll_create1,
+        libc::SYS_epoll_ctl,
+        libc::SYS_epoll_pwait,
+        libc::SYS_epoll_pwait2,
+        libc::SYS_ppoll,
+        libc::SYS_futex,
+        libc::SYS_sched_yield,
+        libc::SYS_clock_gettime,
+        libc::SYS_clock_nanosleep,
+        libc::SYS_nanosleep,
+        libc::SYS_getrandom,
+        libc::SYS_gettid,
+        libc::SYS_getpid,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_sigaltstack,
+        libc::SYS_unlinkat,
+        libc::SYS_exit,
+        libc::SYS_exit_group,
+        // The queue worker's first steps, which may run after the filter is on: glibc's per-thread set-up and
+        // its malloc arena sizing.
+        libc::SYS_rseq,
+        libc::SYS_set_robust_list,
+        libc::SYS_sched_getaffinity,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([libc::SYS_epoll_wait, libc::SYS_poll, libc::SYS_unlink, libc::SYS_stat]);
+    calls
+}
+
+fn filter() -> Result<BpfProgram, SandboxError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|_| SandboxError::Arch(std::env::consts::ARCH.to_string()))?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        allowed_syscalls().into_iter().map(|call| (call, Vec::new())).collect();
+    // std names the worker thread from inside it (PR_SET_NAME); no other prctl.
+    let set_name = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::PR_SET_NAME as u64)?;
+    rules.insert(libc::SYS_prctl, vec![SeccompRule::new(vec![set_name])?]);
+    Ok(SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, arch)?.try_into()?)
+}
+
+/// The socket file the SIGSYS handler removes before exiting, as a C string made before any trap can happen.
+static SOCKET_PATH: OnceLock<CString> = OnceLock::new();
+
+/// Installs the SIGSYS handler, then the filter on every thread of the process (the queue worker included).
+/// `socket_path` is removed if a violation ends the device, as on every other exit.
+pub fn install_filter(socket_path: &Path) -> Result<(), SandboxError> {
+    let program = filter()?;
+    if let Ok(path) = CString::new(socket_path.as_os_str().as_bytes()) {
+        let _ = SOCKET_PATH.set(path);
+    }
+    // SAFETY: a zeroed sigaction is valid; the handler only makes async-signal-safe calls (write, _exit).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_forbidden_syscall as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO;
+        if libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut()) != 0 {
+            return Err(SandboxError::Handler(std::io::Error::last_os_error()));
+        }
+    }
+    seccompiler::apply_filter_all_threads(&program)?;
+    tracing::info!("sandbox on: {} system calls allowed, capabilities dropped", allowed_syscalls().len());
+    Ok(())
+}
+
+/// The SIGSYS a trapped call raises: names the call on stderr, removes the socket file and exits. Only write,
+/// unlink and exit_group run here, all allowed by the filter; the number is formatted by hand because allocating
+/// is not async-signal-safe.
+extern "C" fn on_forbidden_syscall(_signal: libc::c_int, info: *mut libc::siginfo_t, _context: *mut libc::c_void) {
+    // For SIGSYS the kernel fills `_sigsys { void *_call_addr; int _syscall; unsigned _arch; }` right after the
+    // three ints of the header (padded to 16 bytes on 64-bit); the libc crate has no accessor for it.
+    const SYSCALL_OFFSET: usize = 16 + std::mem::size_of::<*const libc::c_void>();
+    let number = if info.is_null() {
+        -1
+    } else {
+        // SAFETY: the kernel passed a full siginfo_t for this SIGSYS; the offset is inside it and int-aligned.
+        unsafe { info.cast::<u8>().add(SYSCALL_OFFSET).cast::<libc::c_int>().read() }
+    };
+    let mut line = [0u8; 160];
+    let mut len = 0;
+    let mut put = |bytes: &[u8]| {
+        let n = bytes.len().min(line.len() - len);
+        line[len..len + n].copy_from_slice(&bytes[..n]);
+        len += n;
+    };
+    put(b"vhca-device: sandbox: forbidden system call ");
+    let mut digits = [0u8; 12];
+    let mut at = digits.len();
+    let mut value = number.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    if number < 0 {
+        put(b"-");
+    }
+    put(&digits[at..]);
+    put(b" (seccomp); exiting. Run with --no-sandbox to debug.\n");
+    // SAFETY: write(2), unlink(2) and _exit(2) are async-signal-safe; the buffer and the path outlive the calls.
+    unsafe {
+        libc::write(libc::STDERR_FILENO, line.as_ptr().cast(), len);
+        if let Some(path) = SOCKET_PATH.get() {
+            libc::unlink(path.as_ptr());
+        }
+        libc::_exit(SANDBOX_EXIT);
+    }
+}
+
+/// For the test that shows what a violation looks like: a call the filter forbids (a new network socket).
+pub fn forbidden_syscall() {
+    // SAFETY: socket(2) has no memory-safety preconditions; under the filter it never returns.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+    if fd >= 0 {
+        // SAFETY: closes the fd just created, owned by nobody else.
+        unsafe { libc::close(fd) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_compiles_for_this_architecture() {
+        let program = filter().unwrap();
+        assert!(program.len() > allowed_syscalls().len(), "one check per allowed call at least");
+    }
+
+    #[test]
+    fn no_call_that_would_let_a_compromised_device_out() {
+        let allowed = allowed_syscalls();
+        for call in [
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_openat,
+            libc::SYS_execve,
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_ptrace,
+            libc::SYS_kill,
+            libc::SYS_process_vm_writev,
+        ] {
+            assert!(!allowed.contains(&call), "system call {call} is allowed");
+        }
+    }
+}

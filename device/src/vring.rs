@@ -1,0 +1,74 @@
+//! The vring state a front-end sets (sizes, addresses, kick/call/err fds, enable and started) and the chain parked
+//! on an IOTLB miss. The connection writes it; the queue worker reads it. Neither knows of the other.
+
+use std::io;
+use std::time::Instant;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::Permissions;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Largest queue QEMU may set up; the carrier uses 64.
+pub const MAX_QUEUE_SIZE: u16 = 1024;
+
+/// A chain put back because part of it missed in the IOTLB; retried on the next IOTLB update.
+#[derive(Debug, Clone, Copy)]
+pub struct Parked {
+    pub iova: u64,
+    pub access: Permissions,
+    pub since: Instant,
+}
+
+pub struct VringState {
+    pub queue: Queue,
+    pub kick: Option<EventFd>,
+    pub call: Option<EventFd>,
+    pub err: Option<EventFd>,
+    pub enabled: bool,
+    /// Between SET_VRING_KICK and GET_VRING_BASE.
+    pub started: bool,
+    pub parked: Option<Parked>,
+}
+
+impl Default for VringState {
+    fn default() -> Self {
+        VringState::new()
+    }
+}
+
+impl VringState {
+    pub fn new() -> VringState {
+        // MAX_QUEUE_SIZE is a non-zero power of two, the only thing Queue::new checks.
+        let queue = Queue::new(MAX_QUEUE_SIZE).unwrap_or_else(|_| unreachable!("1024 is a valid queue size"));
+        VringState { queue, kick: None, call: None, err: None, enabled: false, started: false, parked: None }
+    }
+
+    pub fn start(&mut self) {
+        self.started = true;
+        self.queue.set_ready(true);
+    }
+
+    /// GET_VRING_BASE: the ring stops; its addresses and size stay until the front-end changes them.
+    pub fn stop(&mut self) {
+        self.started = false;
+        self.queue.set_ready(false);
+        self.kick = None;
+        self.parked = None;
+    }
+
+    pub fn reset(&mut self) {
+        *self = VringState::new();
+    }
+
+    pub(crate) fn runnable(&self) -> bool {
+        self.started && self.enabled && self.queue.ready()
+    }
+}
+
+/// Whether the worker's epoll can watch `kick`: a regular file or a character device (a memfd, /dev/null) cannot
+/// be polled, so a kick fd must be checked before it is taken.
+pub fn check_pollable(kick: &EventFd) -> io::Result<()> {
+    let epoll = Epoll::new()?;
+    epoll.ctl(ControlOperation::Add, std::os::fd::AsRawFd::as_raw_fd(kick), EpollEvent::new(EventSet::IN, 0))
+}
