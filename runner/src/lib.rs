@@ -17,3 +17,4 @@ pub mod snapshot;
 pub mod suite_run;
 pub mod supervise;
 pub mod ui;
+pub mod warm_guest;
