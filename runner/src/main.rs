@@ -112,6 +112,12 @@ enum Cmd {
         /// Only the concrete runs whose name this regex matches.
         #[arg(long)]
         filter: Option<String>,
+        /// Instead: time one QUERY_DEVICE round trip in the guest against one read from QEMU's virtio-rng.
+        #[arg(long)]
+        roundtrip: bool,
+        /// Samples of each kind for --roundtrip.
+        #[arg(long, default_value_t = 10_000, requires = "roundtrip")]
+        samples: usize,
     },
     /// Print the exact vhca-device and QEMU command lines of one run, cold-boot form (its files under --dir).
     QemuArgs {
@@ -453,7 +459,21 @@ fn real_main(cli: Cli) -> Result<bool> {
             }
             Ok(report.all_passed())
         }
-        Cmd::Bench { file, jobs, filter } => {
+        Cmd::Bench { roundtrip: true, samples, .. } => {
+            let (ctx, _) = session(&cli.bins)?;
+            let (measured, report) = bench::roundtrip(&ctx, samples, &program(), &mut |e| {
+                if let vhca_run::suite_run::SuiteEvent::Finished { report, .. } = e {
+                    eprintln!("[roundtrip] {}", vhca_run::ui::finished_line(&report));
+                }
+            })?;
+            if measured.is_null() {
+                bail!("the guest reported no round trip: {}", render_table(&report));
+            }
+            println!("round trip in the guest, accelerator {}, cold boot", ctx.accel.name());
+            print!("{}", bench::render_roundtrip(&measured));
+            Ok(report.all_passed())
+        }
+        Cmd::Bench { file, jobs, filter, .. } => {
             let (suite, _) = load_suite(file.as_deref())?;
             let runs = match &filter {
                 Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,

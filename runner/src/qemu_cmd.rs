@@ -144,6 +144,9 @@ pub struct QemuConfig {
     pub gdb: Option<GdbStub>,
     /// `-incoming defer`: wait for `migrate-incoming` (restore from a snapshot) instead of booting.
     pub incoming_defer: bool,
+    /// QEMU's own virtio-rng behind the vIOMMU on a second root port: the in-process device the round-trip bench
+    /// measures the HCA against.
+    pub rng: bool,
 }
 
 impl QemuConfig {
@@ -178,6 +181,10 @@ impl QemuConfig {
             // disable-legacy: these are modern-only devices and QEMU 10.0 rejects the property on them.
             device.push_str(",iommu_platform=on,ats=on");
             push(&["-chardev", &chardev, "-device", &device]);
+        }
+        if self.rng {
+            push(&["-device", "pcie-root-port,id=rp2,bus=pcie.0,chassis=2"]);
+            push(&["-device", "virtio-rng-pci,bus=rp2,iommu_platform=on,ats=on,disable-legacy=on"]);
         }
         let cmdline = self.kernel_cmdline();
         a.push("-kernel".into());
@@ -254,6 +261,7 @@ mod tests {
             qmp_socket: "/run/qmp.sock".into(),
             gdb: None,
             incoming_defer: false,
+            rng: false,
         }
     }
 

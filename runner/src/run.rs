@@ -186,6 +186,7 @@ pub fn plan(ctx: &RunContext, run: &ConcreteRun, dir: &Path) -> (DeviceConfig, Q
         qmp_socket: files.qmp(),
         gdb: ctx.gdb,
         incoming_defer: false,
+        rng: run.guest.scenario == crate::bench::ROUNDTRIP_SCENARIO,
     };
     (device, qemu)
 }

@@ -75,6 +75,7 @@ impl SavedMachine {
             qmp_socket: files.qmp_socket.clone(),
             gdb: None,
             incoming_defer: incoming,
+            rng: false,
         }
     }
 
