@@ -122,6 +122,8 @@ impl Dma for FakeIommu {
     /// `read`/`write` so tests see the payload go memory to memory.
     fn copy(&self, src: u64, dst: u64, len: usize) -> Result<(), (CopyEnd, DmaError)> {
         self.bytes_copied.set(self.bytes_copied.get() + len as u64);
+        self.accesses.set(self.accesses.get() + 1);
+        self.largest_access.set(self.largest_access.get().max(len));
         let mut data = vec![0u8; len];
         self.access(src, len, Some(false), |page, off, n, done| {
             data[done..done + n].copy_from_slice(&page.data[off..off + n])
