@@ -291,7 +291,7 @@ mod tests {
         assert!(devices.contains(&"pcie-root-port,id=rp1,bus=pcie.0,chassis=1"));
         assert!(devices.contains(&"vhost-user-snd-pci,chardev=vhca0,bus=rp1,iommu_platform=on,ats=on"));
         let append = values(&args, "-append");
-        assert_eq!(append, ["console=ttyS0 intel_iommu=on panic=-1 quiet vhca.scenario=smoke"]);
+        assert_eq!(append, ["console=ttyS0 intel_iommu=on panic=-1 quiet no_timer_check vhca.scenario=smoke"]);
         assert_eq!(values(&args, "-serial"), ["file:/run/serial.log"]);
         assert_eq!(values(&args, "-qmp"), ["unix:/run/qmp.sock,server=on,wait=off"]);
         assert_eq!(values(&args, "-kernel"), ["/img/vmlinux"]);
