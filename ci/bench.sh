@@ -23,7 +23,9 @@ trap 'rm -rf "$work"' EXIT
 for build in old new; do
   mkdir -p "$work/$build/cache"
   for f in debs kernel kernel-resolve.txt accel-probe.json; do
-    [ -e "${VHCA_CACHE_DIR:-$HOME/.cache/vhca}/$f" ] && cp -r "${VHCA_CACHE_DIR:-$HOME/.cache/vhca}/$f" "$work/$build/cache/"
+    if [ -e "${VHCA_CACHE_DIR:-$HOME/.cache/vhca}/$f" ]; then
+      cp -r "${VHCA_CACHE_DIR:-$HOME/.cache/vhca}/$f" "$work/$build/cache/"
+    fi
   done
 done
 run() { # build jobs out
