@@ -140,6 +140,7 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
         EventLog::create(&cli.event_log)
             .with_context(|| format!("cannot create event log {}", cli.event_log.display()))?,
     );
+    vhca_device::event_log::install_flush_guards(&events).context("event log flush on signals")?;
     events.record(&TransportEvent::Start {
         schema: vhca_hca::EVENT_SCHEMA_VERSION,
         pid: std::process::id(),

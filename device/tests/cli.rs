@@ -147,3 +147,24 @@ fn bad_values_exit_2_naming_flag_and_value() {
     expect_usage_error(&["--max-mr", "lots"], "--max-mr");
     expect_usage_error(&["--miss-timeout-ms", "99999999999"], "--miss-timeout-ms");
 }
+
+/// The event log is buffered, but a device told to stop (SIGTERM) writes every line first: here the `start` and
+/// `connected` lines, which no flush point had written yet (nothing after them within the flush interval).
+#[test]
+fn sigterm_flushes_the_buffered_event_log() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut device = Device::spawn(&[]);
+    let stream = device.connect();
+    // `connected` is logged right after accept; give the device that moment, well inside the 20 ms flush window.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    // SAFETY: kill(2) on the child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(device.child.id() as i32, libc::SIGTERM) }, 0);
+    let status = device.child.wait().unwrap();
+    drop(stream);
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "the signal's default action still ends the device");
+    let text = std::fs::read_to_string(&device.log).unwrap();
+    let events: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"start"), "{kinds:?}");
+    assert!(kinds.contains(&"connected"), "{kinds:?}");
+}

@@ -83,6 +83,7 @@ fn probe_kvm(qemu: &Path, image: &Image) -> Result<(Accel, String), AccelError> 
         qmp_socket: work.path().join("qmp.sock"),
         gdb: None,
         incoming_defer: false,
+        rng: false,
     };
     let start = Instant::now();
     let mut child = Supervised::spawn("qemu (kvm probe)", config.command(), Some(&work.path().join("qemu.log")))?;

@@ -1,5 +1,6 @@
 //! `vhca-run bench`: the same suite from the snapshot and cold, in one session, at each parallelism asked for; wall
-//! time and per-run median of each, and whether both paths gave every run the same verdict.
+//! time and per-run median of each, and whether both paths gave every run the same verdict. `--roundtrip`: the
+//! guest-visible latency of one QUERY_DEVICE against one read from QEMU's in-process virtio-rng (guest `roundtrip`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -118,6 +119,82 @@ pub fn render(ms: &[Measurement]) -> String {
     t
 }
 
+/// The guest scenario that times the round trip; a run of it gets QEMU's virtio-rng next to the HCA.
+pub const ROUNDTRIP_SCENARIO: &str = "roundtrip";
+
+/// The one-run suite of the round-trip bench: verifier off, a pass expected, `samples` of each kind.
+pub fn roundtrip_suite(samples: usize) -> Suite {
+    let text = format!(
+        "name = \"roundtrip\"\n[[run]]\nname = \"{ROUNDTRIP_SCENARIO}\"\nmodes = [\"off\"]\nexpect = \"pass\"\n\
+         guest = {{ scenario = \"{ROUNDTRIP_SCENARIO}\", timeout_s = 600, silence_s = 600, \
+         extra = {{ samples = \"{samples}\" }} }}\n"
+    );
+    // The text is fixed but for a number: a parse error is a bug here, caught by the unit test below.
+    Suite::parse(&text, "<roundtrip bench>").unwrap_or_else(|e| panic!("round-trip suite: {e}"))
+}
+
+/// Runs the round-trip scenario once, booted cold (the snapshot's machine has no virtio-rng), and returns the
+/// guest's `details.roundtrip` with the run's verdict.
+pub fn roundtrip(
+    ctx: &RunContext,
+    samples: usize,
+    program: &str,
+    on: &mut dyn FnMut(SuiteEvent),
+) -> Result<(serde_json::Value, SuiteReport), RunError> {
+    let suite = roundtrip_suite(samples);
+    let runs = suite.expand();
+    let cold = RunContext { snapshot: None, ..ctx.clone() };
+    let root = tempfile::tempdir()?;
+    let opts = SuiteOptions {
+        jobs: 1,
+        artifacts: Some(root.path().to_path_buf()),
+        program: program.to_string(),
+        suite_file: None,
+    };
+    let report = run_suite(&cold, &suite, &runs, &opts, on)?;
+    let observation = report
+        .runs
+        .first()
+        .and_then(|r| r.artifact_dir.as_ref())
+        .and_then(|dir| std::fs::read_to_string(dir.join(crate::artifacts::OBSERVATION)).ok())
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .unwrap_or_default();
+    let measured = observation.pointer("/guest_result/details/roundtrip").cloned().unwrap_or_default();
+    Ok((measured, report))
+}
+
+/// The round trip as a Markdown table, with the ratios of the medians and p99s to the in-process device.
+pub fn render_roundtrip(measured: &serde_json::Value) -> String {
+    let row = |key: &str, what: &str| -> String {
+        let s = &measured[key];
+        format!(
+            "| {what} | {} | {:.1} | {:.1} | {:.1}–{:.1} |\n",
+            s["samples"],
+            s["median_us"].as_f64().unwrap_or(0.0),
+            s["p99_us"].as_f64().unwrap_or(0.0),
+            s["min_us"].as_f64().unwrap_or(0.0),
+            s["max_us"].as_f64().unwrap_or(0.0)
+        )
+    };
+    let mut t = String::from("| what | samples | median (µs) | p99 (µs) | min–max (µs) |\n|---|---|---|---|---|\n");
+    t.push_str(&row("vhca_query_device", "QUERY_DEVICE via vhca (vIOMMU, vhost-user)"));
+    t.push_str(&row("rng_read", "64-byte read, QEMU's virtio-rng (in-process)"));
+    t.push_str(&row("rng_read_spinning", "the same read, spinning on the used ring"));
+    t.push_str(&row("kick", "the kick alone (one notify write)"));
+    let ratio = |q: &str| {
+        let a = measured["vhca_query_device"][q].as_f64().unwrap_or(f64::NAN);
+        let b = measured["rng_read"][q].as_f64().unwrap_or(f64::NAN);
+        a / b
+    };
+    let _ = writeln!(
+        t,
+        "\nvhca / virtio-rng: median {:.2}x, p99 {:.2}x (target: at most 1.0x)",
+        ratio("median_us"),
+        ratio("p99_us")
+    );
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +212,19 @@ mod tests {
             off_path: 0,
             verdicts: verdicts.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
         }
+    }
+
+    #[test]
+    fn the_roundtrip_suite_is_one_run_of_the_roundtrip_scenario_with_its_samples() {
+        let runs = roundtrip_suite(123).expand();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].guest.scenario, ROUNDTRIP_SCENARIO);
+        assert!(runs[0].guest_params().contains(&("vhca.samples".to_string(), "123".to_string())));
+        let m: serde_json::Value = serde_json::json!({
+            "vhca_query_device": {"samples": 3, "median_us": 50.0, "p99_us": 90.0, "min_us": 1.0, "max_us": 99.0},
+            "rng_read": {"samples": 3, "median_us": 100.0, "p99_us": 90.0, "min_us": 1.0, "max_us": 99.0},
+        });
+        assert!(render_roundtrip(&m).contains("median 0.50x, p99 1.00x"), "{}", render_roundtrip(&m));
     }
 
     #[test]

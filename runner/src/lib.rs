@@ -20,3 +20,4 @@ pub mod soak;
 pub mod suite_run;
 pub mod supervise;
 pub mod ui;
+pub mod warm_guest;

@@ -1,4 +1,4 @@
-//! vhca-run's command line: `suite`, `boot`, `qemu-args`, `bench`. Sets up the session (binaries, image, accelerator,
+//! vhca-run's command line: `suite`, `boot`, `qemu-args`, `bench`, `report merge`. Sets up the session (binaries, image, accelerator,
 //! carrier, snapshot), picks the runs, hands the work to the library and the look to `ui`; exit code 0 only when every
 //! run passed.
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use vhca_suite::{render_junit, render_table, ConcreteRun, Suite, SuiteReport};
+use vhca_suite::{render_junit, render_table, ConcreteRun, Shard, Suite, SuiteReport};
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::bench;
@@ -69,6 +69,19 @@ enum Cmd {
         /// Print the concrete runs (after --filter) and exit without running them.
         #[arg(long)]
         list: bool,
+        /// Run only shard I of N (1-based): a deterministic share of the runs, balanced by the durations in
+        /// --durations; `vhca-run report merge` combines the shards' reports (docs/suites.md, "Sharding").
+        #[arg(long, value_name = "I/N")]
+        shard: Option<Shard>,
+        /// A previous JSON report whose run times balance the shards [default: the artifact root's report.json,
+        /// if there is one; else every run counts the same]
+        #[arg(long, requires = "shard")]
+        durations: Option<PathBuf>,
+    },
+    /// Work with reports: `merge` combines shards' reports into one.
+    Report {
+        #[command(subcommand)]
+        action: ReportCmd,
     },
     /// Boot one run interactively: its console on stderr, then its verdict.
     Boot {
@@ -100,6 +113,12 @@ enum Cmd {
         /// Only the concrete runs whose name this regex matches.
         #[arg(long)]
         filter: Option<String>,
+        /// Instead: time one QUERY_DEVICE round trip in the guest against one read from QEMU's virtio-rng.
+        #[arg(long)]
+        roundtrip: bool,
+        /// Samples of each kind for --roundtrip.
+        #[arg(long, default_value_t = 10_000, requires = "roundtrip")]
+        samples: usize,
     },
     /// N back-to-back runs mixing passes, bugchecks, a device fault, a hang and a guest panic; the runner's memory
     /// and fds after each run, one line per run; fails on a wrong verdict, a leak or growth (docs/fuzz.md).
@@ -121,6 +140,20 @@ enum Cmd {
         /// Directory the printed command lines put their sockets and logs in.
         #[arg(long, default_value = "/tmp/vhca-run")]
         dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReportCmd {
+    /// Combine the shards' report.json and junit.xml (each SHARD_DIR is a `suite --shard` artifact root) into one
+    /// report.json and junit.xml in --out; exit status 0 only if every run of every shard passed.
+    Merge {
+        /// Where the merged report.json and junit.xml go.
+        #[arg(long)]
+        out: PathBuf,
+        /// The shards' artifact roots.
+        #[arg(required = true)]
+        shard_dirs: Vec<PathBuf>,
     },
 }
 
@@ -372,7 +405,7 @@ fn real_main(cli: Cli) -> Result<bool> {
         eprintln!("vhca-run: removed {}, left by a runner that was killed", dir.display());
     }
     match cli.command {
-        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list } => {
+        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list, shard, durations } => {
             let (suite, suite_file) = load_suite(file.as_deref())?;
             let runs = match &filter {
                 Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
@@ -381,6 +414,11 @@ fn real_main(cli: Cli) -> Result<bool> {
             if runs.is_empty() {
                 bail!("no run of suite {:?} matches --filter {:?}", suite.name, filter.unwrap_or_default());
             }
+            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join(&suite.name));
+            let runs = match shard {
+                Some(shard) => take_shard(&runs, shard, durations.as_deref(), &root)?,
+                None => runs,
+            };
             if list {
                 for r in &runs {
                     println!("{}  expect {}", r.name, r.expected);
@@ -390,7 +428,6 @@ fn real_main(cli: Cli) -> Result<bool> {
             let (mut ctx, _) = session(&cli.bins)?;
             attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join(&suite.name));
             let opts = SuiteOptions { jobs, artifacts: Some(root.clone()), program: program(), suite_file };
             eprintln!("vhca-run: suite {} ({}): {} runs, {} at a time", suite.name, suite.source, runs.len(), jobs);
             let mut ui = SuiteUi::new(runs.len(), false);
@@ -440,7 +477,21 @@ fn real_main(cli: Cli) -> Result<bool> {
             }
             Ok(report.all_passed())
         }
-        Cmd::Bench { file, jobs, filter } => {
+        Cmd::Bench { roundtrip: true, samples, .. } => {
+            let (ctx, _) = session(&cli.bins)?;
+            let (measured, report) = bench::roundtrip(&ctx, samples, &program(), &mut |e| {
+                if let vhca_run::suite_run::SuiteEvent::Finished { report, .. } = e {
+                    eprintln!("[roundtrip] {}", vhca_run::ui::finished_line(&report));
+                }
+            })?;
+            if measured.is_null() {
+                bail!("the guest reported no round trip: {}", render_table(&report));
+            }
+            println!("round trip in the guest, accelerator {}, cold boot", ctx.accel.name());
+            print!("{}", bench::render_roundtrip(&measured));
+            Ok(report.all_passed())
+        }
+        Cmd::Bench { file, jobs, filter, .. } => {
             let (suite, _) = load_suite(file.as_deref())?;
             let runs = match &filter {
                 Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
@@ -515,6 +566,7 @@ fn real_main(cli: Cli) -> Result<bool> {
             );
             Ok(report.passed())
         }
+        Cmd::Report { action: ReportCmd::Merge { out, shard_dirs } } => merge_reports(&out, &shard_dirs),
         Cmd::QemuArgs { pick, dir } => {
             let (run, _) = pick.concrete()?;
             let (ctx, accel) = session(&cli.bins)?;
@@ -531,4 +583,51 @@ fn real_main(cli: Cli) -> Result<bool> {
     }
 }
 
+/// This shard's runs; the balance comes from `durations`, or the artifact root's previous report.json.
+fn take_shard(runs: &[ConcreteRun], shard: Shard, durations: Option<&Path>, root: &Path) -> Result<Vec<ConcreteRun>> {
+    let previous = root.join("report.json");
+    let source = durations.map(Path::to_path_buf).or_else(|| previous.is_file().then_some(previous));
+    let times = match &source {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("--durations {}", path.display()))?;
+            vhca_suite::durations_from_report(&text)
+        }
+        None => Default::default(),
+    };
+    let mine = vhca_suite::shard_runs(runs, shard, &times);
+    eprintln!(
+        "vhca-run: shard {shard}: {} of {} runs, balanced by {}",
+        mine.len(),
+        runs.len(),
+        match &source {
+            Some(p) => format!("the run times in {} ({} known)", p.display(), times.len()),
+            None => "run count (no previous report)".to_string(),
+        }
+    );
+    Ok(mine)
+}
 
+/// `report merge`: one report.json and junit.xml from the shards'; true when every run passed.
+fn merge_reports(out: &Path, shard_dirs: &[PathBuf]) -> Result<bool> {
+    let read = |dir: &PathBuf, name: &str| -> Result<(String, String)> {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok((path.display().to_string(), text))
+    };
+    let json: Vec<(String, String)> = shard_dirs.iter().map(|d| read(d, "report.json")).collect::<Result<_>>()?;
+    let junit: Vec<(String, String)> = shard_dirs.iter().map(|d| read(d, "junit.xml")).collect::<Result<_>>()?;
+    let merged = vhca_suite::merge_json(&json)?;
+    let suite = merged.json["suite"].as_str().unwrap_or("suite").to_string();
+    let (xml, junit_failures) = vhca_suite::merge_junit(&junit, &suite)?;
+    let text = serde_json::to_string_pretty(&merged.json).context("rendering the merged report")?;
+    write_file(&out.join("report.json"), &text)?;
+    write_file(&out.join("junit.xml"), &xml)?;
+    println!(
+        "suite {suite}: {} shards, {} runs, {} failed (JUnit: {junit_failures} failures); merged into {}",
+        shard_dirs.len(),
+        merged.runs,
+        merged.failed,
+        out.display()
+    );
+    Ok(merged.all_passed && junit_failures == 0)
+}

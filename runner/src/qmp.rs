@@ -53,7 +53,7 @@ impl Qmp {
                 Ok(s) => break s,
                 Err(e) if Instant::now() < end => {
                     let _ = e;
-                    std::thread::sleep(Duration::from_millis(20));
+                    std::thread::sleep(Duration::from_millis(5));
                 }
                 Err(source) => return Err(QmpError::Connect { path: path.display().to_string(), source }),
             }

@@ -1,5 +1,6 @@
-//! One run's guest from the snapshot: the fresh QEMU loads the saved state, the HCA is hot-plugged into the empty root
-//! port, the guest continues, and its resident agent gets the run's request on the console.
+//! One run's guest from the snapshot, in two halves: the fresh QEMU loads the saved state (`load`, which needs no
+//! device and may happen ahead of the run), then the HCA is hot-plugged into the empty root port, the guest continues,
+//! and its resident agent gets the run's request on the console (`plug_and_continue`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use serde_json::json;
 use crate::qemu_cmd::VhostUserDevice;
 use crate::qmp::{Qmp, QmpError};
 use crate::serial_capture::ConsolePort;
-use crate::snapshot::{capabilities, Snapshot};
+use crate::snapshot::capabilities;
 use crate::supervise::{interrupted, SuperviseError, Supervised};
 
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,16 +52,25 @@ impl Timings {
     }
 }
 
-/// Drives a QEMU started with `-incoming defer` from the saved state to a guest running `request`. Nothing of the
-/// run has happened when this fails: the guest only continues at the last step but one.
-pub fn restore(
+/// The first half of a restore, which needs no device: the saved state loaded into the paused QEMU. A guest loaded
+/// ahead of its run waits here (see `warm_guest`).
+pub fn load(qmp: &mut Qmp, qemu: &mut Supervised, state: &Path, qemu_log: &Path) -> Result<Timings, RestoreError> {
+    let started = Instant::now();
+    qmp.execute("migrate-set-capabilities", Some(capabilities()), QMP_TIMEOUT)
+        .map_err(failed("migrate-set-capabilities", false))?;
+    let uri = format!("file:{}", state.display());
+    qmp.execute("migrate-incoming", Some(json!({ "uri": uri })), QMP_TIMEOUT)
+        .map_err(failed("migrate-incoming", true))?;
+    wait_loaded(qmp, qemu, qemu_log)?;
+    Ok(Timings { steps: vec![("load", started.elapsed().as_secs_f64())] })
+}
+
+/// The second half: the run's HCA hot-plugged into the empty root port, the guest continued, its request sent.
+pub fn plug_and_continue(
     qmp: &mut Qmp,
     port: &mut ConsolePort,
-    qemu: &mut Supervised,
-    snapshot: &Snapshot,
     hca: &VhostUserDevice,
     request: &str,
-    qemu_log: &Path,
 ) -> Result<Timings, RestoreError> {
     let mut timings = Timings::default();
     let mut at = Instant::now();
@@ -68,13 +78,6 @@ pub fn restore(
         timings.steps.push((step, at.elapsed().as_secs_f64()));
         at = Instant::now();
     };
-    qmp.execute("migrate-set-capabilities", Some(capabilities()), QMP_TIMEOUT)
-        .map_err(failed("migrate-set-capabilities", false))?;
-    let uri = format!("file:{}", snapshot.state.display());
-    qmp.execute("migrate-incoming", Some(json!({ "uri": uri })), QMP_TIMEOUT)
-        .map_err(failed("migrate-incoming", true))?;
-    wait_loaded(qmp, qemu, qemu_log)?;
-    mark(&mut timings, "load");
     qmp.execute("chardev-add", Some(hca.qmp_chardev_add()), QMP_TIMEOUT).map_err(failed("chardev-add", false))?;
     qmp.execute("device_add", Some(hca.qmp_device_add()), QMP_TIMEOUT).map_err(failed("device_add", false))?;
     mark(&mut timings, "hot-plug");

@@ -21,7 +21,8 @@ use crate::qmp::Qmp;
 use crate::restore::{self, RestoreError};
 use crate::serial_capture::{ConsolePort, SerialLog};
 use crate::snapshot::{MachineFiles, SavedMachine, Snapshot, AGENT_WORD};
-use crate::supervise::{tick, SuperviseError, Supervised};
+use crate::supervise::{SuperviseError, Supervised};
+use crate::warm_guest::{self, Loaded, Loading};
 
 const DEVICE_START: Duration = Duration::from_secs(10);
 /// QEMU creates its QMP socket at once; waiting longer only delays noticing a QEMU that died at start-up.
@@ -30,11 +31,16 @@ const QMP_CONNECT: Duration = Duration::from_secs(5);
 const AFTER_RESULT: Duration = Duration::from_secs(15);
 /// After a bugcheck or panic the guest stops (panic=-1 with -no-reboot ends QEMU); a few more lines may follow.
 const AFTER_CRASH: Duration = Duration::from_secs(3);
+/// QEMU answers `quit` before it exits.
+const QUIT_REPLY: Duration = Duration::from_secs(2);
 /// The device exits when QEMU hangs up; QEMU closes the socket while it is still tearing down.
 const DEVICE_AFTER_QEMU: Duration = Duration::from_secs(5);
 const QEMU_AFTER_DEVICE: Duration = Duration::from_secs(2);
 /// How long the console copy may take to reach the end of a dead QEMU's socket.
 const CONSOLE_TAIL: Duration = Duration::from_millis(500);
+/// How often the wait of a run looks at the console, QMP and both processes: each look is a few reads and two
+/// waitpid calls, and every stage of a run's end waits for the next look.
+const WATCH_POLL: Duration = Duration::from_millis(2);
 
 /// Set to make the runner panic mid-run, once QEMU runs: the test of "a runner panic leaves nothing behind".
 pub const TEST_PANIC_ENV: &str = "VHCA_RUN_TEST_PANIC";
@@ -180,6 +186,7 @@ pub fn plan(ctx: &RunContext, run: &ConcreteRun, dir: &Path) -> (DeviceConfig, Q
         qmp_socket: files.qmp(),
         gdb: ctx.gdb,
         incoming_defer: false,
+        rng: run.guest.scenario == crate::bench::ROUNDTRIP_SCENARIO,
     };
     (device, qemu)
 }
@@ -278,8 +285,19 @@ fn attempt(
     snapshot: Option<&Arc<Snapshot>>,
     on: &mut dyn FnMut(Progress),
 ) -> Result<Attempt, RunError> {
-    let temp = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
-    let _claim = crate::leftovers::claim(temp.path())?;
+    // From the snapshot, the run takes its worker's guest loaded ahead (or starts one now); its work dir is the run's.
+    // Either way the dir is claimed (leftovers.rs) for as long as the run uses it.
+    let (temp, _claim, loading) = match snapshot {
+        Some(s) => {
+            let warm = warm_guest::take(s)?;
+            (warm.work, warm.claim, Some(warm.loading))
+        }
+        None => {
+            let temp = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
+            let claim = crate::leftovers::claim(temp.path())?;
+            (temp, claim, None)
+        }
+    };
     let files = RunFiles { dir: temp.path().to_path_buf() };
     let (device_cfg, cold_cfg) = plan(ctx, run, &files.dir);
     let qemu_cfg = match snapshot {
@@ -309,18 +327,25 @@ fn attempt(
     let device_started = Instant::now();
     match device::launch(&device_cfg, &files.device_log(), DEVICE_START) {
         Ok(device) => {
-            let how = if snapshot.is_some() { "restoring the snapshot" } else { "booting" };
-            stage(on, format!("starting QEMU ({}, {how})", ctx.accel.name()));
-            let mut qemu = Supervised::spawn("qemu", qemu_cfg.command(), Some(&files.qemu_log()))?;
-            let (mut qmp, mut port) = (None, None);
-            if let Some(s) = snapshot {
-                // Any failure here drops both guards (device and QEMU killed and reaped) with the work dir.
-                match connect_and_restore(&files, &mut qemu, s, &hca, &request) {
-                    Ok((q, p)) => (qmp, port) = (Some(q), Some(p)),
-                    Err(RestoreError::Process(e)) => return Err(e.into()),
-                    Err(why) => return Ok(Attempt::Fallback(why)),
+            let (qemu, qmp, port) = match (snapshot, loading) {
+                (Some(s), Some(loading)) => {
+                    stage(on, format!("continuing the restored guest ({})", ctx.accel.name()));
+                    // Any failure here drops both guards (device and QEMU killed and reaped) with the work dir.
+                    match continue_restored(&files, loading, s, &hca, &request, device_started) {
+                        Ok(Loaded { qemu, qmp, port, .. }) => {
+                            // The next run's guest loads while this one runs.
+                            warm_guest::load_next(s);
+                            (qemu, Some(qmp), Some(port))
+                        }
+                        Err(RestoreError::Process(e)) => return Err(e.into()),
+                        Err(why) => return Ok(Attempt::Fallback(why)),
+                    }
                 }
-            }
+                _ => {
+                    stage(on, format!("starting QEMU ({}, booting)", ctx.accel.name()));
+                    (Supervised::spawn("qemu", qemu_cfg.command(), Some(&files.qemu_log()))?, None, None)
+                }
+            };
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
             let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on };
             w.run(device, qemu, qmp, port)?;
@@ -342,28 +367,55 @@ fn attempt(
     Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
 }
 
-/// Connects to the restoring QEMU's QMP and console, then restores; the step timings go to the run's files.
-fn connect_and_restore(
+/// Takes the loaded guest, hot-plugs the HCA and continues it with the run's request; the step timings go to the
+/// run's files.
+fn continue_restored(
     files: &RunFiles,
-    qemu: &mut Supervised,
+    loading: Loading,
     snapshot: &Snapshot,
     hca: &VhostUserDevice,
     request: &str,
-) -> Result<(Qmp, ConsolePort), RestoreError> {
-    let started = Instant::now();
-    let setup = |step: &'static str| move |e: String| RestoreError::Failed { step, why: e, snapshot_bad: false };
-    let mut port = ConsolePort::connect(&files.serial_socket(), &files.serial(), QMP_CONNECT)
-        .map_err(|e| setup("console")(e.to_string()))?;
-    let mut qmp = Qmp::connect(&files.qmp(), QMP_CONNECT).map_err(|e| setup("QMP")(e.to_string()))?;
-    let connected = started.elapsed().as_secs_f64();
-    let mut timings = restore::restore(&mut qmp, &mut port, qemu, snapshot, hca, request, &files.qemu_log())?;
-    timings.steps.insert(0, ("QEMU up (QMP and console connected)", connected));
-    let total = started.elapsed().as_secs_f64();
+    device_started: Instant,
+) -> Result<Loaded, RestoreError> {
+    let waiting = Instant::now();
+    let mut loaded = loading.ready()?;
+    let waited = waiting.elapsed().as_secs_f64();
+    let mut timings = loaded.timings.clone();
+    timings.steps.push(("waited for the load (0 when loaded ahead)", waited));
+    timings.steps.extend(restore::plug_and_continue(&mut loaded.qmp, &mut loaded.port, hca, request)?.steps);
     let _ = fs::write(
         files.restore_log(),
-        format!("snapshot {}\n{}total {total:.3} s (from QEMU's start)\n", snapshot.key, timings.render()),
+        format!(
+            "snapshot {}\n{}guest continued {:.3} s after the device started\n",
+            snapshot.key,
+            timings.render(),
+            device_started.elapsed().as_secs_f64()
+        ),
     );
-    Ok((qmp, port))
+    Ok(loaded)
+}
+
+/// One `WATCH_POLL`, failing if an interrupt arrived.
+fn pause() -> Result<(), SuperviseError> {
+    if crate::supervise::interrupted() {
+        return Err(SuperviseError::Interrupted);
+    }
+    std::thread::sleep(WATCH_POLL);
+    Ok(())
+}
+
+/// Waits for a child's exit, looking every `WATCH_POLL`, up to `timeout` (then `Ok(None)`, still running).
+fn wait_exit(child: &mut Supervised, timeout: Duration) -> Result<Option<std::process::ExitStatus>, SuperviseError> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_status()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= end {
+            return Ok(None);
+        }
+        pause()?;
+    }
 }
 
 fn exit_signal(status: &std::process::ExitStatus) -> Option<i32> {
@@ -416,6 +468,7 @@ impl Watch<'_> {
         let silence = Duration::from_secs(u64::from(self.run.guest.silence_s));
         let timeout = Duration::from_secs(u64::from(self.run.guest.timeout_s));
         let test_panic = std::env::var_os(TEST_PANIC_ENV).is_some();
+        let mut quit_sent = false;
 
         let end = loop {
             for line in serial.poll().unwrap_or_default() {
@@ -447,6 +500,14 @@ impl Watch<'_> {
                 break End::DeviceExited;
             }
             if let Some((at, grace)) = settled {
+                if grace == AFTER_RESULT && !quit_sent {
+                    // The result line is the guest's last word (its teardown is done and checked by then): QEMU is
+                    // told to quit instead of waiting for the guest's power-off.
+                    quit_sent = true;
+                    if let Some(q) = qmp.as_mut() {
+                        let _ = q.execute("quit", None, QUIT_REPLY);
+                    }
+                }
                 if at.elapsed() >= grace {
                     break End::GraceOver;
                 }
@@ -458,7 +519,7 @@ impl Watch<'_> {
                     break End::Timeout;
                 }
             }
-            tick()?;
+            pause()?;
         };
         self.watched.silent_for_s = Some(last_output.elapsed().as_secs_f64());
         match end {
@@ -473,7 +534,7 @@ impl Watch<'_> {
             }
             End::DeviceExited => {
                 // The device leaves when QEMU hangs up; QEMU may still be tearing down. Give it a moment.
-                if let Some(status) = qemu.wait_timeout(QEMU_AFTER_DEVICE)? {
+                if let Some(status) = wait_exit(&mut qemu, QEMU_AFTER_DEVICE)? {
                     self.watched.qemu_exit = exit_of(status);
                 } else if self.watched.device_exit == (ProcessExit::Exited { code: 0 }) {
                     self.watched.rig_problems.push("vhca-device exited (status 0) while QEMU still ran".into());
@@ -486,7 +547,7 @@ impl Watch<'_> {
             self.watched.qemu_exit = ProcessExit::KilledByRunner;
         }
         if self.watched.device_exit == ProcessExit::Running {
-            self.watched.device_exit = match device.wait_timeout(DEVICE_AFTER_QEMU)? {
+            self.watched.device_exit = match wait_exit(&mut device, DEVICE_AFTER_QEMU)? {
                 Some(status) => exit_of(status),
                 None => {
                     device.kill();

@@ -12,6 +12,7 @@ use crate::artifacts;
 use crate::finished_runs;
 use crate::run::{execute, Progress, RunContext, RunError, RunRecord};
 use crate::supervise::interrupted;
+use crate::warm_guest;
 
 /// How a suite is run and where its files go.
 #[derive(Debug, Clone)]
@@ -57,7 +58,9 @@ pub fn run_suite(
                     return;
                 }
                 let index = next.fetch_add(1, Ordering::SeqCst);
-                let Some(run) = runs.get(index) else { return };
+                let Some(run) = runs.get(index) else { return warm_guest::discard() };
+                // A guest is loaded ahead for this worker's next run only while runs are left to take.
+                warm_guest::expect_more_runs(index + 1 < runs.len());
                 let _ = tx.send(SuiteEvent::Started { index, name: run.name.clone() });
                 let mut progress = |p: Progress| {
                     let _ = tx.send(SuiteEvent::Progress(p));

@@ -10,9 +10,25 @@ pub struct DmaError {
     pub cause: FaultCause,
 }
 
+/// Which end of a device-to-device copy the platform refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyEnd {
+    Source,
+    Destination,
+}
+
 /// Guest memory as the device sees it, through the platform IOMMU. Implementations translate and check every byte
 /// range; the HCA never sees host addresses.
 pub trait Dma {
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError>;
     fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError>;
+
+    /// Moves `len` bytes from `src` to `dst`, both device addresses, the source checked for reading and the
+    /// destination for writing. An implementation that reaches both ends at once copies translated range to
+    /// translated range, once; this default bounces through a buffer (two copies) for those that cannot.
+    fn copy(&self, src: u64, dst: u64, len: usize) -> Result<(), (CopyEnd, DmaError)> {
+        let mut buf = vec![0u8; len];
+        self.read(src, &mut buf).map_err(|e| (CopyEnd::Source, e))?;
+        self.write(dst, &buf).map_err(|e| (CopyEnd::Destination, e))
+    }
 }

@@ -1,9 +1,10 @@
-//! The DMA engine: moves bytes between the HCA and guest memory through map registers, one page translation per
-//! register, checking each (freed, stale) before handing the IOVA to `Dma`, and logging every DMA and every refusal.
+//! The DMA engine: moves bytes between the HCA and guest memory, or from guest memory to guest memory in one copy,
+//! through map registers, one page translation per register, checking each (freed, stale) before handing the IOVA to
+//! `Dma`, and logging every DMA and every refusal.
 
 use vhca_proto::{EventKind, FaultCause, PAGE_SIZE};
 
-use crate::dma_access::Dma;
+use crate::dma_access::{CopyEnd, Dma, DmaError};
 use crate::event_records::HcaEvent;
 use crate::fault_injection::{ContiguousPolicy, Injector};
 use crate::map_registers::{MapRegisterPool, RegisterRef};
@@ -92,18 +93,78 @@ impl DmaEngine {
         ctx: &DmaContext,
         out: &mut Notifier,
     ) -> Result<(), DmaFault> {
+        let (n, first_iova) = self.begin(registers, offset, out);
+        let len = data.len() as u64;
+        let result = self.move_bytes(dma, registers, offset, &mut data);
+        Self::finish(n, data.dir(), first_iova, len, ctx, &result, out);
+        result
+    }
+
+    /// Copies `len` bytes from one span of registers to another in one pass: both spans' registers are translated
+    /// and checked (freed, stale, outside) before any byte moves, then each IOVA-contiguous piece common to both goes
+    /// to `Dma::copy`, which checks the IOMMU for each end. Logged as the two DMAs it stands for, a read of the
+    /// source then a write of the destination; a refused source ends the copy before the write is counted.
+    pub fn copy(
+        &mut self,
+        dma: &dyn Dma,
+        src: &DmaSpan<'_>,
+        dst: &DmaSpan<'_>,
+        len: usize,
+        out: &mut Notifier,
+    ) -> Result<(), (CopyEnd, DmaFault)> {
+        let total = len as u64;
+        let (n_read, src_iova) = self.begin(src.registers, src.offset, out);
+        let src_runs = match self.runs(src.registers, src.offset, len) {
+            Ok(runs) => runs,
+            Err(fault) => {
+                Self::finish(n_read, "read", src_iova, total, &src.ctx, &Err(fault), out);
+                return Err((CopyEnd::Source, fault));
+            }
+        };
+        let (n_write, dst_iova) = self.begin(dst.registers, dst.offset, out);
+        let moved = match self.runs(dst.registers, dst.offset, len) {
+            Ok(dst_runs) => copy_runs(dma, &src_runs, &dst_runs),
+            Err(fault) => Err((CopyEnd::Destination, fault)),
+        };
+        let read_result = match moved {
+            Err((CopyEnd::Source, fault)) => Err(fault),
+            _ => Ok(()),
+        };
+        Self::finish(n_read, "read", src_iova, total, &src.ctx, &read_result, out);
+        if read_result.is_ok() {
+            let write_result = match moved {
+                Err((CopyEnd::Destination, fault)) => Err(fault),
+                _ => Ok(()),
+            };
+            Self::finish(n_write, "write", dst_iova, total, &dst.ctx, &write_result, out);
+        }
+        moved
+    }
+
+    /// Counts the DMA (and injects the invalidation set for it); returns its ordinal and the IOVA it starts at.
+    fn begin(&mut self, registers: &[RegisterRef], offset: u64, out: &mut Notifier) -> (u64, Option<u64>) {
         let (n, invalidate) = self.injector.dma();
         let first_iova = self.peek_iova(registers, offset);
         if invalidate {
             self.inject_invalidation(n, first_iova, out);
         }
-        let len = data.len() as u64;
-        let result = self.move_bytes(dma, registers, offset, &mut data);
-        let iova = first_iova.unwrap_or(0);
+        (n, first_iova)
+    }
+
+    /// Logs one DMA, and its refusal as a fault event and an async event for the driver.
+    fn finish(
+        n: u64,
+        dir: &'static str,
+        first_iova: Option<u64>,
+        len: u64,
+        ctx: &DmaContext,
+        result: &Result<(), DmaFault>,
+        out: &mut Notifier,
+    ) {
         out.emit(HcaEvent::Dma {
             n,
-            dir: data.dir(),
-            iova,
+            dir,
+            iova: first_iova.unwrap_or(0),
             len,
             purpose: ctx.purpose,
             qpn: ctx.qpn,
@@ -113,7 +174,7 @@ impl DmaEngine {
         if let Err(fault) = result {
             out.emit(HcaEvent::Fault {
                 cause: fault.cause.name(),
-                dir: data.dir(),
+                dir,
                 purpose: ctx.purpose,
                 iova: fault.iova,
                 addr: None,
@@ -127,7 +188,6 @@ impl DmaEngine {
             let detail = fault.register.unwrap_or(u32::MAX);
             out.push_async(EventKind::DmaFault, ctx.async_handle, fault.cause, detail, fault.iova.unwrap_or(0));
         }
-        result
     }
 
     /// The IOVA the transfer starts at, without side effects, for logs and for the injected invalidation.
@@ -146,7 +206,8 @@ impl DmaEngine {
         out.emit(HcaEvent::TranslationsStale { iova, size, registers, injected: true });
     }
 
-    /// Moves the bytes in bursts of IOVA-contiguous pages (capped under the split policy), one `Dma` call each.
+    /// Moves the bytes run by run (see `runs`), one `Dma` call each. Every register is translated before the first
+    /// byte moves, so a refused register leaves guest memory untouched.
     fn move_bytes(
         &mut self,
         dma: &dyn Dma,
@@ -154,41 +215,51 @@ impl DmaEngine {
         offset: u64,
         data: &mut Transfer<'_>,
     ) -> Result<(), DmaFault> {
-        let total = data.len();
+        let mut done = 0usize;
+        for run in self.runs(registers, offset, data.len())? {
+            let range = done..done + run.len;
+            let moved = match data {
+                Transfer::Read(buf) => dma.read(run.iova, &mut buf[range]),
+                Transfer::Write(buf) => dma.write(run.iova, &buf[range]),
+            };
+            moved.map_err(platform_fault)?;
+            done += run.len;
+        }
+        Ok(())
+    }
+
+    /// The IOVA runs `len` bytes from `offset` cover: bytes up to the end of the first page, then whole pages while
+    /// their IOVAs stay contiguous (capped under the split policy). Translates every register on the way.
+    fn runs(&mut self, registers: &[RegisterRef], offset: u64, len: usize) -> Result<Vec<Run>, DmaFault> {
+        let total = len as u64;
         let burst_cap = match (self.injector.config.contiguous_policy, self.injector.config.max_contiguous_pages) {
             (ContiguousPolicy::Split, Some(cap)) => u64::from(cap.max(1)),
             _ => u64::MAX,
         };
-        let mut done = 0usize;
+        let mut runs = Vec::new();
+        let mut done = 0u64;
         while done < total {
-            let pos = offset.checked_add(done as u64).ok_or(outside(None))?;
+            let pos = offset.checked_add(done).ok_or(outside(None))?;
             let mut page = pos / PAGE_SIZE;
             let iova = self.translate(registers, page)?.checked_add(pos % PAGE_SIZE).ok_or(outside(None))?;
-            // Bytes up to the end of this page, then whole pages while the IOVAs stay contiguous.
-            let mut burst = (PAGE_SIZE - pos % PAGE_SIZE).min((total - done) as u64);
+            let mut burst = (PAGE_SIZE - pos % PAGE_SIZE).min(total - done);
             let mut pages = 1u64;
-            while (done as u64) + burst < total as u64 && pages < burst_cap {
+            while done + burst < total && pages < burst_cap {
                 // Guest-chosen page IOVAs may sit at the top of the address space: no wrapping into a "contiguous" 0.
                 let Some(next_page_iova) = (iova - pos % PAGE_SIZE).checked_add(pages * PAGE_SIZE) else { break };
                 page += 1;
                 match self.translate(registers, page) {
                     Ok(next) if next == next_page_iova => {}
-                    // A refused register is reported when the loop gets there with the bytes before it moved.
+                    // A refused register is reported when the loop gets there (the next run starts with it).
                     _ => break,
                 }
-                burst = (burst + PAGE_SIZE).min((total - done) as u64);
+                burst = (burst + PAGE_SIZE).min(total - done);
                 pages += 1;
             }
-            let burst = burst as usize;
-            let range = done..done + burst;
-            let moved = match data {
-                Transfer::Read(buf) => dma.read(iova, &mut buf[range]),
-                Transfer::Write(buf) => dma.write(iova, &buf[range]),
-            };
-            moved.map_err(|e| DmaFault { cause: e.cause, iova: Some(e.iova), register: None })?;
+            runs.push(Run { iova, len: burst as usize });
             done += burst;
         }
-        Ok(())
+        Ok(runs)
     }
 
     fn translate(&mut self, registers: &[RegisterRef], page: u64) -> Result<u64, DmaFault> {
@@ -199,6 +270,37 @@ impl DmaEngine {
             register: Some(r.index),
         })
     }
+}
+
+/// One IOVA-contiguous piece of a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    iova: u64,
+    len: usize,
+}
+
+/// One end of a copy: the registers of its MR or ring, the byte offset into them, and who the DMA is for.
+pub struct DmaSpan<'a> {
+    pub registers: &'a [RegisterRef],
+    pub offset: u64,
+    pub ctx: DmaContext,
+}
+
+/// Copies along two run lists of the same total length, one `Dma::copy` per piece common to both.
+fn copy_runs(dma: &dyn Dma, src: &[Run], dst: &[Run]) -> Result<(), (CopyEnd, DmaFault)> {
+    let (mut s, mut d) = (src.iter().copied(), dst.iter().copied());
+    let (mut a, mut b) = (s.next(), d.next());
+    while let (Some(x), Some(y)) = (a, b) {
+        let n = x.len.min(y.len);
+        dma.copy(x.iova, y.iova, n).map_err(|(end, e)| (end, platform_fault(e)))?;
+        a = if n == x.len { s.next() } else { Some(Run { iova: x.iova + n as u64, len: x.len - n }) };
+        b = if n == y.len { d.next() } else { Some(Run { iova: y.iova + n as u64, len: y.len - n }) };
+    }
+    Ok(())
+}
+
+fn platform_fault(e: DmaError) -> DmaFault {
+    DmaFault { cause: e.cause, iova: Some(e.iova), register: None }
 }
 
 fn outside(iova: Option<u64>) -> DmaFault {

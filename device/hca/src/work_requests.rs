@@ -10,7 +10,8 @@ use vhca_proto::{
 use zerocopy::FromBytes;
 
 use crate::completions::WorkCompletion;
-use crate::dma_engine::{DmaContext, DmaFault};
+use crate::dma_access::CopyEnd;
+use crate::dma_engine::{DmaContext, DmaFault, DmaSpan};
 use crate::event_records::HcaEvent;
 use crate::mr::{check_access, MrAccess};
 use crate::{Dma, Hca};
@@ -234,63 +235,44 @@ impl Hca {
         Ok(out)
     }
 
-    /// Reads the bytes the SGEs name, in order, from the requester's MRs.
-    fn gather(
-        &mut self,
-        dma: &dyn Dma,
-        wr: Wr,
-        pd: u32,
-        sges: &[Sge],
-        purpose: &'static str,
-    ) -> Result<Vec<u8>, FaultCause> {
-        let pieces = self.check_sges(wr, pd, sges, 0, "read", purpose)?;
-        let total = pieces.iter().map(|p| p.1).sum();
-        let mut data = vec![0u8; total];
-        let mut pos = 0;
-        for (access, len) in pieces {
-            let Some(mr) = self.mrs.get(access.key) else { return Err(FaultCause::FreedMapRegister) };
-            let ctx = wr.ctx(purpose);
-            self.engine
-                .read(dma, &mr.registers, access.offset, &mut data[pos..pos + len], &ctx, &mut self.out)
-                .map_err(|f| f.cause)?;
-            pos += len;
-        }
-        Ok(data)
+    /// The bytes the local SGEs name, in order, as spans of their MRs' registers. MRs are the requester's; the
+    /// checks were made by `check_sges`.
+    fn sge_spans(&self, wr: Wr, pieces: &[(MrAccess, usize)], purpose: &'static str) -> Result<Vec<Piece>, FaultCause> {
+        pieces
+            .iter()
+            .map(|(access, len)| {
+                self.mrs.get(access.key).ok_or(FaultCause::FreedMapRegister)?;
+                Ok(Piece { key: access.key, offset: access.offset, len: *len, ctx: wr.ctx(purpose) })
+            })
+            .collect()
     }
 
-    /// Writes `data` into the SGEs' MRs (which need LOCAL_WRITE), in order; the SGEs must hold all of it.
-    fn scatter(
-        &mut self,
-        dma: &dyn Dma,
-        wr: Wr,
-        pd: u32,
-        sges: &[Sge],
-        data: &[u8],
-        purpose: &'static str,
-    ) -> Result<(), WrError> {
-        let pieces = self
-            .check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", purpose)
-            .map_err(|cause| (local_status(cause), cause))?;
-        let capacity: usize = pieces.iter().map(|p| p.1).sum();
-        if data.len() > capacity {
-            return Err((WcStatus::LocLenErr, FaultCause::None));
-        }
-        let mut pos = 0;
-        for (access, len) in pieces {
-            let len = len.min(data.len() - pos);
-            if len == 0 {
-                break;
+    /// Copies `src` pieces onto `dst` pieces in order, once, until the shorter list ends; returns the bytes moved.
+    /// A refusal says which end it was on.
+    fn copy_pieces(&mut self, dma: &dyn Dma, src: &[Piece], dst: &[Piece]) -> Result<usize, (CopyEnd, FaultCause)> {
+        let (mut si, mut di, mut s_off, mut d_off, mut moved) = (0, 0, 0usize, 0usize, 0usize);
+        while let (Some(a), Some(b)) = (src.get(si), dst.get(di)) {
+            let n = (a.len - s_off).min(b.len - d_off);
+            if n > 0 {
+                let (Some(sm), Some(dm)) = (self.mrs.get(a.key), self.mrs.get(b.key)) else {
+                    let end = if self.mrs.get(a.key).is_none() { CopyEnd::Source } else { CopyEnd::Destination };
+                    return Err((end, FaultCause::FreedMapRegister));
+                };
+                let from = DmaSpan { registers: &sm.registers, offset: a.offset + s_off as u64, ctx: a.ctx };
+                let to = DmaSpan { registers: &dm.registers, offset: b.offset + d_off as u64, ctx: b.ctx };
+                self.engine.copy(dma, &from, &to, n, &mut self.out).map_err(|(end, f)| (end, f.cause))?;
             }
-            let Some(mr) = self.mrs.get(access.key) else {
-                return Err((WcStatus::LocProtErr, FaultCause::FreedMapRegister));
-            };
-            let ctx = wr.ctx(purpose);
-            self.engine
-                .write(dma, &mr.registers, access.offset, &data[pos..pos + len], &ctx, &mut self.out)
-                .map_err(|f| (local_status(f.cause), f.cause))?;
-            pos += len;
+            s_off += n;
+            d_off += n;
+            moved += n;
+            if s_off == a.len {
+                (si, s_off) = (si + 1, 0);
+            }
+            if d_off == b.len {
+                (di, d_off) = (di + 1, 0);
+            }
         }
-        Ok(())
+        Ok(moved)
     }
 
     /// The peer and the place in its MR an RDMA operation targets, after the QP's and the MR's remote rights.
@@ -319,45 +301,48 @@ impl Hca {
         }
     }
 
+    /// RDMA_WRITE: the local SGEs' bytes land in the peer's MR, copied once, source MR to destination MR.
     fn do_rdma_write(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
         let pd = self.pd_of(wr.qpn);
-        let data = self.gather(dma, wr, pd, sges, "rdma_write_local").map_err(|c| (local_status(c), c))?;
-        let (_, target) = self.remote_target(wr, wqe, data.len() as u64, ACCESS_REMOTE_WRITE, "rdma_write_remote")?;
-        if !data.is_empty() {
-            let mr = self.mrs.get(target.key).ok_or((WcStatus::RemAccessErr, FaultCause::FreedMapRegister))?;
-            let ctx = wr.ctx("rdma_write_remote");
-            self.engine
-                .write(dma, &mr.registers, target.offset, &data, &ctx, &mut self.out)
-                .map_err(|f| (WcStatus::RemAccessErr, f.cause))?;
-        }
-        Ok(u32::try_from(data.len()).unwrap_or(u32::MAX))
-    }
-
-    fn do_rdma_read(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
-        let pd = self.pd_of(wr.qpn);
-        // The local side is checked first so no remote byte is read for a request that cannot land.
-        let pieces = self
-            .check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "rdma_read_local")
-            .map_err(|c| (local_status(c), c))?;
+        let local = |c| (local_status(c), c);
+        let pieces = self.check_sges(wr, pd, sges, 0, "read", "rdma_write_local").map_err(local)?;
         let len: usize = pieces.iter().map(|p| p.1).sum();
-        let (_, source) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_READ, "rdma_read_remote")?;
-        let mut data = vec![0u8; len];
-        if len > 0 {
-            let mr = self.mrs.get(source.key).ok_or((WcStatus::RemAccessErr, FaultCause::FreedMapRegister))?;
-            let ctx = wr.ctx("rdma_read_remote");
-            self.engine
-                .read(dma, &mr.registers, source.offset, &mut data, &ctx, &mut self.out)
-                .map_err(|f| (WcStatus::RemAccessErr, f.cause))?;
-        }
-        self.scatter(dma, wr, pd, sges, &data, "rdma_read_local")?;
+        let (_, target) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_WRITE, "rdma_write_remote")?;
+        let src = self.sge_spans(wr, &pieces, "rdma_write_local").map_err(local)?;
+        let dst = [Piece { key: target.key, offset: target.offset, len, ctx: wr.ctx("rdma_write_remote") }];
+        self.copy_pieces(dma, &src, &dst).map_err(|(end, cause)| match end {
+            CopyEnd::Source => local(cause),
+            CopyEnd::Destination => (WcStatus::RemAccessErr, cause),
+        })?;
         Ok(u32::try_from(len).unwrap_or(u32::MAX))
     }
 
-    /// SEND: the payload lands in the buffer of the peer's next RECV. A receiver-side failure completes that RECV
-    /// with its error and moves the peer to ERR; the sender sees REM_ACCESS_ERR.
+    /// RDMA_READ: the peer's MR bytes land in the local SGEs, copied once.
+    fn do_rdma_read(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
+        let pd = self.pd_of(wr.qpn);
+        let local = |c| (local_status(c), c);
+        // The local side is checked first so no remote byte is read for a request that cannot land.
+        let pieces = self.check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "rdma_read_local").map_err(local)?;
+        let len: usize = pieces.iter().map(|p| p.1).sum();
+        let (_, source) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_READ, "rdma_read_remote")?;
+        let src = [Piece { key: source.key, offset: source.offset, len, ctx: wr.ctx("rdma_read_remote") }];
+        let dst = self.sge_spans(wr, &pieces, "rdma_read_local").map_err(local)?;
+        self.copy_pieces(dma, &src, &dst).map_err(|(end, cause)| match end {
+            CopyEnd::Source => (WcStatus::RemAccessErr, cause),
+            CopyEnd::Destination => local(cause),
+        })?;
+        Ok(u32::try_from(len).unwrap_or(u32::MAX))
+    }
+
+    /// SEND: the payload lands in the buffer of the peer's next RECV, copied once from the sender's SGEs. A
+    /// receiver-side failure completes that RECV with its error and moves the peer to ERR; the sender sees
+    /// REM_ACCESS_ERR. A sender-side refusal (its own buffer, found while copying) leaves the RECV posted.
     fn do_send(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
         let pd = self.pd_of(wr.qpn);
-        let data = self.gather(dma, wr, pd, sges, "send_payload").map_err(|c| (local_status(c), c))?;
+        let local = |c| (local_status(c), c);
+        let pieces = self.check_sges(wr, pd, sges, 0, "read", "send_payload").map_err(local)?;
+        let len: usize = pieces.iter().map(|p| p.1).sum();
+        let src = self.sge_spans(wr, &pieces, "send_payload").map_err(local)?;
         let peer = self.peer_of(wr.qpn).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
         let Some((peer_pd, recv_cq, posted)) = self.qps.get(&peer).map(|p| (p.pd, p.recv_cq, p.rq.pending())) else {
             return Err((WcStatus::RnrRetryExcErr, FaultCause::None));
@@ -373,12 +358,22 @@ impl Hca {
             Ok(r) => match usize::try_from(r.num_sge.get()) {
                 Ok(n) if n <= MAX_SGE => {
                     let recv_sges = r.sge;
-                    self.scatter(dma, recv_wr, peer_pd, &recv_sges[..n], &data, "recv_payload")
+                    match self.receive(dma, recv_wr, peer_pd, &recv_sges[..n], &src, len) {
+                        Err(Refused::Sender(cause)) => {
+                            // The message never arrived: the RECV stays posted for the next SEND.
+                            if let Some(qp) = self.qps.get_mut(&peer) {
+                                qp.rq.consumer = qp.rq.consumer.wrapping_sub(1);
+                            }
+                            return Err(local(cause));
+                        }
+                        Err(Refused::Receiver(e)) => Err(e),
+                        Ok(()) => Ok(()),
+                    }
                 }
                 _ => Err((WcStatus::LocQpOpErr, FaultCause::None)),
             },
         };
-        let byte_len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let byte_len = u32::try_from(len).unwrap_or(u32::MAX);
         let (status, cause) = match outcome {
             Ok(()) => (WcStatus::Success, FaultCause::None),
             Err(e) => e,
@@ -403,4 +398,43 @@ impl Hca {
         }
         Ok(byte_len)
     }
+
+    /// Copies a SEND's `len` bytes into the RECV's SGEs (which need LOCAL_WRITE and must hold all of it).
+    fn receive(
+        &mut self,
+        dma: &dyn Dma,
+        recv_wr: Wr,
+        pd: u32,
+        sges: &[Sge],
+        src: &[Piece],
+        len: usize,
+    ) -> Result<(), Refused> {
+        let receiver = |c| Refused::Receiver((local_status(c), c));
+        let pieces =
+            self.check_sges(recv_wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "recv_payload").map_err(receiver)?;
+        let capacity: usize = pieces.iter().map(|p| p.1).sum();
+        if len > capacity {
+            return Err(Refused::Receiver((WcStatus::LocLenErr, FaultCause::None)));
+        }
+        let dst = self.sge_spans(recv_wr, &pieces, "recv_payload").map_err(receiver)?;
+        self.copy_pieces(dma, src, &dst).map(|_| ()).map_err(|(end, cause)| match end {
+            CopyEnd::Source => Refused::Sender(cause),
+            CopyEnd::Destination => receiver(cause),
+        })
+    }
+}
+
+/// One SGE's bytes as a span of its MR.
+#[derive(Clone, Copy)]
+struct Piece {
+    key: u32,
+    offset: u64,
+    len: usize,
+    ctx: DmaContext,
+}
+
+/// Which side of a SEND refused its bytes.
+enum Refused {
+    Sender(FaultCause),
+    Receiver(WrError),
 }

@@ -32,6 +32,32 @@ fn rdma_write_moves_every_byte() {
     assert!(dmas.iter().any(|d| d["purpose"] == "rdma_write_remote" && d["wr_id"] == 0xabc && d["ok"] == true));
 }
 
+/// RDMA_WRITE, RDMA_READ and SEND move their payload memory to memory (`Dma::copy`), once; only WQEs and CQEs go
+/// through `read`/`write`.
+#[test]
+fn payloads_move_once_memory_to_memory() {
+    let mut rig = Rig::with_registers(256);
+    let mut p = pair(&mut rig, ACCESS_ALL);
+    let len = 16 * PAGE_SIZE;
+    let src = rig.reg_mr(p.pd, ACCESS_ALL, len);
+    let dst = rig.reg_mr(p.pd, ACCESS_ALL, len);
+    rig.mem.poke(src.iova, &pattern(len as usize, 3));
+    let before = (rig.mem.bytes_read_or_written.get(), rig.mem.bytes_copied.get());
+    let write = wqe(1, WrOpcode::RdmaWrite, WR_SIGNALED, dst.addr, dst.key, &[sge(&src, 0, len as u32)]);
+    rig.post_send(&mut p.a, &write);
+    let read = wqe(2, WrOpcode::RdmaRead, WR_SIGNALED, src.addr, src.key, &[sge(&dst, 0, len as u32)]);
+    rig.post_send(&mut p.a, &read);
+    rig.post_recv(&mut p.b, 3, &[sge(&dst, 0, len as u32)]);
+    rig.post_send(&mut p.a, &wqe(4, WrOpcode::Send, WR_SIGNALED, 0, 0, &[sge(&src, 0, len as u32)]));
+    let done = rig.poll(&mut p.cq_a);
+    assert_eq!(done.iter().map(|c| c.status).collect::<Vec<_>>(), [WcStatus::Success; 3]);
+    assert_eq!(rig.mem.peek(dst.iova, len as usize), pattern(len as usize, 3));
+    let copied = rig.mem.bytes_copied.get() - before.1;
+    let through_buffers = rig.mem.bytes_read_or_written.get() - before.0;
+    assert_eq!(copied, 3 * len, "each payload copied once");
+    assert!(through_buffers < 1024, "only WQEs and CQEs are read or written: {through_buffers} bytes");
+}
+
 #[test]
 fn rdma_read_moves_every_byte() {
     let mut rig = Rig::with_registers(256);

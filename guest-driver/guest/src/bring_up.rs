@@ -12,7 +12,7 @@ use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
 use crate::virtio_channel::{DoorbellQueue, EventQueue, VirtioChannel};
 use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
 use crate::virtqueue::{RingLayout, SplitQueue};
-use crate::{kmsg, pci, rng, vfio};
+use crate::{kmsg, pci, rng, roundtrip, vfio};
 use anyhow::{bail, ensure, Context};
 use vhca_proto::{
     DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
@@ -32,6 +32,8 @@ const MAX_QUEUES: u16 = 16;
 enum Scenario {
     Smoke,
     Unmapped,
+    /// Time QUERY_DEVICE against QEMU's virtio-rng (`roundtrip`); the runner's `bench --roundtrip`.
+    RoundTrip,
     Driver(&'static scenarios::Scenario),
 }
 
@@ -40,11 +42,12 @@ impl Scenario {
         match name {
             "smoke" => Ok(Scenario::Smoke),
             "unmapped" => Ok(Scenario::Unmapped),
+            "roundtrip" => Ok(Scenario::RoundTrip),
             _ => match scenarios::find(name) {
                 Some(s) => Ok(Scenario::Driver(s)),
                 None => {
                     let known: Vec<&str> = scenarios::SCENARIOS.iter().map(|s| s.name).collect();
-                    bail!("unknown scenario {name:?} (known: smoke, unmapped, {})", known.join(", "))
+                    bail!("unknown scenario {name:?} (known: smoke, unmapped, roundtrip, {})", known.join(", "))
                 }
             },
         }
@@ -138,7 +141,9 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
         (Personality::Vhca, Scenario::Smoke) if options.verifier.enabled() => {
             driver_scenario(&scenarios::SMOKE, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
         }
-        (Personality::Vhca, _) => vhca(scenario, &transport, &mut queues, &mut commands, &mapper, timeout, report),
+        (Personality::Vhca, _) => {
+            vhca(scenario, options, &transport, &mut queues, &mut commands, &mapper, timeout, report)
+        }
         (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name)),
         (Personality::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
     };
@@ -156,15 +161,21 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
         report.kernel_log = kmsg::iommu_lines(32);
     }
     report.iommu_faults = kmsg::count_faults(&report.kernel_log, own);
-    // Closing the device fd makes vfio-pci reset the device once more: measured, as it is part of every run.
-    drop(mapper);
-    drop(transport);
-    drop(session);
+    // Closing the device fd makes vfio-pci reset the device once more, and dropping the mapper unmaps every buffer.
+    // Neither checks anything, and a machine about to power off makes both moot: then they are skipped (the device
+    // was reset and checked above; the event log is complete up to here).
+    if options.poweroff {
+        std::mem::forget((mapper, transport, session));
+    } else {
+        drop(mapper);
+        drop(transport);
+        drop(session);
+    }
     mark(report, "teardown");
     result?;
     reset.context("reset at the end")?;
     match (scenario, personality) {
-        (Scenario::Smoke, _) => {
+        (Scenario::Smoke | Scenario::RoundTrip, _) => {
             ensure!(report.iommu_faults == 0, "{} IOMMU fault line(s) in the kernel log", report.iommu_faults)
         }
         // Both QEMU's own devices and a vhost-user backend's IOTLB miss go through the vIOMMU's translation, which
@@ -178,9 +189,9 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     Ok(())
 }
 
-type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
+pub(crate) type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
 
-fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow::Result<Queue> {
+pub(crate) fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow::Result<Queue> {
     let max = transport.queue_max_size(index)?;
     ensure!(max > 0, "queue {index} has size 0");
     // Split rings need a power of two; take the largest one the device allows, capped at the carrier's size.
@@ -242,8 +253,10 @@ fn driver_scenario(
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 fn vhca(
     scenario: Scenario,
+    options: &Options,
     transport: &VirtioPci,
     queues: &mut [Option<Queue>],
     commands: &mut Option<CommandQueue>,
@@ -279,6 +292,15 @@ fn vhca(
         resp.max_qp.get()
     ));
     report.query_device = Some(QueryDeviceView::new(&resp, response.header.tag.get(), response.used_len));
+    if matches!(scenario, Scenario::RoundTrip) {
+        let samples = options.samples.unwrap_or(roundtrip::DEFAULT_SAMPLES);
+        let measured = roundtrip::measure(commands, samples, timeout)?;
+        progress(format_args!(
+            "round trip: QUERY_DEVICE median {:.1} us, virtio-rng read median {:.1} us ({samples} each)",
+            measured.vhca_query_device.median_us, measured.rng_read.median_us
+        ));
+        report.details.insert("roundtrip".into(), serde_json::to_value(measured)?);
+    }
     Ok(())
 }
 

@@ -59,6 +59,8 @@ pub struct Options {
     pub break_fix: bool,
     /// A test mode instead of a run (`vhca.init=hang|panic|poweroff`): the runner's own tests of hangs and crashes.
     pub init: Option<String>,
+    /// Samples of each kind the `roundtrip` scenario takes (`vhca.samples`); None: its default.
+    pub samples: Option<usize>,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -79,6 +81,7 @@ impl Default for Options {
             disabled_rules: Vec::new(),
             break_fix: false,
             init: None,
+            samples: None,
             warnings: Vec::new(),
         }
     }
@@ -127,6 +130,9 @@ impl Options {
             }
             "verifier" => {
                 self.verifier = VerifierFlags::parse(value).ok_or(format!("not verifier flags: {value:?}"))?
+            }
+            "samples" => {
+                self.samples = Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a count > 0: {value:?}"))?)
             }
             "fragmentation" => {
                 self.fragmentation =

@@ -12,6 +12,7 @@ pub mod nt_backend;
 pub mod pci;
 pub mod report;
 pub mod rng;
+pub mod roundtrip;
 pub mod scenarios;
 pub mod shutdown;
 pub mod test_modes;

@@ -7,7 +7,9 @@ mod iotlb;
 mod junit;
 mod observation;
 mod report;
+mod report_merge;
 mod serial_scan;
+mod shard;
 mod stop_line;
 mod suite;
 mod suite_file;
@@ -23,9 +25,11 @@ pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;
 pub use observation::{GuestPanicked, HyperVCrash, Observation, ProcessExit};
 pub use report::{reproducer, BootPath, RunReport, SuiteReport, Totals};
+pub use report_merge::{merge_json, merge_junit, MergeError, Merged};
 pub use serial_scan::{
     parse_linux_panic, parse_result_line, scan_serial, LinuxPanic, PanicKind, ResultLine, SerialFindings,
 };
+pub use shard::{durations_from_report, shard_runs, Shard, ShardParseError};
 pub use stop_line::{bugcheck_name, parse_bugcheck, Bugcheck};
 pub use suite::{
     ConcreteRun, DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,

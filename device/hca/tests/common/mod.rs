@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use vhca_hca::{Dma, DmaError, EventSink, Hca, HcaConfig, HcaEvent};
+use vhca_hca::{CopyEnd, Dma, DmaError, EventSink, Hca, HcaConfig, HcaEvent};
 use vhca_proto::status::WcStatus;
 use vhca_proto::*;
 use zerocopy::{FromBytes, IntoBytes};
@@ -26,6 +26,9 @@ pub struct FakeIommu {
     /// Largest single access the device made (to see bursts split).
     pub largest_access: Cell<usize>,
     pub accesses: Cell<u64>,
+    /// Bytes the device moved through `read`/`write`, and through `copy` (memory to memory).
+    pub bytes_read_or_written: Cell<u64>,
+    pub bytes_copied: Cell<u64>,
 }
 
 impl FakeIommu {
@@ -94,6 +97,7 @@ impl FakeIommu {
     }
 
     fn note(&self, len: usize) {
+        self.bytes_read_or_written.set(self.bytes_read_or_written.get() + len as u64);
         self.accesses.set(self.accesses.get() + 1);
         self.largest_access.set(self.largest_access.get().max(len));
     }
@@ -112,6 +116,24 @@ impl Dma for FakeIommu {
         self.access(iova, buf.len(), Some(true), |page, off, n, done| {
             page.data[off..off + n].copy_from_slice(&buf[done..done + n]);
         })
+    }
+
+    /// Checks both ends before moving a byte, as the device's real `QueueDma::copy` does; counted apart from
+    /// `read`/`write` so tests see the payload go memory to memory.
+    fn copy(&self, src: u64, dst: u64, len: usize) -> Result<(), (CopyEnd, DmaError)> {
+        self.bytes_copied.set(self.bytes_copied.get() + len as u64);
+        self.accesses.set(self.accesses.get() + 1);
+        self.largest_access.set(self.largest_access.get().max(len));
+        let mut data = vec![0u8; len];
+        self.access(src, len, Some(false), |page, off, n, done| {
+            data[done..done + n].copy_from_slice(&page.data[off..off + n])
+        })
+        .map_err(|e| (CopyEnd::Source, e))?;
+        self.access(dst, len, Some(true), |_, _, _, _| {}).map_err(|e| (CopyEnd::Destination, e))?;
+        self.access(dst, len, Some(true), |page, off, n, done| {
+            page.data[off..off + n].copy_from_slice(&data[done..done + n])
+        })
+        .map_err(|e| (CopyEnd::Destination, e))
     }
 }
 

@@ -1,0 +1,141 @@
+//! The guest-visible round trip of one command (`vhca.scenario=roundtrip`): QUERY_DEVICE on vhca's command queue —
+//! guest → vIOMMU → vhost-user → vhca-device → guest — against one 64-byte read from QEMU's in-process virtio-rng
+//! behind the same vIOMMU, in the same guest and run, `samples` of each, interleaved. Both complete through the same
+//! polling (`SplitQueue::wait_used`); the rng is also timed spinning on the used ring (the polling's own cost) and
+//! the doorbell write alone (the kick: an MMIO write that exits to QEMU). The runner's `bench --roundtrip` prints
+//! what this reports.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use serde::Serialize;
+
+use crate::bring_up::{setup_queue, Queue};
+use crate::cmdline::PciId;
+use crate::command_queue::CommandQueue;
+use crate::pci;
+use crate::rng::ENTROPY_BYTES;
+use crate::vfio::{self, DmaAccess};
+use crate::vfio_dma::{DmaMapper, DmaMemory};
+use crate::virtio_pci::{VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
+use crate::virtqueue::Buffer;
+
+/// QEMU's virtio-rng (modern id); the runner adds it behind its own root port for this scenario.
+pub const RNG: PciId = PciId { vendor: vhca_proto::PCI_VENDOR_VIRTIO, device: 0x1044 };
+/// Samples of each kind unless `vhca.samples` says otherwise.
+pub const DEFAULT_SAMPLES: usize = 10_000;
+
+/// Median, 99th percentile and extremes of one series, in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    pub samples: usize,
+    pub median_us: f64,
+    pub p99_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+}
+
+impl Series {
+    fn of(mut us: Vec<f64>) -> Series {
+        us.sort_by(f64::total_cmp);
+        let at = |q: f64| us.get(((us.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+        Series { samples: us.len(), median_us: at(0.5), p99_us: at(0.99), min_us: at(0.0), max_us: at(1.0) }
+    }
+}
+
+/// What the scenario reports (under `details.roundtrip`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundTrip {
+    /// QUERY_DEVICE through vhca: request written, chain added, kick, device, used ring polled, response checked.
+    pub vhca_query_device: Series,
+    /// One 64-byte read from virtio-rng through the same polling.
+    pub rng_read: Series,
+    /// The same read, spinning on the used ring instead of the sleeping poll.
+    pub rng_read_spinning: Series,
+    /// The kick alone: one doorbell write to virtio-rng's notify register.
+    pub kick: Series,
+}
+
+/// QEMU's virtio-rng opened through VFIO with its request queue, ready for reads.
+struct Rng {
+    _session: vfio::Session,
+    mapper: DmaMapper,
+    _transport: VirtioPci,
+    queue: Queue,
+}
+
+fn open_rng(timeout: Duration) -> anyhow::Result<Rng> {
+    let device = pci::wait_for(&[RNG], Duration::ZERO).context("virtio-rng (the runner adds it for this scenario)")?;
+    device.bind_vfio()?;
+    let session = vfio::Session::open(device.iommu_group()?, &device.address).context("virtio-rng: VFIO setup")?;
+    let mapper = DmaMapper::new(session.container.clone());
+    let transport = VirtioPci::open(&session.device).context("virtio-rng transport")?;
+    transport.reset(timeout)?;
+    transport.add_status(STATUS_ACKNOWLEDGE)?;
+    transport.add_status(STATUS_DRIVER)?;
+    transport.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0)?;
+    let queue = setup_queue(&transport, &mapper, 0)?;
+    transport.driver_ok()?;
+    Ok(Rng { _session: session, mapper, _transport: transport, queue })
+}
+
+/// Measures `samples` of each, interleaved so both devices see the same guest and host load.
+pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -> anyhow::Result<RoundTrip> {
+    let mut rng = open_rng(timeout)?;
+    let buffer = rng.mapper.alloc(ENTROPY_BYTES, DmaAccess::READ_WRITE)?;
+    let chain = [Buffer { iova: buffer.iova(), len: ENTROPY_BYTES as u32, device_writes: true }];
+    let (queue, notifier) = &mut rng.queue;
+    let (mut vhca, mut polled, mut spun, mut kicks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let t = Instant::now();
+        commands.query_device()?;
+        vhca.push(t.elapsed().as_secs_f64() * 1e6);
+
+        let t = Instant::now();
+        let head = queue.add_chain(&chain)?;
+        notifier.notify()?;
+        let used = queue.wait_used(timeout)?;
+        polled.push(t.elapsed().as_secs_f64() * 1e6);
+        ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
+
+        let t = Instant::now();
+        let head = queue.add_chain(&chain)?;
+        let kicked = Instant::now();
+        notifier.notify()?;
+        kicks.push(kicked.elapsed().as_secs_f64() * 1e6);
+        let deadline = t + timeout;
+        let used = loop {
+            if let Some(used) = queue.poll_used()? {
+                break used;
+            }
+            ensure!(Instant::now() < deadline, "virtio-rng did not answer within {timeout:?}");
+            std::hint::spin_loop();
+        };
+        spun.push(t.elapsed().as_secs_f64() * 1e6);
+        ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
+    }
+    let mut bytes = [0u8; ENTROPY_BYTES];
+    buffer.read_bytes(0, &mut bytes)?;
+    ensure!(bytes.iter().any(|b| *b != 0), "virtio-rng completed but its buffer is still all zero");
+    Ok(RoundTrip {
+        vhca_query_device: Series::of(vhca),
+        rng_read: Series::of(polled),
+        rng_read_spinning: Series::of(spun),
+        kick: Series::of(kicks),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_takes_median_and_p99_of_unsorted_samples() {
+        let s = Series::of((1..=100).rev().map(f64::from).collect());
+        assert_eq!((s.samples, s.min_us, s.max_us), (100, 1.0, 100.0));
+        assert_eq!(s.median_us, 51.0);
+        assert_eq!(s.p99_us, 99.0);
+        let empty = Series::of(Vec::new());
+        assert_eq!((empty.samples, empty.median_us), (0, 0.0));
+    }
+}
