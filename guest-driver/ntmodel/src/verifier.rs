@@ -9,12 +9,16 @@ impl VerifierFlags {
     pub const NONE: VerifierFlags = VerifierFlags(0);
     pub const SPECIAL_POOL: VerifierFlags = VerifierFlags(0x1);
     pub const IRQL_CHECKING: VerifierFlags = VerifierFlags(0x2);
+    /// Low Resources Simulation ("Randomized low resources simulation" from Windows 8.1): bit 2.
+    pub const LOW_RESOURCES: VerifierFlags = VerifierFlags(0x4);
     pub const POOL_TRACKING: VerifierFlags = VerifierFlags(0x8);
     pub const IO_VERIFICATION: VerifierFlags = VerifierFlags(0x10);
     pub const DEADLOCK_DETECTION: VerifierFlags = VerifierFlags(0x20);
     pub const DMA_CHECKING: VerifierFlags = VerifierFlags(0x80);
     pub const SECURITY_CHECKS: VerifierFlags = VerifierFlags(0x100);
     pub const MISC_CHECKS: VerifierFlags = VerifierFlags(0x800);
+    /// Systematic Low Resource Simulation: bit 18 (Windows 10 and earlier spell it `/flags 0x40000`).
+    pub const SYSTEMATIC_LOW_RESOURCES: VerifierFlags = VerifierFlags(0x40000);
     /// `verifier /standard`: 0x209BB (special pool, IRQL, pool tracking, I/O, deadlock, DMA, security, misc, ...).
     pub const STANDARD: VerifierFlags = VerifierFlags(0x209BB);
 
