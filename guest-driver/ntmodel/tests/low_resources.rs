@@ -349,3 +349,24 @@ fn a_path_that_ignores_an_allocation_failure_is_caught_at_its_point() {
     assert_eq!(sites.len(), 1, "the observer heard the failure before the stop");
     assert!(sites[0].contains("tests/low_resources.rs:"), "{sites:?}");
 }
+
+/// A caller that gives up half way (as a scenario's `?` does after an injected failure) leaves CQs, QPs and MRs
+/// behind: the driver's close must release them, or the verifier's unload checks stop the machine.
+#[test]
+fn close_releases_what_an_aborted_caller_left_behind() {
+    let (k, b) = machine(0x80 | 0x8 | 0x2);
+    let dev = FakeDevice::new(k.clone(), b.clone());
+    let r = NtModel::run_guarded(|| {
+        let mut hca = Hca::open(k.clone(), dev.clone(), PDO, HcaConfig::default()).expect("open");
+        let pd = hca.alloc_pd().expect("pd");
+        let cq = hca.create_cq(256).expect("cq");
+        hca.create_qp(pd, cq, cq, 64, 64).expect("qp");
+        let user = k.alloc_user_buffer(8192, 0);
+        let source = MrSource::User { va: user, length: 8192, skip_lock: false };
+        hca.reg_mr(pd, source, ACCESS_LOCAL_WRITE, MrMapping::ScatterGather).expect("mr");
+        hca.close();
+        k.unload_driver();
+    });
+    assert_eq!(r, Ok(()));
+    assert_eq!(k.unreleased_resources(), Vec::<String>::new());
+}
