@@ -417,3 +417,61 @@ pub fn pool_tag(text: &str) -> Option<u32> {
     tag[..bytes.len()].copy_from_slice(bytes);
     Some(u32::from_le_bytes(tag))
 }
+
+/// The `vhca.*` keys of the low-resources simulation, shared by every personality that builds an `NtModelConfig`
+/// from run options (the native guest program, the PE loader's vhca.sys).
+pub const OPTION_KEYS: &[&str] =
+    &["faults", "faults_seed", "faults_delay_ms", "faults_tags", "faults_systematic", "faults_dma", "fail_point"];
+
+impl LowResourcesConfig {
+    /// Applies one `vhca.KEY=VALUE` setting. None: not one of `OPTION_KEYS`; Some(Err): a bad value, with why.
+    /// `faults` takes `/faults`' Probability (1..=10000 ten-thousandths); `faults_delay_ms` its DelayMins in
+    /// milliseconds (runs here last seconds); `faults_tags` its PoolTags, comma-separated.
+    pub fn apply_option(&mut self, key: &str, value: &str) -> Option<Result<(), String>> {
+        if !OPTION_KEYS.contains(&key) {
+            return None;
+        }
+        Some(self.apply_known(key, value))
+    }
+
+    fn apply_known(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let number = || value.parse::<u64>().map_err(|_| format!("not a non-negative integer: {value:?}"));
+        match key {
+            "faults" => {
+                let p = number()?;
+                if !(1..=10_000).contains(&p) {
+                    return Err(format!("probability {p} is not 1..=10000 (ten-thousandths)"));
+                }
+                self.probability = p as u32;
+            }
+            "faults_seed" => self.seed = number()?,
+            "faults_delay_ms" => self.delay = Duration::from_millis(number()?),
+            "faults_tags" => {
+                self.pool_tags = value
+                    .split(',')
+                    .map(|t| pool_tag(t.trim()).ok_or(format!("not a pool tag of 1-4 ASCII characters: {t:?}")))
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            "faults_systematic" => {
+                self.systematic = match value {
+                    "fail" | "enable" => Systematic::Fail,
+                    "record" => Systematic::Record,
+                    _ => return Err(format!("not fail or record: {value:?}")),
+                }
+            }
+            "faults_dma" => {
+                self.dma_routines = match value {
+                    "1" | "on" | "true" => true,
+                    "0" | "off" | "false" => false,
+                    _ => return Err(format!("not a boolean: {value:?}")),
+                }
+            }
+            "fail_point" => {
+                let k = u32::try_from(number()?).ok().filter(|k| *k > 0);
+                self.fail_point = Some(k.ok_or(format!("not a failure point 1..: {value:?}"))?);
+            }
+            _ => unreachable!("OPTION_KEYS lists every key handled here"),
+        }
+        Ok(())
+    }
+}
