@@ -329,3 +329,16 @@ fn bad_events_name_line_and_field() {
     assert!(found.iter().any(|p| p.line == 5 && p.message.contains("unknown field `maybe`")), "{found:#?}");
     assert_problem(&format!("{head}guest = {{ silence_s = 0 }}\n"), 5, "run[0].guest.silence_s", "out of range");
 }
+
+#[test]
+fn each_fail_point_needs_the_on_mode_and_the_systematic_flag() {
+    let ok = "name = \"t\"\n[[run]]\nname = \"lr\"\nmodes = [\"on\"]\nverifier_flags = \"0x400AA\"\neach_fail_point = true\nexpect = \"pass\"\n";
+    let suite = Suite::parse(ok, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(suite.runs[0].each_fail_point);
+    let runs = suite.expand();
+    assert!(runs[0].records_fail_points && runs[0].fail_point.is_none());
+    assert_problem(&ok.replace("0x400AA", "0xAA"), 6, "run[0].each_fail_point", "0x40000");
+    assert_problem(&ok.replace("modes = [\"on\"]\n", ""), 5, "run[0].each_fail_point", "modes");
+    let reserved = format!("{ok}[run.guest.extra]\nfail_point = 2\n");
+    assert_problem(&reserved, 9, "run[0].guest.extra.fail_point", "set by");
+}
