@@ -77,19 +77,20 @@ pub fn injected_faults(o: &Observation) -> Vec<InjectedFaultSeen> {
         .collect()
 }
 
-/// The fail-point runs a passed recording run expands to, one per point it found.
-pub fn expand_recording(run: &ConcreteRun, o: &Observation) -> Vec<ConcreteRun> {
+/// The fail-point runs a recording run expands to, one per point it found, each knowing what the recording saw.
+pub fn expand_recording(run: &ConcreteRun, points: &[FaultPointSeen]) -> Vec<ConcreteRun> {
     if !run.records_fail_points {
         return Vec::new();
     }
-    fault_points(o).iter().map(|p| run.at_fail_point(p.point)).collect()
+    points.iter().map(|p| ConcreteRun { recorded_point: Some(p.clone()), ..run.at_fail_point(p.point) }).collect()
 }
 
 /// Adds to a fail-point run's verdict what the point was, and fails the run when the guest did not fail exactly
-/// that point once at the site the recording saw (the error path under test was not the one named). `recorded`
-/// is the recording's point k, when known (a `boot --fail-point` reproducer has no recording at hand).
-pub fn judge_fail_point(run: &ConcreteRun, o: &Observation, recorded: Option<&FaultPointSeen>, verdict: &mut Verdict) {
+/// that point once at the site the recording saw (the error path under test was not the one named). The run's
+/// `recorded_point` is the recording's point k, when known (a `boot --fail-point` reproducer has none at hand).
+pub fn judge_fail_point(run: &ConcreteRun, o: &Observation, verdict: &mut Verdict) {
     let Some(k) = run.fail_point else { return };
+    let recorded = run.recorded_point.as_ref();
     let injected = injected_faults(o);
     for fault in &injected {
         verdict.notes.push(format!("injected {fault}"));
@@ -142,20 +143,21 @@ mod tests {
     #[test]
     fn a_recording_expands_to_one_run_per_point_and_ignores_junk() {
         let o = observed(serde_json::json!([point(1, "a.rs:1:1"), {"point": "x"}, point(2, "b.rs:2:2")]), Value::Null);
-        let runs = expand_recording(&recording(), &o);
+        let runs = expand_recording(&recording(), &fault_points(&o));
         let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["lr/verifier-on/fail-point-1", "lr/verifier-on/fail-point-2"]);
-        assert!(expand_recording(&runs[0], &o).is_empty(), "a fail-point run expands to nothing");
+        assert_eq!(runs[1].recorded_point.as_ref().map(|p| p.site.as_str()), Some("b.rs:2:2"));
+        assert!(expand_recording(&runs[0], &fault_points(&o)).is_empty(), "a fail-point run expands to nothing");
     }
 
     #[test]
     fn a_fail_point_run_must_fail_exactly_its_point_where_the_recording_saw_it() {
-        let run = recording().at_fail_point(2);
         let recorded = FaultPointSeen { point: 2, routine: "IoAllocateMdl".into(), site: "b.rs:2:2".into() };
+        let run = ConcreteRun { recorded_point: Some(recorded), ..recording().at_fail_point(2) };
         let judged = |injected: Value| {
             let o = observed(Value::Null, injected);
             let mut v = judge_run(&run, &o);
-            judge_fail_point(&run, &o, Some(&recorded), &mut v);
+            judge_fail_point(&run, &o, &mut v);
             v
         };
         let good = judged(serde_json::json!([fault(2, "b.rs:2:2")]));

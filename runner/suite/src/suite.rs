@@ -7,6 +7,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::expect::Expected;
+use crate::fail_points::FaultPointSeen;
 
 /// Driver Verifier flags for the "on" mode unless a run overrides them: DMA checking 0x80, IRQL checking 0x2,
 /// pool tracking 0x8, deadlock detection 0x20.
@@ -135,6 +136,9 @@ pub struct ConcreteRun {
     pub records_fail_points: bool,
     /// The run fails only failure point k (the rig's exhaustive mode; `vhca-run boot --fail-point k`).
     pub fail_point: Option<u32>,
+    /// What the recording run saw at point k, when this run was expanded from one: the site the run must fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_point: Option<FaultPointSeen>,
 }
 
 impl ConcreteRun {
@@ -163,6 +167,7 @@ impl ConcreteRun {
             name: format!("{}{FAIL_POINT_INFIX}{k}", self.name),
             records_fail_points: false,
             fail_point: Some(k),
+            recorded_point: None,
             ..self.clone()
         }
     }
@@ -219,6 +224,7 @@ impl Suite {
                     events: run.events.get(mode).cloned().unwrap_or_default(),
                     records_fail_points: run.each_fail_point,
                     fail_point: None,
+                    recorded_point: None,
                 });
             }
         }
