@@ -52,7 +52,11 @@ fn seed_suite_parses_and_expands() {
         assert!(names.contains(&scenario), "seed suite lacks {scenario}");
     }
     let runs = suite.expand();
-    assert_eq!(runs.len(), 2 * suite.runs.len());
+    let on_only = suite.runs.iter().filter(|r| r.expect.len() == 1).count();
+    assert_eq!(runs.len(), 2 * suite.runs.len() - on_only);
+    let recordings: Vec<&str> = runs.iter().filter(|r| r.records_fail_points).map(|r| r.name.as_str()).collect();
+    assert_eq!(recordings, ["low-resources-verbs/verifier-on", "low-resources-user-buffer/verifier-on"]);
+    assert!(runs.iter().filter(|r| r.run.starts_with("low-resources")).all(|r| r.mode == VerifierMode::On));
     let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {name}"));
     let is = Param::Is;
     assert_eq!(

@@ -330,13 +330,18 @@ mod tests {
     #[test]
     fn every_seed_suite_scenario_is_known() {
         let suite = include_str!("../../../../runner/suite/suites/seed.toml");
-        let mut names = Vec::new();
+        let mut names: Vec<String> = Vec::new();
         let mut in_run = false;
         for line in suite.lines().map(str::trim) {
             if line.starts_with('[') {
                 in_run = line == "[[run]]";
             } else if let Some(rest) = line.strip_prefix("name = \"").filter(|_| in_run) {
                 names.push(rest.trim_end_matches('"').to_string());
+            } else if let Some((_, rest)) = line.split_once("scenario = \"").filter(|_| in_run) {
+                // `guest = { scenario = "..." }` names the scenario instead of the run's name.
+                if let (Some(last), Some(name)) = (names.last_mut(), rest.split('"').next()) {
+                    *last = name.to_string();
+                }
             }
         }
         assert!(names.len() >= 10, "parsed {names:?}");
