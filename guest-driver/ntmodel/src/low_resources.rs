@@ -108,14 +108,33 @@ impl fmt::Display for SiteFrame {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CallSite {
     frames: Vec<SiteFrame>,
+    /// The native build's whole stack, as a hash of its return addresses relative to the program image: what tells
+    /// create_cq's ring allocation from create_qp's when both call AllocateCommonBuffer from the same source line.
+    stack: Option<u64>,
 }
 
 impl CallSite {
-    /// The native build's site: the source location the kernel routine was called from.
+    /// A site by its source location alone (the innermost frame).
     pub fn source(location: &'static Location<'static>) -> CallSite {
         CallSite {
             frames: vec![SiteFrame::Source { file: location.file(), line: location.line(), column: location.column() }],
+            stack: None,
         }
+    }
+
+    /// The native build's site: the source location that called the kernel, and the stack that led there. Return
+    /// addresses are taken relative to a function of this image, so the hash is the same wherever the program
+    /// loads (ASLR), in every run of the same binary.
+    pub fn native(location: &'static Location<'static>) -> CallSite {
+        let anchor = CallSite::native as *const () as usize;
+        let mut h: u64 = FNV_OFFSET;
+        backtrace::trace(|frame| {
+            for byte in (frame.ip() as usize).wrapping_sub(anchor).to_le_bytes() {
+                h = fnv_step(h, byte);
+            }
+            true
+        });
+        CallSite { stack: Some(h), ..CallSite::source(location) }
     }
 
     /// A loaded image's site from a stack walk's return addresses (innermost first): the ones inside the image
@@ -127,7 +146,7 @@ impl CallSite {
             .filter(|offset| *offset < u64::from(image_size))
             .map(|offset| SiteFrame::Image { module: module.to_string(), rva: offset as u32 })
             .collect();
-        CallSite { frames }
+        CallSite { frames, stack: None }
     }
 
     pub fn frames(&self) -> &[SiteFrame] {
@@ -137,13 +156,14 @@ impl CallSite {
     /// A hash of the site that is the same in every run and every build of the same source (FNV-1a over the
     /// printed frames; hand-written because the standard hasher's output may change between Rust releases).
     fn stable_hash(&self) -> u64 {
-        let mut h: u64 = 0xCBF2_9CE4_8422_2325;
-        for byte in self.to_string().bytes() {
-            h ^= u64::from(byte);
-            h = h.wrapping_mul(0x0000_0100_0000_01B3);
-        }
-        h
+        self.to_string().bytes().fold(FNV_OFFSET, fnv_step)
     }
+}
+
+const FNV_OFFSET: u64 = 0xCBF2_9CE4_8422_2325;
+
+fn fnv_step(h: u64, byte: u8) -> u64 {
+    (h ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01B3)
 }
 
 impl fmt::Display for CallSite {
@@ -154,19 +174,34 @@ impl fmt::Display for CallSite {
             }
             write!(f, "{frame}")?;
         }
-        Ok(())
+        match self.stack {
+            Some(stack) => write!(f, " [stack {stack:016x}]"),
+            None => Ok(()),
+        }
     }
+}
+
+/// Where the kernel routine running on a thread was called from, as its entry into the model knows it.
+enum Entry {
+    /// A native call: the source location; the stack is walked only if the simulation needs the site.
+    Native(&'static Location<'static>),
+    /// A site the caller named (the PE loader's image frames).
+    Given(CallSite),
 }
 
 thread_local! {
     /// The call site of the kernel routine running on this thread, set by the outermost entry into the model.
-    static CURRENT_SITE: RefCell<Option<CallSite>> = const { RefCell::new(None) };
+    static CURRENT_SITE: RefCell<Option<Entry>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` (a call into the model's kernel routines) as called from `site`. The outermost caller wins: a PE
 /// loader's thunk names the vhca.sys frames first, and the `#[track_caller]` location of its own call into the
 /// model is then ignored. A bugcheck unwinding through `f` still clears the site.
 pub fn with_call_site<T>(site: CallSite, f: impl FnOnce() -> T) -> T {
+    entered(Entry::Given(site), f)
+}
+
+fn entered<T>(entry: Entry, f: impl FnOnce() -> T) -> T {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -178,7 +213,7 @@ pub fn with_call_site<T>(site: CallSite, f: impl FnOnce() -> T) -> T {
         if s.is_some() {
             return false;
         }
-        *s = Some(site);
+        *s = Some(entry);
         true
     });
     if !outermost {
@@ -190,14 +225,16 @@ pub fn with_call_site<T>(site: CallSite, f: impl FnOnce() -> T) -> T {
 
 /// The native thunks' form of `with_call_site`: the caller's source location, built only when no outer site is set.
 pub(crate) fn at_location<T>(location: &'static Location<'static>, f: impl FnOnce() -> T) -> T {
-    if CURRENT_SITE.with(|s| s.borrow().is_some()) {
-        return f();
-    }
-    with_call_site(CallSite::source(location), f)
+    entered(Entry::Native(location), f)
 }
 
+/// The current call's site; for a native call this walks the stack (the simulation asks only when it is on).
 fn current_site() -> Option<CallSite> {
-    CURRENT_SITE.with(|s| s.borrow().clone())
+    CURRENT_SITE.with(|s| match &*s.borrow() {
+        Some(Entry::Native(location)) => Some(CallSite::native(location)),
+        Some(Entry::Given(site)) => Some(site.clone()),
+        None => None,
+    })
 }
 
 /// The systematic simulation's sub-mode (`verifier /faultssystematic`): fail each new stack, or only record it

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::hint::black_box;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,12 +56,12 @@ fn flags_choose_the_mode_with_windows_values() {
 fn systematic_fails_each_site_the_first_time_only_and_logs_it_in_order() {
     let (k, _) = model(SYSTEMATIC, LowResourcesConfig::default());
     let mut first_site = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..black_box(3) {
         first_site.push(pool(&k).is_null());
     }
     assert_eq!(first_site, [true, false, false]);
     let mut second_site = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..black_box(2) {
         second_site.push(k.ExAllocatePoolWithTag(POOL_TYPE::PagedPool, 32, TAG).is_null());
     }
     assert_eq!(second_site, [true, false]);
@@ -101,7 +102,7 @@ fn each_routine_fails_with_its_windows_result() {
     );
     assert!(c.is_null());
     let user = k.alloc_user_buffer(4096, 0);
-    let mdls: Vec<PMDL> = (0..2).map(|_| k.IoAllocateMdl(user, 4096, false, false)).collect();
+    let mdls: Vec<PMDL> = (0..black_box(2)).map(|_| k.IoAllocateMdl(user, 4096, false, false)).collect();
     assert!(mdls[0].is_null() && !mdls[1].is_null(), "one site: the first call fails, the second passes");
     let mdl = mdls[1];
     let status = k.MmProbeAndLockPages(mdl, KPROCESSOR_MODE::UserMode, LOCK_OPERATION::IoModifyAccess);
@@ -155,7 +156,7 @@ fn a_rule_check_comes_before_the_injection() {
 fn record_mode_fails_nothing_and_lists_every_point() {
     let config = LowResourcesConfig { systematic: Systematic::Record, ..LowResourcesConfig::default() };
     let (k, _) = model(SYSTEMATIC, config);
-    for _ in 0..3 {
+    for _ in 0..black_box(3) {
         assert!(!pool(&k).is_null());
     }
     assert!(!k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, 8, TAG).is_null());
@@ -169,7 +170,7 @@ fn fail_point_k_fails_only_the_first_call_at_point_k() {
     for k_point in 1..=3u32 {
         let (k, _) = model(0, LowResourcesConfig { fail_point: Some(k_point), ..LowResourcesConfig::default() });
         let mut failed = Vec::new();
-        for round in 0..2 {
+        for round in 0..black_box(2) {
             failed.push((round, 1, pool(&k).is_null()));
             failed.push((round, 2, k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, 8, TAG).is_null()));
             failed.push((round, 3, k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, 16, TAG).is_null()));
@@ -182,11 +183,14 @@ fn fail_point_k_fails_only_the_first_call_at_point_k() {
 
 #[test]
 fn randomized_is_reproducible_by_seed_and_follows_the_probability() {
+    // One named site for every draw: the decision depends on the seed, the site and its call count only (each
+    // `draws(..)` line below would otherwise be a stack of its own).
     fn draws(seed: u64, probability: u32) -> Vec<bool> {
         let (k, _) = model(RANDOMIZED, randomized(probability, seed));
-        (0..2000)
+        let site = CallSite::image("vhca.sys", 0x1000, 0x1000, &[0x1234]);
+        (0..black_box(2000))
             .map(|_| {
-                let p = pool(&k);
+                let p = with_call_site(site.clone(), || pool(&k));
                 if !p.is_null() {
                     k.ExFreePoolWithTag(p, TAG);
                 }
