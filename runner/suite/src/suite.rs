@@ -165,6 +165,7 @@ impl ConcreteRun {
     pub fn at_fail_point(&self, k: u32) -> ConcreteRun {
         ConcreteRun {
             name: format!("{}{FAIL_POINT_INFIX}{k}", self.name),
+            run: format!("{}{FAIL_POINT_INFIX}{k}", self.run),
             records_fail_points: false,
             fail_point: Some(k),
             recorded_point: None,
