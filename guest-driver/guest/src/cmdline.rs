@@ -237,7 +237,8 @@ mod tests {
     fn reads_the_driver_options_the_runner_passes() {
         let options = Options::parse(
             "vhca.scenario=contiguous-cq-fallback vhca.lock=kmutex vhca.verifier=0xaa vhca.fragmentation=4 \
-             vhca.map_registers=16 vhca.disable_rule=0xC4/0xE5 vhca.disable_rule=0xE6 vhca.break_fix=1",
+             vhca.map_registers=16 vhca.disable_rule=0xC4/0xE5 vhca.disable_rule=0xE6 vhca.break_fix=1 \
+             vhca.double_buffering=0",
         );
         assert!(options.warnings.is_empty(), "{:?}", options.warnings);
         assert_eq!(options.lock, Some(ClMutexKind::KMutex));
@@ -248,6 +249,8 @@ mod tests {
         assert_eq!(options.disabled_rules[0].subcode, Some(0xE5));
         assert_eq!(options.disabled_rules[1].subcode, None);
         assert!(options.break_fix);
+        assert!(!options.double_buffering);
+        assert!(Options::parse("").double_buffering, "double buffering is on unless switched off");
         let off = Options::parse("vhca.verifier=0x0 vhca.lock=spin vhca.disable_rule=E6/x");
         assert_eq!(off.verifier, VerifierFlags::NONE);
         assert_eq!(off.lock, None);

@@ -252,8 +252,9 @@ impl NtModel {
         self.with_thread(|t| t.irql = irql)
     }
 
-    /// The platform saw the device touch an unmapped address (a DMA fault event, an IOMMU fault log line).
-    /// With DMA checking this is bugcheck 0xE6/0x26, as Windows raises it under DMA remapping verification.
+    /// The platform's IOMMU refused the device's access to `address` (in the guest: a DMAR fault record the vIOMMU
+    /// logged; `fault_type` is its hardware-specific reason). With DMA checking this is bugcheck 0xE6/0x26 (P2 the
+    /// device object, P3 the faulting address, P4 the fault type), as Microsoft's 0xE6 page gives it.
     pub fn report_iommu_fault(&self, device: PDEVICE_OBJECT, address: u64, fault_type: u64) {
         lock(&self.iommu_faults).push(IommuFault { device, address, fault_type });
         if self.checks(VerifierFlags::DMA_CHECKING) {
