@@ -257,7 +257,9 @@ fn syntax_errors_and_empty_suites() {
 fn unknown_scenarios_are_found_against_the_guest_list() {
     let suite = Suite::seed().unwrap();
     let missing = suite.unknown_scenarios(&["smoke"]);
-    assert_eq!(missing.len(), suite.runs.len() - 1);
+    let smoke = suite.runs.iter().filter(|r| r.guest.scenario == "smoke").count();
+    assert!(smoke >= 1);
+    assert_eq!(missing.len(), suite.runs.len() - smoke);
     assert!(missing.iter().all(|(_, line, _)| *line > 0));
 }
 
