@@ -329,7 +329,9 @@ impl NtModel {
 
     pub(crate) fn get_dma_adapter(&self, desc: &DEVICE_DESCRIPTION, n: &mut u32) -> PDMA_ADAPTER {
         let irql = self.irql();
-        if self.checks(VerifierFlags::IRQL_CHECKING) && irql != PASSIVE_LEVEL {
+        // A DDI compliance rule (IrqlIoPassive5 "Run Driver Verifier and select the DDI compliance checking option"),
+        // not IRQL checking's.
+        if self.checks(VerifierFlags::DDI_COMPLIANCE) && irql != PASSIVE_LEVEL {
             self.violation(Bugcheck::c4(c4::RULE_IRQL_IO_PASSIVE5, 0, 0, 0));
         }
         if desc.Version > DEVICE_DESCRIPTION_VERSION3 || !desc.Master {

@@ -17,6 +17,8 @@ impl VerifierFlags {
     pub const DMA_CHECKING: VerifierFlags = VerifierFlags(0x80);
     pub const SECURITY_CHECKS: VerifierFlags = VerifierFlags(0x100);
     pub const MISC_CHECKS: VerifierFlags = VerifierFlags(0x800);
+    /// DDI compliance checking: the DDI rules (IrqlIoPassive5, ...), part of /standard.
+    pub const DDI_COMPLIANCE: VerifierFlags = VerifierFlags(0x20000);
     /// Systematic Low Resource Simulation: bit 18 (Windows 10 and earlier spell it `/flags 0x40000`).
     pub const SYSTEMATIC_LOW_RESOURCES: VerifierFlags = VerifierFlags(0x40000);
     /// `verifier /standard`: 0x209BB (special pool, IRQL, pool tracking, I/O, deadlock, DMA, security, misc, ...).

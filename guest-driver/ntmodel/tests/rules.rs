@@ -178,15 +178,22 @@ fn eresource_without_critical_region_is_c4_37() {
 }
 
 #[test]
-fn io_get_dma_adapter_above_passive_is_ddi_rule_irql_io_passive5() {
-    let (k, _) = machine(IRQL);
+fn io_get_dma_adapter_above_passive_is_ddi_rule_irql_io_passive5_under_ddi_compliance_checking() {
+    for flags in [0x20000, 0x209BB] {
+        let (k, _) = machine(flags);
+        k.KeRaiseIrql(APC_LEVEL);
+        assert_eq!(
+            stop(|| {
+                let _ = adapter(&k);
+            }),
+            Bugcheck::c4(0x2000E, 0, 0, 0),
+            "flags {flags:#x}"
+        );
+    }
+    // IRQL checking alone does not check DDI rules.
+    let (k, _) = machine(IRQL | DMA);
     k.KeRaiseIrql(APC_LEVEL);
-    assert_eq!(
-        stop(|| {
-            let _ = adapter(&k);
-        }),
-        Bugcheck::c4(0x2000E, 0, 0, 0)
-    );
+    clean(|| adapter(&k));
 }
 
 #[test]
