@@ -129,8 +129,13 @@ impl CallSite {
         let anchor = CallSite::native as *const () as usize;
         let mut h: u64 = FNV_OFFSET;
         backtrace::trace(|frame| {
-            for byte in (frame.ip() as usize).wrapping_sub(anchor).to_le_bytes() {
-                h = fnv_step(h, byte);
+            let offset = (frame.ip() as usize).wrapping_sub(anchor) as isize;
+            // Only the program's own frames: the unwinder's last step past `_start` yields a word of the initial
+            // stack, which differs from boot to boot (seen on cold boots; a snapshot restores the same one).
+            if offset.unsigned_abs() < PROGRAM_SPAN {
+                for byte in offset.to_le_bytes() {
+                    h = fnv_step(h, byte);
+                }
             }
             true
         });
@@ -159,6 +164,10 @@ impl CallSite {
         self.to_string().bytes().fold(FNV_OFFSET, fnv_step)
     }
 }
+
+/// How far from this module's code a return address may lie and still be the program's: more than any program
+/// image here (the static guest binary is ~10 MB), far less than the distance to the stack, the heap or the vDSO.
+const PROGRAM_SPAN: usize = 1 << 30;
 
 const FNV_OFFSET: u64 = 0xCBF2_9CE4_8422_2325;
 
