@@ -68,7 +68,13 @@ pub fn measure(
     let mut out = Vec::new();
     for &j in jobs {
         for (path, c) in [("snapshot", ctx), ("cold", &cold)] {
-            let opts = SuiteOptions { jobs: j, artifacts: None, program: program.to_string(), suite_file: None };
+            let opts = SuiteOptions {
+                jobs: j,
+                artifacts: None,
+                program: program.to_string(),
+                suite_file: None,
+                expand_fail_points: true,
+            };
             let label = format!("-j {j} {path}");
             let report = run_suite(c, suite, runs, &opts, &mut |e| on(&label, e))?;
             out.push(Measurement::of(j, path, &report));
@@ -150,6 +156,7 @@ pub fn roundtrip(
         artifacts: Some(root.path().to_path_buf()),
         program: program.to_string(),
         suite_file: None,
+        expand_fail_points: false,
     };
     let report = run_suite(&cold, &suite, &runs, &opts, on)?;
     let observation = report

@@ -166,6 +166,10 @@ struct RunPick {
     /// The suite file --run picks from [default: the built-in seed suite].
     #[arg(long, requires = "run")]
     suite: Option<PathBuf>,
+    /// Fail only the low-resources simulation's failure point K of --run (1-based, as its recording numbered
+    /// them): the reproducer of one run of an `each_fail_point` expansion.
+    #[arg(long, requires = "run", value_parser = clap::value_parser!(u32).range(1..))]
+    fail_point: Option<u32>,
     /// Guest scenario (vhca.scenario) [default: smoke]
     #[arg(long)]
     scenario: Option<String>,
@@ -201,7 +205,11 @@ impl RunPick {
         let (mut run, file) = match &self.run {
             Some(name) => {
                 let (suite, file) = load_suite(self.suite.as_deref())?;
-                (pick_run(&suite, name)?, file)
+                let run = pick_run(&suite, name)?;
+                match self.fail_point {
+                    Some(k) => (run.at_fail_point(k), file),
+                    None => (run, file),
+                }
             }
             None => (self.ad_hoc()?, None),
         };
@@ -428,7 +436,13 @@ fn real_main(cli: Cli) -> Result<bool> {
             let (mut ctx, _) = session(&cli.bins)?;
             attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-            let opts = SuiteOptions { jobs, artifacts: Some(root.clone()), program: program(), suite_file };
+            let opts = SuiteOptions {
+                jobs,
+                artifacts: Some(root.clone()),
+                program: program(),
+                suite_file,
+                expand_fail_points: true,
+            };
             eprintln!("vhca-run: suite {} ({}): {} runs, {} at a time", suite.name, suite.source, runs.len(), jobs);
             let mut ui = SuiteUi::new(runs.len(), false);
             let report = run_suite(&ctx, &suite, &runs, &opts, &mut |e| ui.handle(e));
@@ -461,7 +475,13 @@ fn real_main(cli: Cli) -> Result<bool> {
             }
             let suite = Suite { name: "boot".into(), source: "<command line>".into(), runs: Vec::new() };
             let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("boot"));
-            let opts = SuiteOptions { jobs: 1, artifacts: Some(root.clone()), program: program(), suite_file: None };
+            let opts = SuiteOptions {
+                jobs: 1,
+                artifacts: Some(root.clone()),
+                program: program(),
+                suite_file: None,
+                expand_fail_points: false,
+            };
             let mut ui = SuiteUi::new(1, true);
             let report = run_suite(&ctx, &suite, std::slice::from_ref(&run), &opts, &mut |e| ui.handle(e));
             ui.finish();
@@ -531,7 +551,13 @@ fn real_main(cli: Cli) -> Result<bool> {
             let (mut ctx, _) = session(&cli.bins)?;
             attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
             let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("soak"));
-            let opts = SuiteOptions { jobs: 1, artifacts: Some(root), program: program(), suite_file: None };
+            let opts = SuiteOptions {
+                jobs: 1,
+                artifacts: Some(root),
+                program: program(),
+                suite_file: None,
+                expand_fail_points: false,
+            };
             println!(
                 "{:>4}  {:<36} {:>7} {:>8} {:>11} {:>4} {:>15} {:>5}",
                 "run", "name", "verdict", "seconds", "runner KiB", "fds", "child peak KiB", "dirs"

@@ -1,12 +1,16 @@
 //! Running a list of concrete runs: up to `jobs` at a time on worker threads, each judged by vhca-suite as it ends and
-//! stored as artifacts, then one `SuiteReport`. An interrupt or a runner panic stops every worker's children.
+//! stored as artifacts, then the runs the recording runs' failure points expand to (the exhaustive low-resources
+//! mode), then one `SuiteReport`. An interrupt or a runner panic stops every worker's children.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
-use vhca_suite::{judge_run, BootPath, ConcreteRun, Observation, RunReport, Suite, SuiteReport};
+use vhca_suite::{
+    expand_recording, fault_points, injected_faults, judge_fail_point, judge_run, BootPath, ConcreteRun, Observation,
+    RunReport, Suite, SuiteReport,
+};
 
 use crate::artifacts;
 use crate::finished_runs;
@@ -23,17 +27,31 @@ pub struct SuiteOptions {
     /// The reproducer's program and suite file (None: the built-in suite).
     pub program: String,
     pub suite_file: Option<String>,
+    /// A recording run (`each_fail_point`) that passed is followed by one run per failure point it found; off for
+    /// `boot`, which runs exactly the one run it names.
+    pub expand_fail_points: bool,
 }
 
 /// What the UI hears while the suite runs.
 #[derive(Debug, Clone)]
 pub enum SuiteEvent {
-    Started { index: usize, name: String },
+    Started {
+        index: usize,
+        name: String,
+    },
     Progress(Progress),
-    Finished { index: usize, report: Box<RunReport> },
+    Finished {
+        index: usize,
+        report: Box<RunReport>,
+    },
+    /// Recording runs found `runs` failure points, each now a run of its own (the exhaustive mode).
+    Expanded {
+        runs: usize,
+    },
 }
 
-/// Runs `runs` (from `suite`) and reports every one. Err only for an interrupt (or a panic, which propagates).
+/// Runs `runs` (from `suite`) and reports every one; then, with `expand_fail_points`, the failure points every
+/// recording run found, one run each. Err only for an interrupt (or a panic, which propagates).
 pub fn run_suite(
     ctx: &RunContext,
     suite: &Suite,
@@ -45,6 +63,31 @@ pub fn run_suite(
     if let Some(root) = &opts.artifacts {
         finished_runs::begin(root);
     }
+    let mut reports = run_batch(ctx, runs, 0, opts, on)?;
+    if opts.expand_fail_points {
+        // A recording that failed has no trustworthy list: its own verdict says so, and nothing expands.
+        let more: Vec<ConcreteRun> = runs
+            .iter()
+            .zip(&reports)
+            .filter(|(_, report)| report.passed())
+            .flat_map(|(run, report)| expand_recording(run, &report.fault_points))
+            .collect();
+        if !more.is_empty() {
+            on(SuiteEvent::Expanded { runs: more.len() });
+            reports.extend(run_batch(ctx, &more, runs.len(), opts, on)?);
+        }
+    }
+    Ok(SuiteReport::new(suite, reports, start.elapsed().as_secs_f64()))
+}
+
+/// Runs `runs` on up to `jobs` workers; event indexes start at `first_index`. Reports in `runs` order.
+fn run_batch(
+    ctx: &RunContext,
+    runs: &[ConcreteRun],
+    first_index: usize,
+    opts: &SuiteOptions,
+    on: &mut dyn FnMut(SuiteEvent),
+) -> Result<Vec<RunReport>, RunError> {
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<RunReport>>> = Mutex::new(vec![None; runs.len()]);
     let failure: Mutex<Option<RunError>> = Mutex::new(None);
@@ -57,10 +100,11 @@ pub fn run_suite(
                 if interrupted() {
                     return;
                 }
-                let index = next.fetch_add(1, Ordering::SeqCst);
-                let Some(run) = runs.get(index) else { return warm_guest::discard() };
+                let slot = next.fetch_add(1, Ordering::SeqCst);
+                let Some(run) = runs.get(slot) else { return warm_guest::discard() };
+                let index = first_index + slot;
                 // A guest is loaded ahead for this worker's next run only while runs are left to take.
-                warm_guest::expect_more_runs(index + 1 < runs.len());
+                warm_guest::expect_more_runs(slot + 1 < runs.len());
                 let _ = tx.send(SuiteEvent::Started { index, name: run.name.clone() });
                 let mut progress = |p: Progress| {
                     let _ = tx.send(SuiteEvent::Progress(p));
@@ -70,7 +114,7 @@ pub fn run_suite(
                         let report = record_finished(opts, report);
                         let _ = tx.send(SuiteEvent::Finished { index, report: Box::new(report.clone()) });
                         if let Ok(mut r) = results.lock() {
-                            r[index] = Some(report);
+                            r[slot] = Some(report);
                         }
                     }
                     Err(e) => {
@@ -91,8 +135,7 @@ pub fn run_suite(
     if let Some(e) = failure.into_inner().ok().flatten() {
         return Err(e);
     }
-    let reports: Vec<RunReport> = results.into_inner().unwrap_or_default().into_iter().flatten().collect();
-    Ok(SuiteReport::new(suite, reports, start.elapsed().as_secs_f64()))
+    Ok(results.into_inner().unwrap_or_default().into_iter().flatten().collect())
 }
 
 /// Puts the run's report on disk as soon as it is judged (see `finished_runs`); a failure to is noted in it.
@@ -128,8 +171,12 @@ pub fn one_run(
 }
 
 fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: RunRecord) -> RunReport {
-    let verdict = judge_run(run, &record.evidence.observation);
+    let observation = &record.evidence.observation;
+    let mut verdict = judge_run(run, observation);
+    judge_fail_point(run, observation, &mut verdict);
     let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), record.path);
+    report.fault_points = fault_points(observation);
+    report.injected_faults = injected_faults(observation);
     report.notes.extend(record.notes.iter().cloned());
     if let Some(root) = &opts.artifacts {
         match artifacts::store(root, run, record.work.path(), &record.evidence) {

@@ -71,6 +71,13 @@ impl SuiteUi {
                 self.running.retain(|_, name| *name != report.name);
                 self.say(format!("[{}/{}] {}", self.done, self.total, finished_line(&report)));
             }
+            SuiteEvent::Expanded { runs } => {
+                self.total += runs;
+                if let Some(bar) = &self.bar {
+                    bar.set_length(self.total as u64);
+                }
+                self.say(format!("{runs} failure point(s) recorded: one run each"));
+            }
         }
         self.refresh();
     }

@@ -185,6 +185,44 @@ fn verbs_suite_passes() {
     assert_eq!(fresh["actual"]["kind"], "pass", "{fresh}");
 }
 
+/// The exhaustive low-resources mode end to end: a recording run, one run per failure point, and the one whose
+/// failed allocation the (deliberately broken) path ignores stops the machine at the NULL and fails, named by its
+/// point, with a `boot --fail-point` reproducer that boots exactly it.
+#[test]
+fn a_path_that_ignores_a_failed_allocation_fails_its_own_fail_point_run() {
+    if !ready("a_path_that_ignores_a_failed_allocation_fails_its_own_fail_point_run") {
+        return;
+    }
+    let s = Scratch::new();
+    let file = suite_file("low-resources-broken.toml");
+    let out = s.command(&["suite", file.to_str().unwrap(), "-j", "2"]).output().expect("run vhca-run");
+    assert_eq!(out.status.code(), Some(1), "the broken path must fail the suite:\n{}", show(&out));
+    s.assert_nothing_left("low-resources-broken");
+    let report = s.report();
+    let runs = report["runs"].as_array().unwrap();
+    let recording = &runs[0];
+    assert_eq!(recording["name"], "ignored-allocation-failure/verifier-on");
+    assert_eq!(recording["actual"]["kind"], "pass", "{recording}");
+    let points = recording["fault_points"].as_array().expect("the recording lists its points");
+    let shadow = points
+        .iter()
+        .find(|p| p["site"].as_str().unwrap_or("").contains("scenarios/smoke.rs"))
+        .unwrap_or_else(|| panic!("no failure point in smoke.rs among {points:?}"));
+    let k = shadow["point"].as_u64().unwrap();
+    assert_eq!(runs.len(), 1 + points.len(), "one run per point: {}", show(&out));
+    let failed: Vec<&Value> = runs.iter().filter(|r| r["outcome"]["result"] == "fail").collect();
+    assert_eq!(failed.len(), 1, "only the ignored allocation's run fails: {}", show(&out));
+    let run = failed[0];
+    assert_eq!(run["name"], format!("ignored-allocation-failure/verifier-on/fail-point-{k}"));
+    assert_eq!(run["actual"]["kind"], "bugcheck", "{run}");
+    assert_eq!(run["actual"]["code"], "0x50", "PAGE_FAULT_IN_NONPAGED_AREA at the NULL: {run}");
+    assert_eq!(run["injected_faults"][0]["routine"], "ExAllocatePoolWithTag");
+    assert_eq!(run["injected_faults"][0]["site"], shadow["site"]);
+    let reproducer = run["reproducer"].as_str().expect("a failed run has a reproducer");
+    assert!(reproducer.contains(" boot --run ignored-allocation-failure/verifier-on --suite "), "{reproducer}");
+    assert!(reproducer.ends_with(&format!("low-resources-broken.toml --fail-point {k}")), "{reproducer}");
+}
+
 /// Every run's name → (boot path, actual verdict) from a report.
 fn verdicts(report: &Value) -> Vec<(String, String, Value)> {
     report["runs"]

@@ -164,8 +164,26 @@ impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
         &self.channel
     }
 
-    /// Gives the adapter back. Objects still open are the caller's leak (the verifier reports it).
-    pub fn close(self) {
+    /// Tears the HCA down as a driver's remove path must: every MR, QP and CQ still open is destroyed on the device
+    /// and its memory given back, then the adapter. A caller that gave up half way (an error path, e.g. after a
+    /// failed allocation) leaves such objects behind; before this, close returned the adapter with their rings
+    /// still allocated and the verifier stopped the machine at PutDmaAdapter (0xE6/0x07, outstanding common
+    /// buffers; found by the low-resources simulation). Device errors here do not stop the teardown: the device
+    /// is reset after close anyway, and host memory must be returned either way.
+    pub fn close(mut self) {
+        for (lkey, mr) in core::mem::take(&mut self.mrs) {
+            let _ = self.handle_command(Opcode::DeregMr, lkey);
+            self.release_mr(&mr);
+        }
+        for (qpn, mut qp) in core::mem::take(&mut self.qps) {
+            let _ = self.handle_command(Opcode::DestroyQp, qpn);
+            qp.sq.free(&*self.kernel, self.adapter);
+            qp.rq.free(&*self.kernel, self.adapter);
+        }
+        for (cq, mut c) in core::mem::take(&mut self.cqs) {
+            let _ = self.handle_command(Opcode::DestroyCq, cq);
+            c.ring.free(&*self.kernel, self.adapter);
+        }
         self.kernel.PutDmaAdapter(self.adapter);
     }
 

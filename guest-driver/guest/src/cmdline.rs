@@ -4,7 +4,7 @@
 use std::fmt;
 
 use vhca_driver::ClMutexKind;
-use vhca_ntmodel::{RuleId, VerifierFlags};
+use vhca_ntmodel::{LowResourcesConfig, RuleId, VerifierFlags};
 
 /// PCI identity of the device to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,12 @@ pub struct Options {
     pub disabled_rules: Vec<RuleId>,
     /// The fixed scenarios take their buggy path again (`vhca.break_fix=1`): proves their checks can fail.
     pub break_fix: bool,
+    /// The low-resources simulation's knobs (`vhca.faults`, `vhca.faults_seed`, `vhca.faults_delay_ms`,
+    /// `vhca.faults_tags`, `vhca.faults_systematic`, `vhca.faults_dma`, `vhca.fail_point`); the verifier flags 0x4
+    /// and 0x40000 turn the Windows modes on, `vhca.fail_point` the rig's own.
+    pub low_resources: LowResourcesConfig,
+    /// `vhca.faults_seed` was given; else a randomized run picks a seed and prints it.
+    pub faults_seed_given: bool,
     /// A test mode instead of a run (`vhca.init=hang|panic|poweroff`): the runner's own tests of hangs and crashes.
     pub init: Option<String>,
     /// Samples of each kind the `roundtrip` scenario takes (`vhca.samples`); None: its default.
@@ -80,6 +86,8 @@ impl Default for Options {
             double_buffering: true,
             disabled_rules: Vec::new(),
             break_fix: false,
+            low_resources: LowResourcesConfig::default(),
+            faults_seed_given: false,
             init: None,
             samples: None,
             warnings: Vec::new(),
@@ -109,6 +117,11 @@ impl Options {
     }
 
     fn apply(&mut self, key: &str, value: &str) -> Result<(), String> {
+        // The simulation's keys belong to the NT model, so every personality built on it parses them alike.
+        if let Some(r) = self.low_resources.apply_option(key, value) {
+            self.faults_seed_given |= key == "faults_seed" && r.is_ok();
+            return r;
+        }
         match key {
             "scenario" if !value.is_empty() => self.scenario = value.to_string(),
             "scenario" => return Err("empty value".into()),
@@ -248,6 +261,25 @@ mod tests {
         assert_eq!(off.verifier, VerifierFlags::NONE);
         assert_eq!(off.lock, None);
         assert_eq!(off.warnings.len(), 2, "{:?}", off.warnings);
+    }
+
+    #[test]
+    fn reads_the_low_resources_options() {
+        let options = Options::parse(
+            "vhca.verifier=0x40000 vhca.faults=250 vhca.faults_seed=42 vhca.faults_delay_ms=0 vhca.faults_tags=vhca,Ab \
+             vhca.faults_systematic=record vhca.faults_dma=1 vhca.fail_point=3",
+        );
+        assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+        let lr = &options.low_resources;
+        assert_eq!((lr.probability, lr.seed, lr.delay), (250, 42, std::time::Duration::ZERO));
+        assert_eq!(lr.pool_tags, [u32::from_le_bytes(*b"vhca"), u32::from_le_bytes(*b"Ab  ")]);
+        assert_eq!(lr.systematic, vhca_ntmodel::Systematic::Record);
+        assert!(lr.dma_routines && options.faults_seed_given);
+        assert_eq!(lr.fail_point, Some(3));
+        let bad = Options::parse("vhca.faults=0 vhca.faults=20000 vhca.fail_point=0 vhca.faults_systematic=maybe");
+        assert_eq!(bad.warnings.len(), 4, "{:?}", bad.warnings);
+        assert_eq!(bad.low_resources, LowResourcesConfig::default());
+        assert!(!bad.faults_seed_given);
     }
 
     #[test]

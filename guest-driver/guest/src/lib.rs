@@ -7,6 +7,7 @@ pub mod bring_up;
 pub mod bugcheck_handler;
 pub mod cmdline;
 pub mod command_queue;
+pub mod fault_injection;
 pub mod kmsg;
 pub mod nt_backend;
 pub mod pci;

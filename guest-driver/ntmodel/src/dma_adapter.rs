@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::low_resources::{Failure, FaultableRoutine};
 use crate::memory::{Memory, RegionKind};
 use crate::verifier::{c4, e6, VerifierFlags};
 use crate::{lock, HostMemId, NtModel, PAGE};
@@ -392,6 +393,9 @@ impl NtModel {
                 return Err(b);
             }
         }
+        if self.inject(FaultableRoutine::AllocateCommonBuffer, None).is_some() {
+            return Ok((PVOID::NULL, 0));
+        }
         let Some(va) = self.alloc_region(length as u64, RegionKind::CommonBuffer, 0, 0) else {
             return Ok((PVOID::NULL, 0));
         };
@@ -441,6 +445,9 @@ impl NtModel {
     ) -> NTSTATUS {
         let r = self.dma_irql_exact(DISPATCH_LEVEL);
         self.ok(r);
+        if let Some(Failure::Status(status)) = self.inject(FaultableRoutine::GetScatterGatherList, None) {
+            return status;
+        }
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let r = (|| {

@@ -1,10 +1,14 @@
 //! `NtKernel` for the model: each Windows routine forwards to the module that models it, and a violation found
-//! there is raised here, after every model lock is released.
+//! there is raised here, after every model lock is released. The routines the low-resources simulation can fail
+//! take their caller's location (`#[track_caller]`): the call site systematic mode identifies.
 
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use std::panic::Location;
+
 use crate::locks::LockKind;
+use crate::low_resources::at_location;
 use crate::NtModel;
 
 impl NtKernel for NtModel {
@@ -80,8 +84,9 @@ impl NtKernel for NtModel {
         self.spin_lock_release(lock, new_irql)
     }
 
+    #[track_caller]
     fn ExAllocatePoolWithTag(&self, pool_type: POOL_TYPE, number_of_bytes: usize, tag: u32) -> PVOID {
-        let r = self.pool_alloc(pool_type, number_of_bytes, tag);
+        let r = at_location(Location::caller(), || self.pool_alloc(pool_type, number_of_bytes, tag));
         self.ok(r)
     }
     fn ExFreePoolWithTag(&self, p: PVOID, _tag: u32) {
@@ -98,8 +103,9 @@ impl NtKernel for NtModel {
         self.ok(r)
     }
 
+    #[track_caller]
     fn IoAllocateMdl(&self, virtual_address: PVOID, length: u32, _secondary: bool, _charge_quota: bool) -> PMDL {
-        let r = self.mdl_alloc(virtual_address, length);
+        let r = at_location(Location::caller(), || self.mdl_alloc(virtual_address, length));
         self.ok(r)
     }
     fn IoFreeMdl(&self, mdl: PMDL) {
@@ -109,8 +115,9 @@ impl NtKernel for NtModel {
         let r = self.mdl_build_nonpaged(mdl);
         self.ok(r)
     }
+    #[track_caller]
     fn MmProbeAndLockPages(&self, mdl: PMDL, access_mode: KPROCESSOR_MODE, operation: LOCK_OPERATION) -> NTSTATUS {
-        let r = self.mdl_probe_and_lock(mdl, access_mode, operation);
+        let r = at_location(Location::caller(), || self.mdl_probe_and_lock(mdl, access_mode, operation));
         self.ok(r)
     }
     fn MmUnlockPages(&self, mdl: PMDL) {
@@ -124,6 +131,7 @@ impl NtKernel for NtModel {
         self.mdl(mdl).map(|d| d.len).unwrap_or(0)
     }
 
+    #[track_caller]
     fn MmAllocateContiguousMemorySpecifyCache(
         &self,
         number_of_bytes: usize,
@@ -132,7 +140,7 @@ impl NtKernel for NtModel {
         _boundary: PHYSICAL_ADDRESS,
         _cache_type: MEMORY_CACHING_TYPE,
     ) -> PVOID {
-        let r = self.contiguous_alloc(number_of_bytes);
+        let r = at_location(Location::caller(), || self.contiguous_alloc(number_of_bytes));
         self.ok(r)
     }
     fn MmFreeContiguousMemory(&self, base_address: PVOID) {
@@ -152,6 +160,7 @@ impl NtKernel for NtModel {
         let r = self.put_dma_adapter(adapter);
         self.ok(r)
     }
+    #[track_caller]
     fn AllocateCommonBuffer(
         &self,
         adapter: PDMA_ADAPTER,
@@ -159,7 +168,7 @@ impl NtKernel for NtModel {
         logical_address: &mut PHYSICAL_ADDRESS,
         _cache_enabled: bool,
     ) -> PVOID {
-        let r = self.allocate_common_buffer(adapter, length);
+        let r = at_location(Location::caller(), || self.allocate_common_buffer(adapter, length));
         let (va, logical) = self.ok(r);
         *logical_address = PHYSICAL_ADDRESS(logical);
         va
@@ -175,6 +184,7 @@ impl NtKernel for NtModel {
         let r = self.free_common_buffer(adapter, virtual_address);
         self.ok(r)
     }
+    #[track_caller]
     fn GetScatterGatherList(
         &self,
         adapter: PDMA_ADAPTER,
@@ -185,15 +195,17 @@ impl NtKernel for NtModel {
         execution_routine: PDRIVER_LIST_CONTROL,
         write_to_device: bool,
     ) -> NTSTATUS {
-        self.get_scatter_gather_list(
-            adapter,
-            device_object,
-            mdl,
-            current_va,
-            length,
-            execution_routine,
-            write_to_device,
-        )
+        at_location(Location::caller(), || {
+            self.get_scatter_gather_list(
+                adapter,
+                device_object,
+                mdl,
+                current_va,
+                length,
+                execution_routine,
+                write_to_device,
+            )
+        })
     }
     fn PutScatterGatherList(&self, adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST, _write_to_device: bool) {
         let r = self.put_scatter_gather_list(adapter, list);

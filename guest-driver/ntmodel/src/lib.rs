@@ -6,6 +6,7 @@ pub mod bugcheck;
 mod dma_adapter;
 mod kernel;
 mod locks;
+pub mod low_resources;
 mod mdl;
 mod memory;
 pub mod verifier;
@@ -19,6 +20,10 @@ use vhca_ntapi::{KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT};
 
 pub use backend::{BackendError, DmaBackend, HostDmaBackend, HostMemId};
 pub use bugcheck::{Bugcheck, BugcheckHandler, BugcheckUnwind, CaptureBugchecks, PrintAndExit};
+pub use low_resources::{
+    with_call_site, CallSite, Failure, FaultPoint, FaultableRoutine, InjectedFault, InjectionMode, LowResourcesConfig,
+    SiteFrame, Systematic,
+};
 pub use verifier::{RuleId, VerifierFlags};
 
 pub(crate) const PAGE: u64 = vhca_ntapi::PAGE_SIZE;
@@ -40,6 +45,8 @@ pub struct NtModelConfig {
     /// DMA checking double-buffers S/G lists and MapTransfer mappings, as Windows' verifier does. Off only to show
     /// what depends on it (the shared-buffer scenario's stale read): the device then sees the buffer's own pages.
     pub double_buffering: bool,
+    /// The low-resources simulation's knobs (flags 0x4 and 0x40000 choose the mode; `fail_point` the rig's own).
+    pub low_resources: LowResourcesConfig,
 }
 
 impl Default for NtModelConfig {
@@ -50,6 +57,7 @@ impl Default for NtModelConfig {
             max_contiguous_pages: None,
             disabled_rules: Vec::new(),
             double_buffering: true,
+            low_resources: LowResourcesConfig::default(),
         }
     }
 }
@@ -85,6 +93,7 @@ pub struct NtModel {
     next_object: AtomicU64,
     bugchecks: Mutex<Vec<Bugcheck>>,
     iommu_faults: Mutex<Vec<IommuFault>>,
+    low_resources: Mutex<low_resources::LowResources>,
 }
 
 /// Fake kernel addresses for objects the model hands out (MDLs, adapters, locks, S/G lists).
@@ -99,6 +108,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl NtModel {
     pub fn new(config: NtModelConfig, backend: Arc<dyn DmaBackend>, handler: Arc<dyn BugcheckHandler>) -> NtModel {
+        let low_resources = low_resources::LowResources::new(config.verifier, config.low_resources.clone());
         NtModel {
             config,
             backend,
@@ -109,6 +119,7 @@ impl NtModel {
             next_object: AtomicU64::new(1),
             bugchecks: Mutex::new(Vec::new()),
             iommu_faults: Mutex::new(Vec::new()),
+            low_resources: Mutex::new(low_resources),
         }
     }
 
@@ -153,6 +164,32 @@ impl NtModel {
 
     pub fn iommu_faults(&self) -> Vec<IommuFault> {
         lock(&self.iommu_faults).clone()
+    }
+
+    /// What the low-resources simulation does in this run.
+    pub fn injection_mode(&self) -> InjectionMode {
+        lock(&self.low_resources).mode()
+    }
+
+    /// Calls `observer` with each failure the low-resources simulation injects, as it happens.
+    pub fn observe_injected_faults(&self, observer: low_resources::FaultObserver) {
+        lock(&self.low_resources).set_observer(observer)
+    }
+
+    /// Every failure point seen so far (a call site and its routine), in order of first sighting.
+    pub fn fault_points(&self) -> Vec<FaultPoint> {
+        lock(&self.low_resources).points().to_vec()
+    }
+
+    /// Every failure injected so far, in order: the `!verifier 4` log.
+    pub fn injected_faults(&self) -> Vec<InjectedFault> {
+        lock(&self.low_resources).injected().to_vec()
+    }
+
+    /// The low-resources simulation's verdict on this call: the failure to give the driver, or None to go on.
+    /// Called after the routine's rule checks, so a call that breaks a rule stops the machine either way.
+    pub(crate) fn inject(&self, routine: FaultableRoutine, tag: Option<u32>) -> Option<Failure> {
+        lock(&self.low_resources).decide(routine, tag)
     }
 
     /// Stops the machine. Callers must hold no model mutex guard.

@@ -4,6 +4,7 @@
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::low_resources::{Failure, FaultableRoutine};
 use crate::memory::RegionKind;
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel, PAGE};
@@ -32,7 +33,7 @@ impl NtModel {
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
             self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
         }
-        if length == 0 {
+        if length == 0 || self.inject(FaultableRoutine::IoAllocateMdl, None).is_some() {
             return Ok(PMDL::NULL);
         }
         let addr = self.new_object();
@@ -79,6 +80,9 @@ impl NtModel {
                 flags,
                 MDL_SOURCE_IS_NONPAGED_POOL as u64,
             ))?;
+        }
+        if let Some(Failure::Status(status)) = self.inject(FaultableRoutine::MmProbeAndLockPages, None) {
+            return Ok(status);
         }
         let Some(end) = d.va.checked_add(d.len as u64) else { return Ok(STATUS_ACCESS_VIOLATION) };
         let mut bases = Vec::new();

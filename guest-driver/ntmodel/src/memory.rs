@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::low_resources::FaultableRoutine;
 use crate::verifier::{c4, VerifierFlags};
 use crate::{dma_adapter, lock, mdl, HostMemId, NtModel, PAGE};
 
@@ -149,6 +150,9 @@ impl NtModel {
                 ))?;
             }
         }
+        if self.inject(FaultableRoutine::ExAllocatePoolWithTag, Some(tag)).is_some() {
+            return Ok(PVOID::NULL);
+        }
         let kind = if pool_type.is_paged() { RegionKind::PagedPool } else { RegionKind::NonPagedPool };
         Ok(self.alloc_region(bytes as u64, kind, tag, 0).map(PVOID).unwrap_or(PVOID::NULL))
     }
@@ -181,6 +185,9 @@ impl NtModel {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql > DISPATCH_LEVEL {
             self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
+        }
+        if self.inject(FaultableRoutine::MmAllocateContiguousMemorySpecifyCache, None).is_some() {
+            return Ok(PVOID::NULL);
         }
         Ok(self.alloc_region(bytes as u64, RegionKind::Contiguous, 0, 0).map(PVOID).unwrap_or(PVOID::NULL))
     }
@@ -255,6 +262,27 @@ impl NtModel {
             RegionKind::NonPagedPool => (p, n + r.bytes, c + 1),
             _ => (p, n, c),
         })
+    }
+
+    /// What the driver still holds that no Windows check reports at unload (contiguous memory, MDLs, locked user
+    /// pages): the rig's own leak census, which the low-resources runs use so a leaking error path fails its run.
+    /// Pool and DMA resources are left to the verifier's own unload checks (0xC4/0x60, 0xE6/0x07..0x0A).
+    pub fn unreleased_resources(&self) -> Vec<String> {
+        let m = lock(&self.memory);
+        let mut out = Vec::new();
+        for r in m.regions.values() {
+            match r.kind {
+                RegionKind::Contiguous => out.push(format!("contiguous memory {:#x} ({} bytes)", r.base, r.bytes)),
+                RegionKind::User if r.locks > 0 => {
+                    out.push(format!("user pages at {:#x} locked {} time(s)", r.base, r.locks))
+                }
+                _ => {}
+            }
+        }
+        let mut mdls: Vec<_> = m.mdls.iter().collect();
+        mdls.sort_by_key(|(addr, _)| **addr);
+        out.extend(mdls.into_iter().map(|(addr, d)| format!("MDL {addr:#x} for {:#x} ({} bytes)", d.va, d.len)));
+        out
     }
 
     /// Live pool allocations as (address, bytes, tag, paged): what `!poolused` would list for the driver.

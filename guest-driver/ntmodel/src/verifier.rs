@@ -9,6 +9,8 @@ impl VerifierFlags {
     pub const NONE: VerifierFlags = VerifierFlags(0);
     pub const SPECIAL_POOL: VerifierFlags = VerifierFlags(0x1);
     pub const IRQL_CHECKING: VerifierFlags = VerifierFlags(0x2);
+    /// Low Resources Simulation ("Randomized low resources simulation" from Windows 8.1): bit 2.
+    pub const LOW_RESOURCES: VerifierFlags = VerifierFlags(0x4);
     pub const POOL_TRACKING: VerifierFlags = VerifierFlags(0x8);
     pub const IO_VERIFICATION: VerifierFlags = VerifierFlags(0x10);
     pub const DEADLOCK_DETECTION: VerifierFlags = VerifierFlags(0x20);
@@ -17,6 +19,8 @@ impl VerifierFlags {
     pub const MISC_CHECKS: VerifierFlags = VerifierFlags(0x800);
     /// DDI compliance checking: the DDI rules (IrqlIoPassive5, ...), part of /standard.
     pub const DDI_COMPLIANCE: VerifierFlags = VerifierFlags(0x20000);
+    /// Systematic Low Resource Simulation: bit 18 (Windows 10 and earlier spell it `/flags 0x40000`).
+    pub const SYSTEMATIC_LOW_RESOURCES: VerifierFlags = VerifierFlags(0x40000);
     /// `verifier /standard`: 0x209BB (special pool, IRQL, pool tracking, I/O, deadlock, DMA, security, misc, ...).
     pub const STANDARD: VerifierFlags = VerifierFlags(0x209BB);
 

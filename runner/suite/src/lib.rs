@@ -3,6 +3,7 @@
 
 mod event_log_reader;
 mod expect;
+mod fail_points;
 mod iotlb;
 mod junit;
 mod observation;
@@ -21,10 +22,13 @@ mod xml_text;
 
 pub use event_log_reader::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
 pub use expect::{fault_cause_names, ExpectParseError, Expected, Param};
+pub use fail_points::{
+    expand_recording, fault_points, injected_faults, judge_fail_point, FaultPointSeen, InjectedFaultSeen,
+};
 pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;
 pub use observation::{GuestPanicked, HyperVCrash, Observation, ProcessExit};
-pub use report::{reproducer, BootPath, RunReport, SuiteReport, Totals};
+pub use report::{fail_point_reproducer, reproducer, BootPath, RunReport, SuiteReport, Totals};
 pub use report_merge::{merge_json, merge_junit, MergeError, Merged};
 pub use serial_scan::{
     parse_linux_panic, parse_result_line, scan_serial, LinuxPanic, PanicKind, ResultLine, SerialFindings,
@@ -32,8 +36,8 @@ pub use serial_scan::{
 pub use shard::{durations_from_report, shard_runs, Shard, ShardParseError};
 pub use stop_line::{bugcheck_name, parse_bugcheck, Bugcheck};
 pub use suite::{
-    ConcreteRun, DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
-    DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS,
+    split_fail_point, ConcreteRun, DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode,
+    DEFAULT_SILENCE_S, DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS, FAIL_POINT_INFIX, SYSTEMATIC_LOW_RESOURCES,
 };
 pub use suite_file::{Problem, SuiteError, SEED_SUITE, SEED_SUITE_NAME};
 pub use table::render_table;

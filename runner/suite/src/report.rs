@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::expect::Expected;
-use crate::suite::{ConcreteRun, Suite, VerifierMode};
+use crate::fail_points::{FaultPointSeen, InjectedFaultSeen};
+use crate::suite::{split_fail_point, ConcreteRun, Suite, VerifierMode};
 use crate::verdict::{Actual, Outcome, Verdict};
 
 /// How the guest was brought up for a run.
@@ -47,6 +48,12 @@ pub struct RunReport {
     pub timeline_svg: Option<PathBuf>,
     /// Set for failed runs by `set_reproducer`.
     pub reproducer: Option<String>,
+    /// The low-resources simulation's failure points the run saw (a recording run's list is what expands).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fault_points: Vec<FaultPointSeen>,
+    /// The failures it injected, in order, as `!verifier 4` lists them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub injected_faults: Vec<InjectedFaultSeen>,
 }
 
 impl RunReport {
@@ -66,6 +73,8 @@ impl RunReport {
             artifact_dir: None,
             timeline_svg: None,
             reproducer: None,
+            fault_points: Vec::new(),
+            injected_faults: Vec::new(),
         }
     }
 
@@ -75,7 +84,10 @@ impl RunReport {
 
     /// Gives a failed run its reproducer (see `reproducer`); a passed run keeps none.
     pub fn set_reproducer(&mut self, program: &str, suite_file: Option<&str>) {
-        self.reproducer = (!self.passed()).then(|| reproducer(program, suite_file, &self.name));
+        self.reproducer = (!self.passed()).then(|| match split_fail_point(&self.name) {
+            Some((run, k)) => fail_point_reproducer(program, suite_file, run, k),
+            None => reproducer(program, suite_file, &self.name),
+        });
     }
 
     pub fn failure_reason(&self) -> Option<&str> {
@@ -142,6 +154,18 @@ pub fn reproducer(program: &str, suite_file: Option<&str>, run_name: &str) -> St
     words.join(" ")
 }
 
+/// The one-line reproducer of a fail-point run: `vhca-run boot --run <run> --fail-point k` boots exactly it.
+pub fn fail_point_reproducer(program: &str, suite_file: Option<&str>, run_name: &str, k: u32) -> String {
+    let mut words = vec![shell_quote(program), "boot".to_string(), "--run".to_string(), shell_quote(run_name)];
+    if let Some(file) = suite_file {
+        words.push("--suite".to_string());
+        words.push(shell_quote(file));
+    }
+    words.push("--fail-point".to_string());
+    words.push(k.to_string());
+    words.join(" ")
+}
+
 /// `text` as a regex that matches it literally. Unlike `regex::escape`, leaves `-` alone (it only means something
 /// inside a class), so the usual run name reads as itself.
 fn regex_literal(text: &str) -> String {
@@ -172,6 +196,18 @@ mod tests {
         assert_eq!(reproducer("vhca-run", None, "a.b/verifier-off"), "vhca-run suite --filter '^a\\.b/verifier-off$'");
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn a_fail_point_run_reproduces_with_boot() {
+        assert_eq!(
+            fail_point_reproducer("vhca-run", Some("my suite.toml"), "lr/verifier-on", 4),
+            "vhca-run boot --run lr/verifier-on --suite 'my suite.toml' --fail-point 4"
+        );
+        assert_eq!(
+            fail_point_reproducer("vhca-run", None, "lr/verifier-on", 1),
+            "vhca-run boot --run lr/verifier-on --fail-point 1"
+        );
     }
 
     #[test]

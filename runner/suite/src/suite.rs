@@ -7,10 +7,14 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::expect::Expected;
+use crate::fail_points::FaultPointSeen;
 
 /// Driver Verifier flags for the "on" mode unless a run overrides them: DMA checking 0x80, IRQL checking 0x2,
 /// pool tracking 0x8, deadlock detection 0x20.
 pub const DEFAULT_VERIFIER_FLAGS: u32 = 0x80 | 0x2 | 0x8 | 0x20;
+
+/// Driver Verifier's Systematic Low Resource Simulation flag (bit 18).
+pub const SYSTEMATIC_LOW_RESOURCES: u32 = 0x40000;
 
 /// Per-run guest timeout when neither the run nor the suite's `[defaults]` sets one.
 pub const DEFAULT_TIMEOUT_S: u32 = 60;
@@ -98,6 +102,8 @@ pub struct SuiteRun {
     pub expect: BTreeMap<VerifierMode, Expected>,
     /// Device event-log kinds that must appear, per mode (a mode without an entry requires none).
     pub events: BTreeMap<VerifierMode, Vec<String>>,
+    /// Exhaustive low-resources mode: the run records its failure points; each then runs alone (`fail_point`).
+    pub each_fail_point: bool,
     /// 1-based line of the run's `name` in the suite file, for messages that point back at it.
     pub line: usize,
 }
@@ -125,6 +131,14 @@ pub struct ConcreteRun {
     pub expected: Expected,
     /// Device event-log kinds (`map_registers_exhausted`, ...) that must appear for the run to pass.
     pub events: Vec<String>,
+    /// The run records the low-resources simulation's failure points (Windows' systematic "what if" mode); the
+    /// runner then expands each into a run of its own.
+    pub records_fail_points: bool,
+    /// The run fails only failure point k (the rig's exhaustive mode; `vhca-run boot --fail-point k`).
+    pub fail_point: Option<u32>,
+    /// What the recording run saw at point k, when this run was expanded from one: the site the run must fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_point: Option<FaultPointSeen>,
 }
 
 impl ConcreteRun {
@@ -137,7 +151,26 @@ impl ConcreteRun {
         }
         params.push(("vhca.verifier".to_string(), format!("{:#x}", self.verifier_flags)));
         params.extend(self.guest.extra.iter().map(|(k, v)| (format!("vhca.{k}"), v.clone())));
+        match self.fail_point {
+            Some(k) => params.push(("vhca.fail_point".to_string(), k.to_string())),
+            None if self.records_fail_points => {
+                params.push(("vhca.faults_systematic".to_string(), "record".to_string()))
+            }
+            None => {}
+        }
         params
+    }
+
+    /// This run failing only failure point `k` (1-based, as its recording numbered them): `<name>/fail-point-<k>`.
+    pub fn at_fail_point(&self, k: u32) -> ConcreteRun {
+        ConcreteRun {
+            name: format!("{}{FAIL_POINT_INFIX}{k}", self.name),
+            run: format!("{}{FAIL_POINT_INFIX}{k}", self.run),
+            records_fail_points: false,
+            fail_point: Some(k),
+            recorded_point: None,
+            ..self.clone()
+        }
     }
 
     /// The device's extra arguments for this run: `--map-registers N` and one `--inject KEY=VALUE` per injection.
@@ -156,6 +189,15 @@ impl ConcreteRun {
         }
         args
     }
+}
+
+/// What joins a concrete run's name and a failure point's number in the name of the run that fails it.
+pub const FAIL_POINT_INFIX: &str = "/fail-point-";
+
+/// `<concrete run>/fail-point-<k>` split into the concrete run's name and k.
+pub fn split_fail_point(name: &str) -> Option<(&str, u32)> {
+    let (base, k) = name.rsplit_once(FAIL_POINT_INFIX)?;
+    Some((base, k.parse().ok().filter(|k| *k > 0)?))
 }
 
 /// The concrete-run name for a run in a mode.
@@ -181,6 +223,9 @@ impl Suite {
                     guest: run.guest.clone(),
                     expected: expected.clone(),
                     events: run.events.get(mode).cloned().unwrap_or_default(),
+                    records_fail_points: run.each_fail_point,
+                    fail_point: None,
+                    recorded_point: None,
                 });
             }
         }
@@ -226,6 +271,7 @@ mod tests {
             verifier_flags: 0x80,
             expect: modes.iter().cloned().collect(),
             events: BTreeMap::from([(VerifierMode::On, vec!["map_registers_exhausted".to_string()])]),
+            each_fail_point: false,
             line: 1,
         }
     }
@@ -264,5 +310,22 @@ mod tests {
         assert_eq!(r.device_args(), ["--map-registers", "16", "--inject", "max_contiguous_pages=4"]);
         assert_eq!(suite.unknown_scenarios(&["b"]), vec![("a".to_string(), 1, "a".to_string())]);
         assert!(suite.unknown_scenarios(&["a"]).is_empty());
+    }
+
+    #[test]
+    fn a_recording_run_and_its_fail_point_runs() {
+        let mut a = run("a", &[(VerifierMode::On, Expected::Pass)]);
+        a.each_fail_point = true;
+        let suite = Suite { name: "t".into(), source: "t".into(), runs: vec![a] };
+        let recording = &suite.expand()[0];
+        let words = |r: &ConcreteRun| r.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(words(recording).last().unwrap(), "vhca.faults_systematic=record");
+        let third = recording.at_fail_point(3);
+        assert_eq!(third.name, "a/verifier-on/fail-point-3");
+        assert_eq!(words(&third).last().unwrap(), "vhca.fail_point=3");
+        assert!(!words(&third).iter().any(|w| w.contains("faults_systematic")));
+        assert_eq!(split_fail_point(&third.name), Some(("a/verifier-on", 3)));
+        assert_eq!(split_fail_point("a/verifier-on"), None);
+        assert_eq!(split_fail_point("a/verifier-on/fail-point-0"), None);
     }
 }

@@ -52,7 +52,11 @@ fn seed_suite_parses_and_expands() {
         assert!(names.contains(&scenario), "seed suite lacks {scenario}");
     }
     let runs = suite.expand();
-    assert_eq!(runs.len(), 2 * suite.runs.len());
+    let on_only = suite.runs.iter().filter(|r| r.expect.len() == 1).count();
+    assert_eq!(runs.len(), 2 * suite.runs.len() - on_only);
+    let recordings: Vec<&str> = runs.iter().filter(|r| r.records_fail_points).map(|r| r.name.as_str()).collect();
+    assert_eq!(recordings, ["low-resources-verbs/verifier-on", "low-resources-user-buffer/verifier-on"]);
+    assert!(runs.iter().filter(|r| r.run.starts_with("low-resources")).all(|r| r.mode == VerifierMode::On));
     let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {name}"));
     let is = Param::Is;
     assert_eq!(
@@ -253,7 +257,9 @@ fn syntax_errors_and_empty_suites() {
 fn unknown_scenarios_are_found_against_the_guest_list() {
     let suite = Suite::seed().unwrap();
     let missing = suite.unknown_scenarios(&["smoke"]);
-    assert_eq!(missing.len(), suite.runs.len() - 1);
+    let smoke = suite.runs.iter().filter(|r| r.guest.scenario == "smoke").count();
+    assert!(smoke >= 1);
+    assert_eq!(missing.len(), suite.runs.len() - smoke);
     assert!(missing.iter().all(|(_, line, _)| *line > 0));
 }
 
@@ -328,4 +334,17 @@ fn bad_events_name_line_and_field() {
     let found = problems(&wrong_key);
     assert!(found.iter().any(|p| p.line == 5 && p.message.contains("unknown field `maybe`")), "{found:#?}");
     assert_problem(&format!("{head}guest = {{ silence_s = 0 }}\n"), 5, "run[0].guest.silence_s", "out of range");
+}
+
+#[test]
+fn each_fail_point_needs_the_on_mode_and_the_systematic_flag() {
+    let ok = "name = \"t\"\n[[run]]\nname = \"lr\"\nmodes = [\"on\"]\nverifier_flags = \"0x400AA\"\neach_fail_point = true\nexpect = \"pass\"\n";
+    let suite = Suite::parse(ok, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(suite.runs[0].each_fail_point);
+    let runs = suite.expand();
+    assert!(runs[0].records_fail_points && runs[0].fail_point.is_none());
+    assert_problem(&ok.replace("0x400AA", "0xAA"), 6, "run[0].each_fail_point", "0x40000");
+    assert_problem(&ok.replace("modes = [\"on\"]\n", ""), 5, "run[0].each_fail_point", "modes");
+    let reserved = format!("{ok}[run.guest.extra]\nfail_point = 2\n");
+    assert_problem(&reserved, 9, "run[0].guest.extra.fail_point", "set by");
 }

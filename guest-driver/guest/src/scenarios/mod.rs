@@ -19,13 +19,16 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use vhca_driver::{ClMutexKind, Hca, HcaConfig};
 use vhca_ntapi::PDEVICE_OBJECT;
-use vhca_ntmodel::{NtModel, NtModelConfig};
+use vhca_ntmodel::{InjectionMode, NtModel, NtModelConfig};
+
+use self::verbs::Buffer;
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
 use crate::kmsg;
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::{lock_name, Options};
+use crate::fault_injection;
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
 use crate::vfio_dma::DmaMapper;
@@ -84,9 +87,22 @@ pub struct Ctx<'a> {
     events: Vec<Value>,
     /// A failure that must not stop the run before the driver unloads (the unload's checks come first).
     deferred: Option<String>,
+    /// Buffers the scenario allocated and has not freed: what the harness gives back when the scenario stops on an
+    /// injected failure (a test's teardown; the driver's own objects are the driver's close's to release).
+    buffers: Mutex<Vec<Buffer>>,
 }
 
 impl Ctx<'_> {
+    /// Remembers a buffer the scenario allocated until it frees it.
+    pub fn own(&self, buffer: Buffer) -> Buffer {
+        self.buffers.lock().unwrap_or_else(|e| e.into_inner()).push(buffer);
+        buffer
+    }
+
+    pub fn disown(&self, buffer: &Buffer) {
+        self.buffers.lock().unwrap_or_else(|e| e.into_inner()).retain(|b| b.va() != buffer.va());
+    }
+
     /// Adds `key: value` to the result's details (kept if the machine bugchecks later).
     pub fn detail(&self, key: &str, value: impl Serialize) {
         let value = serde_json::to_value(value).unwrap_or_else(|e| Value::String(format!("unserialisable: {e}")));
@@ -229,6 +245,7 @@ pub fn run(
         max_contiguous_pages: options.fragmentation,
         disabled_rules: options.disabled_rules.clone(),
         double_buffering: options.double_buffering,
+        low_resources: fault_injection::config(options),
     };
     {
         let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
@@ -241,7 +258,8 @@ pub fn run(
         r.details.insert("double_buffering".into(), json!(config.double_buffering));
     }
     let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
-    let kernel = Arc::new(NtModel::new(config, backend.clone(), handler));
+    let kernel = Arc::new(NtModel::new(config.clone(), backend.clone(), handler));
+    fault_injection::start(&kernel, &config.low_resources, &report);
     let keep = DriverRun { kernel: kernel.clone(), backend: backend.clone() };
     let hca = match Hca::open(kernel.clone(), channel, PDO, (scenario.config)(options)) {
         Ok(hca) => hca,
@@ -253,20 +271,52 @@ pub fn run(
         hca.map_registers(),
         hca.attributes().map_registers_free.get()
     ));
-    let mut ctx = Ctx { hca, kernel: kernel.clone(), options, report, timeout, events: Vec::new(), deferred: None };
+    let mut ctx = Ctx {
+        hca,
+        kernel: kernel.clone(),
+        options,
+        report: report.clone(),
+        timeout,
+        events: Vec::new(),
+        deferred: None,
+        buffers: Mutex::new(Vec::new()),
+    };
     let result = (scenario.run)(&mut ctx);
     ctx.drain_events();
     let deferred = ctx.deferred.take();
     let (mapped, peak) = backend.mapped_pages();
     ctx.detail("nt_mapped_pages_peak", peak);
+    let simulating = kernel.injection_mode() != InjectionMode::Off;
+    let result = match result {
+        // An injected failure stopped the scenario: that is the error path under test, and the run now judges
+        // how the driver comes out of it (unload checks, leaks, bugchecks), not the scenario's own verdict.
+        Err(e) if !kernel.injected_faults().is_empty() => {
+            progress(format_args!(
+                "scenario stopped after an injected failure ({e:#}); unloading through its error path"
+            ));
+            ctx.detail("error_path", format!("{e:#}"));
+            Ok(())
+        }
+        r => r,
+    };
     if result.is_ok() {
+        let leftovers = std::mem::take(&mut *ctx.buffers.lock().unwrap_or_else(|e| e.into_inner()));
+        let adapter = ctx.hca.adapter();
+        // Common buffers need the adapter; pool and user buffers go after the driver released its mappings.
+        let (common, rest): (Vec<Buffer>, Vec<Buffer>) =
+            leftovers.into_iter().partition(|b| matches!(b, Buffer::Common { .. }));
+        common.into_iter().for_each(|b| b.free_on(&kernel, adapter));
         // The driver unloads: the verifier checks the adapter (0xE6/0x07..0x0A) and the pool (0xC4/0x60).
         ctx.hca.close();
+        rest.into_iter().for_each(|b| b.free_on(&kernel, adapter));
         kernel.unload_driver();
         progress(format_args!("driver unloaded; {mapped} NT pages still mapped for the device at unload"));
     }
+    fault_injection::record_points(&kernel, &report);
+    let leaks = if simulating && result.is_ok() { kernel.unreleased_resources() } else { Vec::new() };
     let result = match (result, deferred) {
         (Ok(()), Some(why)) => Err(anyhow::anyhow!(why)),
+        (Ok(()), None) if !leaks.is_empty() => Err(anyhow::anyhow!("the driver never released: {}", leaks.join("; "))),
         (r, _) => r,
     };
     (Some(keep), result)
@@ -280,13 +330,18 @@ mod tests {
     #[test]
     fn every_seed_suite_scenario_is_known() {
         let suite = include_str!("../../../../runner/suite/suites/seed.toml");
-        let mut names = Vec::new();
+        let mut names: Vec<String> = Vec::new();
         let mut in_run = false;
         for line in suite.lines().map(str::trim) {
             if line.starts_with('[') {
                 in_run = line == "[[run]]";
             } else if let Some(rest) = line.strip_prefix("name = \"").filter(|_| in_run) {
                 names.push(rest.trim_end_matches('"').to_string());
+            } else if let Some((_, rest)) = line.split_once("scenario = \"").filter(|_| in_run) {
+                // `guest = { scenario = "..." }` names the scenario instead of the run's name.
+                if let (Some(last), Some(name)) = (names.last_mut(), rest.split('"').next()) {
+                    *last = name.to_string();
+                }
             }
         }
         assert!(names.len() >= 10, "parsed {names:?}");

@@ -4,6 +4,7 @@
 //! (With the verifier off, smoke stays the transport's own check: one QUERY_DEVICE, no NT model.)
 
 use vhca_driver::MrMapping;
+use vhca_ntapi::{pool_tag, NtKernel, POOL_TYPE};
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
 use super::verbs::{compare, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
@@ -16,6 +17,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let src = Buffer::pool(ctx, LEN)?;
     let data = pattern(3, LEN as usize);
     src.fill(ctx, &data);
+    if ctx.options.break_fix {
+        shadow_copy_ignoring_failure(ctx, &data[..64]);
+    }
     let dst = Buffer::common(ctx, LEN)?;
     let mr_src = register(ctx, lb.pd, &src, 0, MrMapping::ScatterGather, true)?;
     let mr_dst = register(ctx, lb.pd, &dst, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, MrMapping::ScatterGather, true)?;
@@ -31,4 +35,14 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     anyhow::ensure!(check["matches"] == serde_json::json!(true), "the RDMA write's data did not arrive: {check}");
     ctx.say("smoke on the NT model: objects created and destroyed, verifier silent");
     Ok(())
+}
+
+/// A deliberately broken path (`vhca.break_fix=1`): a shadow copy whose pool allocation is never checked. It works
+/// until the low-resources simulation fails that allocation; then the copy writes through NULL and the machine
+/// stops (0x50). The low-resources e2e test runs it to prove such a path is caught and named.
+fn shadow_copy_ignoring_failure(ctx: &Ctx, data: &[u8]) {
+    const SHADOW: u32 = pool_tag(b"shdw");
+    let shadow = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, data.len(), SHADOW);
+    ctx.kernel.RtlCopyToVa(shadow, data);
+    ctx.kernel.ExFreePoolWithTag(shadow, SHADOW);
 }

@@ -5,6 +5,7 @@ use anyhow::{ensure, Context};
 use serde_json::{json, Value};
 use vhca_driver::{DriverError, MrMapping, MrSource, RegisteredMr};
 use vhca_ntapi::*;
+use vhca_ntmodel::NtModel;
 use vhca_proto::status::WcStatus;
 use vhca_proto::{Cqe, Sge, Wqe, WrOpcode, ACCESS_ALL, WR_SIGNALED};
 
@@ -27,21 +28,21 @@ impl Buffer {
     pub fn pool(ctx: &Ctx, len: u32) -> anyhow::Result<Buffer> {
         let va = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, len as usize, TAG);
         ensure!(!va.is_null(), "ExAllocatePoolWithTag({len}) failed");
-        Ok(Buffer::Pool { va, len })
+        Ok(ctx.own(Buffer::Pool { va, len }))
     }
 
     pub fn common(ctx: &Ctx, len: u32) -> anyhow::Result<Buffer> {
         let mut logical = PHYSICAL_ADDRESS(0);
         let va = ctx.kernel.AllocateCommonBuffer(ctx.hca.adapter(), len, &mut logical, true);
         ensure!(!va.is_null(), "AllocateCommonBuffer({len}) failed");
-        Ok(Buffer::Common { va, logical, len })
+        Ok(ctx.own(Buffer::Common { va, logical, len }))
     }
 
     /// A user buffer starting `offset` bytes into its first page (user buffers are rarely page aligned).
     pub fn user(ctx: &Ctx, len: u32, offset: u64) -> anyhow::Result<Buffer> {
         let va = ctx.kernel.alloc_user_buffer(len as u64, offset);
         ensure!(!va.is_null(), "user buffer of {len} bytes could not be allocated");
-        Ok(Buffer::User { va, len })
+        Ok(ctx.own(Buffer::User { va, len }))
     }
 
     pub fn va(&self) -> PVOID {
@@ -82,12 +83,16 @@ impl Buffer {
     }
 
     pub fn free(self, ctx: &Ctx) {
+        ctx.disown(&self);
+        self.free_on(&ctx.kernel, ctx.hca.adapter());
+    }
+
+    /// Gives the buffer back through `kernel` (what `free` does, for the harness once the HCA is gone).
+    pub fn free_on(self, kernel: &NtModel, adapter: PDMA_ADAPTER) {
         match self {
-            Buffer::Pool { va, .. } => ctx.kernel.ExFreePoolWithTag(va, TAG),
-            Buffer::Common { va, logical, len } => {
-                ctx.kernel.FreeCommonBuffer(ctx.hca.adapter(), len, logical, va, true)
-            }
-            Buffer::User { va, .. } => ctx.kernel.free_user_buffer(va),
+            Buffer::Pool { va, .. } => kernel.ExFreePoolWithTag(va, TAG),
+            Buffer::Common { va, logical, len } => kernel.FreeCommonBuffer(adapter, len, logical, va, true),
+            Buffer::User { va, .. } => kernel.free_user_buffer(va),
         }
     }
 }

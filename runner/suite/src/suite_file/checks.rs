@@ -11,7 +11,7 @@ use super::Problem;
 use crate::expect::Expected;
 use crate::suite::{
     DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S, DEFAULT_TIMEOUT_S,
-    DEFAULT_VERIFIER_FLAGS,
+    DEFAULT_VERIFIER_FLAGS, SYSTEMATIC_LOW_RESOURCES,
 };
 use crate::toml_location::line_column;
 
@@ -88,7 +88,7 @@ fn is_key(s: &str) -> bool {
 }
 
 /// Keys the suite sets itself from structured fields; an extra may not override them behind the file's back.
-const RESERVED_GUEST_KEYS: [&str; 3] = ["scenario", "lock", "verifier"];
+const RESERVED_GUEST_KEYS: [&str; 5] = ["scenario", "lock", "verifier", "fail_point", "faults_systematic"];
 
 /// Validates a parsed suite file: the suite, or every problem found in it.
 pub(super) fn check(raw: RawSuite, text: &str, file: &str) -> Result<Suite, Vec<Problem>> {
@@ -172,9 +172,42 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         let guest = guest_options(&run, &name, (default_timeout, default_silence), checker, &field);
         let expect = expectations(&run, &modes, checker, &field);
         let events = required_events(&run, &modes, checker, &field);
-        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, line });
+        let each_fail_point = each_fail_point(&run, &modes, verifier_flags, checker, &field);
+        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, each_fail_point, line });
     }
     Suite { name: raw.name.into_inner(), source: file.to_string(), runs }
+}
+
+/// `each_fail_point = true`: the recording run is Windows' systematic simulation in its "what if" mode, so the run's
+/// flags must hold Systematic Low Resource Simulation (0x40000) and the run must be verifier-on only.
+fn each_fail_point(
+    run: &RawRun,
+    modes: &[VerifierMode],
+    flags: u32,
+    checker: &mut Checker,
+    field: &dyn Fn(&str) -> String,
+) -> bool {
+    let Some(each) = &run.each_fail_point else { return false };
+    if !*each.get_ref() {
+        return false;
+    }
+    if modes != [VerifierMode::On] {
+        checker.at(
+            each.span(),
+            field("each_fail_point"),
+            "needs `modes = [\"on\"]`: failure points are a verifier mode",
+        );
+    }
+    if flags & SYSTEMATIC_LOW_RESOURCES == 0 {
+        checker.at(
+            each.span(),
+            field("each_fail_point"),
+            format!(
+                "verifier flags {flags:#x} lack Systematic Low Resource Simulation (0x40000), which records the points"
+            ),
+        );
+    }
+    true
 }
 
 fn run_modes(run: &RawRun, checker: &mut Checker, field: &dyn Fn(&str) -> String) -> Vec<VerifierMode> {

@@ -43,6 +43,8 @@ pub(super) struct RawRun {
     pub guest: RawGuest,
     pub expect: Spanned<PerMode<String>>,
     pub events: Option<Spanned<PerMode<Vec<Spanned<String>>>>>,
+    /// The exhaustive low-resources mode: this run records its failure points, then each becomes a run of its own.
+    pub each_fail_point: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize, Default)]
