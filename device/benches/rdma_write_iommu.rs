@@ -185,7 +185,7 @@ fn best_ns(batches: usize, mut f: impl FnMut()) -> f64 {
         f();
         probe += 1;
     }
-    let mut times: Vec<f64> = (0..batches)
+    let times: Vec<f64> = (0..batches)
         .map(|_| {
             let t = Instant::now();
             for _ in 0..probe {
