@@ -174,7 +174,11 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
     drop(listener);
     tracing::info!("front-end connected");
     events.record(&TransportEvent::Connected);
+    let log = Arc::clone(&events);
     let lockdown = || {
+        // What is logged so far reaches the file before the filter is on: a trapped call exits from a signal
+        // handler, which cannot flush (at most one flush interval of later lines can be lost that way).
+        log.flush();
         if !cli.no_sandbox {
             sandbox::install_filter(&cli.socket_path).map_err(|err| err.to_string())?;
         }

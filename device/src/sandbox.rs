@@ -117,6 +117,18 @@ fn filter() -> Result<BpfProgram, SandboxError> {
     // std names the worker thread from inside it (PR_SET_NAME); no other prctl.
     let set_name = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::PR_SET_NAME as u64)?;
     rules.insert(libc::SYS_prctl, vec![SeccompRule::new(vec![set_name])?]);
+    // The event log's stop path (event_log::install_flush_guards) flushes on SIGTERM/SIGINT/SIGHUP, then restores
+    // the signal's default action and raises it at this process: sigaction for those three signals only, and tgkill
+    // aimed at this process only (never another one).
+    let stop_signals = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP]
+        .into_iter()
+        .map(|signal| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, signal as u64))
+        .map(|condition| SeccompRule::new(vec![condition?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_rt_sigaction, stop_signals);
+    let own_process =
+        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(std::process::id()))?;
+    rules.insert(libc::SYS_tgkill, vec![SeccompRule::new(vec![own_process])?]);
     Ok(SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, arch)?.try_into()?)
 }
 

@@ -21,7 +21,7 @@ pub fn run(data: &[u8]) {
         }
         assert_eq!(observation.add_qmp_event(&event), panicked.is_some());
     }
-    for expected in ["pass", "guest-panic", "bugcheck 0x7E"] {
+    for expected in ["pass", "guest-panic", "bugcheck 0x7E 0xC0000005 * * *"] {
         let verdict = judge(&Expected::parse(expected).expect("a valid expectation"), &observation);
         let _ = format!("{verdict:?}");
     }

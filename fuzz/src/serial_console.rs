@@ -35,7 +35,7 @@ pub fn run(data: &[u8]) {
     }
     let mut observation = Observation::default();
     observation.add_serial(&text);
-    for expected in ["pass", "bugcheck 0xE6", "bugcheck 0xE6 0x26", "guest-panic", "hang"] {
+    for expected in ["pass", "bugcheck 0xE6 0x13 0x1 0x0 0x1", "bugcheck 0xE6 0x26 * * 0x5", "guest-panic", "hang"] {
         let expected = Expected::parse(expected).expect("a valid expectation");
         let verdict = judge(&expected, &observation);
         let _ = format!("{verdict:?}");
