@@ -12,8 +12,8 @@ seconds=${1:-}
 shift || true
 # Seconds to 10 million executions at the rates docs/fuzz.md gives (2 shared cores under load: slower than idle).
 declare -A to_ten_million=(
-    [vhost_user_connection]=21500 [hca_commands]=32300 [serial_console]=TEN_SERIAL
-    [qmp_events]=8000 [event_log]=TEN_EVENT [suite_file]=TEN_SUITE
+    [vhost_user_connection]=21500 [hca_commands]=32300 [serial_console]=13600
+    [qmp_events]=8000 [event_log]=28800 [suite_file]=42800
 )
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
