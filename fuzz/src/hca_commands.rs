@@ -330,7 +330,7 @@ pub fn trace(data: &[u8]) -> Vec<HcaEvent> {
     while let [op, len, tail @ ..] = rest {
         let len = usize::from(*len).min(tail.len());
         harness.step(*op, &tail[..len]);
-        seen.extend(harness.seen.drain(..));
+        seen.append(&mut harness.seen);
         rest = &tail[len..];
         steps += 1;
         if steps == 64 {

@@ -9,8 +9,11 @@ pub mod serial_console;
 pub mod suite_file;
 pub mod vhost_user_connection;
 
+/// A harness: one input in, a panic only on a broken invariant.
+pub type Harness = fn(&[u8]);
+
 /// The targets, by the names `cargo fuzz` and the corpus directories use.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Harness)] = &[
     ("vhost_user_connection", vhost_user_connection::run),
     ("hca_commands", hca_commands::run),
     ("serial_console", serial_console::run),
