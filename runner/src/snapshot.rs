@@ -105,7 +105,7 @@ pub fn key_of(inputs: &[(String, String)]) -> String {
             h.update(part.as_bytes());
         }
     }
-    h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect()
+    hex::encode(&h.finalize()[..12])
 }
 
 /// Path, size and modification time: changes whenever the file is replaced or edited.

@@ -42,7 +42,7 @@ pub fn state_digest(path: &Path) -> io::Result<String> {
         }
         pos = end.max(pos + 1);
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(h.finalize()))
 }
 
 /// The next run of data at or after `pos`, from SEEK_DATA/SEEK_HOLE; the rest of the file where those are not
