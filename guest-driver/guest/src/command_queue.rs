@@ -9,10 +9,10 @@ use vhca_proto::{
 };
 use zerocopy::FromBytes;
 
-use crate::vfio::{DmaAccess, VfioError};
+use crate::vfio::DmaAccess;
 use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
-use crate::virtio_pci::QueueNotifier;
-use crate::virtqueue::{Buffer, QueueError, SplitQueue, Used};
+use crate::virtio_pci::{Deadline, QueueNotifier, TransportError};
+use vhca_virtio::{Buffer, DmaRangeError, QueueError, SplitQueue, Used};
 
 /// Poison for the response buffer: a device that completes without writing leaves it, and a status of
 /// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
@@ -25,9 +25,11 @@ pub enum CommandError {
     #[error(transparent)]
     Dma(#[from] DmaError),
     #[error(transparent)]
+    Range(#[from] DmaRangeError),
+    #[error(transparent)]
     Queue(#[from] QueueError),
     #[error("notify: {0}")]
-    Notify(#[from] VfioError),
+    Notify(#[from] TransportError),
     #[error("{opcode}: request of {len} bytes exceeds {max}")]
     RequestTooLarge { opcode: &'static str, len: usize, max: usize },
     #[error("{opcode}: completion for head {got}, expected {expected}")]
@@ -182,7 +184,7 @@ impl CommandQueue {
             Buffer { iova: response_iova, len: room as u32, device_writes: true },
         ])?;
         self.notifier.notify()?;
-        let used = self.queue.wait_used(self.timeout)?;
+        let used = self.queue.wait_used(&mut Deadline::after(self.timeout))?;
         if used.head != head {
             return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });
         }

@@ -13,8 +13,8 @@ use crate::command_queue::{CommandError, CommandQueue};
 use crate::report::progress;
 use crate::vfio::DmaAccess;
 use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
-use crate::virtio_pci::QueueNotifier;
-use crate::virtqueue::{Buffer, QueueError, SplitQueue};
+use crate::virtio_pci::{Deadline, QueueNotifier, TransportError};
+use vhca_virtio::{Buffer, DmaRangeError, QueueError, SplitQueue};
 
 /// Event buffers kept posted: more than the device ever queues between two polls in these scenarios.
 const EVENT_BUFFERS: usize = 16;
@@ -24,9 +24,11 @@ pub enum ChannelSetupError {
     #[error(transparent)]
     Dma(#[from] DmaError),
     #[error(transparent)]
+    Range(#[from] DmaRangeError),
+    #[error(transparent)]
     Queue(#[from] QueueError),
     #[error("notify: {0}")]
-    Notify(#[from] crate::vfio::VfioError),
+    Notify(#[from] TransportError),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,7 +63,7 @@ impl DoorbellQueue {
         let chain = [Buffer { iova: self.buffer.iova(), len: records.len() as u32, device_writes: false }];
         let head = self.queue.add_chain(&chain).map_err(queue_error)?;
         self.notifier.notify().map_err(|_| ChannelError::DeviceGone)?;
-        let used = self.queue.wait_used(self.timeout).map_err(queue_error)?;
+        let used = self.queue.wait_used(&mut Deadline::after(self.timeout)).map_err(queue_error)?;
         if used.head != head {
             progress(format_args!("doorbell queue: completion for head {}, expected {head}", used.head));
             return Err(ChannelError::Transport(2));

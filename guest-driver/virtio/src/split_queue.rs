@@ -1,14 +1,16 @@
 //! Driver side of a virtio split virtqueue: descriptor table, avail ring and used ring in DMA memory.
 //! Publishes buffer chains and collects completions; knows nothing of PCI (the caller notifies the device).
 
-use std::sync::atomic::{fence, AtomicU16, Ordering};
-use std::time::{Duration, Instant};
+use alloc::vec;
+use alloc::vec::Vec;
+use core::sync::atomic::{fence, AtomicU16, Ordering};
+use core::time::Duration;
 
-use crate::vfio_dma::DmaMemory;
+use crate::constants::{DESC_F_NEXT, DESC_F_WRITE};
+use crate::dma_memory::DmaMemory;
+use crate::poll_wait::PollWait;
 
 const DESC_SIZE: usize = 16;
-const DESC_F_NEXT: u16 = 1;
-const DESC_F_WRITE: u16 = 2;
 /// Largest split queue the spec allows.
 pub const MAX_QUEUE_SIZE: u16 = 32768;
 
@@ -16,8 +18,10 @@ pub const MAX_QUEUE_SIZE: u16 = 32768;
 pub enum QueueError {
     #[error("queue size {0} is not a power of two in 1..=32768")]
     BadSize(u16),
-    #[error("ring memory of {have} bytes at {align_note} is too small or misaligned for {need} bytes")]
-    BadMemory { have: usize, need: usize, align_note: String },
+    #[error(
+        "ring memory of {have} bytes at host {host:#x}, iova {iova:#x} is too small or misaligned for {need} bytes"
+    )]
+    BadMemory { have: usize, need: usize, host: usize, iova: u64 },
     #[error("a chain needs at least one buffer")]
     EmptyChain,
     #[error("{wanted} descriptors wanted, {free} free")]
@@ -92,8 +96,7 @@ impl<M: DmaMemory> SplitQueue<M> {
         let layout = RingLayout::new(size)?;
         let addr = mem.host_ptr().as_ptr() as usize;
         if mem.len() < layout.bytes || addr % DESC_SIZE != 0 || mem.iova() % DESC_SIZE as u64 != 0 {
-            let align_note = format!("host {addr:#x}, iova {:#x}", mem.iova());
-            return Err(QueueError::BadMemory { have: mem.len(), need: layout.bytes, align_note });
+            return Err(QueueError::BadMemory { have: mem.len(), need: layout.bytes, host: addr, iova: mem.iova() });
         }
         // Cannot fail: the length was just checked.
         let _ = mem.fill(0, layout.bytes, 0);
@@ -162,16 +165,16 @@ impl<M: DmaMemory> SplitQueue<M> {
             let at = self.layout.desc + DESC_SIZE * index as usize;
             // SAFETY: `index` < size, so the 16-byte descriptor lies inside the table; fields are naturally aligned.
             unsafe {
-                std::ptr::write_volatile(self.ptr(at).cast::<u64>(), buffer.iova.to_le());
-                std::ptr::write_volatile(self.ptr(at + 8).cast::<u32>(), buffer.len.to_le());
-                std::ptr::write_volatile(self.ptr(at + 12).cast::<u16>(), flags.to_le());
-                std::ptr::write_volatile(self.ptr(at + 14).cast::<u16>(), next.unwrap_or(0).to_le());
+                core::ptr::write_volatile(self.ptr(at).cast::<u64>(), buffer.iova.to_le());
+                core::ptr::write_volatile(self.ptr(at + 8).cast::<u32>(), buffer.len.to_le());
+                core::ptr::write_volatile(self.ptr(at + 12).cast::<u16>(), flags.to_le());
+                core::ptr::write_volatile(self.ptr(at + 14).cast::<u16>(), next.unwrap_or(0).to_le());
             }
         }
         let head = chain[0];
         let slot = self.layout.avail + 4 + 2 * (self.next_avail & (self.layout.size - 1)) as usize;
         // SAFETY: the masked slot index is < size, so the u16 lies inside the avail ring; 2-byte aligned.
-        unsafe { std::ptr::write_volatile(self.ptr(slot).cast::<u16>(), head.to_le()) };
+        unsafe { core::ptr::write_volatile(self.ptr(slot).cast::<u16>(), head.to_le()) };
         self.next_avail = self.next_avail.wrapping_add(1);
         // Release: descriptors and the ring slot become visible to the device no later than the new index.
         self.idx(self.layout.avail).store(self.next_avail.to_le(), Ordering::Release);
@@ -201,8 +204,8 @@ impl<M: DmaMemory> SplitQueue<M> {
         // SAFETY: the masked element index is < size, so both u32s lie inside the used ring; 4-byte aligned.
         let (id, len) = unsafe {
             (
-                u32::from_le(std::ptr::read_volatile(self.ptr(at).cast::<u32>())),
-                u32::from_le(std::ptr::read_volatile(self.ptr(at + 4).cast::<u32>())),
+                u32::from_le(core::ptr::read_volatile(self.ptr(at).cast::<u32>())),
+                u32::from_le(core::ptr::read_volatile(self.ptr(at + 4).cast::<u32>())),
             )
         };
         let chain = usize::try_from(id).ok().and_then(|i| self.outstanding.get_mut(i)).and_then(Option::take);
@@ -214,20 +217,16 @@ impl<M: DmaMemory> SplitQueue<M> {
         Ok(Some(Used { head: id as u16, len }))
     }
 
-    /// Polls until a completion arrives or `timeout` passes. Sleeps between polls, growing from a few
-    /// microseconds, so a slow device under TCG is not starved by a spinning vCPU.
-    pub fn wait_used(&mut self, timeout: Duration) -> Result<Used, QueueError> {
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_micros(5);
+    /// Polls until a completion arrives or `wait` gives up; `wait` decides how to pause between polls (a sleeping
+    /// thread in the Linux guest, a delay or a stall by IRQL in vhca.sys).
+    pub fn wait_used(&mut self, wait: &mut impl PollWait) -> Result<Used, QueueError> {
         loop {
             if let Some(used) = self.poll_used()? {
                 return Ok(used);
             }
-            if Instant::now() >= deadline {
-                return Err(QueueError::Timeout(timeout));
+            if !wait.pause() {
+                return Err(QueueError::Timeout(wait.limit()));
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
         }
     }
 }
@@ -235,7 +234,7 @@ impl<M: DmaMemory> SplitQueue<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vfio_dma::testing::HeapDma;
+    use crate::testing::{CountedWait, HeapDma};
 
     const IOVA: u64 = 0x10_0000_0000;
 
@@ -343,7 +342,7 @@ mod tests {
             let (_, descs) = dev.pop(q.memory()).unwrap();
             assert_eq!(descs, vec![(0xC000 + round as u64, round, DESC_F_WRITE)]);
             dev.complete(q.memory(), head as u32, round);
-            assert_eq!(q.wait_used(Duration::from_millis(1)).unwrap(), Used { head, len: round });
+            assert_eq!(q.wait_used(&mut CountedWait(1)).unwrap(), Used { head, len: round });
         }
         assert_eq!(q.free_descriptors(), 4);
     }
@@ -383,7 +382,7 @@ mod tests {
         let dev_layout = RingLayout::new(4).unwrap();
         wr(q.memory(), dev_layout.used + 2, 9u16); // index jumps past anything outstanding
         assert!(matches!(q.poll_used(), Err(QueueError::UsedIndexJump { used_idx: 9, .. })));
-        assert_eq!(q.wait_used(Duration::from_millis(1)).unwrap_err(), q.poll_used().unwrap_err());
+        assert_eq!(q.wait_used(&mut CountedWait(1)).unwrap_err(), q.poll_used().unwrap_err());
     }
 
     #[test]
@@ -397,6 +396,6 @@ mod tests {
         assert_eq!(q.add_chain(&bad), Err(QueueError::ReadableAfterWritable(1)));
         assert_eq!(q.free_descriptors(), 4);
         let mut fresh = queue(4);
-        assert_eq!(fresh.wait_used(Duration::from_millis(2)), Err(QueueError::Timeout(Duration::from_millis(2))));
+        assert_eq!(fresh.wait_used(&mut CountedWait(3)), Err(QueueError::Timeout(Duration::from_millis(1))));
     }
 }
