@@ -9,6 +9,7 @@ extern crate alloc;
 pub mod bar_resources;
 pub mod result_line;
 pub mod scenario_choice;
+pub mod scenario_run;
 
 #[cfg(target_os = "windows")]
 mod kernel;

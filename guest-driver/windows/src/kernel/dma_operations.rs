@@ -1,24 +1,19 @@
 //! The DMA adapter's routines, reached through the adapter's DMA_OPERATIONS table as Windows requires (they are
 //! not exports: Driver Verifier wraps the table only under DMA checking). Where Windows calls the driver back
-//! (GetScatterGatherList's AdapterListControl, AllocateAdapterChannel's ExecutionRoutine), the callback may run
-//! before the call returns or later; a handshake on a pool-allocated context decides who owns what it delivers.
+//! (GetScatterGatherList's AdapterListControl, AllocateAdapterChannel's AdapterControl), one trampoline per kind
+//! takes a pool-allocated Context holding the core's routine and calls it, at DISPATCH_LEVEL, now or later.
+//! The shim never changes IRQL for these: the core calls them at DISPATCH_LEVEL, as Windows requires.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicU8, Ordering};
 
 use vhca_ntapi::{
-    IO_ALLOCATION_ACTION, MAP_REGISTER_BASE, NTSTATUS, PDEVICE_OBJECT, PDMA_ADAPTER, PHYSICAL_ADDRESS, PMDL,
-    PSCATTER_GATHER_LIST, PVOID, SCATTER_GATHER_ELEMENT, SCATTER_GATHER_LIST, STATUS_INSUFFICIENT_RESOURCES,
-    STATUS_NOT_SUPPORTED,
+    MAP_REGISTER_BASE, NTSTATUS, PDEVICE_OBJECT, PDMA_ADAPTER, PDRIVER_CONTROL, PDRIVER_LIST_CONTROL, PHYSICAL_ADDRESS,
+    PMDL, PSCATTER_GATHER_LIST, PVOID, SCATTER_GATHER_ELEMENT, SCATTER_GATHER_LIST, STATUS_NOT_SUPPORTED,
 };
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP, MDL};
-use windows_sys::Wdk::System::SystemServices::{
-    DeallocateObject, DMA_ADAPTER, DMA_OPERATIONS, SCATTER_GATHER_LIST as WdkSgList,
-};
-
-use super::irql_guard::at_dispatch;
+use windows_sys::Wdk::System::SystemServices::{DMA_ADAPTER, DMA_OPERATIONS, SCATTER_GATHER_LIST as WdkSgList};
 
 /// The adapter's table. Windows never hands out an adapter without one.
 ///
@@ -38,117 +33,61 @@ fn adapter_ptr(adapter: PDMA_ADAPTER) -> *const DMA_ADAPTER {
     adapter.0 as *const DMA_ADAPTER
 }
 
-const WAITING: u8 = 0;
-const DELIVERED: u8 = 1;
-const ABANDONED: u8 = 2;
-
-/// What a callback delivers, and who owns it: the caller if the callback ran first (DELIVERED), the callback if
-/// the caller gave up first (ABANDONED): then the callback gives the resource straight back.
-struct Handshake {
-    state: AtomicU8,
-    adapter: PDMA_ADAPTER,
-    write_to_device: bool,
-    /// For AllocateAdapterChannel: whether the routine keeps the channel (KeepObject) or only the registers.
-    keep_object: bool,
-    delivered: usize,
+/// AdapterListControl's Context: the driver core's routine and the device object it is for.
+struct ListContext {
+    routine: PDRIVER_LIST_CONTROL,
+    device: PDEVICE_OBJECT,
 }
 
-impl Handshake {
-    fn new(adapter: PDMA_ADAPTER, write_to_device: bool, keep_object: bool) -> *mut Handshake {
-        let state = AtomicU8::new(WAITING);
-        Box::into_raw(Box::new(Handshake { state, adapter, write_to_device, keep_object, delivered: 0 }))
-    }
-
-    /// After the DDI returned: the delivered value if the callback already ran; else None, and the callback will
-    /// free the context and give the resource back when it runs.
-    ///
-    /// # Safety
-    /// `this` came from `new` and the callback has not freed it (it frees only in the ABANDONED state).
-    unsafe fn claim(this: *mut Handshake) -> Option<usize> {
-        // SAFETY: the context is alive until one side frees it; only the side that loses the exchange reads it.
-        let h = unsafe { &*this };
-        match h.state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => None,
-            Err(_) => {
-                let value = h.delivered;
-                // SAFETY: DELIVERED: the callback is done with the context; this side frees it.
-                drop(unsafe { Box::from_raw(this) });
-                Some(value)
-            }
-        }
-    }
+/// AdapterControl's Context, the same for AllocateAdapterChannel.
+struct ControlContext {
+    routine: PDRIVER_CONTROL,
+    device: PDEVICE_OBJECT,
 }
 
-/// AdapterListControl for GetScatterGatherList: runs at DISPATCH_LEVEL with the list.
+/// The one AdapterListControl vhca.sys hands Windows: runs at DISPATCH_LEVEL (before GetScatterGatherList returns
+/// or later, when map registers free up) and passes the list on to the core's routine.
 unsafe extern "system" fn list_control(
     _device: *const DEVICE_OBJECT,
     _irp: *const IRP,
     list: *const WdkSgList,
     context: *const c_void,
 ) {
-    let this = context as *mut Handshake;
-    // SAFETY: `context` is the Handshake passed to GetScatterGatherList, alive until one side frees it.
-    let h = unsafe { &mut *this };
-    h.delivered = list as usize;
-    if h.state.compare_exchange(WAITING, DELIVERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        // The caller gave up: the list is ours to put back, and the context ours to free (DISPATCH_LEVEL here).
-        // SAFETY: the list was just handed to us for this adapter; put back once.
-        unsafe { put_list(h.adapter, list as usize, h.write_to_device) };
-        // SAFETY: ABANDONED: the caller no longer touches the context.
-        drop(unsafe { Box::from_raw(this) });
-    }
+    // SAFETY: `context` is the box get_scatter_gather_list leaked for exactly this one call.
+    let context = unsafe { Box::from_raw(context as *mut ListContext) };
+    let list = copy_list(list as usize);
+    (context.routine)(context.device, &list);
 }
 
-/// ExecutionRoutine for AllocateAdapterChannel: runs at DISPATCH_LEVEL with the map-register base.
-unsafe extern "system" fn execution_routine(
+/// The one AdapterControl (ExecutionRoutine) for AllocateAdapterChannel: DISPATCH_LEVEL, with the base.
+unsafe extern "system" fn adapter_control(
     _device: *const DEVICE_OBJECT,
     _irp: *mut IRP,
     map_register_base: *const c_void,
     context: *const c_void,
 ) -> i32 {
-    let this = context as *mut Handshake;
-    // SAFETY: as in list_control.
-    let h = unsafe { &mut *this };
-    h.delivered = map_register_base as usize;
-    let keep = h.keep_object;
-    if h.state.compare_exchange(WAITING, DELIVERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        // SAFETY: ABANDONED: nobody else holds the context.
-        drop(unsafe { Box::from_raw(this) });
-        // The caller gave up: release the channel and the registers at once.
-        return DeallocateObject;
-    }
-    if keep {
-        IO_ALLOCATION_ACTION::KeepObject as i32
-    } else {
-        IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters as i32
-    }
+    // SAFETY: `context` is the box allocate_adapter_channel leaked for this one call.
+    let context = unsafe { Box::from_raw(context as *mut ControlContext) };
+    (context.routine)(context.device, MAP_REGISTER_BASE(map_register_base as u64)) as i32
 }
 
 /// # Safety
-/// `list` is a SCATTER_GATHER_LIST this adapter handed out and that has not been put back.
-unsafe fn put_list(adapter: PDMA_ADAPTER, list: usize, write_to_device: bool) {
-    // SAFETY: the caller's contract; PutScatterGatherList runs at DISPATCH_LEVEL (at_dispatch).
-    if let Some(put) = unsafe { ops(adapter) }.PutScatterGatherList {
-        at_dispatch(|| unsafe { put(adapter_ptr(adapter), list as *const WdkSgList, write_to_device) });
-    }
-}
-
-/// # Safety
-/// `adapter`, `device` and `mdl` are live kernel objects; the MDL describes locked or non-paged memory.
+/// `adapter`, `device` and `mdl` are live kernel objects; the MDL describes locked or non-paged memory; the
+/// caller runs at DISPATCH_LEVEL.
 pub unsafe fn get_scatter_gather_list(
     adapter: PDMA_ADAPTER,
     device: PDEVICE_OBJECT,
     mdl: PMDL,
     current_va: PVOID,
     length: u32,
+    routine: PDRIVER_LIST_CONTROL,
     write_to_device: bool,
-) -> Result<SCATTER_GATHER_LIST, NTSTATUS> {
+) -> NTSTATUS {
     // SAFETY: the caller's contract.
-    let Some(get) = unsafe { ops(adapter) }.GetScatterGatherList else { return Err(STATUS_NOT_SUPPORTED) };
-    let context = Handshake::new(adapter, write_to_device, false);
-    // SAFETY: GetScatterGatherList at DISPATCH_LEVEL (Microsoft's rule), objects live per the contract; the
-    // context outlives the call (freed by whichever side finishes last).
-    let status = at_dispatch(|| unsafe {
+    let Some(get) = unsafe { ops(adapter) }.GetScatterGatherList else { return STATUS_NOT_SUPPORTED };
+    let context = Box::into_raw(Box::new(ListContext { routine, device }));
+    // SAFETY: the caller's contract; the context lives until list_control takes it back.
+    let status = unsafe {
         get(
             adapter_ptr(adapter),
             device.0 as *const DEVICE_OBJECT,
@@ -159,24 +98,18 @@ pub unsafe fn get_scatter_gather_list(
             context as *const c_void,
             write_to_device,
         )
-    });
+    };
     if status < 0 {
-        // SAFETY: on failure the callback never runs: the context is still ours alone.
+        // An error means Windows will never call the routine: the context is still ours.
+        // SAFETY: not handed to list_control.
         drop(unsafe { Box::from_raw(context) });
-        return Err(NTSTATUS(status));
     }
-    // SAFETY: context from Handshake::new, not yet freed by us.
-    match unsafe { Handshake::claim(context) } {
-        Some(list) => Ok(copy_list(list)),
-        // Windows queued the request until map registers free up: this interface wants the list now, so the
-        // request is abandoned and the callback puts the list back when it comes.
-        None => Err(STATUS_INSUFFICIENT_RESOURCES),
-    }
+    NTSTATUS(status)
 }
 
 fn copy_list(list: usize) -> SCATTER_GATHER_LIST {
     let raw = list as *const WdkSgList;
-    // SAFETY: Windows hands the callback a valid list of NumberOfElements elements (a flexible array member).
+    // SAFETY: Windows hands the routine a valid list of NumberOfElements elements (a flexible array member).
     let (count, first) = unsafe { ((*raw).NumberOfElements as usize, core::ptr::addr_of!((*raw).Elements).cast()) };
     // SAFETY: as above: `count` elements follow the header.
     let elements: &[windows_sys::Wdk::System::SystemServices::SCATTER_GATHER_ELEMENT] =
@@ -191,43 +124,41 @@ fn copy_list(list: usize) -> SCATTER_GATHER_LIST {
 }
 
 /// # Safety
-/// `list` came from get_scatter_gather_list on this adapter and is put back once.
+/// `list` is the Handle of a list this adapter delivered, put back once, at DISPATCH_LEVEL.
 pub unsafe fn put_scatter_gather_list(adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST, write_to_device: bool) {
     // SAFETY: the caller's contract.
-    unsafe { put_list(adapter, list.0 as usize, write_to_device) }
+    if let Some(put) = unsafe { ops(adapter) }.PutScatterGatherList {
+        // SAFETY: as above.
+        unsafe { put(adapter_ptr(adapter), list.0 as *const WdkSgList, write_to_device) };
+    }
 }
 
 /// # Safety
-/// Live adapter and device objects.
+/// Live adapter and device objects; the caller runs at DISPATCH_LEVEL.
 pub unsafe fn allocate_adapter_channel(
     adapter: PDMA_ADAPTER,
     device: PDEVICE_OBJECT,
     number_of_map_registers: u32,
-    action: IO_ALLOCATION_ACTION,
-) -> Result<MAP_REGISTER_BASE, NTSTATUS> {
+    routine: PDRIVER_CONTROL,
+) -> NTSTATUS {
     // SAFETY: the caller's contract.
-    let Some(allocate) = unsafe { ops(adapter) }.AllocateAdapterChannel else { return Err(STATUS_NOT_SUPPORTED) };
-    let context = Handshake::new(adapter, false, action == IO_ALLOCATION_ACTION::KeepObject);
-    // SAFETY: AllocateAdapterChannel at DISPATCH_LEVEL; the context outlives the call as in the S/G case.
-    let status = at_dispatch(|| unsafe {
+    let Some(allocate) = unsafe { ops(adapter) }.AllocateAdapterChannel else { return STATUS_NOT_SUPPORTED };
+    let context = Box::into_raw(Box::new(ControlContext { routine, device }));
+    // SAFETY: the caller's contract; the context lives until adapter_control takes it back.
+    let status = unsafe {
         allocate(
             adapter_ptr(adapter),
             device.0 as *const DEVICE_OBJECT,
             number_of_map_registers,
-            Some(execution_routine),
+            Some(adapter_control),
             context as *const c_void,
         )
-    });
+    };
     if status < 0 {
-        // SAFETY: on failure the routine never runs.
+        // SAFETY: the routine will never run.
         drop(unsafe { Box::from_raw(context) });
-        return Err(NTSTATUS(status));
     }
-    // SAFETY: context from Handshake::new.
-    match unsafe { Handshake::claim(context) } {
-        Some(base) => Ok(MAP_REGISTER_BASE(base as u64)),
-        None => Err(STATUS_INSUFFICIENT_RESOURCES),
-    }
+    NTSTATUS(status)
 }
 
 macro_rules! table_call {
@@ -280,7 +211,7 @@ pub unsafe fn put_dma_adapter(adapter: PDMA_ADAPTER) {
 /// # Safety
 /// The adapter holds the channel (AllocateAdapterChannel with KeepObject).
 pub unsafe fn free_adapter_channel(adapter: PDMA_ADAPTER) {
-    table_call!(adapter, FreeAdapterChannel, (), |f| at_dispatch(|| unsafe { f(adapter_ptr(adapter)) }))
+    table_call!(adapter, FreeAdapterChannel, (), |f| unsafe { f(adapter_ptr(adapter)) })
 }
 
 /// # Safety
@@ -334,9 +265,7 @@ pub unsafe fn flush_adapter_buffers(
 /// # Safety
 /// `base` and the count are what AllocateAdapterChannel granted and kept.
 pub unsafe fn free_map_registers(adapter: PDMA_ADAPTER, base: MAP_REGISTER_BASE, count: u32) {
-    table_call!(adapter, FreeMapRegisters, (), |f| at_dispatch(|| unsafe {
-        f(adapter_ptr(adapter), base.0 as *mut c_void, count)
-    }))
+    table_call!(adapter, FreeMapRegisters, (), |f| unsafe { f(adapter_ptr(adapter), base.0 as *mut c_void, count) })
 }
 
 /// The common buffer IoMapCommonBuffer made from an MDL, remembered for IoUnmapCommonBuffer.

@@ -2,10 +2,10 @@
 //! HAL.dll), the device's registers and DMA memory, and the IRP families (PnP, power, the rest passed down).
 
 mod dma_operations;
-mod irql_guard;
 mod kernel_imports;
 mod pool_allocator;
 mod runtime;
+mod spin_locked;
 mod wdk_kernel;
 
 use windows_sys::Wdk::Foundation::DRIVER_OBJECT;

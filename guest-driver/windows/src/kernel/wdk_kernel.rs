@@ -14,9 +14,9 @@ use windows_sys::Wdk::System::SystemServices as wdk;
 use windows_sys::Win32::System::Kernel::SynchronizationEvent;
 
 use super::dma_operations as dma;
-use super::irql_guard::SpinLocked;
 use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeLowerIrql, KeReleaseSpinLock};
 use super::pool_allocator::{POOL_FLAG_NON_PAGED, POOL_FLAG_PAGED};
+use super::spin_locked::SpinLocked;
 
 /// A kernel object the shim allocated for the caller; boxed so its address never moves.
 enum Owned {
@@ -413,14 +413,25 @@ impl NtKernel for WdkKernel {
         mdl: PMDL,
         current_va: PVOID,
         length: u32,
+        execution_routine: PDRIVER_LIST_CONTROL,
         write_to_device: bool,
-    ) -> Result<SCATTER_GATHER_LIST, NTSTATUS> {
-        // SAFETY: raises to DISPATCH_LEVEL for the call (Microsoft: callers run at DISPATCH_LEVEL).
-        unsafe { dma::get_scatter_gather_list(adapter, device_object, mdl, current_va, length, write_to_device) }
+    ) -> NTSTATUS {
+        // SAFETY: DISPATCH_LEVEL (the core raises; Microsoft's rule), live objects from the core.
+        unsafe {
+            dma::get_scatter_gather_list(
+                adapter,
+                device_object,
+                mdl,
+                current_va,
+                length,
+                execution_routine,
+                write_to_device,
+            )
+        }
     }
 
     fn PutScatterGatherList(&self, adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST, write_to_device: bool) {
-        // SAFETY: raises to DISPATCH_LEVEL; the list came from GetScatterGatherList.
+        // SAFETY: DISPATCH_LEVEL; the list's Handle as AdapterListControl received it.
         unsafe { dma::put_scatter_gather_list(adapter, list, write_to_device) }
     }
 
@@ -429,14 +440,14 @@ impl NtKernel for WdkKernel {
         adapter: PDMA_ADAPTER,
         device_object: PDEVICE_OBJECT,
         number_of_map_registers: u32,
-        action: IO_ALLOCATION_ACTION,
-    ) -> Result<MAP_REGISTER_BASE, NTSTATUS> {
-        // SAFETY: raises to DISPATCH_LEVEL (AllocateAdapterChannel's IRQL).
-        unsafe { dma::allocate_adapter_channel(adapter, device_object, number_of_map_registers, action) }
+        execution_routine: PDRIVER_CONTROL,
+    ) -> NTSTATUS {
+        // SAFETY: DISPATCH_LEVEL (AllocateAdapterChannel's IRQL, the core's), live objects.
+        unsafe { dma::allocate_adapter_channel(adapter, device_object, number_of_map_registers, execution_routine) }
     }
 
     fn FreeAdapterChannel(&self, adapter: PDMA_ADAPTER) {
-        // SAFETY: raises to DISPATCH_LEVEL; the channel is held.
+        // SAFETY: DISPATCH_LEVEL (the caller's); the channel is held.
         unsafe { dma::free_adapter_channel(adapter) }
     }
 
@@ -467,7 +478,7 @@ impl NtKernel for WdkKernel {
     }
 
     fn FreeMapRegisters(&self, adapter: PDMA_ADAPTER, map_register_base: MAP_REGISTER_BASE, number: u32) {
-        // SAFETY: raises to DISPATCH_LEVEL; the registers were kept (DeallocateObjectKeepRegisters).
+        // SAFETY: DISPATCH_LEVEL (the caller's); the registers were kept (DeallocateObjectKeepRegisters).
         unsafe { dma::free_map_registers(adapter, map_register_base, number) }
     }
 

@@ -1,31 +1,9 @@
-//! Raising to DISPATCH_LEVEL for the DMA routines Windows wants called there (GetScatterGatherList,
-//! PutScatterGatherList, AllocateAdapterChannel, FreeMapRegisters, FreeAdapterChannel), and a spin-locked cell
-//! for the shim's own bookkeeping. IRQL moves only through the exported routines (KfRaiseIrql, KeLowerIrql,
-//! KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock), never inline CR8, so a model can stand behind them.
+//! A value behind a KSPIN_LOCK, for the shim's own bookkeeping. IRQL moves only through the exported routines
+//! (KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock), never inline CR8, so a model can stand behind them.
 
 use core::cell::UnsafeCell;
 
-use windows_sys::Wdk::System::SystemServices::{KeGetCurrentIrql, KfRaiseIrql};
-
-use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeLowerIrql, KeReleaseSpinLock};
-
-pub const DISPATCH_LEVEL: u8 = 2;
-
-/// Runs `f` at DISPATCH_LEVEL: raises first when the caller is below it, lowers back after.
-pub fn at_dispatch<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: KeGetCurrentIrql is callable at any IRQL.
-    let current = unsafe { KeGetCurrentIrql() };
-    if current >= DISPATCH_LEVEL {
-        return f();
-    }
-    // SAFETY: raising from below DISPATCH_LEVEL to DISPATCH_LEVEL is allowed at any IRQL below it; the matching
-    // KeLowerIrql restores exactly the IRQL we found.
-    let old = unsafe { KfRaiseIrql(DISPATCH_LEVEL) };
-    let out = f();
-    // SAFETY: lowers back to the caller's IRQL, which KfRaiseIrql returned.
-    unsafe { KeLowerIrql(old) };
-    out
-}
+use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock};
 
 /// A value behind a KSPIN_LOCK: the closure runs at DISPATCH_LEVEL with the lock held, so it must not wait or
 /// touch paged memory (the shim's tables are in non-paged pool).
