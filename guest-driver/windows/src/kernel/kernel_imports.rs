@@ -9,6 +9,9 @@ use core::ffi::c_void;
 use windows_sys::Wdk::Foundation::OBJECT_ATTRIBUTES;
 use windows_sys::Win32::Foundation::{HANDLE, NTSTATUS, UNICODE_STRING};
 
+// The memory routines and strlen are called by compiler-generated code and the precompiled liballoc, not by
+// name from Rust: declaring them here is what binds those calls to ntoskrnl.exe's exports.
+#[allow(dead_code)]
 #[link(name = "ntoskrnl.exe", kind = "raw-dylib", modifiers = "+verbatim")]
 extern "C" {
     /// Prints to the kernel debugger (ntoskrnl.exe exports it; windows-sys says ntdll.dll).

@@ -18,7 +18,9 @@ use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeLowerIrql, KeReleaseS
 use super::pool_allocator::{POOL_FLAG_NON_PAGED, POOL_FLAG_PAGED};
 use super::spin_locked::SpinLocked;
 
-/// A kernel object the shim allocated for the caller; boxed so its address never moves.
+/// A kernel object the shim allocated for the caller; boxed so its address never moves. Held, not read: the box
+/// keeps the object alive until the shim is dropped.
+#[allow(dead_code)]
 enum Owned {
     FastMutex(Box<FAST_MUTEX>),
     Mutex(Box<KMUTANT>),
