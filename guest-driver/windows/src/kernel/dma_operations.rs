@@ -9,8 +9,9 @@ use alloc::vec::Vec;
 use core::ffi::c_void;
 
 use vhca_ntapi::{
-    MAP_REGISTER_BASE, NTSTATUS, PDEVICE_OBJECT, PDMA_ADAPTER, PDRIVER_CONTROL, PDRIVER_LIST_CONTROL, PHYSICAL_ADDRESS,
-    PMDL, PSCATTER_GATHER_LIST, PVOID, SCATTER_GATHER_ELEMENT, SCATTER_GATHER_LIST, STATUS_NOT_SUPPORTED,
+    MAP_REGISTER_BASE, NTSTATUS, PAGE_SIZE, PDEVICE_OBJECT, PDMA_ADAPTER, PDRIVER_CONTROL, PDRIVER_LIST_CONTROL,
+    PHYSICAL_ADDRESS, PMDL, PSCATTER_GATHER_LIST, PVOID, SCATTER_GATHER_ELEMENT, SCATTER_GATHER_LIST,
+    STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED,
 };
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP, MDL};
 use windows_sys::Wdk::System::SystemServices::{DMA_ADAPTER, DMA_OPERATIONS, SCATTER_GATHER_LIST as WdkSgList};
@@ -289,6 +290,12 @@ pub unsafe fn create_common_buffer_from_mdl(
     length: u32,
     cache_enabled: bool,
 ) -> Result<MdlCommonBuffer, NTSTATUS> {
+    // Microsoft's page for PCREATE_COMMON_BUFFER_FROM_MDL: the MDL is resident and mapped (non-paged pool, or
+    // locked), page aligned, a multiple of PAGE_SIZE, not chained, and physically contiguous where DMA remapping is
+    // off. The alignment is checked here so the refusal names its cause; the rest is Windows' to refuse.
+    if va.0 % PAGE_SIZE != 0 || length as u64 % PAGE_SIZE != 0 {
+        return Err(STATUS_INVALID_PARAMETER);
+    }
     // SAFETY: the caller's contract.
     let table = unsafe { ops(adapter) };
     if !table_has(table, core::mem::offset_of!(DMA_OPERATIONS, CreateCommonBufferFromMdl)) {
