@@ -73,10 +73,11 @@ unsafe extern "system" fn add_device(driver: *const DRIVER_OBJECT, pdo: *const D
     if status < 0 {
         return status;
     }
-    // SAFETY: both devices are live; attaching returns the device below, or NULL when the stack is going away.
+    // SAFETY: PASSIVE_LEVEL (AddDevice); both devices are live; attaching returns the device below, or NULL when
+    // the stack is going away.
     let lower = unsafe { IoAttachDeviceToDeviceStack(device, pdo) };
     if lower.is_null() {
-        // SAFETY: created above, never attached.
+        // SAFETY: PASSIVE_LEVEL; created above, never attached.
         unsafe { IoDeleteDevice(device) };
         return STATUS_NO_SUCH_DEVICE;
     }
@@ -95,7 +96,8 @@ unsafe extern "system" fn add_device(driver: *const DRIVER_OBJECT, pdo: *const D
 /// Every IRP this driver does not handle goes to the next lower driver unchanged, holding the remove lock while
 /// it does. Any IRQL the IRP comes at (<= DISPATCH_LEVEL).
 unsafe extern "system" fn dispatch_pass_down(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
-    // SAFETY: one of our FDOs (only FDOs exist in this driver) and its IRP.
+    // SAFETY: the IRP's IRQL (<= DISPATCH_LEVEL), no lock held but the remove lock; one of our FDOs (only FDOs
+    // exist in this driver) and its IRP.
     unsafe {
         let fdo = fdo(device);
         if let Err(status) = remove_lock::acquire(&mut fdo.remove_lock, irp) {

@@ -34,7 +34,7 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
     let lock: *mut IO_REMOVE_LOCK = &mut fdo.remove_lock;
     // SAFETY: the FDO's initialised remove lock.
     if let Err(status) = unsafe { remove_lock::acquire(lock, irp) } {
-        // SAFETY: ours to complete: REMOVE_DEVICE has begun.
+        // SAFETY: PASSIVE_LEVEL; ours to complete: REMOVE_DEVICE has begun.
         return unsafe { complete(irp, status) };
     }
     if minor == IRP_MN_REMOVE_DEVICE {
@@ -44,7 +44,8 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
         unsafe { remove_lock::release_and_wait(lock, irp) };
         fdo.started = None;
         let lower = fdo.lower;
-        // SAFETY: as above; the extension is dropped once, just before its device object goes.
+        // SAFETY: PASSIVE_LEVEL, no lock held (the remove lock was given back); the extension is dropped once, just
+        // before its device object goes.
         return unsafe {
             set_status(irp, STATUS_SUCCESS);
             let status = pass_down(lower, irp);
@@ -71,12 +72,13 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             } else if !forwarded {
                 status = STATUS_DEVICE_CONFIGURATION_ERROR;
             }
-            // SAFETY: ours to complete.
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; ours to complete.
             unsafe { complete(irp, status) }
         }
         IRP_MN_STOP_DEVICE | IRP_MN_SURPRISE_REMOVAL => {
             fdo.started = None;
-            // SAFETY: succeeded here, then passed down as the PnP rules require.
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; succeeded here, then passed down as the PnP rules
+            // require.
             unsafe {
                 set_status(irp, STATUS_SUCCESS);
                 pass_down(fdo.lower, irp)
@@ -93,10 +95,10 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
                 pass_down(fdo.lower, irp)
             }
         }
-        // SAFETY: not ours: down unchanged, status untouched.
+        // SAFETY: PASSIVE_LEVEL, holding the remove lock; not ours: down unchanged, status untouched.
         _ => unsafe { pass_down(fdo.lower, irp) },
     };
-    // SAFETY: this IRP took the lock above; released by tag, the IRP itself is not touched.
+    // SAFETY: PASSIVE_LEVEL; this IRP took the lock above; released by tag, the IRP itself is not touched.
     unsafe { remove_lock::release(lock, irp) };
     status
 }

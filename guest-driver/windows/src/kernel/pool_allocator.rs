@@ -48,7 +48,8 @@ unsafe impl GlobalAlloc for PoolAllocator {
             // SAFETY: `alloc` stored the pool pointer just before this block.
             unsafe { ptr.cast::<*mut u8>().sub(1).read() }
         };
-        // SAFETY: `raw` came from ExAllocatePool2 with this tag and is freed once.
+        // SAFETY: IRQL <= DISPATCH_LEVEL (non-paged pool); `raw` came from ExAllocatePool2 with this tag and is
+        // freed once.
         unsafe { ExFreePoolWithTag(raw.cast::<c_void>(), POOL_TAG) };
     }
 }

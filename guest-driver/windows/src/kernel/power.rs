@@ -15,7 +15,8 @@ use super::remove_lock;
 /// # Safety
 /// Called by the I/O manager with one of this driver's FDOs and a power IRP.
 pub unsafe extern "system" fn dispatch_power(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
-    // SAFETY: the I/O manager's contract; the IRP is not touched after PoCallDriver (the lock is released by tag).
+    // SAFETY: PASSIVE_LEVEL (DO_POWER_PAGABLE), holding only the remove lock; the I/O manager's contract; the IRP
+    // is not touched after PoCallDriver (the lock is released by tag).
     unsafe {
         let fdo = fdo(device);
         PoStartNextPowerIrp(irp);

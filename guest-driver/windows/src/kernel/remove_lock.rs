@@ -39,7 +39,7 @@ pub unsafe fn acquire(lock: *mut IO_REMOVE_LOCK, irp: *mut IRP) -> Result<(), NT
 /// # Safety
 /// `irp` holds the lock.
 pub unsafe fn release(lock: *mut IO_REMOVE_LOCK, irp: *mut IRP) {
-    // SAFETY: the caller's contract.
+    // SAFETY: the caller's contract; IRQL <= DISPATCH_LEVEL.
     unsafe { IoReleaseRemoveLockEx(lock, irp as *const c_void, SIZE) }
 }
 
@@ -48,6 +48,6 @@ pub unsafe fn release(lock: *mut IO_REMOVE_LOCK, irp: *mut IRP) {
 /// # Safety
 /// `irp` is the REMOVE_DEVICE IRP and holds the lock.
 pub unsafe fn release_and_wait(lock: *mut IO_REMOVE_LOCK, irp: *mut IRP) {
-    // SAFETY: the caller's contract.
+    // SAFETY: the caller's contract; PASSIVE_LEVEL, no other lock held (it waits).
     unsafe { IoReleaseRemoveLockAndWaitEx(lock, irp as *const c_void, SIZE) }
 }
