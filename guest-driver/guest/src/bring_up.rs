@@ -10,16 +10,14 @@ use crate::report::{progress, ConfigView, QueryDeviceView, Report};
 use crate::scenarios::{self, DriverRun};
 use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
 use crate::virtio_channel::{DoorbellQueue, EventQueue, VirtioChannel};
-use crate::virtio_pci::{
-    Deadline, QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
-};
+use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
+use crate::virtqueue::{RingLayout, SplitQueue};
 use crate::{kmsg, pci, rng, vfio};
 use anyhow::{bail, ensure, Context};
 use vhca_proto::{
     DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
     QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
 };
-use vhca_virtio::{RingLayout, SplitQueue};
 use zerocopy::FromBytes;
 
 /// QEMU's virtio-rng (modern id), the backend-less device used to prove the transport.
@@ -103,9 +101,9 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
 
-    let transport = crate::virtio_pci::open(&session.device).context("virtio-pci transport")?;
-    report.mmio = Some(if transport.common_registers().is_mapped() { "mmap" } else { "pread" });
-    transport.reset(&mut Deadline::after(timeout))?;
+    let transport = VirtioPci::open(&session.device).context("virtio-pci transport")?;
+    report.mmio = Some(if transport.mmio_mapped() { "mmap" } else { "pread" });
+    transport.reset(timeout)?;
     transport.add_status(STATUS_ACKNOWLEDGE)?;
     transport.add_status(STATUS_DRIVER)?;
     let features = transport.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0)?;
@@ -142,7 +140,7 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     };
     mark(report, "scenario");
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
-    let reset = transport.reset(&mut Deadline::after(timeout));
+    let reset = transport.reset(timeout);
     drop(commands);
     drop(driver);
     drop(queues);

@@ -11,8 +11,9 @@ use zerocopy::FromBytes;
 
 use crate::vfio::DmaAccess;
 use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
-use crate::virtio_pci::{Deadline, QueueNotifier, TransportError};
-use vhca_virtio::{Buffer, DmaRangeError, QueueError, SplitQueue, Used};
+use crate::virtio_pci::{QueueNotifier, TransportError};
+use crate::virtqueue::{Buffer, QueueError, SplitQueue, Used};
+use vhca_virtio::DmaRangeError;
 
 /// Poison for the response buffer: a device that completes without writing leaves it, and a status of
 /// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
@@ -184,7 +185,7 @@ impl CommandQueue {
             Buffer { iova: response_iova, len: room as u32, device_writes: true },
         ])?;
         self.notifier.notify()?;
-        let used = self.queue.wait_used(&mut Deadline::after(self.timeout))?;
+        let used = self.queue.wait_used(self.timeout)?;
         if used.head != head {
             return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });
         }

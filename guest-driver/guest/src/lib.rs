@@ -19,3 +19,4 @@ pub mod vfio;
 pub mod vfio_dma;
 pub mod virtio_channel;
 pub mod virtio_pci;
+pub mod virtqueue;

@@ -13,8 +13,9 @@ use crate::command_queue::{CommandError, CommandQueue};
 use crate::report::progress;
 use crate::vfio::DmaAccess;
 use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
-use crate::virtio_pci::{Deadline, QueueNotifier, TransportError};
-use vhca_virtio::{Buffer, DmaRangeError, QueueError, SplitQueue};
+use crate::virtio_pci::{QueueNotifier, TransportError};
+use crate::virtqueue::{Buffer, QueueError, SplitQueue};
+use vhca_virtio::DmaRangeError;
 
 /// Event buffers kept posted: more than the device ever queues between two polls in these scenarios.
 const EVENT_BUFFERS: usize = 16;
@@ -63,7 +64,7 @@ impl DoorbellQueue {
         let chain = [Buffer { iova: self.buffer.iova(), len: records.len() as u32, device_writes: false }];
         let head = self.queue.add_chain(&chain).map_err(queue_error)?;
         self.notifier.notify().map_err(|_| ChannelError::DeviceGone)?;
-        let used = self.queue.wait_used(&mut Deadline::after(self.timeout)).map_err(queue_error)?;
+        let used = self.queue.wait_used(self.timeout).map_err(queue_error)?;
         if used.head != head {
             progress(format_args!("doorbell queue: completion for head {}, expected {head}", used.head));
             return Err(ChannelError::Transport(2));
