@@ -134,6 +134,10 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
         (Personality::Vhca, Scenario::Driver(s)) => {
             driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
         }
+        // With the verifier on, smoke is the driver core under the NT model, so its checks run.
+        (Personality::Vhca, Scenario::Smoke) if options.verifier.enabled() => {
+            driver_scenario(&scenarios::SMOKE, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
+        }
         (Personality::Vhca, _) => vhca(scenario, &transport, &mut queues, &mut commands, &mapper, timeout, report),
         (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name)),
         (Personality::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
@@ -214,7 +218,7 @@ fn driver_scenario(
     timeout: Duration,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let config = read_config(transport, report)?;
+    read_config(transport, report)?;
     let mut take =
         |index: u16| queues.get_mut(index as usize).and_then(Option::take).with_context(|| format!("no queue {index}"));
     let (cq, cn) = take(QUEUE_COMMAND)?;
@@ -230,8 +234,7 @@ fn driver_scenario(
     *keep = Some((channel.clone(), None));
     let sink = Arc::new(Mutex::new(report.clone()));
     progress(format_args!("driver scenario {}", scenario.name));
-    let (run, result) =
-        scenarios::run(scenario, options, channel, mapper.clone(), config.map_registers.get(), sink.clone(), timeout);
+    let (run, result) = scenarios::run(scenario, options, channel, mapper.clone(), sink.clone(), timeout);
     if let Some(k) = keep.as_mut() {
         k.1 = run;
     }

@@ -6,6 +6,7 @@ mod create_cq_lock;
 mod map_registers;
 mod pool_exhaustion;
 mod shared_buffer;
+mod smoke;
 mod use_after_unmap;
 mod user_buffer;
 mod verbs;
@@ -20,6 +21,8 @@ use vhca_driver::{ClMutexKind, Hca, HcaConfig};
 use vhca_ntapi::PDEVICE_OBJECT;
 use vhca_ntmodel::{NtModel, NtModelConfig};
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
+
+use crate::kmsg;
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::{lock_name, Options};
@@ -62,6 +65,10 @@ pub const SCENARIOS: &[Scenario] = &[
     scenario("user-buffer-no-lock", user_buffer::no_lock),
     scenario("io-map-common-buffer", shared_buffer::io_map_common_buffer),
 ];
+
+/// smoke under the verifier: the driver core on the NT model (bring-up runs it instead of the transport's smoke
+/// when verifier flags are set). Not in SCENARIOS: `vhca.scenario=smoke` names the transport's check.
+pub const SMOKE: Scenario = scenario("smoke", smoke::run);
 
 pub fn find(name: &str) -> Option<&'static Scenario> {
     SCENARIOS.iter().find(|s| s.name == name)
@@ -107,8 +114,8 @@ impl Ctx<'_> {
         kind
     }
 
-    /// Takes every event the device has delivered. A DMA refused at the IOMMU level is what the platform reports
-    /// to the kernel as an IOMMU fault: the model records it (and, with DMA checking, bugchecks 0xE6/0x26).
+    /// Takes every event the device has delivered. A DMA fault event is the device's own diagnostic, for the
+    /// report: an IOMMU fault reaches the kernel from the platform (`report_platform_iommu_faults`), not from here.
     pub fn drain_events(&mut self) -> Vec<Event> {
         let mut out = Vec::new();
         while let Some(event) = self.hca.poll_event() {
@@ -119,15 +126,36 @@ impl Ctx<'_> {
             progress(format_args!("event: {view}"));
             self.events.push(view);
             self.detail("events", &self.events);
-            let iommu_level = matches!(
-                FaultCause::from_u32(event.cause.get()),
-                Some(FaultCause::IommuUnmapped | FaultCause::IommuPermission | FaultCause::StaleTranslation)
-            );
-            if event.kind.get() == EventKind::DmaFault as u32 && iommu_level {
-                self.kernel.report_iommu_fault(PDO, event.addr.get(), event.cause.get() as u64);
-            }
         }
         out
+    }
+
+    /// Waits up to `wait` for the vIOMMU's fault records about this device to reach the kernel log, then hands each
+    /// to the NT model as the platform's IOMMU fault report (with DMA checking: 0xE6/0x26, the faulting address
+    /// and VT-d's fault reason as parameters 3 and 4). Returns the faults seen.
+    pub fn report_platform_iommu_faults(&mut self, wait: Duration) -> Vec<kmsg::DmarFault> {
+        let address = self.report.lock().unwrap_or_else(|e| e.into_inner()).pci_address.clone();
+        let deadline = Instant::now() + wait;
+        let faults = loop {
+            let faults = kmsg::dmar_faults(&kmsg::iommu_lines(64), address.as_deref());
+            if !faults.is_empty() || Instant::now() >= deadline {
+                break faults;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let view: Vec<Value> = faults
+            .iter()
+            .map(|f| json!({"address": format!("{:#x}", f.address), "reason": f.reason, "write": f.write}))
+            .collect();
+        self.detail("dmar_faults", &view);
+        for fault in &faults {
+            progress(format_args!(
+                "IOMMU fault from the platform: address {:#x}, reason {:#x}",
+                fault.address, fault.reason
+            ));
+            self.kernel.report_iommu_fault(PDO, fault.address, fault.reason);
+        }
+        faults
     }
 
     /// Waits (polling) for an event of `kind`; every event seen on the way is drained as above.
@@ -191,16 +219,16 @@ pub fn run(
     options: &Options,
     channel: VirtioChannel,
     mapper: Arc<DmaMapper>,
-    device_map_registers: u32,
     report: Arc<Mutex<Report>>,
     timeout: Duration,
 ) -> (Option<DriverRun>, anyhow::Result<()>) {
     let backend = Arc::new(VfioDmaBackend::new(mapper));
     let config = NtModelConfig {
         verifier: options.verifier,
-        map_registers: options.map_registers.unwrap_or(device_map_registers),
+        map_registers: options.map_registers.unwrap_or(NtModelConfig::default().map_registers),
         max_contiguous_pages: options.fragmentation,
         disabled_rules: options.disabled_rules.clone(),
+        double_buffering: options.double_buffering,
     };
     {
         let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
@@ -210,6 +238,7 @@ pub fn run(
         let rules: Vec<String> = config.disabled_rules.iter().map(|r| r.to_string()).collect();
         r.details.insert("disabled_rules".into(), json!(rules));
         r.details.insert("break_fix".into(), json!(options.break_fix));
+        r.details.insert("double_buffering".into(), json!(config.double_buffering));
     }
     let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
     let kernel = Arc::new(NtModel::new(config, backend.clone(), handler));
