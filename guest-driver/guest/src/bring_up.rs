@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::cmdline::{Options, PciId};
 use crate::command_queue::CommandQueue;
+use crate::driver_run::{self, DriverRun};
 use crate::report::{progress, ConfigView, QueryDeviceView, Report};
-use crate::scenarios::{self, DriverRun};
 use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
 use crate::virtio_channel::{DoorbellQueue, EventQueue, VirtioChannel};
 use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
@@ -32,7 +32,7 @@ const MAX_QUEUES: u16 = 16;
 enum Scenario {
     Smoke,
     Unmapped,
-    Driver(&'static scenarios::Scenario),
+    Driver(vhca_scenarios::Scenario),
 }
 
 impl Scenario {
@@ -40,10 +40,10 @@ impl Scenario {
         match name {
             "smoke" => Ok(Scenario::Smoke),
             "unmapped" => Ok(Scenario::Unmapped),
-            _ => match scenarios::find(name) {
+            _ => match driver_run::find(name) {
                 Some(s) => Ok(Scenario::Driver(s)),
                 None => {
-                    let known: Vec<&str> = scenarios::SCENARIOS.iter().map(|s| s.name).collect();
+                    let known: Vec<&str> = vhca_scenarios::Scenario::DRIVER.iter().map(|s| s.name()).collect();
                     bail!("unknown scenario {name:?} (known: smoke, unmapped, {})", known.join(", "))
                 }
             },
@@ -135,11 +135,18 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
             driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
         }
         // With the verifier on, smoke is the driver core under the NT model, so its checks run.
-        (Personality::Vhca, Scenario::Smoke) if options.verifier.enabled() => {
-            driver_scenario(&scenarios::SMOKE, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
-        }
+        (Personality::Vhca, Scenario::Smoke) if options.verifier.enabled() => driver_scenario(
+            vhca_scenarios::Scenario::Smoke,
+            options,
+            &transport,
+            &mut queues,
+            &mut driver,
+            &mapper,
+            timeout,
+            report,
+        ),
         (Personality::Vhca, _) => vhca(scenario, &transport, &mut queues, &mut commands, &mapper, timeout, report),
-        (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name)),
+        (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name())),
         (Personality::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
     };
     mark(report, "scenario");
@@ -209,7 +216,7 @@ fn read_config(transport: &VirtioPci, report: &mut Report) -> anyhow::Result<Dev
 /// The driver core over the three queues, on an NT model whose DMA goes through VFIO.
 #[allow(clippy::too_many_arguments)]
 fn driver_scenario(
-    scenario: &'static scenarios::Scenario,
+    scenario: vhca_scenarios::Scenario,
     options: &Options,
     transport: &VirtioPci,
     queues: &mut [Option<Queue>],
@@ -233,8 +240,8 @@ fn driver_scenario(
     let channel = VirtioChannel::new(commands, doorbells, events);
     *keep = Some((channel.clone(), None));
     let sink = Arc::new(Mutex::new(report.clone()));
-    progress(format_args!("driver scenario {}", scenario.name));
-    let (run, result) = scenarios::run(scenario, options, channel, mapper.clone(), sink.clone(), timeout);
+    progress(format_args!("driver scenario {}", scenario.name()));
+    let (run, result) = driver_run::run(scenario, options, channel, mapper.clone(), sink.clone(), timeout);
     if let Some(k) = keep.as_mut() {
         k.1 = run;
     }

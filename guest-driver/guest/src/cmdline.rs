@@ -32,7 +32,7 @@ impl fmt::Display for PciId {
 /// What the run does and how long it may wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Scenario name (see `scenarios::NAMES`, plus the transport's `smoke` and `unmapped`).
+    /// Scenario name (see `vhca_scenarios::Scenario`, plus the transport's `smoke` and `unmapped`).
     pub scenario: String,
     /// Bound on every wait for the device (reset, one command completion).
     pub timeout_ms: u64,
@@ -160,15 +160,6 @@ fn boolean(value: &str) -> Result<bool, String> {
         "1" | "on" | "yes" | "true" => Ok(true),
         "0" | "off" | "no" | "false" => Ok(false),
         _ => Err(format!("not a boolean: {value:?}")),
-    }
-}
-
-/// The `vhca.lock` spelling of a lock kind, for reports.
-pub fn lock_name(kind: ClMutexKind) -> &'static str {
-    match kind {
-        ClMutexKind::FastMutex => "fast_mutex",
-        ClMutexKind::KMutex => "kmutex",
-        ClMutexKind::EResource => "eresource",
     }
 }
 

@@ -17,6 +17,7 @@ mod power;
 mod registry;
 mod remove_lock;
 mod runtime;
+mod scenario_services;
 mod spin_locked;
 mod started_device;
 mod wdk_kernel;

@@ -19,7 +19,8 @@ use super::registry;
 use super::remove_lock;
 use super::started_device::StartedDevice;
 use crate::result_line::RunResult;
-use crate::scenario_choice::{choose, WindowsScenario};
+use crate::scenario_choice::choose;
+use vhca_scenarios::{Scenario, ScenarioOptions};
 
 /// The IRP_MJ_PNP dispatch routine. PASSIVE_LEVEL, in a system thread.
 ///
@@ -114,13 +115,13 @@ fn start(
     let started = unsafe { StartedDevice::start(fdo.pdo, raw, translated) };
     let (status, result) = match (started, chosen) {
         (Ok(device), Ok(scenario)) => {
-            let result = device.run_scenario(scenario);
+            let result = device.run_scenario(scenario, &ScenarioOptions::default());
             fdo.started = Some(device);
             (STATUS_SUCCESS, result)
         }
         (Ok(device), Err(why)) => {
             fdo.started = Some(device);
-            let mut result = RunResult::new(WindowsScenario::Smoke.name());
+            let mut result = RunResult::new(Scenario::Smoke.name());
             result.fail(format!("Scenario value: {why}"));
             (STATUS_SUCCESS, result)
         }

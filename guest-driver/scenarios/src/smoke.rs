@@ -6,12 +6,12 @@
 use vhca_driver::MrMapping;
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
-use super::verbs::{compare, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
-use super::Ctx;
+use crate::verbs::{compare, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
+use crate::{Ctx, ScenarioHost};
 
 const LEN: u32 = 4096;
 
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let lb = Loopback::new(ctx, 64, 64)?;
     let src = Buffer::pool(ctx, LEN)?;
     let data = pattern(3, LEN as usize);

@@ -1,12 +1,13 @@
 //! shared-buffer-sg, shared-buffer-common, io-map-common-buffer: a long-lived MR the device writes (RDMA_WRITE
 //! from the other QP) and the CPU reads while it stays registered, mapped three ways (seed: "sharing the buffer").
 
+use alloc::format;
+
 use vhca_driver::MrMapping;
-use vhca_ntmodel::VerifierFlags;
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
-use super::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
-use super::Ctx;
+use crate::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
+use crate::{Ctx, ScenarioHost};
 
 const LEN: u32 = 3 * 4096;
 const WRITE_AT: u64 = 100;
@@ -22,21 +23,21 @@ enum Variant {
     IoMapCommonBuffer,
 }
 
-pub fn sg(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn sg<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     shared(ctx, Variant::ScatterGather)
 }
 
-pub fn common(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn common<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let v = if ctx.options.break_fix { Variant::ScatterGather } else { Variant::CommonBuffer };
     shared(ctx, v)
 }
 
-pub fn io_map_common_buffer(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn io_map_common_buffer<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let v = if ctx.options.break_fix { Variant::ScatterGather } else { Variant::IoMapCommonBuffer };
     shared(ctx, v)
 }
 
-fn shared(ctx: &mut Ctx, variant: Variant) -> anyhow::Result<()> {
+fn shared<H: ScenarioHost>(ctx: &mut Ctx<H>, variant: Variant) -> anyhow::Result<()> {
     ctx.detail("mapping", format!("{variant:?}"));
     let lb = Loopback::new(ctx, 64, 64)?;
     let src = Buffer::common(ctx, WRITE_LEN)?;
@@ -70,11 +71,15 @@ fn shared(ctx: &mut Ctx, variant: Variant) -> anyhow::Result<()> {
     // Everything is given back (the S/G list too, at deregistration), so no leak check can stop the run at
     // unload: what fails it is the stale read alone, which Windows' verifier cannot see (its double buffering
     // causes it).
-    let dma_checking = ctx.kernel.verifier().contains(VerifierFlags::DMA_CHECKING);
+    let dma_checking = ctx.host.dma_checking();
     anyhow::ensure!(
         fresh,
         "the CPU read stale data from the {variant:?} MR while registered (DMA checking {})",
-        if dma_checking { "on: the device wrote the verifier's shadow" } else { "off" }
+        match dma_checking {
+            Some(true) => "on: the device wrote the verifier's shadow",
+            Some(false) => "off",
+            None => "not known to the driver",
+        }
     );
     Ok(())
 }

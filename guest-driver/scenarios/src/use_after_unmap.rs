@@ -5,19 +5,19 @@
 //! The device must run with `--revalidate-stale`, so its DMA after the unmap asks the vIOMMU again instead of being
 //! refused by its own stale-register check (which stays in its event log as a diagnostic).
 
-use std::time::Duration;
+use core::time::Duration;
 
 use anyhow::ensure;
 use vhca_driver::MrMapping;
 use vhca_proto::status::WcStatus;
 use vhca_proto::{EventKind, WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
-use super::verbs::{cqe_view, dereg, pattern, register, sge, status_name, wqe, Buffer, Loopback};
-use super::Ctx;
+use crate::verbs::{cqe_view, dereg, pattern, register, sge, status_name, wqe, Buffer, Loopback};
+use crate::{Ctx, ScenarioHost};
 
 const LEN: u32 = 4096;
 
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let lb = Loopback::new(ctx, 64, 64)?;
     let src = Buffer::common(ctx, LEN)?;
     src.fill(ctx, &pattern(5, LEN as usize));
@@ -43,6 +43,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     lb.destroy(ctx)?;
     ensure!(c.status.get() != WcStatus::Success as u32, "the write into an unmapped buffer reported success");
     ensure!(fault.is_some(), "the device reported no DMA fault");
-    ensure!(!dmar.is_empty(), "the vIOMMU logged no DMAR fault for the device (is it run with --revalidate-stale?)");
+    // Where the platform reports IOMMU faults to its own kernel only (Windows), the driver cannot check them.
+    ensure!(dmar != Some(0), "the vIOMMU logged no DMAR fault for the device (is it run with --revalidate-stale?)");
     Ok(())
 }

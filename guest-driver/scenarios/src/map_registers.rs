@@ -7,13 +7,17 @@
 //! 2. the per-request maximum: a 16-page ring asks AllocateAdapterChannel for 16 > 9 registers, which Windows
 //!    refuses (STATUS_INSUFFICIENT_RESOURCES) and DMA checking stops (0xE6/0x0C, P2 = 16 asked, P3 = 9 maximum).
 
+use alloc::format;
+use alloc::string::ToString;
+use alloc::vec::Vec;
+
 use anyhow::{bail, ensure};
 use vhca_driver::{DriverError, HcaConfig, RingMemory};
 use vhca_ntapi::STATUS_INSUFFICIENT_RESOURCES;
 use vhca_proto::{Opcode, Status};
 
-use super::Ctx;
-use crate::cmdline::Options;
+use crate::ScenarioOptions;
+use crate::{Ctx, ScenarioHost};
 
 /// 1024 CQEs: 8 pages, 8 map registers per ring.
 const CQ_ENTRIES: u32 = 1024;
@@ -25,11 +29,11 @@ const MAX_TRANSFER: u32 = 8 * 4096;
 /// CQs tried at most, whatever the device has.
 const MAX_CQS: u32 = 64;
 
-pub fn config(_: &Options) -> HcaConfig {
+pub fn config(_: &ScenarioOptions) -> HcaConfig {
     HcaConfig { ring_memory: RingMemory::ContiguousMapTransfer, max_transfer: MAX_TRANSFER, ..HcaConfig::default() }
 }
 
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let device_free = ctx.hca.attributes().map_registers_free.get();
     let granted = ctx.hca.map_registers();
     let expected = device_free / PAGES_PER_CQ;
