@@ -5,11 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cmdline::{Options, PciId};
-use crate::command_queue::CommandQueue;
 use crate::driver_run::{self, DriverRun};
 use crate::report::{progress, ConfigView, QueryDeviceView, Report};
 use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
-use crate::virtio_channel::{DoorbellQueue, EventQueue, VirtioChannel};
+use crate::virtio_channel::{command_queue, report_command_buffers, CommandQueue, VirtioChannel};
 use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
 use crate::virtqueue::{RingLayout, SplitQueue};
 use crate::{kmsg, pci, rng, vfio};
@@ -231,13 +230,9 @@ fn driver_scenario(
     let (cq, cn) = take(QUEUE_COMMAND)?;
     let (eq, en) = take(QUEUE_EVENT)?;
     let (dq, dn) = take(QUEUE_DOORBELL)?;
-    let commands = CommandQueue::new(cq, cn, mapper, timeout)?;
-    report.iovas.cmd = Some(commands.request_iova());
-    report.iovas.resp = Some(commands.response_iova());
-    (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
-    let events = EventQueue::new(eq, en, mapper)?;
-    let doorbells = DoorbellQueue::new(dq, dn, mapper, timeout)?;
-    let channel = VirtioChannel::new(commands, doorbells, events);
+    let commands = command_queue(cq, cn, mapper, timeout)?;
+    report_command_buffers(&commands, report);
+    let channel = VirtioChannel::new(commands, (eq, en), (dq, dn), mapper, timeout)?;
     *keep = Some((channel.clone(), None));
     let sink = Arc::new(Mutex::new(report.clone()));
     progress(format_args!("driver scenario {}", scenario.name()));
@@ -261,10 +256,8 @@ fn vhca(
     read_config(transport, report)?;
     let (queue, notifier) = queues.first_mut().and_then(Option::take).context("no command queue")?;
     // Kept by the caller until the device is reset, so a late completion never lands in unmapped memory.
-    let commands = commands.insert(CommandQueue::new(queue, notifier, mapper, timeout)?);
-    report.iovas.cmd = Some(commands.request_iova());
-    report.iovas.resp = Some(commands.response_iova());
-    (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
+    let commands = commands.insert(command_queue(queue, notifier, mapper, timeout)?);
+    report_command_buffers(commands, report);
     if scenario.is_unmapped() {
         let iova = mapper.reserve_iova(PAGE_SIZE)?;
         report.iovas.resp = Some(iova);

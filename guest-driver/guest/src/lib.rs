@@ -6,7 +6,6 @@ pub mod agent;
 pub mod bring_up;
 pub mod bugcheck_handler;
 pub mod cmdline;
-pub mod command_queue;
 pub mod driver_run;
 pub mod kmsg;
 pub mod nt_backend;

@@ -16,6 +16,11 @@ impl<M: DmaMemory> SplitQueue<M> {
         vhca_virtio::SplitQueue::new(size, mem).map(SplitQueue)
     }
 
+    /// The shared queue itself, for code written against vhca-virtio (the command channel).
+    pub fn into_inner(self) -> vhca_virtio::SplitQueue<M> {
+        self.0
+    }
+
     /// Polls until a completion arrives or `timeout` passes, sleeping between polls (`Deadline`).
     pub fn wait_used(&mut self, timeout: Duration) -> Result<Used, QueueError> {
         self.0.wait_used(&mut Deadline::after(timeout))
