@@ -48,6 +48,11 @@ pub fn lock_name(kind: ClMutexKind) -> &'static str {
     }
 }
 
+/// The lock kind a `vhca.lock` spelling names.
+pub fn lock_kind(name: &str) -> Option<ClMutexKind> {
+    [ClMutexKind::FastMutex, ClMutexKind::KMutex, ClMutexKind::EResource].into_iter().find(|k| lock_name(*k) == name)
+}
+
 /// One scenario of the seed suite (and the verbs suite's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
@@ -186,6 +191,10 @@ mod tests {
             assert_eq!(Scenario::find(s.name()), Some(s));
         }
         assert_eq!(Scenario::find("unmapped"), None);
+        for kind in [ClMutexKind::FastMutex, ClMutexKind::KMutex, ClMutexKind::EResource] {
+            assert_eq!(lock_kind(lock_name(kind)), Some(kind));
+        }
+        assert_eq!(lock_kind("spin_lock"), None);
     }
 
     /// The two scenarios that need their own HCA configuration get it; break_fix takes the CQ fallback away.
