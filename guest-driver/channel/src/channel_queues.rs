@@ -7,7 +7,7 @@ use vhca_driver::ChannelError;
 use vhca_proto::Event;
 use vhca_virtio::{DmaMemory, QueueError};
 
-use crate::{CommandError, CommandQueue, DoorbellQueue, EventQueue, Note, Notify, WaitSource};
+use crate::{CommandError, CommandQueue, DoorbellQueue, EventQueue, Note, Notify, RingError, WaitSource};
 
 pub struct ChannelQueues<M: DmaMemory, N: Notify, W: WaitSource> {
     pub commands: CommandQueue<M, N, W>,
@@ -24,7 +24,7 @@ impl<M: DmaMemory, N: Notify, W: WaitSource> ChannelQueues<M, N, W> {
         note: Note<'_>,
     ) -> Result<Vec<u8>, ChannelError> {
         self.commands.execute_raw(request, response_capacity).map_err(|e| match e {
-            CommandError::Queue(QueueError::Timeout(_)) => ChannelError::Timeout,
+            CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => ChannelError::Timeout,
             other => {
                 note(format_args!("command queue: {other}"));
                 ChannelError::Transport(4)

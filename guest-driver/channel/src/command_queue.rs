@@ -12,7 +12,7 @@ use vhca_proto::{
 use vhca_virtio::{Buffer, DmaMemory, DmaRangeError, QueueError, SplitQueue, Used};
 use zerocopy::FromBytes;
 
-use crate::{Notify, WaitSource};
+use crate::{Notify, RingError, WaitSource};
 
 /// Poison for the response buffer: a device that completes without writing leaves it, and a status of
 /// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
@@ -21,11 +21,7 @@ const POISON: u8 = 0xa5;
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError<E: core::fmt::Display + core::fmt::Debug> {
     #[error(transparent)]
-    Range(#[from] DmaRangeError),
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    #[error("notify: {0}")]
-    Notify(E),
+    Ring(#[from] RingError<E>),
     #[error("{opcode}: request of {len} bytes exceeds {max}")]
     RequestTooLarge { opcode: &'static str, len: usize, max: usize },
     #[error("{opcode}: completion for head {got}, expected {expected}")]
@@ -42,6 +38,18 @@ pub enum CommandError<E: core::fmt::Display + core::fmt::Debug> {
     BodyOverrun { opcode: &'static str, body_len: u32, written: u32, room: usize },
     #[error("{opcode}: {field} = {got:#x}, expected {expected:#x}")]
     BadField { opcode: &'static str, field: &'static str, got: u64, expected: u64 },
+}
+
+impl<E: core::fmt::Display + core::fmt::Debug> From<DmaRangeError> for CommandError<E> {
+    fn from(e: DmaRangeError) -> Self {
+        CommandError::Ring(RingError::Range(e))
+    }
+}
+
+impl<E: core::fmt::Display + core::fmt::Debug> From<QueueError> for CommandError<E> {
+    fn from(e: QueueError) -> Self {
+        CommandError::Ring(RingError::Queue(e))
+    }
 }
 
 /// A validated response: header (status Ok) and the body bytes the device said it wrote.
@@ -162,7 +170,7 @@ impl<M: DmaMemory, N: Notify, W: WaitSource> CommandQueue<M, N, W> {
             Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
             Buffer { iova: response_iova, len: room as u32, device_writes: true },
         ])?;
-        self.notifier.notify().map_err(CommandError::Notify)?;
+        self.notifier.notify().map_err(RingError::Notify)?;
         let used = self.queue.wait_used(&mut self.waits.wait())?;
         if used.head != head {
             return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });

@@ -11,11 +11,13 @@ mod channel_queues;
 mod command_queue;
 mod doorbell_queue;
 mod event_queue;
+mod ring_error;
 
 pub use channel_queues::ChannelQueues;
 pub use command_queue::{CommandError, CommandQueue, Response};
 pub use doorbell_queue::DoorbellQueue;
-pub use event_queue::{EventQueue, EventSetupError};
+pub use event_queue::EventQueue;
+pub use ring_error::RingError;
 
 use vhca_virtio::{PollWait, QueueNotifier, Registers, TransportError};
 

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vhca_channel::{ChannelQueues, DoorbellQueue, EventQueue, EventSetupError, WaitSource};
+use vhca_channel::{ChannelQueues, DoorbellQueue, EventQueue, RingError, WaitSource};
 use vhca_driver::{ChannelError, CommandChannel};
 use vhca_proto::{Event, EVENT_SIZE, MAX_REQUEST_SIZE};
 
@@ -40,7 +40,7 @@ pub enum ChannelSetupError {
     #[error(transparent)]
     Dma(#[from] DmaError),
     #[error(transparent)]
-    Events(#[from] EventSetupError<TransportError>),
+    Events(#[from] RingError<TransportError>),
 }
 
 /// The command queue over VFIO memory: a request buffer of `MAX_REQUEST_SIZE`, a page for the response.
