@@ -161,15 +161,30 @@ pub fn run<H: ScenarioHost>(
         hca.map_registers(),
         hca.attributes().map_registers_free.get()
     ));
-    let mut ctx = Ctx::new(hca, kernel, host, options, timeout);
-    let result = scenario.body(&mut ctx);
+    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout);
+    let mut on_error_path = false;
+    let result = match scenario.body(&mut ctx) {
+        Err(e) if host.error_path(&e) => {
+            host.say(format_args!("scenario stopped on the error path ({e:#}); unloading through it"));
+            ctx.detail("error_path", alloc::format!("{e:#}"));
+            on_error_path = true;
+            Ok(())
+        }
+        r => r,
+    };
     ctx.drain_events();
     let deferred = ctx.deferred.take();
     host.scenario_finished();
-    if result.is_ok() {
+    let result = result.and_then(|()| {
+        // After the error path, what the stopped scenario held goes back: common buffers while the adapter is
+        // still there, the rest after the close. A scenario that ran to its end has freed everything itself.
+        let (common, rest) = if on_error_path { ctx.take_leftovers() } else { Default::default() };
+        let adapter = ctx.hca.adapter();
+        common.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
         ctx.hca.close();
-        host.driver_closed();
-    }
+        rest.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
+        host.driver_closed()
+    });
     match (result, deferred) {
         (Ok(()), Some(why)) => Err(anyhow::Error::msg(why)),
         (r, _) => r,
