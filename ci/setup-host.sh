@@ -39,6 +39,9 @@ have_busybox || pkgs+=(busybox-static)
 command -v xz >/dev/null 2>&1 || pkgs+=(xz-utils)
 command -v cpio >/dev/null 2>&1 || pkgs+=(cpio)
 dpkg -s libc6-dev >/dev/null 2>&1 || pkgs+=(libc6-dev)
+# vhca.sys (ci/build-windows.sh): signing and the test certificate.
+command -v osslsigncode >/dev/null 2>&1 || pkgs+=(osslsigncode)
+command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
 
 if [ ${#pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -55,4 +58,10 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   done
   [ ${#rest[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${rest[@]}" >/dev/null
 fi
+
+# vhca.sys is built for Windows by rustc + its bundled rust-lld: only the target's standard library is needed.
+windows_target=x86_64-pc-windows-msvc
+installed=$(rustup target list --installed 2>/dev/null || true)
+grep -qx "$windows_target" <<<"$installed" || rustup target add "$windows_target"
+
 qemu-system-x86_64 --version | head -n1

@@ -206,7 +206,7 @@ fn a_path_that_ignores_a_failed_allocation_fails_its_own_fail_point_run() {
     let points = recording["fault_points"].as_array().expect("the recording lists its points");
     let shadow = points
         .iter()
-        .find(|p| p["site"].as_str().unwrap_or("").contains("scenarios/smoke.rs"))
+        .find(|p| p["site"].as_str().unwrap_or("").contains("guest-driver/scenarios/src/smoke.rs"))
         .unwrap_or_else(|| panic!("no failure point in smoke.rs among {points:?}"));
     let k = shadow["point"].as_u64().unwrap();
     assert_eq!(runs.len(), 1 + points.len(), "one run per point: {}", show(&out));

@@ -32,7 +32,7 @@ impl fmt::Display for PciId {
 /// What the run does and how long it may wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Scenario name (see `scenarios::NAMES`, plus the transport's `smoke` and `unmapped`).
+    /// Scenario name (see `vhca_scenarios::Scenario`, plus the transport's `smoke` and `unmapped`).
     pub scenario: String,
     /// Bound on every wait for the device (reset, one command completion).
     pub timeout_ms: u64,
@@ -134,12 +134,10 @@ impl Options {
             "break_fix" => self.break_fix = boolean(value)?,
             "double_buffering" => self.double_buffering = boolean(value)?,
             "lock" => {
-                self.lock = Some(match value {
-                    "fast_mutex" => ClMutexKind::FastMutex,
-                    "kmutex" => ClMutexKind::KMutex,
-                    "eresource" => ClMutexKind::EResource,
-                    _ => return Err(format!("not fast_mutex, kmutex or eresource: {value:?}")),
-                })
+                self.lock = Some(
+                    vhca_scenarios::lock_kind(value)
+                        .ok_or_else(|| format!("not fast_mutex, kmutex or eresource: {value:?}"))?,
+                )
             }
             "verifier" => {
                 self.verifier = VerifierFlags::parse(value).ok_or(format!("not verifier flags: {value:?}"))?
@@ -179,15 +177,6 @@ fn boolean(value: &str) -> Result<bool, String> {
         "1" | "on" | "yes" | "true" => Ok(true),
         "0" | "off" | "no" | "false" => Ok(false),
         _ => Err(format!("not a boolean: {value:?}")),
-    }
-}
-
-/// The `vhca.lock` spelling of a lock kind, for reports.
-pub fn lock_name(kind: ClMutexKind) -> &'static str {
-    match kind {
-        ClMutexKind::FastMutex => "fast_mutex",
-        ClMutexKind::KMutex => "kmutex",
-        ClMutexKind::EResource => "eresource",
     }
 }
 

@@ -12,11 +12,11 @@ use serde::Serialize;
 
 use crate::bring_up::{setup_queue, Queue};
 use crate::cmdline::PciId;
-use crate::command_queue::CommandQueue;
 use crate::pci;
 use crate::rng::ENTROPY_BYTES;
 use crate::vfio::{self, DmaAccess};
 use crate::vfio_dma::{DmaMapper, DmaMemory};
+use crate::virtio_channel::CommandQueue;
 use crate::virtio_pci::{VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
 use crate::virtqueue::Buffer;
 
