@@ -404,7 +404,13 @@ fn real_main(cli: Cli) -> Result<bool> {
                 );
                 eprintln!("  gdb {} -ex 'target remote :{gdb_port}'", symbols.display());
             }
-            let suite = Suite { name: "boot".into(), source: "<command line>".into(), runs: Vec::new() };
+            let suite = Suite {
+                name: "boot".into(),
+                source: "<command line>".into(),
+                runs: Vec::new(),
+                guest: vhca_suite::GuestKind::Linux,
+                windows_image: None,
+            };
             let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("boot"));
             let opts = SuiteOptions { jobs: 1, artifacts: Some(root.clone()), program: program(), suite_file: None };
             let mut ui = SuiteUi::new(1, true);

@@ -11,8 +11,8 @@ use toml::Spanned;
 
 use crate::expect::Expected;
 use crate::suite::{
-    DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S, DEFAULT_TIMEOUT_S,
-    DEFAULT_VERIFIER_FLAGS,
+    DeviceOptions, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS,
 };
 use crate::toml_location::{field_path_at, line_column};
 
@@ -58,6 +58,8 @@ impl fmt::Display for SuiteError {
 #[serde(deny_unknown_fields)]
 struct RawSuite {
     name: Spanned<String>,
+    guest: Option<Spanned<String>>,
+    windows_image: Option<Spanned<String>>,
     #[serde(default)]
     defaults: RawDefaults,
     #[serde(default, rename = "run")]
@@ -407,7 +409,36 @@ fn validate(raw: RawSuite, file: &str, c: &mut Checker) -> Suite {
         let events = required_events(&r, &modes, c, &f);
         runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, line });
     }
-    Suite { name: raw.name.into_inner(), source: file.to_string(), runs }
+    let (guest, windows_image) = guest_kind(raw.guest.as_ref(), raw.windows_image.as_ref(), c);
+    Suite { name: raw.name.into_inner(), source: file.to_string(), runs, guest, windows_image }
+}
+
+/// `guest = "linux" | "windows"` and the Windows image it may name.
+fn guest_kind(
+    guest: Option<&Spanned<String>>,
+    image: Option<&Spanned<String>>,
+    c: &mut Checker,
+) -> (GuestKind, Option<String>) {
+    let kind = match guest.map(|g| (g, g.get_ref().as_str())) {
+        None | Some((_, "linux")) => GuestKind::Linux,
+        Some((_, "windows")) => GuestKind::Windows,
+        Some((g, other)) => {
+            c.at(g.span(), "guest", format!("unknown guest {other:?}: expected \"linux\" or \"windows\""));
+            GuestKind::Linux
+        }
+    };
+    match image {
+        Some(i) if kind != GuestKind::Windows => {
+            c.at(i.span(), "windows_image", "a Windows image for a suite whose guest is not \"windows\"");
+            (kind, None)
+        }
+        Some(i) if i.get_ref().trim().is_empty() => {
+            c.at(i.span(), "windows_image", "empty path");
+            (kind, None)
+        }
+        Some(i) => (kind, Some(i.get_ref().clone())),
+        None => (kind, None),
+    }
 }
 
 fn run_modes(r: &RawRun, c: &mut Checker, f: &dyn Fn(&str) -> String) -> Vec<VerifierMode> {
