@@ -4,6 +4,7 @@
 pub mod accel;
 pub mod artifacts;
 pub mod bench;
+pub mod debug_instructions;
 pub mod device;
 pub mod evidence;
 pub mod image;
@@ -17,3 +18,4 @@ pub mod snapshot;
 pub mod suite_run;
 pub mod supervise;
 pub mod ui;
+pub mod windows;
