@@ -35,7 +35,8 @@ pub fn windows_lines(kdnet: &KdnetSettings, gdb_port: u16, host: &str) -> Vec<St
                  ({host}); relay it to the WinDbg machine:"
             ),
             format!("    socat -T 600 UDP4-LISTEN:{port},reuseaddr,fork UDP4:WINDBG_MACHINE:{port}"),
-            format!("  (or build the image with --kdnet-host-ip WINDBG_MACHINE: the guest then sends there through QEMU's NAT)"),
+            "  (or build the image with --kdnet-host-ip WINDBG_MACHINE: the guest then sends there through QEMU's NAT)"
+                .to_string(),
         ]);
     } else {
         lines.push(format!(

@@ -22,6 +22,8 @@ use crate::restore::{self, RestoreError};
 use crate::serial_capture::{ConsolePort, SerialLog};
 use crate::snapshot::{MachineFiles, SavedMachine, Snapshot, AGENT_WORD};
 use crate::supervise::{tick, SuperviseError, Supervised};
+use crate::windows::image_dir::WindowsImage;
+use crate::windows::run_boot;
 
 const DEVICE_START: Duration = Duration::from_secs(10);
 /// QEMU creates its QMP socket at once; waiting longer only delays noticing a QEMU that died at start-up.
@@ -52,6 +54,10 @@ pub struct RunContext {
     pub gdb: Option<GdbStub>,
     /// The saved guest runs are restored from; None: every run boots cold.
     pub snapshot: Option<Arc<Snapshot>>,
+    /// A Windows suite's image: every run boots it cold instead of the Linux guest (never run here: no image).
+    pub windows: Option<Arc<WindowsImage>>,
+    /// Start each QEMU paused (`vhca-run debug`): the debugger, or the person, continues it.
+    pub paused: bool,
 }
 
 /// Guest options every run gets on either path: `reset_method=pm` (vfio-pci resets the device at every open and
@@ -288,6 +294,27 @@ fn attempt(
     let hca = VhostUserDevice { socket: files.socket(), carrier: ctx.carrier };
     let request = restore::request_line(&run.guest_params());
     let (device_line, mut qemu_line) = command_lines(&device_cfg, &qemu_cfg);
+    let windows = match &ctx.windows {
+        Some(image) => {
+            let m = run_boot::prepare(
+                image,
+                &ctx.bins.qemu,
+                ctx.accel,
+                run.verifier_flags,
+                hca.clone(),
+                &files.dir,
+                (ctx.gdb, ctx.paused),
+            )
+            .map_err(std::io::Error::other)?;
+            qemu_line = format!(
+                "{}\n# then on COM1, after {}: {request}",
+                shell_line(&m.qemu, &m.args()),
+                crate::snapshot::READY_LINE
+            );
+            Some(m)
+        }
+        None => None,
+    };
     if let Some(s) = snapshot {
         qemu_line.push_str(&format!(
             "\n# then over QMP: migrate-set-capabilities {}; migrate-incoming file:{}; chardev-add {}; device_add {}; cont\n\
@@ -310,8 +337,22 @@ fn attempt(
         Ok(device) => {
             let how = if snapshot.is_some() { "restoring the snapshot" } else { "booting" };
             stage(on, format!("starting QEMU ({}, {how})", ctx.accel.name()));
-            let mut qemu = Supervised::spawn("qemu", qemu_cfg.command(), Some(&files.qemu_log()))?;
+            let command = windows.as_ref().map_or_else(|| qemu_cfg.command(), |m| m.command());
+            let mut qemu = Supervised::spawn("qemu", command, Some(&files.qemu_log()))?;
             let (mut qmp, mut port) = (None, None);
+            if let Some(m) = &windows {
+                stage(on, "waiting for the Windows agent on COM1".into());
+                let boot = Duration::from_secs(u64::from(run.guest.timeout_s));
+                match run_boot::deliver_request(m, &files.serial(), &mut qemu, &request, boot) {
+                    Ok((q, p)) => (qmp, port) = (Some(q), Some(p)),
+                    Err(run_boot::RequestError::Process(e)) => return Err(e.into()),
+                    Err(run_boot::RequestError::NoAgent(s)) => {
+                        watched.timed_out = true;
+                        watched.rig_problems.push(format!("the Windows agent never said it was ready in {s} s"));
+                    }
+                    Err(why) => watched.rig_problems.push(why.to_string()),
+                }
+            }
             if let Some(s) = snapshot {
                 // Any failure here drops both guards (device and QEMU killed and reaped) with the work dir.
                 match connect_and_restore(&files, &mut qemu, s, &hca, &request) {
@@ -321,7 +362,8 @@ fn attempt(
                 }
             }
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
-            let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on };
+            let crash_grace = if windows.is_some() { run_boot::DUMP_GRACE } else { AFTER_CRASH };
+            let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
             w.run(device, qemu, qmp, port)?;
         }
         Err(DeviceError::ExitedEarly { status }) => {
@@ -335,7 +377,10 @@ fn attempt(
         Err(DeviceError::Process(e)) => return Err(e.into()),
     }
     let seconds = start.elapsed().as_secs_f64();
-    let evidence = evidence::gather(run, &files, watched, ctx.gdb.is_some())?;
+    if windows.is_some() {
+        run_boot::keep_disk_if_crashed(&files.dir, watched.crash_mark.is_some());
+    }
+    let evidence = evidence::gather(run, &files, watched, ctx.gdb.is_some() || ctx.paused)?;
     let work = if ctx.keep { WorkDir::Kept(temp.keep()) } else { WorkDir::Temp(temp) };
     let path = if snapshot.is_some() { BootPath::Snapshot } else { BootPath::Cold };
     Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
@@ -382,6 +427,8 @@ struct Watch<'a> {
     device_started: Instant,
     watched: &'a mut Watched,
     on: &'a mut dyn FnMut(Progress),
+    /// How long QEMU may go on after a bugcheck or panic: a Linux guest stops at once, Windows writes its dump.
+    crash_grace: Duration,
 }
 
 /// Why the wait loop stopped.
@@ -411,7 +458,7 @@ impl Watch<'_> {
         let mut qmp_tried = qmp.is_some();
         // When a result or crash arrived, and how long QEMU then gets to end by itself.
         let mut settled: Option<(Instant, Duration)> = None;
-        let untimed = self.ctx.gdb.is_some();
+        let untimed = self.ctx.gdb.is_some() || self.ctx.paused;
         let silence = Duration::from_secs(u64::from(self.run.guest.silence_s));
         let timeout = Duration::from_secs(u64::from(self.run.guest.timeout_s));
         let test_panic = std::env::var_os(TEST_PANIC_ENV).is_some();
@@ -432,7 +479,7 @@ impl Watch<'_> {
                 qmp = Qmp::connect(&self.files.qmp(), QMP_CONNECT).ok();
             }
             if self.drain_qmp(qmp.as_mut()) {
-                settled.get_or_insert((Instant::now(), AFTER_CRASH));
+                settled.get_or_insert((Instant::now(), self.crash_grace));
             }
             if test_panic && last_offset > 0 {
                 panic!("{TEST_PANIC_ENV} is set: the runner panics mid-run, with QEMU and the device running");
@@ -541,7 +588,12 @@ impl Watch<'_> {
             if let Some(p) = GuestPanicked::from_qmp(&value) {
                 panicked = true;
                 let label = match p.hyperv.and_then(|h| h.bugcheck()) {
-                    Some(b) => format!("STOP {:#X} (QMP)", b.code),
+                    Some(b) => {
+                        // A Windows guest prints no STOP line: show the Hyper-V crash MSRs in the NT model's form.
+                        let what = format!("QMP GUEST_PANICKED (hyper-v): {}", b.stop_line());
+                        (self.on)(Progress::Stage { run: self.run.name.clone(), what });
+                        format!("STOP {:#X} (QMP)", b.code)
+                    }
                     None => "GUEST_PANICKED".to_string(),
                 };
                 self.mark_crash(label);

@@ -9,3 +9,4 @@ pub mod image_dir;
 pub mod kdnet;
 pub mod machine;
 pub mod recipe;
+pub mod run_boot;
