@@ -306,6 +306,24 @@ pub fn add_state(
     Ok(())
 }
 
+/// Writes the answer disc's files and the driver package under `staging`, then the ISO with xorriso.
+pub fn write_answer_disc(
+    opts: &BuildOptions,
+    kdnet: &KdnetSettings,
+    staging: &Path,
+    iso: &Path,
+) -> Result<(), StepError> {
+    let f = fail("answer disc");
+    for (path, text) in answer_disc_files(opts, kdnet) {
+        let p = staging.join(&path);
+        let made = p.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|_| std::fs::write(&p, text));
+        made.map_err(|e| f(format!("{}: {e}", p.display())))?;
+    }
+    copy_dir(&opts.driver_package, &staging.join(DISC_DIR).join("driver"))
+        .map_err(|e| f(format!("copying the driver package: {e}")))?;
+    run_tool("xorriso", &xorriso_args(staging, iso), "answer disc")
+}
+
 /// The whole recipe.
 pub fn build(opts: &BuildOptions, log: &mut dyn FnMut(&str)) -> Result<WindowsImage, StepError> {
     log("check inputs");
@@ -318,16 +336,8 @@ pub fn build(opts: &BuildOptions, log: &mut dyn FnMut(&str)) -> Result<WindowsIm
         tempfile::Builder::new().prefix("vhca-winimage-").tempdir().map_err(|e| fail("answer disc")(e.to_string()))?;
 
     log("answer disc: autounattend.xml, set-up script, agent, driver package");
-    let staging = work.path().join("answer");
-    for (path, text) in answer_disc_files(opts, &kdnet) {
-        let p = staging.join(&path);
-        let made = p.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|_| std::fs::write(&p, text));
-        made.map_err(|e| fail("answer disc")(format!("{}: {e}", p.display())))?;
-    }
-    copy_dir(&opts.driver_package, &staging.join(DISC_DIR).join("driver"))
-        .map_err(|e| fail("answer disc")(format!("copying the driver package: {e}")))?;
     let answer_iso = opts.out.join("answer.iso");
-    run_tool("xorriso", &xorriso_args(&staging, &answer_iso), "answer disc")?;
+    write_answer_disc(opts, &kdnet, &work.path().join("answer"), &answer_iso)?;
 
     log("system disk");
     let base = opts.out.join(BASE_DISK);

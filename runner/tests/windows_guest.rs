@@ -1,0 +1,258 @@
+//! Golden tests of what the Windows image recipe generates: autounattend.xml (well-formed; the passes, components,
+//! partitions and first-logon commands), the in-guest set-up sequence and script, and the agent's protocol words.
+//! Windows itself never read any of it here: these machines have no Windows ISO.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use quick_xml::events::Event;
+use quick_xml::Reader;
+use vhca_run::qemu_cmd::Accel;
+use vhca_run::restore::request_line;
+use vhca_run::snapshot::READY_LINE;
+use vhca_run::windows::answer_file::{AnswerSettings, FirstLogonCommand};
+use vhca_run::windows::guest_setup::{
+    first_logon_commands, setup_script, setup_steps, AGENT_SCRIPT, SETUP_DONE, SETUP_FAILED,
+};
+use vhca_run::windows::kdnet::{KdnetKey, KdnetSettings, SLIRP_HOST};
+use vhca_run::windows::machine::Firmware;
+use vhca_run::windows::recipe::{answer_disc_files, qemu_img_overlay, state_request, xorriso_args, BuildOptions};
+
+/// Elements as (depth, name, attributes, text), in document order; panics on malformed XML.
+fn parse(xml: &str) -> Vec<(usize, String, Vec<(String, String)>, String)> {
+    let mut r = Reader::from_str(xml);
+    let mut out = Vec::new();
+    let mut stack: Vec<usize> = Vec::new();
+    loop {
+        match r.read_event().expect("well-formed XML") {
+            Event::Start(e) => {
+                let attrs = e
+                    .attributes()
+                    .map(|a| {
+                        let a = a.unwrap();
+                        (String::from_utf8(a.key.as_ref().to_vec()).unwrap(), a.unescape_value().unwrap().into_owned())
+                    })
+                    .collect();
+                out.push((stack.len(), String::from_utf8(e.name().as_ref().to_vec()).unwrap(), attrs, String::new()));
+                stack.push(out.len() - 1);
+            }
+            Event::Text(t) => {
+                if let Some(&i) = stack.last() {
+                    out[i].3.push_str(&t.unescape().unwrap());
+                }
+            }
+            Event::End(_) => {
+                stack.pop();
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    assert!(stack.is_empty(), "unclosed elements");
+    out
+}
+
+fn settings(firmware: Firmware) -> AnswerSettings {
+    AnswerSettings {
+        edition: "Windows 11 Pro".into(),
+        locale: "en-US".into(),
+        product_key: None,
+        computer_name: "VHCA-WIN".into(),
+        account: "vhca".into(),
+        password: "p<&>\"'w".into(),
+        firmware,
+        first_logon: first_logon_commands(),
+    }
+}
+
+fn texts<'a>(doc: &'a [(usize, String, Vec<(String, String)>, String)], name: &str) -> Vec<&'a str> {
+    doc.iter().filter(|e| e.1 == name).map(|e| e.3.as_str()).collect()
+}
+
+#[test]
+fn autounattend_has_the_passes_and_components_setup_reads() {
+    let xml = settings(Firmware::Uefi).to_xml();
+    assert!(xml.starts_with("<?xml version=\"1.0\" encoding=\"utf-8\"?>"));
+    let doc = parse(&xml);
+    assert_eq!(doc[0].1, "unattend");
+    assert!(doc[0].2.contains(&("xmlns".into(), "urn:schemas-microsoft-com:unattend".into())));
+    assert!(doc[0].2.contains(&("xmlns:wcm".into(), "http://schemas.microsoft.com/WMIConfig/2002/State".into())));
+    let passes: Vec<&str> = doc
+        .iter()
+        .filter(|e| e.1 == "settings")
+        .map(|e| e.2.iter().find(|a| a.0 == "pass").unwrap().1.as_str())
+        .collect();
+    assert_eq!(passes, ["windowsPE", "specialize", "oobeSystem"]);
+    let components: Vec<String> = doc
+        .iter()
+        .filter(|e| e.1 == "component")
+        .map(|e| {
+            let attr = |k: &str| e.2.iter().find(|a| a.0 == k).unwrap().1.clone();
+            assert_eq!(
+                (attr("processorArchitecture"), attr("publicKeyToken"), attr("language"), attr("versionScope")),
+                ("amd64".into(), "31bf3856ad364e35".into(), "neutral".into(), "nonSxS".into())
+            );
+            attr("name")
+        })
+        .collect();
+    assert_eq!(
+        components,
+        [
+            "Microsoft-Windows-International-Core-WinPE",
+            "Microsoft-Windows-Setup",
+            "Microsoft-Windows-Shell-Setup",
+            "Microsoft-Windows-International-Core",
+            "Microsoft-Windows-Shell-Setup",
+        ]
+    );
+    // Edition, install target, EULA, the Windows 11 checks skipped, the account and its one automatic logon.
+    assert_eq!(texts(&doc, "Value")[0], "Windows 11 Pro");
+    assert_eq!(texts(&doc, "Key"), ["/IMAGE/NAME"]);
+    assert_eq!(texts(&doc, "AcceptEula"), ["true"]);
+    let lab: Vec<&str> = texts(&doc, "Path");
+    assert_eq!(lab.len(), 3);
+    assert!(lab.iter().all(|p| p.starts_with(r"reg add HKLM\SYSTEM\Setup\LabConfig /v Bypass")));
+    assert_eq!(texts(&doc, "Name"), ["vhca"]);
+    assert_eq!(texts(&doc, "Username"), ["vhca"]);
+    assert_eq!(texts(&doc, "LogonCount"), ["1"]);
+    assert_eq!(texts(&doc, "HideOnlineAccountScreens"), ["true"]);
+    // The password survives escaping, in the account and in the automatic logon.
+    let pw: Vec<&str> = doc.iter().filter(|e| e.1 == "Value" && e.3.starts_with('p')).map(|e| e.3.as_str()).collect();
+    assert_eq!(pw, ["p<&>\"'w", "p<&>\"'w"]);
+    // No product key element unless one is given.
+    assert!(texts(&doc, "ProductKey").is_empty());
+    let mut with_key = settings(Firmware::Uefi);
+    with_key.product_key = Some("AAAAA-BBBBB-CCCCC-DDDDD-EEEEE".into());
+    assert_eq!(texts(&parse(&with_key.to_xml()), "WillShowUI"), ["OnError"]);
+}
+
+#[test]
+fn disk_layout_follows_the_firmware() {
+    let uefi = parse(&settings(Firmware::Uefi).to_xml());
+    assert_eq!(texts(&uefi, "Type"), ["EFI", "MSR", "Primary"]);
+    assert_eq!(texts(&uefi, "Size"), ["100", "16"]);
+    assert_eq!(texts(&uefi, "Format"), ["FAT32", "NTFS"]);
+    assert_eq!(texts(&uefi, "PartitionID"), ["1", "2", "3", "3"], "three partitions, Windows on the third");
+    assert_eq!(texts(&uefi, "WillWipeDisk"), ["true"]);
+    let bios = parse(&settings(Firmware::Bios).to_xml());
+    assert_eq!(texts(&bios, "Type"), ["Primary"]);
+    assert_eq!(texts(&bios, "Active"), ["true"]);
+    assert_eq!(texts(&bios, "PartitionID"), ["1", "1"]);
+}
+
+#[test]
+fn first_logon_copies_the_rig_folder_then_runs_the_set_up() {
+    let doc = parse(&settings(Firmware::Uefi).to_xml());
+    let orders: Vec<&str> = doc
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.1 == "Order")
+        .filter(|(i, _)| doc[..*i].iter().rev().find(|p| p.0 < doc[*i].0).is_some_and(|p| p.1 == "SynchronousCommand"))
+        .map(|(_, e)| e.3.as_str())
+        .collect();
+    assert_eq!(orders, ["1", "2"]);
+    assert_eq!(
+        texts(&doc, "CommandLine"),
+        [
+            r"cmd /c for %d in (D E F G H I J) do if exist %d:\vhca\vhca-setup.ps1 xcopy /e /i /y %d:\vhca C:\vhca",
+            r"powershell -NoProfile -ExecutionPolicy Bypass -File C:\vhca\vhca-setup.ps1",
+        ]
+    );
+    let _: Vec<FirstLogonCommand> = first_logon_commands();
+}
+
+fn kdnet() -> KdnetSettings {
+    KdnetSettings::new(SLIRP_HOST, 50000, KdnetKey::parse("k1.k2.k3.k4").unwrap()).unwrap()
+}
+
+#[test]
+fn in_guest_set_up_sequence() {
+    let commands: Vec<String> = setup_steps(&kdnet()).into_iter().map(|s| s.command).collect();
+    assert_eq!(
+        commands,
+        [
+            "bcdedit /set testsigning on",
+            r"certutil -addstore -f Root C:\vhca\driver\vhca.cer",
+            r"certutil -addstore -f TrustedPublisher C:\vhca\driver\vhca.cer",
+            r"pnputil /add-driver C:\vhca\driver\vhca.inf /install",
+            "bcdedit /dbgsettings net hostip:10.0.2.2 port:50000 key:k1.k2.k3.k4",
+            "bcdedit /debug {default} on",
+            r"reg add HKLM\SYSTEM\CurrentControlSet\Control\CrashControl /v CrashDumpEnabled /t REG_DWORD /d 3 /f",
+            r"reg add HKLM\SYSTEM\CurrentControlSet\Control\CrashControl /v AutoReboot /t REG_DWORD /d 1 /f",
+            "sc config wuauserv start= disabled",
+            "powercfg /hibernate off",
+            r#"schtasks /create /f /tn vhca-agent /sc onstart /ru SYSTEM /rl HIGHEST /tr "powershell -NoProfile -ExecutionPolicy Bypass -File C:\vhca\vhca-agent.ps1""#,
+        ]
+    );
+    let script = setup_script(&setup_steps(&kdnet()));
+    // Every step is in the script once, numbered, with PowerShell's quote doubling; the script ends powered off.
+    assert!(script.contains("  @(1, 'test signing on', 'bcdedit /set testsigning on')\n"), "{script}");
+    assert!(script.contains("  @(11, 'resident agent at every boot', 'schtasks /create"), "{script}");
+    assert!(script.contains(&format!("Say '{SETUP_DONE}'")));
+    assert!(script.contains(&format!("{SETUP_FAILED} step $($s[0]) ($($s[1])): exit $rc")));
+    assert!(script.trim_end().ends_with("shutdown /s /t 0"));
+    let quoted =
+        setup_script(&[vhca_run::windows::guest_setup::SetupStep { what: "it's", command: "echo 'x'".into() }]);
+    assert!(quoted.contains("@(1, 'it''s', 'echo ''x''')"), "{quoted}");
+}
+
+#[test]
+fn the_agent_speaks_the_runners_protocol() {
+    // The runner waits for READY_LINE, types restore::request_line's JSON and reads VHCA-RESULT lines.
+    assert!(AGENT_SCRIPT.contains(&format!("Say '{READY_LINE}'")));
+    assert!(AGENT_SCRIPT.contains("ConvertFrom-Json") && AGENT_SCRIPT.contains("$request.params"));
+    assert!(AGENT_SCRIPT.contains("\"VHCA-RESULT \""));
+    assert!(AGENT_SCRIPT.contains(SETUP_DONE) && AGENT_SCRIPT.contains(SETUP_FAILED));
+    let request: serde_json::Value =
+        serde_json::from_str(&request_line(&[("vhca.scenario".into(), "smoke".into())])).unwrap();
+    assert!(request["params"].is_array(), "the agent reads .params");
+    let state: serde_json::Value = serde_json::from_str(&state_request(0xAA)).unwrap();
+    assert_eq!(state["params"], serde_json::json!(["vhca.setup=verifier", "vhca.verifier=0xaa"]));
+    assert!(AGENT_SCRIPT.contains("$params['vhca.setup'] -eq 'verifier'"));
+}
+
+#[test]
+fn answer_disc_and_tool_command_lines() {
+    let opts = BuildOptions {
+        iso: "/isos/win11.iso".into(),
+        driver_package: "target/windows/vhca-driver".into(),
+        out: "/images/win11".into(),
+        edition: "Windows 11 Pro".into(),
+        locale: "en-US".into(),
+        product_key: None,
+        account: "vhca".into(),
+        password: "vhca".into(),
+        firmware: Firmware::Uefi,
+        kdnet_host_ip: Ipv4Addr::new(10, 0, 2, 2),
+        kdnet_port: 50000,
+        verifier_flags: vec![0xAA],
+        qemu: "qemu-system-x86_64".into(),
+        accel: Accel::Kvm,
+        vnc: None,
+    };
+    let files = answer_disc_files(&opts, &kdnet());
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["autounattend.xml", "vhca/vhca-setup.ps1", "vhca/vhca-agent.ps1"]);
+    parse(&files[0].1);
+    assert!(files[1].1.contains("key:k1.k2.k3.k4"));
+    assert_eq!(
+        xorriso_args(&PathBuf::from("/w/answer"), &PathBuf::from("/images/win11/answer.iso")),
+        [
+            "-as",
+            "mkisofs",
+            "-quiet",
+            "-J",
+            "-joliet-long",
+            "-r",
+            "-V",
+            "VHCA_ANSWER",
+            "-o",
+            "/images/win11/answer.iso",
+            "/w/answer"
+        ]
+    );
+    assert_eq!(
+        qemu_img_overlay("base.qcow2", &PathBuf::from("/images/win11/state-verifier-off.qcow2")),
+        ["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "/images/win11/state-verifier-off.qcow2"]
+    );
+}
