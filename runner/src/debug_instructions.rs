@@ -50,7 +50,8 @@ pub fn windows_lines(kdnet: &KdnetSettings, gdb_port: u16, host: &str) -> Vec<St
         "EXDI over QEMU's gdb stub (nothing in the guest; fewer kernel facts than KDNET):".to_string(),
         format!("  gdb stub on {host}:{gdb_port} (from elsewhere: ssh -L {gdb_port}:localhost:{gdb_port} {host})"),
         format!(
-            "  WinDbg 1.2410.11001.0 or later: File > Attach to kernel > EXDI, target type QEMU, address {host}:{gdb_port}"
+            "  WinDbg 1.2410.11001.0 or later (it has the EXDI dialog): attach to kernel over EXDI, QEMU target, address \
+             {host}:{gdb_port}"
         ),
     ]);
     lines
@@ -81,7 +82,7 @@ mod tests {
             "socat -T 600 UDP4-LISTEN:50000,reuseaddr,fork UDP4:WINDBG_MACHINE:50000",
             "gdb stub on rig7:1234",
             "ssh -L 1234:localhost:1234 rig7",
-            "EXDI, target type QEMU, address rig7:1234",
+            "attach to kernel over EXDI, QEMU target, address rig7:1234",
             "press Enter",
         ] {
             assert!(text.contains(want), "missing {want:?} in:\n{text}");

@@ -18,8 +18,11 @@ use vhca_run::windows::kdnet::{KdnetKey, KdnetSettings, SLIRP_HOST};
 use vhca_run::windows::machine::Firmware;
 use vhca_run::windows::recipe::{answer_disc_files, qemu_img_overlay, state_request, xorriso_args, BuildOptions};
 
-/// Elements as (depth, name, attributes, text), in document order; panics on malformed XML.
-fn parse(xml: &str) -> Vec<(usize, String, Vec<(String, String)>, String)> {
+/// An element: depth, name, attributes, text.
+type Element = (usize, String, Vec<(String, String)>, String);
+
+/// Elements in document order; panics on malformed XML.
+fn parse(xml: &str) -> Vec<Element> {
     let mut r = Reader::from_str(xml);
     let mut out = Vec::new();
     let mut stack: Vec<usize> = Vec::new();
@@ -65,7 +68,7 @@ fn settings(firmware: Firmware) -> AnswerSettings {
     }
 }
 
-fn texts<'a>(doc: &'a [(usize, String, Vec<(String, String)>, String)], name: &str) -> Vec<&'a str> {
+fn texts<'a>(doc: &'a [Element], name: &str) -> Vec<&'a str> {
     doc.iter().filter(|e| e.1 == name).map(|e| e.3.as_str()).collect()
 }
 
