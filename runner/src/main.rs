@@ -503,6 +503,14 @@ fn real_main(cli: Cli) -> Result<bool> {
         Cmd::Debug(args) => debug_cmd::run(&cli.bins, cli.windows_image.as_deref(), args),
         Cmd::WindowsImage(cmd) => windows_image_cmd::run(cmd),
         Cmd::QemuArgs { pick, dir } => {
+            if let (Some(_), (suite, _)) = (&pick.run, load_suite(pick.suite.as_deref())?) {
+                if suite.guest == vhca_suite::GuestKind::Windows {
+                    bail!(
+                        "qemu-args prints the Linux guest's lines; a Windows run's exact QEMU command line is the \
+                           qemu.cmdline in its artifact folder"
+                    );
+                }
+            }
             let (run, _) = pick.concrete()?;
             let (ctx, accel) = session(&cli.bins)?;
             let (device, qemu) = plan(&ctx, &run, &dir);
