@@ -334,23 +334,40 @@ fn attempt(
     stage(on, "starting vhca-device".into());
     let device_started = Instant::now();
     match device::launch(&device_cfg, &files.device_log(), DEVICE_START) {
-        Ok(device) => {
+        Ok(mut device) => {
             let how = if snapshot.is_some() { "restoring the snapshot" } else { "booting" };
             stage(on, format!("starting QEMU ({}, {how})", ctx.accel.name()));
             let command = windows.as_ref().map_or_else(|| qemu_cfg.command(), |m| m.command());
             let mut qemu = Supervised::spawn("qemu", command, Some(&files.qemu_log()))?;
-            let (mut qmp, mut port) = (None, None);
+            let (mut qmp, mut port, mut never_started) = (None, None, false);
             if let Some(m) = &windows {
                 stage(on, "waiting for the Windows agent on COM1".into());
                 let boot = Duration::from_secs(u64::from(run.guest.timeout_s));
-                match run_boot::deliver_request(m, &files.serial(), &mut qemu, &request, boot) {
-                    Ok((q, p)) => (qmp, port) = (Some(q), Some(p)),
+                let why = match run_boot::deliver_request(m, &files.serial(), &mut qemu, &request, boot) {
+                    Ok((q, p)) => {
+                        (qmp, port) = (Some(q), Some(p));
+                        None
+                    }
                     Err(run_boot::RequestError::Process(e)) => return Err(e.into()),
                     Err(run_boot::RequestError::NoAgent(s)) => {
                         watched.timed_out = true;
-                        watched.rig_problems.push(format!("the Windows agent never said it was ready in {s} s"));
+                        Some(format!("the Windows agent never said it was ready in {s} s"))
                     }
-                    Err(why) => watched.rig_problems.push(why.to_string()),
+                    Err(why) => Some(why.to_string()),
+                };
+                if let Some(why) = why {
+                    // The guest never got its request: nothing to watch. Both stopped and reaped here.
+                    watched.rig_problems.push(why);
+                    watched.qemu_exit = match qemu.try_status()? {
+                        Some(status) => exit_of(status),
+                        None => {
+                            qemu.kill();
+                            ProcessExit::KilledByRunner
+                        }
+                    };
+                    device.kill();
+                    watched.device_exit = ProcessExit::KilledByRunner;
+                    never_started = true;
                 }
             }
             if let Some(s) = snapshot {
@@ -363,8 +380,10 @@ fn attempt(
             }
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
             let crash_grace = if windows.is_some() { run_boot::DUMP_GRACE } else { AFTER_CRASH };
-            let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
-            w.run(device, qemu, qmp, port)?;
+            if !never_started {
+                let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
+                w.run(device, qemu, qmp, port)?;
+            }
         }
         Err(DeviceError::ExitedEarly { status }) => {
             watched.device_exit = ProcessExit::from_status(status.code(), exit_signal(&status));
