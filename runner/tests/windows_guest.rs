@@ -189,14 +189,16 @@ fn in_guest_set_up_sequence() {
     );
     let script = setup_script(&setup_steps(&kdnet()));
     // Every step is in the script once, numbered, with PowerShell's quote doubling; the script ends powered off.
-    assert!(script.contains("  @(1, 'test signing on', 'bcdedit /set testsigning on')\n"), "{script}");
-    assert!(script.contains("  @(11, 'resident agent at every boot', 'schtasks /create"), "{script}");
+    assert!(script.contains("  ,@(1, 'test signing on', 'bcdedit /set testsigning on', @(0))\n"), "{script}");
+    assert!(script.contains(r"'pnputil /add-driver C:\vhca\driver\vhca.inf /install', @(0, 259, 3010))"), "{script}");
+    assert!(script.contains("  ,@(11, 'resident agent at every boot', 'schtasks /create"), "{script}");
+    assert!(script.contains("if ($s[3] -notcontains $rc)"), "{script}");
     assert!(script.contains(&format!("Say '{SETUP_DONE}'")));
     assert!(script.contains(&format!("{SETUP_FAILED} step $($s[0]) ($($s[1])): exit $rc")));
     assert!(script.trim_end().ends_with("shutdown /s /t 0"));
-    let quoted =
-        setup_script(&[vhca_run::windows::guest_setup::SetupStep { what: "it's", command: "echo 'x'".into() }]);
-    assert!(quoted.contains("@(1, 'it''s', 'echo ''x''')"), "{quoted}");
+    let step = vhca_run::windows::guest_setup::SetupStep { what: "it's", command: "echo 'x'".into(), also_ok: &[] };
+    let quoted = setup_script(&[step]);
+    assert!(quoted.contains(",@(1, 'it''s', 'echo ''x''', @(0))"), "{quoted}");
 }
 
 #[test]

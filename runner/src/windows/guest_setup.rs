@@ -28,51 +28,56 @@ pub const AGENT_TASK: &str = "vhca-agent";
 /// target/windows/vhca-driver/): the INF, the test-signed driver and the test certificate it was signed with.
 pub const PACKAGE_FILES: [&str; 3] = ["vhca.inf", "vhca.sys", "vhca.cer"];
 
-/// One set-up step: what it does, in words for the log, and the command.
+/// One set-up step: what it does, in words for the log, the command, and which non-zero exits mean it worked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetupStep {
     pub what: &'static str,
     pub command: String,
+    pub also_ok: &'static [i32],
 }
+
+fn step(what: &'static str, command: impl Into<String>) -> SetupStep {
+    SetupStep { what, command: command.into(), also_ok: &[] }
+}
+
+/// pnputil's "installed, reboot needed" (3010, ERROR_SUCCESS_REBOOT_REQUIRED) and "no device to install on"
+/// (259, ERROR_NO_MORE_ITEMS): the package is in the store either way, and no HCA exists during set-up. An assumption
+/// from Microsoft's PnPUtil return-value page, never seen here.
+const PNPUTIL_ALSO_OK: &[i32] = &[259, 3010];
 
 /// The steps of a new image, in order. The driver is staged and installed before any HCA exists (pnputil
 /// `/add-driver … /install` puts it in the driver store; PnP binds it when a run's QEMU presents the device).
 pub fn setup_steps(kdnet: &KdnetSettings) -> Vec<SetupStep> {
     let cert = format!(r"{GUEST_DRIVER_DIR}\vhca.cer");
     let crash = r"HKLM\SYSTEM\CurrentControlSet\Control\CrashControl";
-    let mut steps = vec![
-        SetupStep { what: "test signing on", command: "bcdedit /set testsigning on".into() },
-        SetupStep { what: "test certificate into Root", command: format!("certutil -addstore -f Root {cert}") },
-        SetupStep {
-            what: "test certificate into TrustedPublisher",
-            command: format!("certutil -addstore -f TrustedPublisher {cert}"),
-        },
-        SetupStep {
-            what: "driver package into the driver store",
-            command: format!(r"pnputil /add-driver {GUEST_DRIVER_DIR}\vhca.inf /install"),
-        },
-    ];
     let kd = kdnet.bcdedit_commands();
-    steps.push(SetupStep { what: "KDNET debug settings", command: kd[0].clone() });
-    steps.push(SetupStep { what: "kernel debugging on", command: kd[1].clone() });
-    steps.extend([
+    let pnputil = SetupStep {
+        also_ok: PNPUTIL_ALSO_OK,
+        ..step(
+            "driver package into the driver store",
+            format!(r"pnputil /add-driver {GUEST_DRIVER_DIR}\vhca.inf /install"),
+        )
+    };
+    vec![
+        step("test signing on", "bcdedit /set testsigning on"),
+        step("test certificate into Root", format!("certutil -addstore -f Root {cert}")),
+        step("test certificate into TrustedPublisher", format!("certutil -addstore -f TrustedPublisher {cert}")),
+        pnputil,
+        step("KDNET debug settings", kd[0].clone()),
+        step("kernel debugging on", kd[1].clone()),
         // 3: small memory dump (%SystemRoot%\Minidump), written on a bugcheck before the reboot that ends QEMU.
-        SetupStep {
-            what: "small memory dumps",
-            command: format!("reg add {crash} /v CrashDumpEnabled /t REG_DWORD /d 3 /f"),
-        },
-        SetupStep { what: "reboot after a bugcheck", command: format!("reg add {crash} /v AutoReboot /t REG_DWORD /d 1 /f") },
+        step("small memory dumps", format!("reg add {crash} /v CrashDumpEnabled /t REG_DWORD /d 3 /f")),
+        step("reboot after a bugcheck", format!("reg add {crash} /v AutoReboot /t REG_DWORD /d 1 /f")),
         // Updates and hibernation would rewrite the image behind the rig's back.
-        SetupStep { what: "Windows Update off", command: "sc config wuauserv start= disabled".into() },
-        SetupStep { what: "hibernation off", command: "powercfg /hibernate off".into() },
-        SetupStep {
-            what: "resident agent at every boot",
-            command: format!(
+        step("Windows Update off", "sc config wuauserv start= disabled"),
+        step("hibernation off", "powercfg /hibernate off"),
+        step(
+            "resident agent at every boot",
+            format!(
                 r#"schtasks /create /f /tn {AGENT_TASK} /sc onstart /ru SYSTEM /rl HIGHEST /tr "powershell -NoProfile -ExecutionPolicy Bypass -File {GUEST_DIR}\{AGENT_FILE}""#
             ),
-        },
-    ]);
-    steps
+        ),
+    ]
 }
 
 /// `vhca-setup.ps1`: runs the steps in order, each logged to COM1 and `C:\vhca\setup.log`; stops at the first that
@@ -87,8 +92,16 @@ pub fn setup_script(steps: &[SetupStep]) -> String {
     ));
     s.push_str("$steps = @(\n");
     for (i, step) in steps.iter().enumerate() {
-        // Single-quoted PowerShell strings: only ' needs doubling.
-        s.push_str(&format!("  @({}, '{}', '{}')\n", i + 1, ps_quote(step.what), ps_quote(&step.command)));
+        // Single-quoted PowerShell strings: only ' needs doubling. The leading comma keeps each step one array: inside
+        // @( ), a bare @(…) per line would be flattened into the outer list.
+        let ok: Vec<String> = std::iter::once(0).chain(step.also_ok.iter().copied()).map(|c| c.to_string()).collect();
+        s.push_str(&format!(
+            "  ,@({}, '{}', '{}', @({}))\n",
+            i + 1,
+            ps_quote(step.what),
+            ps_quote(&step.command),
+            ok.join(", ")
+        ));
     }
     s.push_str(")\n");
     s.push_str(&format!(
@@ -98,7 +111,7 @@ pub fn setup_script(steps: &[SetupStep]) -> String {
          \x20 $out = cmd /c \"$($s[2]) 2>&1\"\n\
          \x20 $rc = $LASTEXITCODE\n\
          \x20 $out | ForEach-Object {{ Say \"  $_\" }}\n\
-         \x20 if ($rc -ne 0) {{ Say \"{SETUP_FAILED} step $($s[0]) ($($s[1])): exit $rc\"; $failed = $true; break }}\n\
+         \x20 if ($s[3] -notcontains $rc) {{ Say \"{SETUP_FAILED} step $($s[0]) ($($s[1])): exit $rc\"; $failed = $true; break }}\n\
          }}\n\
          if (-not $failed) {{ Say '{SETUP_DONE}' }}\n\
          $com.Close()\n\
