@@ -163,6 +163,14 @@ struct RunPick {
 }
 
 impl RunPick {
+    /// Commands that only boot the Linux guest refuse a run picked from a Windows suite, saying `why`.
+    fn refuse_windows(&self, why: &str) -> Result<()> {
+        if self.run.is_some() && load_suite(self.suite.as_deref())?.0.guest == vhca_suite::GuestKind::Windows {
+            bail!("{why}");
+        }
+        Ok(())
+    }
+
     /// The one concrete run these flags describe, validated as a suite file would be.
     fn concrete(&self) -> Result<(ConcreteRun, Option<String>)> {
         let (mut run, file) = match &self.run {
@@ -443,6 +451,10 @@ fn real_main(cli: Cli) -> Result<bool> {
             Ok(report.all_passed())
         }
         Cmd::Boot { pick, gdb, gdb_port, gdb_wait, keep, artifacts } => {
+            pick.refuse_windows(
+                "boot runs the Linux guest; for a Windows suite's run use `vhca-run debug --run NAME` \
+                                 or `vhca-run suite FILE --filter NAME`",
+            )?;
             let (run, _) = pick.concrete()?;
             let (mut ctx, _) = session(&cli.bins)?;
             let cold_because = if cli.cold {
@@ -503,14 +515,10 @@ fn real_main(cli: Cli) -> Result<bool> {
         Cmd::Debug(args) => debug_cmd::run(&cli.bins, cli.windows_image.as_deref(), args),
         Cmd::WindowsImage(cmd) => windows_image_cmd::run(cmd),
         Cmd::QemuArgs { pick, dir } => {
-            if let (Some(_), (suite, _)) = (&pick.run, load_suite(pick.suite.as_deref())?) {
-                if suite.guest == vhca_suite::GuestKind::Windows {
-                    bail!(
-                        "qemu-args prints the Linux guest's lines; a Windows run's exact QEMU command line is the \
-                           qemu.cmdline in its artifact folder"
-                    );
-                }
-            }
+            pick.refuse_windows(
+                "qemu-args prints the Linux guest's lines; a Windows run's exact QEMU command line is the \
+                                 qemu.cmdline in its artifact folder",
+            )?;
             let (run, _) = pick.concrete()?;
             let (ctx, accel) = session(&cli.bins)?;
             let (device, qemu) = plan(&ctx, &run, &dir);

@@ -75,6 +75,15 @@ fn debug_print_only_gives_the_windbg_and_exdi_lines_of_the_image() {
     ] {
         assert!(text.contains(want), "missing {want:?}:\n{text}");
     }
+    // The Linux-only commands refuse a Windows suite's run instead of booting Linux for it.
+    for (cmd, says) in
+        [("boot", "boot runs the Linux guest"), ("qemu-args", "qemu-args prints the Linux guest's lines")]
+    {
+        let out =
+            Command::new(RUNNER).args([cmd, "--run", "smoke/verifier-on", "--suite"]).arg(&suite).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+        assert!(show(&out).contains(says), "{}", show(&out));
+    }
     // A Linux suite refuses a Windows image rather than silently ignoring it.
     let out = Command::new(RUNNER)
         .args(["--windows-image"])
