@@ -1,9 +1,11 @@
 //! Golden tests of what the Windows image recipe generates: autounattend.xml (well-formed; the passes, components,
-//! partitions and first-logon commands), the in-guest set-up sequence and script, and the agent's protocol words.
-//! Windows itself never read any of it here: these machines have no Windows ISO.
+//! partitions and first-logon commands), the in-guest set-up sequence and script, the agent's protocol words,
+//! and the answer disc the real xorriso builds from them. Windows itself never read any of it here: these machines
+//! have no Windows ISO.
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::process::Command;
 
 use quick_xml::events::Event;
 use quick_xml::Reader;
@@ -16,7 +18,9 @@ use vhca_run::windows::guest_setup::{
 };
 use vhca_run::windows::kdnet::{KdnetKey, KdnetSettings, SLIRP_HOST};
 use vhca_run::windows::machine::Firmware;
-use vhca_run::windows::recipe::{answer_disc_files, qemu_img_overlay, state_request, xorriso_args, BuildOptions};
+use vhca_run::windows::recipe::{
+    answer_disc_files, qemu_img_overlay, state_request, write_answer_disc, xorriso_args, BuildOptions,
+};
 
 /// An element: depth, name, attributes, text.
 type Element = (usize, String, Vec<(String, String)>, String);
@@ -216,11 +220,11 @@ fn the_agent_speaks_the_runners_protocol() {
     assert!(AGENT_SCRIPT.contains("$params['vhca.setup'] -eq 'verifier'"));
 }
 
-#[test]
-fn answer_disc_and_tool_command_lines() {
-    let opts = BuildOptions {
+/// The recipe's inputs as a user would give them, with `package` as the driver package.
+fn options(package: PathBuf) -> BuildOptions {
+    BuildOptions {
         iso: "/isos/win11.iso".into(),
-        driver_package: "target/windows/vhca-driver".into(),
+        driver_package: package,
         out: "/images/win11".into(),
         edition: "Windows 11 Pro".into(),
         locale: "en-US".into(),
@@ -234,7 +238,12 @@ fn answer_disc_and_tool_command_lines() {
         qemu: "qemu-system-x86_64".into(),
         accel: Accel::Kvm,
         vnc: None,
-    };
+    }
+}
+
+#[test]
+fn answer_disc_and_tool_command_lines() {
+    let opts = options("target/windows/vhca-driver".into());
     let files = answer_disc_files(&opts, &kdnet());
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["autounattend.xml", "vhca/vhca-setup.ps1", "vhca/vhca-agent.ps1"]);
@@ -260,4 +269,40 @@ fn answer_disc_and_tool_command_lines() {
         qemu_img_overlay("base.qcow2", &PathBuf::from("/images/win11/state-verifier-off.qcow2")),
         ["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "/images/win11/state-verifier-off.qcow2"]
     );
+}
+
+#[test]
+fn xorriso_here_builds_the_answer_disc() {
+    if Command::new("xorriso").arg("-version").output().is_err() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("xorriso missing under CI (ci/setup-host.sh installs it)");
+        }
+        eprintln!("SKIPPED xorriso_here_builds_the_answer_disc: no xorriso");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let package = dir.path().join("vhca-driver");
+    std::fs::create_dir(&package).unwrap();
+    for f in ["vhca.inf", "vhca.sys", "vhca.cer"] {
+        std::fs::write(package.join(f), f).unwrap();
+    }
+    let opts = options(package);
+    let kd = KdnetSettings::new(SLIRP_HOST, 50000, KdnetKey::generate().unwrap()).unwrap();
+    let iso = dir.path().join("answer.iso");
+    write_answer_disc(&opts, &kd, &dir.path().join("staging"), &iso).unwrap();
+    let out = Command::new("xorriso").args(["-indev"]).arg(&iso).args(["-find", "/", "-type", "f"]).output().unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    for f in [
+        "/autounattend.xml",
+        "/vhca/vhca-setup.ps1",
+        "/vhca/vhca-agent.ps1",
+        "/vhca/driver/vhca.sys",
+        "/vhca/driver/vhca.inf",
+        "/vhca/driver/vhca.cer",
+    ] {
+        assert!(listing.contains(f), "{f} not on the disc:\n{listing}");
+    }
+    let out = Command::new("xorriso").args(["-indev"]).arg(&iso).args(["-pvd_info"]).output().unwrap();
+    let info = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(info.contains("VHCA_ANSWER"), "{info}");
 }

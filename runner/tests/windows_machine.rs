@@ -1,9 +1,9 @@
 //! The Windows guest's QEMU command line: golden words, then the real QEMU here starting that machine paused (blank
 //! disk, OVMF, the HCA from a real vhca-device, the e1000e) and showing the PCI devices a Windows guest would see; and
-//! the answer disc built by the real xorriso. No Windows boots in any of this: there is no Windows image here.
-//! Prerequisites missing (QEMU, OVMF, xorriso, vhca-device): the test fails under CI=true, is skipped elsewhere.
+//! No Windows boots in any of this: there is no Windows image here.
+//! Prerequisites missing (QEMU, OVMF, vhca-device): the test fails under CI=true, is skipped elsewhere.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,9 +12,7 @@ use vhca_run::paths::Binaries;
 use vhca_run::qemu_cmd::{probe_carrier, Accel, Carrier, GdbStub, VhostUserDevice};
 use vhca_run::qmp::Qmp;
 use vhca_run::supervise::Supervised;
-use vhca_run::windows::kdnet::{KdnetKey, KdnetSettings, SLIRP_HOST};
 use vhca_run::windows::machine::{Firmware, KdnetNic, WindowsMachine, KDNET_MAC, OVMF_CODE, OVMF_VARS_TEMPLATE};
-use vhca_run::windows::recipe::{write_answer_disc, BuildOptions};
 
 fn machine(dir: &Path, device: Option<VhostUserDevice>) -> WindowsMachine {
     WindowsMachine {
@@ -190,56 +188,4 @@ fn collect_ids(v: &serde_json::Value, out: &mut Vec<(u64, u64)>) {
         serde_json::Value::Object(o) => o.values().for_each(|x| collect_ids(x, out)),
         _ => {}
     }
-}
-
-#[test]
-fn xorriso_here_builds_the_answer_disc() {
-    if Command::new("xorriso").arg("-version").output().is_err() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("xorriso missing under CI (ci/setup-host.sh installs it)");
-        }
-        eprintln!("SKIPPED xorriso_here_builds_the_answer_disc: no xorriso");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let package = dir.path().join("vhca-driver");
-    std::fs::create_dir(&package).unwrap();
-    for f in ["vhca.inf", "vhca.sys", "vhca.cer"] {
-        std::fs::write(package.join(f), f).unwrap();
-    }
-    let opts = BuildOptions {
-        iso: PathBuf::new(),
-        driver_package: package,
-        out: dir.path().into(),
-        edition: "Windows 11 Pro".into(),
-        locale: "en-US".into(),
-        product_key: None,
-        account: "vhca".into(),
-        password: "vhca".into(),
-        firmware: Firmware::Uefi,
-        kdnet_host_ip: SLIRP_HOST,
-        kdnet_port: 50000,
-        verifier_flags: Vec::new(),
-        qemu: "qemu-system-x86_64".into(),
-        accel: Accel::Tcg,
-        vnc: None,
-    };
-    let kd = KdnetSettings::new(SLIRP_HOST, 50000, KdnetKey::generate().unwrap()).unwrap();
-    let iso = dir.path().join("answer.iso");
-    write_answer_disc(&opts, &kd, &dir.path().join("staging"), &iso).unwrap();
-    let out = Command::new("xorriso").args(["-indev"]).arg(&iso).args(["-find", "/", "-type", "f"]).output().unwrap();
-    let listing = String::from_utf8_lossy(&out.stdout);
-    for f in [
-        "/autounattend.xml",
-        "/vhca/vhca-setup.ps1",
-        "/vhca/vhca-agent.ps1",
-        "/vhca/driver/vhca.sys",
-        "/vhca/driver/vhca.inf",
-        "/vhca/driver/vhca.cer",
-    ] {
-        assert!(listing.contains(f), "{f} not on the disc:\n{listing}");
-    }
-    let out = Command::new("xorriso").args(["-indev"]).arg(&iso).args(["-pvd_info"]).output().unwrap();
-    let info = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(info.contains("VHCA_ANSWER"), "{info}");
 }
