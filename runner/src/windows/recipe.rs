@@ -34,6 +34,8 @@ pub const DISK_SIZE: &str = "64G";
 pub const INSTALL_TIMEOUT: Duration = Duration::from_secs(3 * 3600);
 /// Booting a boot state, setting the verifier and powering off.
 pub const STATE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+/// A long step says it is still alive this often.
+const PROGRESS_EVERY: Duration = Duration::from_secs(300);
 /// OVMF's "Press any key to boot from CD or DVD" waits about 5 s; keys go in for this long after the start.
 const PRESS_KEYS_FOR: Duration = Duration::from_secs(40);
 
@@ -175,10 +177,11 @@ struct SetupOutcome {
 }
 
 /// Boots `machine` until QEMU exits (the guest powers off) or `timeout`; logs every set-up line; types `request` once
-/// the agent says it is ready; presses Enter early on (the UEFI CD prompt) when `press_keys`.
+/// the agent says it is ready; presses Enter early on (the UEFI CD prompt) when `press_keys`. COM1 and QEMU's output
+/// are kept in `logs` (the image directory's `logs/`), so a failed step can be read afterwards.
 fn boot_until_poweroff(
     machine: &WindowsMachine,
-    work: &Path,
+    logs: &Path,
     step: &str,
     request: Option<&str>,
     press_keys: bool,
@@ -186,14 +189,15 @@ fn boot_until_poweroff(
     log: &mut dyn FnMut(&str),
 ) -> Result<SetupOutcome, StepError> {
     let f = fail(step);
-    let serial_log = work.join(format!("{}.serial.log", step.replace(' ', "-")));
-    let qemu_log = work.join(format!("{}.qemu.log", step.replace(' ', "-")));
+    std::fs::create_dir_all(logs).map_err(|e| f(format!("{}: {e}", logs.display())))?;
+    let serial_log = logs.join(format!("{}.serial.log", step.replace(' ', "-")));
+    let qemu_log = logs.join(format!("{}.qemu.log", step.replace(' ', "-")));
     let mut qemu = Supervised::spawn("qemu", machine.command(), Some(&qemu_log)).map_err(|e| f(e.to_string()))?;
     let port = ConsolePort::connect(&machine.serial_socket, &serial_log, Duration::from_secs(10));
     let mut port = port.map_err(|e| f(format!("{e}; QEMU's log: {}", qemu_log.display())))?;
     let mut qmp = Qmp::connect(&machine.qmp_socket, Duration::from_secs(10)).ok();
     let mut serial = SerialLog::new(&serial_log);
-    let (started, mut last_key) = (Instant::now(), Instant::now());
+    let (started, mut last_key, mut last_note) = (Instant::now(), Instant::now(), Instant::now());
     let mut outcome = SetupOutcome::default();
     let mut sent = request.is_none();
     loop {
@@ -220,6 +224,14 @@ fn boot_until_poweroff(
                 );
             }
             last_key = Instant::now();
+        }
+        if last_note.elapsed() >= PROGRESS_EVERY {
+            log(&format!(
+                "{step}: still going after {} min (COM1: {})",
+                started.elapsed().as_secs() / 60,
+                serial_log.display()
+            ));
+            last_note = Instant::now();
         }
         if let Some(status) = qemu.try_status().map_err(|e| f(e.to_string()))? {
             if !status.success() {
@@ -293,7 +305,8 @@ pub fn add_state(
     }
     let m = machine(opts, &overlay, work.path(), Vec::new(), vars);
     let request = state_request(flags);
-    let outcome = boot_until_poweroff(&m, work.path(), &step, Some(&request), false, STATE_TIMEOUT, log)?;
+    let logs = image_dir.join("logs");
+    let outcome = boot_until_poweroff(&m, &logs, &step, Some(&request), false, STATE_TIMEOUT, log)?;
     if let Some(line) = outcome.failed {
         let _ = std::fs::remove_file(&overlay);
         return Err(f(line));
@@ -352,7 +365,7 @@ pub fn build(opts: &BuildOptions, log: &mut dyn FnMut(&str)) -> Result<WindowsIm
     // Setup reboots several times; the set-up script's poweroff ends the step.
     m.end_at_reboot = false;
     let press = opts.firmware == Firmware::Uefi;
-    let outcome = boot_until_poweroff(&m, work.path(), "install", None, press, INSTALL_TIMEOUT, log)?;
+    let outcome = boot_until_poweroff(&m, &opts.out.join("logs"), "install", None, press, INSTALL_TIMEOUT, log)?;
     if let Some(line) = outcome.failed {
         return Err(fail("install")(line));
     }
