@@ -44,6 +44,9 @@ dpkg -s libc6-dev >/dev/null 2>&1 || pkgs+=(libc6-dev)
 [ -f /usr/share/OVMF/OVMF_CODE_4M.fd ] || pkgs+=(ovmf)
 command -v xorriso >/dev/null 2>&1 || pkgs+=(xorriso)
 command -v qemu-img >/dev/null 2>&1 || pkgs+=(qemu-utils)
+# vhca.sys (ci/build-windows.sh): signing and the test certificate.
+command -v osslsigncode >/dev/null 2>&1 || pkgs+=(osslsigncode)
+command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
 
 if [ ${#pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -60,4 +63,10 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   done
   [ ${#rest[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${rest[@]}" >/dev/null
 fi
+
+# vhca.sys is built for Windows by rustc + its bundled rust-lld: only the target's standard library is needed.
+windows_target=x86_64-pc-windows-msvc
+installed=$(rustup target list --installed 2>/dev/null || true)
+grep -qx "$windows_target" <<<"$installed" || rustup target add "$windows_target"
+
 qemu-system-x86_64 --version | head -n1

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup-host.sh
 source ci/build.sh
+# vhca.sys: built, packaged and test-signed here; a missing Windows target or osslsigncode is an error, not a skip.
+source ci/build-windows.sh
 # --all-targets: unit, integration and bench-as-test targets, without the empty doc-test passes. --no-fail-fast: one
 # failing harness does not hide the others' results. The output is kept so the last line can total every harness's
 # counts: one closing line that says what ran.

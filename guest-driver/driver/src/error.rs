@@ -12,6 +12,11 @@ pub enum DriverError {
         routine: &'static str,
         status: NTSTATUS,
     },
+    /// The kernel queued the routine's execution routine until map registers free up; the driver does not wait
+    /// for it (a late routine gives its resources straight back).
+    DmaQueued {
+        routine: &'static str,
+    },
     /// An allocation returned NULL (contiguous memory, common buffer, pool, MDL).
     NoMemory {
         routine: &'static str,
@@ -40,6 +45,9 @@ impl core::fmt::Display for DriverError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             DriverError::Kernel { routine, status } => write!(f, "{routine} failed with status {:#010x}", status.0),
+            DriverError::DmaQueued { routine } => {
+                write!(f, "{routine} queued its execution routine (map registers short); request given up")
+            }
             DriverError::NoMemory { routine, bytes } => write!(f, "{routine} could not allocate {bytes} bytes"),
             DriverError::Device { opcode, status } => write!(f, "{} refused: {}", opcode.name(), status.name()),
             DriverError::BadResponse { opcode, reason } => write!(f, "{} response malformed: {reason}", opcode.name()),

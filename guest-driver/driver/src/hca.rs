@@ -1,6 +1,7 @@
 //! The HCA driver: opens the DMA adapter, then creates and destroys PDs, CQs, QPs and MRs by command, posts work
 //! requests into rings in driver memory and polls completions the device writes there.
 
+use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -15,6 +16,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::channel::CommandChannel;
 use crate::command_codec::{body, decode, encode, response_capacity};
+use crate::dma_delivery::Delivery;
 use crate::error::DriverError;
 use crate::ring::{Ring, RingMemory};
 
@@ -108,7 +110,7 @@ pub struct Hca<K: NtKernel, C: CommandChannel> {
     mrs: BTreeMap<u32, Mr>,
 }
 
-impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
+impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
     /// Gets the DMA adapter (PASSIVE_LEVEL) and asks the device what it is.
     pub fn open(kernel: Arc<K>, channel: C, device: PDEVICE_OBJECT, config: HcaConfig) -> Result<Self, DriverError> {
         let description = DEVICE_DESCRIPTION::bus_master_64(config.max_transfer);
@@ -196,7 +198,7 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
         let pages = u32::try_from(ring_pages(entries, entry_size))
             .map_err(|_| DriverError::InvalidParameter("ring too large"))?;
         Ring::allocate(
-            &*self.kernel,
+            &self.kernel,
             self.adapter,
             self.device,
             self.config.ring_memory,
@@ -432,25 +434,22 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
                     _ => k.MmBuildMdlForNonPagedPool(mdl),
                 }
                 let mapped = match mapping {
-                    MrMapping::ScatterGather => k
-                        .GetScatterGatherList(self.adapter, self.device, mdl, va, length, write_to_device)
+                    MrMapping::ScatterGather => self
+                        .scatter_gather_list(mdl, va, length, write_to_device)
                         .map(|sg| (MrDeviceView::Sg(sg.Handle, write_to_device), sg.Elements)),
                     MrMapping::IoMapCommonBuffer => k
                         .IoMapCommonBuffer(self.adapter, mdl, length, true)
-                        .map(|(h, sg)| (MrDeviceView::CommonMap(h), sg.Elements)),
+                        .map(|(h, sg)| (MrDeviceView::CommonMap(h), sg.Elements))
+                        .map_err(|status| DriverError::Kernel { routine: "IoMapCommonBuffer", status }),
                 };
                 match mapped {
                     Ok((view, elements)) => {
                         mr.view = view;
                         elements
                     }
-                    Err(status) => {
+                    Err(e) => {
                         self.release_mr(&mr);
-                        let routine = match mapping {
-                            MrMapping::ScatterGather => "GetScatterGatherList",
-                            MrMapping::IoMapCommonBuffer => "IoMapCommonBuffer",
-                        };
-                        return Err(DriverError::Kernel { routine, status });
+                        return Err(e);
                     }
                 }
             }
@@ -477,11 +476,43 @@ impl<K: NtKernel, C: CommandChannel> Hca<K, C> {
         }
     }
 
-    /// Undoes what reg_mr did to the buffer, in reverse: device view, lock, MDL.
+    /// GetScatterGatherList as a Windows driver calls it: at DISPATCH_LEVEL, the list arriving in AdapterListControl.
+    /// A list that does not arrive before the call returns (map registers short) is given up: the routine puts it
+    /// back when it comes.
+    fn scatter_gather_list(
+        &self,
+        mdl: PMDL,
+        va: PVOID,
+        length: u32,
+        write_to_device: bool,
+    ) -> Result<SCATTER_GATHER_LIST, DriverError> {
+        let delivery = Arc::new(Delivery::new());
+        let routine: PDRIVER_LIST_CONTROL = {
+            let (delivery, kernel, adapter) = (delivery.clone(), self.kernel.clone(), self.adapter);
+            Box::new(move |_device, list: &SCATTER_GATHER_LIST| {
+                if let Err(late) = delivery.deliver(list.clone()) {
+                    kernel.PutScatterGatherList(adapter, late.Handle, write_to_device);
+                }
+            })
+        };
+        let old = self.kernel.KeRaiseIrql(DISPATCH_LEVEL);
+        let status =
+            self.kernel.GetScatterGatherList(self.adapter, self.device, mdl, va, length, routine, write_to_device);
+        self.kernel.KeLowerIrql(old);
+        if !status.is_success() {
+            return Err(DriverError::Kernel { routine: "GetScatterGatherList", status });
+        }
+        delivery.take().cloned().ok_or(DriverError::DmaQueued { routine: "GetScatterGatherList" })
+    }
+
+    /// Undoes what reg_mr did to the buffer, in reverse: device view (PutScatterGatherList at DISPATCH_LEVEL, as
+    /// Windows requires), lock, MDL.
     fn release_mr(&self, mr: &Mr) {
         match mr.view {
             MrDeviceView::Sg(sg, write_to_device) => {
+                let old = self.kernel.KeRaiseIrql(DISPATCH_LEVEL);
                 self.kernel.PutScatterGatherList(self.adapter, sg, write_to_device);
+                self.kernel.KeLowerIrql(old);
             }
             MrDeviceView::CommonMap(h) => self.kernel.IoUnmapCommonBuffer(self.adapter, h),
             MrDeviceView::None => {}

@@ -7,6 +7,7 @@ extern crate alloc;
 mod channel;
 mod cl_mutex;
 mod command_codec;
+mod dma_delivery;
 mod error;
 mod hca;
 mod ring;

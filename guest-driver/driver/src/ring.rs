@@ -1,10 +1,13 @@
 //! Ring memory for CQs and work queues: one contiguous piece first, then smaller pieces down to single pages
 //! (the seed's algorithm), as common buffers or as contiguous memory mapped with MapTransfer.
 
+use alloc::boxed::Box;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 use vhca_ntapi::*;
 
+use crate::dma_delivery::Delivery;
 use crate::error::DriverError;
 
 /// Where ring pages come from.
@@ -41,8 +44,8 @@ pub(crate) struct Ring {
 impl Ring {
     /// Allocates `pages` pages, trying piece sizes pages, pages/2, ... 1 until every piece fits (with `fallback`;
     /// without it one contiguous attempt only).
-    pub fn allocate<K: NtKernel>(
-        kernel: &K,
+    pub fn allocate<K: NtKernel + 'static>(
+        kernel: &Arc<K>,
         adapter: PDMA_ADAPTER,
         device: PDEVICE_OBJECT,
         memory: RingMemory,
@@ -65,8 +68,8 @@ impl Ring {
         }
     }
 
-    fn allocate_pieces<K: NtKernel>(
-        kernel: &K,
+    fn allocate_pieces<K: NtKernel + 'static>(
+        kernel: &Arc<K>,
         adapter: PDMA_ADAPTER,
         device: PDEVICE_OBJECT,
         memory: RingMemory,
@@ -77,7 +80,7 @@ impl Ring {
         while ring.pages < pages {
             let n = piece_pages.min(pages - ring.pages);
             let piece = match memory {
-                RingMemory::CommonBuffer => common_piece(kernel, adapter, n),
+                RingMemory::CommonBuffer => common_piece(&**kernel, adapter, n),
                 RingMemory::ContiguousMapTransfer => mapped_piece(kernel, adapter, device, n),
             };
             match piece {
@@ -86,7 +89,7 @@ impl Ring {
                     ring.pages += n;
                 }
                 Err(e) => {
-                    ring.free(kernel, adapter);
+                    ring.free(&**kernel, adapter);
                     return Err(e);
                 }
             }
@@ -153,9 +156,11 @@ fn common_piece<K: NtKernel>(kernel: &K, adapter: PDMA_ADAPTER, pages: u32) -> R
     Ok(Piece { va, logical: logical.0, pages, backing: Backing::Common { bytes } })
 }
 
-/// The seed's DISPATCH_LEVEL recipe: contiguous memory, an MDL for it, map registers and MapTransfer.
-fn mapped_piece<K: NtKernel>(
-    kernel: &K,
+/// The seed's DISPATCH_LEVEL recipe: contiguous memory, an MDL for it, then AllocateAdapterChannel at DISPATCH_LEVEL
+/// whose AdapterControl routine maps the piece with MapTransfer and keeps the map registers. A routine Windows queues
+/// (registers short) is given up: when it runs later it takes nothing and lets the registers go.
+fn mapped_piece<K: NtKernel + 'static>(
+    kernel: &Arc<K>,
     adapter: PDMA_ADAPTER,
     device: PDEVICE_OBJECT,
     pages: u32,
@@ -175,25 +180,40 @@ fn mapped_piece<K: NtKernel>(
         return Err(DriverError::NoMemory { routine: "IoAllocateMdl", bytes: bytes as u64 });
     }
     kernel.MmBuildMdlForNonPagedPool(mdl);
-    let old = kernel.KeRaiseIrql(DISPATCH_LEVEL);
-    let base =
-        kernel.AllocateAdapterChannel(adapter, device, pages, IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters);
-    let mapped = base.and_then(|base| {
-        let mut length = bytes;
-        kernel.MapTransfer(adapter, mdl, base, va, &mut length, false).map(|logical| (base, logical))
-    });
-    let result = match mapped {
-        Ok((base, logical)) => {
-            Ok(Piece { va, logical: logical.0, pages, backing: Backing::Mapped { mdl, base, registers: pages, bytes } })
-        }
-        Err(status) => {
-            if let Ok(base) = base {
-                kernel.FreeMapRegisters(adapter, base, pages);
+    let delivery = Arc::new(Delivery::new());
+    let routine: PDRIVER_CONTROL = {
+        let (delivery, kernel) = (delivery.clone(), kernel.clone());
+        Box::new(move |_device, base| {
+            if delivery.abandoned() {
+                return IO_ALLOCATION_ACTION::DeallocateObject;
             }
-            Err(DriverError::Kernel { routine: "AllocateAdapterChannel/MapTransfer", status })
-        }
+            let mut length = bytes;
+            let mapped = kernel.MapTransfer(adapter, mdl, base, va, &mut length, false);
+            match (delivery.deliver((base, mapped)), mapped) {
+                (Ok(()), Ok(_)) => IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters,
+                (Ok(()), Err(_)) => IO_ALLOCATION_ACTION::DeallocateObject,
+                (Err(_), Ok(_)) => {
+                    kernel.FlushAdapterBuffers(adapter, mdl, base, va, bytes, false);
+                    IO_ALLOCATION_ACTION::DeallocateObject
+                }
+                (Err(_), Err(_)) => IO_ALLOCATION_ACTION::DeallocateObject,
+            }
+        })
     };
+    let old = kernel.KeRaiseIrql(DISPATCH_LEVEL);
+    let status = kernel.AllocateAdapterChannel(adapter, device, pages, routine);
     kernel.KeLowerIrql(old);
+    let result = match (status.is_success(), delivery.take()) {
+        (false, _) => Err(DriverError::Kernel { routine: "AllocateAdapterChannel", status }),
+        (true, None) => Err(DriverError::DmaQueued { routine: "AllocateAdapterChannel" }),
+        (true, Some((_, Err(status)))) => Err(DriverError::Kernel { routine: "MapTransfer", status: *status }),
+        (true, Some((base, Ok(logical)))) => Ok(Piece {
+            va,
+            logical: logical.0,
+            pages,
+            backing: Backing::Mapped { mdl, base: *base, registers: pages, bytes },
+        }),
+    };
     if result.is_err() {
         kernel.IoFreeMdl(mdl);
         kernel.MmFreeContiguousMemory(va);

@@ -32,67 +32,12 @@ pub enum DmaError {
     Unmap { iova: u64, source: VfioError },
     #[error("unmap IOVA {iova:#x}: kernel unmapped {unmapped:#x} of {len:#x} bytes")]
     PartialUnmap { iova: u64, len: usize, unmapped: u64 },
-    #[error("{op} of {len} bytes at offset {offset:#x} leaves the {size:#x}-byte DMA region")]
-    OutOfRange { op: &'static str, offset: usize, len: usize, size: usize },
+    #[error(transparent)]
+    OutOfRange(#[from] vhca_virtio::DmaRangeError),
 }
 
-/// Memory the device can reach, as the driver sees it: a host pointer and the IOVA the device uses for it.
-///
-/// # Safety
-/// Implementors guarantee that `host_ptr()` is valid for reads and writes of `len()` bytes, aligned to at least
-/// 16 bytes, for as long as the value lives, and that the device reaches the same bytes at `iova()`.
-pub unsafe trait DmaMemory {
-    fn host_ptr(&self) -> NonNull<u8>;
-    fn iova(&self) -> u64;
-    fn len(&self) -> usize;
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Copies bytes in with volatile stores: the device may read this memory at any time.
-    fn write_bytes(&self, offset: usize, bytes: &[u8]) -> Result<(), DmaError> {
-        let base = self.range_ptr("write", offset, bytes.len())?;
-        for (i, byte) in bytes.iter().enumerate() {
-            // SAFETY: range_ptr proved offset..offset+len lies inside the region, valid per the trait contract.
-            unsafe { std::ptr::write_volatile(base.add(i), *byte) };
-        }
-        Ok(())
-    }
-
-    /// Copies bytes out with volatile loads: the device may have written them behind the compiler's back.
-    fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
-        let base = self.range_ptr("read", offset, out.len())?;
-        for (i, byte) in out.iter_mut().enumerate() {
-            // SAFETY: range_ptr proved offset..offset+len lies inside the region, valid per the trait contract.
-            *byte = unsafe { std::ptr::read_volatile(base.add(i)) };
-        }
-        Ok(())
-    }
-
-    /// Sets every byte of a range, e.g. to poison a response buffer so an unwritten one is recognisable.
-    fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), DmaError> {
-        let base = self.range_ptr("fill", offset, len)?;
-        for i in 0..len {
-            // SAFETY: range_ptr proved offset..offset+len lies inside the region, valid per the trait contract.
-            unsafe { std::ptr::write_volatile(base.add(i), value) };
-        }
-        Ok(())
-    }
-
-    /// IOVA of a byte inside the region, for descriptors that point into part of it.
-    fn iova_at(&self, offset: usize) -> Result<u64, DmaError> {
-        self.range_ptr("address", offset, 0)?;
-        Ok(self.iova() + offset as u64)
-    }
-
-    fn range_ptr(&self, op: &'static str, offset: usize, len: usize) -> Result<*mut u8, DmaError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len() => Ok(self.host_ptr().as_ptr().wrapping_add(offset)),
-            _ => Err(DmaError::OutOfRange { op, offset, len, size: self.len() }),
-        }
-    }
-}
+/// The trait the shared virtqueue takes its memory through (vhca-virtio), implemented here by `DmaRegion`.
+pub use vhca_virtio::DmaMemory;
 
 /// Hands out IOVAs and maps memory at them. IOVAs are never reused and each region is followed by an unmapped
 /// guard page, so a device overrunning a buffer or using a freed one hits an IOMMU fault, never another buffer.
@@ -257,7 +202,7 @@ impl HostMemory {
     fn range(&self, op: &'static str, offset: usize, len: usize) -> Result<*mut u8, DmaError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.ptr.as_ptr().wrapping_add(offset)),
-            _ => Err(DmaError::OutOfRange { op, offset, len, size: self.len }),
+            _ => Err(DmaError::OutOfRange(vhca_virtio::DmaRangeError { op, offset, len, size: self.len })),
         }
     }
 
@@ -375,65 +320,9 @@ impl Drop for DmaRegion {
     }
 }
 
-/// Page-aligned heap memory posing as DMA memory, for tests that play the device in-process.
 #[cfg(test)]
-pub mod testing {
+mod tests {
     use super::*;
-    use std::alloc::{alloc_zeroed, dealloc, Layout};
-
-    pub struct HeapDma {
-        ptr: NonNull<u8>,
-        layout: Layout,
-        iova: u64,
-    }
-
-    impl HeapDma {
-        pub fn new(len: usize, iova: u64) -> HeapDma {
-            let layout = Layout::from_size_align(len, PAGE_SIZE).unwrap();
-            // SAFETY: layout has non-zero size (tests pass len > 0).
-            let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
-            HeapDma { ptr, layout, iova }
-        }
-
-        /// Host pointer for an IOVA inside this memory, as the IOMMU would translate it.
-        pub fn translate(&self, iova: u64, len: usize) -> *mut u8 {
-            let offset = usize::try_from(iova - self.iova).unwrap();
-            assert!(offset + len <= self.layout.size(), "device access outside test memory");
-            self.ptr.as_ptr().wrapping_add(offset)
-        }
-    }
-
-    impl Drop for HeapDma {
-        fn drop(&mut self) {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
-        }
-    }
-
-    // SAFETY: the allocation is page aligned, `layout.size()` bytes long, and lives as long as the value.
-    unsafe impl DmaMemory for HeapDma {
-        fn host_ptr(&self) -> NonNull<u8> {
-            self.ptr
-        }
-        fn iova(&self) -> u64 {
-            self.iova
-        }
-        fn len(&self) -> usize {
-            self.layout.size()
-        }
-    }
-
-    #[test]
-    fn byte_copies_are_bounds_checked() {
-        let mem = HeapDma::new(PAGE_SIZE, IOVA_BASE);
-        mem.write_bytes(10, b"vhca").unwrap();
-        let mut out = [0u8; 4];
-        mem.read_bytes(10, &mut out).unwrap();
-        assert_eq!(&out, b"vhca");
-        assert!(matches!(mem.write_bytes(PAGE_SIZE - 2, b"abc"), Err(DmaError::OutOfRange { .. })));
-        assert!(matches!(mem.read_bytes(usize::MAX, &mut out), Err(DmaError::OutOfRange { .. })));
-        assert_eq!(mem.iova_at(16).unwrap(), IOVA_BASE + 16);
-    }
 
     #[test]
     fn iovas_are_page_aligned_guarded_and_bounded() {

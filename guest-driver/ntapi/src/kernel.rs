@@ -4,7 +4,9 @@
 use crate::types::*;
 
 /// The NT kernel as the driver sees it. Where Windows passes caller-allocated objects, the implementation allocates
-/// them and hands back an opaque pointer; where Windows calls an execution routine back, the result is returned.
+/// them and hands back an opaque pointer. Where Windows calls a driver routine back (AdapterControl,
+/// AdapterListControl) the routine is a boxed closure holding its context, called as Windows calls it: at
+/// DISPATCH_LEVEL, possibly after the call that queued it has returned.
 pub trait NtKernel: Send + Sync {
     // ---- IRQL and critical regions ----
 
@@ -123,7 +125,12 @@ pub trait NtKernel: Send + Sync {
         virtual_address: PVOID,
         cache_enabled: bool,
     );
-    /// IRQL <= DISPATCH_LEVEL. Windows calls an execution routine with the list; here the list is returned.
+    /// IRQL = DISPATCH_LEVEL. Builds the list for `length` bytes of `mdl` from `current_va` (using map registers
+    /// only where the adapter needs them) and calls `execution_routine` (the driver's AdapterListControl) with it at
+    /// DISPATCH_LEVEL: before this returns when the resources are there, later (when map registers free up) when
+    /// not. STATUS_SUCCESS means the routine was called or will be; an error means it never will be
+    /// (STATUS_INSUFFICIENT_RESOURCES: the list could not be allocated, or the transfer needs more map registers than
+    /// IoGetDmaAdapter granted; STATUS_BUFFER_TOO_SMALL: the buffer is too small for the transfer).
     #[allow(clippy::too_many_arguments)]
     fn GetScatterGatherList(
         &self,
@@ -132,19 +139,23 @@ pub trait NtKernel: Send + Sync {
         mdl: PMDL,
         current_va: PVOID,
         length: u32,
+        execution_routine: PDRIVER_LIST_CONTROL,
         write_to_device: bool,
-    ) -> Result<SCATTER_GATHER_LIST, NTSTATUS>;
-    /// IRQL <= DISPATCH_LEVEL.
+    ) -> NTSTATUS;
+    /// IRQL = DISPATCH_LEVEL. Ends the mapping of a list AdapterListControl received (`list` is its `Handle`).
     fn PutScatterGatherList(&self, adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST, write_to_device: bool);
-    /// IRQL = DISPATCH_LEVEL. Windows calls an execution routine with the map-register base; here it is returned,
-    /// and `action` is what that routine would have returned.
+    /// IRQL = DISPATCH_LEVEL. Takes the adapter channel and `number_of_map_registers` map registers, then calls
+    /// `execution_routine` (the driver's AdapterControl) at DISPATCH_LEVEL with the map-register base: at once
+    /// when the channel and registers are free, else queued until they are. The routine's IO_ALLOCATION_ACTION
+    /// says what stays held. STATUS_INSUFFICIENT_RESOURCES (routine never called) when `number_of_map_registers`
+    /// exceeds what IoGetDmaAdapter granted.
     fn AllocateAdapterChannel(
         &self,
         adapter: PDMA_ADAPTER,
         device_object: PDEVICE_OBJECT,
         number_of_map_registers: u32,
-        action: IO_ALLOCATION_ACTION,
-    ) -> Result<MAP_REGISTER_BASE, NTSTATUS>;
+        execution_routine: PDRIVER_CONTROL,
+    ) -> NTSTATUS;
     /// IRQL = DISPATCH_LEVEL.
     fn FreeAdapterChannel(&self, adapter: PDMA_ADAPTER);
     /// IRQL <= DISPATCH_LEVEL. `length` comes back as the bytes mapped. Windows cannot fail here; the model fails

@@ -5,8 +5,10 @@
 
 extern crate alloc;
 
+mod bugcheck_codes;
 mod kernel;
 mod types;
 
+pub use bugcheck_codes::*;
 pub use kernel::NtKernel;
 pub use types::*;

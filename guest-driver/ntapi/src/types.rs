@@ -1,6 +1,7 @@
 //! Windows' kernel types, constants and status codes as the driver core sees them.
 //! Pointers are opaque 64-bit values so the model and the WDK shim can both stand behind them.
 
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 
 /// Interrupt request level of the calling thread.
@@ -23,6 +24,7 @@ impl NTSTATUS {
 }
 
 pub const STATUS_SUCCESS: NTSTATUS = NTSTATUS(0);
+pub const STATUS_PENDING: NTSTATUS = NTSTATUS(0x0000_0103);
 pub const STATUS_UNSUCCESSFUL: NTSTATUS = NTSTATUS(0xC000_0001_u32 as i32);
 pub const STATUS_ACCESS_VIOLATION: NTSTATUS = NTSTATUS(0xC000_0005_u32 as i32);
 pub const STATUS_INVALID_PARAMETER: NTSTATUS = NTSTATUS(0xC000_000D_u32 as i32);
@@ -89,7 +91,7 @@ opaque_pointer!(
     PDMA_ADAPTER,
     /// The device object a DMA operation is for (the physical device object).
     PDEVICE_OBJECT,
-    /// A SCATTER_GATHER_LIST handed out by GetScatterGatherList.
+    /// A SCATTER_GATHER_LIST handed to AdapterListControl by GetScatterGatherList.
     PSCATTER_GATHER_LIST,
     /// The map-register base an AllocateAdapterChannel execution routine receives.
     MAP_REGISTER_BASE,
@@ -190,6 +192,16 @@ pub struct SCATTER_GATHER_LIST {
     pub Elements: Vec<SCATTER_GATHER_ELEMENT>,
 }
 
+/// The driver's AdapterListControl routine (DRIVER_LIST_CONTROL) with its Context captured: called at DISPATCH_LEVEL
+/// with the device object and the list, which stays the driver's until it hands `Handle` to PutScatterGatherList.
+/// Windows also passes the device's current IRP; the driver core queues no IRPs, so it is left out.
+pub type PDRIVER_LIST_CONTROL = Box<dyn FnOnce(PDEVICE_OBJECT, &SCATTER_GATHER_LIST) + Send>;
+
+/// The driver's AdapterControl routine (DRIVER_CONTROL) with its Context captured: called at DISPATCH_LEVEL with the
+/// device object and the map-register base; what it returns says whether the channel and registers stay held.
+/// The IRP argument is left out as for PDRIVER_LIST_CONTROL.
+pub type PDRIVER_CONTROL = Box<dyn FnOnce(PDEVICE_OBJECT, MAP_REGISTER_BASE) -> IO_ALLOCATION_ACTION + Send>;
+
 /// MDL flags the driver core may look at (Windows' values).
 pub const MDL_MAPPED_TO_SYSTEM_VA: u16 = 0x0001;
 pub const MDL_PAGES_LOCKED: u16 = 0x0002;
@@ -205,13 +217,6 @@ pub fn ADDRESS_AND_SIZE_TO_SPAN_PAGES(va: PVOID, length: u64) -> u64 {
     let offset = va.0 % PAGE_SIZE;
     (offset + length).div_ceil(PAGE_SIZE)
 }
-
-/// Bugcheck codes the model raises and the WDK shim passes to KeBugCheckEx.
-pub const IRQL_NOT_LESS_OR_EQUAL: u32 = 0x0A;
-pub const PAGE_FAULT_IN_NONPAGED_AREA: u32 = 0x50;
-pub const DRIVER_VERIFIER_DETECTED_VIOLATION: u32 = 0xC4;
-pub const DRIVER_IRQL_NOT_LESS_OR_EQUAL: u32 = 0xD1;
-pub const DRIVER_VERIFIER_DMA_VIOLATION: u32 = 0xE6;
 
 /// Pool tag from four characters, as the driver writes them ('vhca' reads "vhca" in a pool dump).
 pub const fn pool_tag(tag: &[u8; 4]) -> u32 {

@@ -3,10 +3,7 @@
 
 use std::fmt;
 
-use vhca_ntapi::{
-    DRIVER_IRQL_NOT_LESS_OR_EQUAL, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION,
-    IRQL_NOT_LESS_OR_EQUAL, PAGE_FAULT_IN_NONPAGED_AREA,
-};
+use vhca_ntapi::{bugcheck_name, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bugcheck {
@@ -30,14 +27,7 @@ impl Bugcheck {
     }
 
     pub fn name(&self) -> &'static str {
-        match self.code {
-            IRQL_NOT_LESS_OR_EQUAL => "IRQL_NOT_LESS_OR_EQUAL",
-            PAGE_FAULT_IN_NONPAGED_AREA => "PAGE_FAULT_IN_NONPAGED_AREA",
-            DRIVER_VERIFIER_DETECTED_VIOLATION => "DRIVER_VERIFIER_DETECTED_VIOLATION",
-            DRIVER_IRQL_NOT_LESS_OR_EQUAL => "DRIVER_IRQL_NOT_LESS_OR_EQUAL",
-            DRIVER_VERIFIER_DMA_VIOLATION => "DRIVER_VERIFIER_DMA_VIOLATION",
-            _ => "UNKNOWN_BUGCHECK",
-        }
+        bugcheck_name(self.code).unwrap_or("UNKNOWN_BUGCHECK")
     }
 
     /// Parameter 1, the subcode of 0xC4 and 0xE6.

@@ -1,7 +1,9 @@
 //! The DMA adapter: common buffers, scatter/gather lists, adapter channels and map registers, MapTransfer, and
 //! the verifier's DMA checking (double buffering with padding, IRQL, leaks, double frees, overlapping maps).
+//! Execution routines (AdapterControl, AdapterListControl) run at DISPATCH_LEVEL, at once when the channel and map
+//! registers are free, else from the adapter's wait queue when a put or free gives registers back.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use vhca_ntapi::*;
 
@@ -45,7 +47,10 @@ pub(crate) struct Transfer {
 #[derive(Debug, Clone)]
 pub(crate) struct MapRegisterSet {
     pub adapter: u64,
+    /// Registers the driver asked for: what MapTransfer may use.
     pub count: u32,
+    /// Registers taken from the adapter's pool: `count` where the adapter needs map registers, else 0.
+    pub from_pool: u32,
     pub used: u32,
     /// Taken with KeepObject: they go back with FreeAdapterChannel.
     pub with_channel: bool,
@@ -57,12 +62,19 @@ pub(crate) struct SgList {
     pub adapter: u64,
     pub write_to_device: bool,
     pub mapping: Mapping,
+    /// Map registers the list holds from the adapter's pool (0 where the adapter needs none).
+    pub from_pool: u32,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct Adapter {
     pub addr: u64,
+    /// The per-request maximum IoGetDmaAdapter returned in NumberOfMapRegisters.
     pub granted: u32,
+    /// Whether transfers cost map registers: under DMA checking (the verifier double-buffers through map
+    /// registers) or for an adapter limited to 32-bit addresses. A 64-bit scatter/gather bus master needs none
+    /// (the model has no DMA remapping of its own: the platform's IOMMU is VFIO's, below the model).
+    pub needs_map_registers: bool,
     pub pool_free: u32,
     pub released: bool,
     pub common: HashMap<u64, CommonBuffer>,
@@ -94,14 +106,69 @@ impl Adapter {
     }
 }
 
+/// A request whose execution routine waits for the channel or for map registers.
+enum Waiting {
+    Channel {
+        device: PDEVICE_OBJECT,
+        registers: u32,
+        routine: PDRIVER_CONTROL,
+    },
+    List {
+        device: PDEVICE_OBJECT,
+        mdl: PMDL,
+        va: PVOID,
+        length: u32,
+        write_to_device: bool,
+        routine: PDRIVER_LIST_CONTROL,
+    },
+}
+
+impl Waiting {
+    /// Whether the adapter can serve it now.
+    fn ready(&self, a: &Adapter) -> bool {
+        match self {
+            Waiting::Channel { registers, .. } => !a.channel_held && a.pool_free >= a.pool_cost(*registers),
+            Waiting::List { va, length, .. } => {
+                a.pool_free >= a.pool_cost(ADDRESS_AND_SIZE_TO_SPAN_PAGES(*va, *length as u64) as u32)
+            }
+        }
+    }
+}
+
+impl Adapter {
+    /// Registers a request of `registers` takes from the pool.
+    fn pool_cost(&self, registers: u32) -> u32 {
+        if self.needs_map_registers {
+            registers
+        } else {
+            0
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct DmaState {
     pub adapters: HashMap<u64, Adapter>,
     pub sg_lists: HashMap<u64, SgList>,
     pub register_sets: HashMap<u64, MapRegisterSet>,
+    /// Per adapter, execution routines waiting in the order they were queued.
+    waiting: HashMap<u64, VecDeque<Waiting>>,
 }
 
 impl DmaState {
+    /// The request back when the adapter can serve it now (nothing queued before it, resources free); else it
+    /// joins the adapter's wait queue.
+    fn run_now_or_queue(&mut self, adapter: u64, waiting: Waiting) -> Option<Waiting> {
+        let queue = self.waiting.entry(adapter).or_default();
+        match self.adapters.get(&adapter) {
+            Some(a) if queue.is_empty() && waiting.ready(a) => Some(waiting),
+            _ => {
+                queue.push_back(waiting);
+                None
+            }
+        }
+    }
+
     /// Every buffer range the verifier currently double-buffers: (va start, va end).
     fn shadowed_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let sg = self.sg_lists.values().map(|l| &l.mapping);
@@ -145,14 +212,19 @@ impl NtModel {
         Ok(())
     }
 
-    /// PASSIVE_LEVEL routines: IRQL checking reports a kernel API at the wrong IRQL (0xC4/0xE5) first,
-    /// DMA checking its own 0xE6/0x13.
+    /// PASSIVE_LEVEL routines of the DMA_OPERATIONS table. The driver reaches them through the adapter, not by an
+    /// import, so IRQL checking's thunks (0xC4/0xE5) never see the call: only DMA checking does (0xE6/0x13).
     fn passive_dma_routine(&self) -> Result<(), Bugcheck> {
-        let irql = self.irql();
-        if self.checks(VerifierFlags::IRQL_CHECKING) && irql != PASSIVE_LEVEL {
-            self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
-        }
         self.dma_irql_exact(PASSIVE_LEVEL)
+    }
+
+    /// Calls an execution routine as Windows does, at DISPATCH_LEVEL, then puts the thread's IRQL back.
+    fn at_dispatch<T>(&self, f: impl FnOnce() -> T) -> T {
+        let old = self.irql();
+        self.set_irql(DISPATCH_LEVEL);
+        let r = f();
+        self.set_irql(old);
+        r
     }
 
     fn live_adapter<'m>(&self, m: &'m mut Memory, adapter: PDMA_ADAPTER) -> Result<&'m mut Adapter, Refusal> {
@@ -196,7 +268,7 @@ impl NtModel {
         let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(PVOID(va), len as u64) as usize;
         let backend = self.backend();
         let no_memory = |_| Refusal::Status(STATUS_INSUFFICIENT_RESOURCES);
-        if checking {
+        if checking && self.config.double_buffering {
             let shadow = backend.alloc(pages).map_err(no_memory)?;
             let mut image = vec![PADDING; pages * PAGE as usize];
             let off = (va % PAGE) as usize;
@@ -270,6 +342,7 @@ impl NtModel {
         let adapter = Adapter {
             addr,
             granted,
+            needs_map_registers: (self.dma_checking() && self.config.double_buffering) || !desc.Dma64BitAddresses,
             pool_free: self.config.map_registers,
             released: false,
             common: HashMap::new(),
@@ -353,30 +426,72 @@ impl NtModel {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn get_scatter_gather_list(
         &self,
+        adapter: PDMA_ADAPTER,
+        device: PDEVICE_OBJECT,
+        mdl: PMDL,
+        va: PVOID,
+        length: u32,
+        routine: PDRIVER_LIST_CONTROL,
+        write_to_device: bool,
+    ) -> NTSTATUS {
+        let r = self.dma_irql_exact(DISPATCH_LEVEL);
+        self.ok(r);
+        let checking = self.dma_checking();
+        let mut m = lock(&self.memory);
+        let r = (|| {
+            let a = self.live_adapter(&mut m, adapter)?;
+            let registers = ADDRESS_AND_SIZE_TO_SPAN_PAGES(va, length as u64) as u32;
+            if a.pool_cost(registers) > a.granted {
+                if checking {
+                    self.found(Bugcheck::e6(
+                        e6::TOO_MANY_MAP_REGISTERS_AT_ONCE,
+                        registers as u64,
+                        a.granted as u64,
+                        0,
+                    ))?;
+                }
+                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
+            }
+            let waiting = Waiting::List { device, mdl, va, length, write_to_device, routine };
+            let Some(waiting) = m.dma.run_now_or_queue(adapter.0, waiting) else { return Ok(None) };
+            let Waiting::List { routine, .. } = waiting else { unreachable!("built as a list above") };
+            let list = self.build_list(&mut m, adapter, mdl, va, length, write_to_device)?;
+            Ok(Some((list, routine)))
+        })();
+        drop(m);
+        match self.refusal(r) {
+            Ok(Some((list, routine))) => {
+                self.at_dispatch(|| routine(device, &list));
+                STATUS_SUCCESS
+            }
+            Ok(None) => STATUS_SUCCESS,
+            Err(status) => status,
+        }
+    }
+
+    /// Maps the buffer for the device and records the list; the caller hands it to AdapterListControl.
+    fn build_list(
+        &self,
+        m: &mut Memory,
         adapter: PDMA_ADAPTER,
         mdl: PMDL,
         va: PVOID,
         length: u32,
         write_to_device: bool,
-    ) -> Result<SCATTER_GATHER_LIST, NTSTATUS> {
-        let r = self.dma_irql_max(DISPATCH_LEVEL);
-        self.ok(r);
+    ) -> Result<SCATTER_GATHER_LIST, Refusal> {
         let handle = self.new_object();
-        let mut m = lock(&self.memory);
-        let r = (|| {
-            self.live_adapter(&mut m, adapter)?;
-            let mapping = self.map_buffer(&mut m, mdl.0, va.0, length, true)?;
-            let a = self.live_adapter(&mut m, adapter)?;
-            a.sg_allocated += 1;
-            a.sg_out.insert(handle);
-            let element = SCATTER_GATHER_ELEMENT { Address: PHYSICAL_ADDRESS(mapping.logical()), Length: length };
-            m.dma.sg_lists.insert(handle, SgList { adapter: adapter.0, write_to_device, mapping });
-            Ok(SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: vec![element] })
-        })();
-        drop(m);
-        self.refusal(r)
+        let mapping = self.map_buffer(m, mdl.0, va.0, length, true)?;
+        let a = self.live_adapter(m, adapter)?;
+        let from_pool = a.pool_cost(mapping.pages as u32);
+        a.pool_free -= from_pool;
+        a.sg_allocated += 1;
+        a.sg_out.insert(handle);
+        let element = SCATTER_GATHER_ELEMENT { Address: PHYSICAL_ADDRESS(mapping.logical()), Length: length };
+        m.dma.sg_lists.insert(handle, SgList { adapter: adapter.0, write_to_device, mapping, from_pool });
+        Ok(SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: vec![element] })
     }
 
     pub(crate) fn put_scatter_gather_list(
@@ -384,7 +499,7 @@ impl NtModel {
         adapter: PDMA_ADAPTER,
         list: PSCATTER_GATHER_LIST,
     ) -> Result<(), Bugcheck> {
-        self.dma_irql_max(DISPATCH_LEVEL)?;
+        self.dma_irql_exact(DISPATCH_LEVEL)?;
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let Some(sg) = m.dma.sg_lists.remove(&list.0) else {
@@ -398,59 +513,132 @@ impl NtModel {
         if let Some(a) = m.dma.adapters.get_mut(&sg.adapter) {
             a.sg_freed += 1;
             a.sg_out.remove(&list.0);
+            a.pool_free += sg.from_pool;
         }
-        self.unmap_buffer(&m, &sg.mapping, !sg.write_to_device)
+        self.unmap_buffer(&m, &sg.mapping, !sg.write_to_device)?;
+        drop(m);
+        self.run_waiting(PDMA_ADAPTER(sg.adapter));
+        Ok(())
     }
 
     pub(crate) fn allocate_adapter_channel(
         &self,
         adapter: PDMA_ADAPTER,
+        device: PDEVICE_OBJECT,
         n: u32,
-        action: IO_ALLOCATION_ACTION,
-    ) -> Result<MAP_REGISTER_BASE, NTSTATUS> {
+        routine: PDRIVER_CONTROL,
+    ) -> NTSTATUS {
         let r = self.dma_irql_exact(DISPATCH_LEVEL);
         self.ok(r);
         let checking = self.dma_checking();
-        let base = self.new_object();
         let mut m = lock(&self.memory);
         let r = (|| {
             let a = self.live_adapter(&mut m, adapter)?;
-            if a.channel_held {
-                if checking {
-                    self.found(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS, 1, 0, 0))?;
-                }
-                return Err(Refusal::Status(STATUS_DEVICE_NOT_READY));
-            }
             if n > a.granted {
                 if checking {
                     self.found(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_AT_ONCE, n as u64, a.granted as u64, 0))?;
                 }
                 return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
-            if n > a.pool_free {
-                if checking {
-                    let (needed, free) = (n as u64, a.pool_free as u64);
-                    self.found(Bugcheck::e6(e6::MISC, e6::MISC_OUT_OF_CONTIGUOUS_MAP_REGISTERS, needed, free))?;
-                }
-                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
+            if a.channel_held && checking {
+                self.found(Bugcheck::e6(e6::TOO_MANY_ADAPTER_CHANNELS, 1, 0, 0))?;
             }
-            let kept = match action {
-                IO_ALLOCATION_ACTION::KeepObject => {
-                    a.channel_held = true;
-                    n
-                }
-                IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters => n,
-                IO_ALLOCATION_ACTION::DeallocateObject => 0,
-            };
-            a.pool_free -= kept;
-            a.registers_out += kept;
-            let with_channel = action == IO_ALLOCATION_ACTION::KeepObject;
-            let set = MapRegisterSet { adapter: adapter.0, count: kept, used: 0, with_channel, transfers: Vec::new() };
-            m.dma.register_sets.insert(base, set);
-            Ok(MAP_REGISTER_BASE(base))
+            let waiting = Waiting::Channel { device, registers: n, routine };
+            let Some(waiting) = m.dma.run_now_or_queue(adapter.0, waiting) else { return Ok(None) };
+            let Waiting::Channel { routine, .. } = waiting else { unreachable!("built as a channel above") };
+            Ok(Some((self.grant_channel(&mut m, adapter, n), routine)))
         })();
         drop(m);
-        self.refusal(r)
+        match self.refusal(r) {
+            Ok(Some((base, routine))) => {
+                self.run_channel_routine(adapter, device, base, routine);
+                STATUS_SUCCESS
+            }
+            Ok(None) => STATUS_SUCCESS,
+            Err(status) => status,
+        }
+    }
+
+    /// Takes the channel and `n` registers (from the pool where the adapter needs them) for a routine about to run.
+    fn grant_channel(&self, m: &mut Memory, adapter: PDMA_ADAPTER, n: u32) -> MAP_REGISTER_BASE {
+        let base = self.new_object();
+        let from_pool = match m.dma.adapters.get_mut(&adapter.0) {
+            Some(a) => {
+                let from_pool = a.pool_cost(n);
+                a.channel_held = true;
+                a.pool_free -= from_pool;
+                a.registers_out += n;
+                from_pool
+            }
+            None => 0,
+        };
+        let set = MapRegisterSet {
+            adapter: adapter.0,
+            count: n,
+            from_pool,
+            used: 0,
+            with_channel: true,
+            transfers: Vec::new(),
+        };
+        m.dma.register_sets.insert(base, set);
+        MAP_REGISTER_BASE(base)
+    }
+
+    /// Runs AdapterControl at DISPATCH_LEVEL and does what its IO_ALLOCATION_ACTION asks.
+    fn run_channel_routine(
+        &self,
+        adapter: PDMA_ADAPTER,
+        device: PDEVICE_OBJECT,
+        base: MAP_REGISTER_BASE,
+        routine: PDRIVER_CONTROL,
+    ) {
+        let action = self.at_dispatch(|| routine(device, base));
+        let mut m = lock(&self.memory);
+        let keep_channel = action == IO_ALLOCATION_ACTION::KeepObject;
+        if let Some(a) = m.dma.adapters.get_mut(&adapter.0) {
+            a.channel_held = keep_channel;
+        }
+        if let Some(set) = m.dma.register_sets.get_mut(&base.0) {
+            set.with_channel = keep_channel;
+        }
+        if action == IO_ALLOCATION_ACTION::DeallocateObject {
+            let r = self.release_registers(&mut m, base.0);
+            drop(m);
+            self.ok(r);
+        } else {
+            drop(m);
+        }
+        if !keep_channel {
+            self.run_waiting(adapter);
+        }
+    }
+
+    /// Runs, in order, every waiting routine the adapter can now serve; stops at the first it cannot.
+    fn run_waiting(&self, adapter: PDMA_ADAPTER) {
+        loop {
+            let mut m = lock(&self.memory);
+            let Some(a) = m.dma.adapters.get(&adapter.0).filter(|a| !a.released).cloned() else { return };
+            let Some(queue) = m.dma.waiting.get_mut(&adapter.0) else { return };
+            if !queue.front().is_some_and(|w| w.ready(&a)) {
+                return;
+            }
+            let Some(next) = queue.pop_front() else { return };
+            match next {
+                Waiting::Channel { device, registers, routine } => {
+                    let base = self.grant_channel(&mut m, adapter, registers);
+                    drop(m);
+                    self.run_channel_routine(adapter, device, base, routine);
+                }
+                Waiting::List { device, mdl, va, length, write_to_device, routine } => {
+                    // Checked when mapped, as at the call: a refusal now means the routine is never called.
+                    let r = self.build_list(&mut m, adapter, mdl, va, length, write_to_device);
+                    drop(m);
+                    if let Ok(Some(list)) = self.refusal(r.map(Some)) {
+                        self.at_dispatch(|| routine(device, &list));
+                    }
+                }
+            }
+        }
     }
 
     /// Gives a register set back to its adapter's pool; under DMA checking, registers still mapped are 0x10.
@@ -469,7 +657,7 @@ impl NtModel {
             }
         }
         if let Some(a) = m.dma.adapters.get_mut(&set.adapter) {
-            a.pool_free += set.count;
+            a.pool_free += set.from_pool;
             a.registers_out = a.registers_out.saturating_sub(set.count);
         }
         Ok(())
@@ -510,6 +698,8 @@ impl NtModel {
         for b in bases {
             self.release_registers(&mut m, b)?;
         }
+        drop(m);
+        self.run_waiting(adapter);
         Ok(())
     }
 
@@ -523,10 +713,13 @@ impl NtModel {
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         match m.dma.register_sets.get(&base.0) {
-            Some(s) if s.adapter == adapter.0 && !s.with_channel => self.release_registers(&mut m, base.0),
-            _ if checking => self.found(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_FREED, n as u64, 0, 0)),
-            _ => Ok(()),
+            Some(s) if s.adapter == adapter.0 && !s.with_channel => self.release_registers(&mut m, base.0)?,
+            _ if checking => return self.found(Bugcheck::e6(e6::TOO_MANY_MAP_REGISTERS_FREED, n as u64, 0, 0)),
+            _ => return Ok(()),
         }
+        drop(m);
+        self.run_waiting(adapter);
+        Ok(())
     }
 
     pub(crate) fn map_transfer(
@@ -579,11 +772,21 @@ impl NtModel {
         va: PVOID,
     ) -> Result<bool, Bugcheck> {
         self.dma_irql_max(DISPATCH_LEVEL)?;
+        let checking = self.dma_checking();
         let mut m = lock(&self.memory);
-        let Some(set) = m.dma.register_sets.get_mut(&base.0) else { return Ok(false) };
-        let Some(i) = set.transfers.iter().position(|t| t.mdl == mdl.0 && t.mapping.va == va.0) else {
+        let found = m
+            .dma
+            .register_sets
+            .get(&base.0)
+            .and_then(|set| set.transfers.iter().position(|t| t.mdl == mdl.0 && t.mapping.va == va.0));
+        let Some(i) = found else {
+            drop(m);
+            if checking {
+                self.found(Bugcheck::e6(e6::FLUSH_NOT_MAPPED, base.0, 0, 0))?;
+            }
             return Ok(false);
         };
+        let Some(set) = m.dma.register_sets.get_mut(&base.0) else { return Ok(false) };
         let t = set.transfers.remove(i);
         set.used = set.used.saturating_sub(t.mapping.pages as u32);
         self.unmap_buffer(&m, &t.mapping, !t.write_to_device)?;

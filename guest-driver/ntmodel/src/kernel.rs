@@ -178,13 +178,22 @@ impl NtKernel for NtModel {
     fn GetScatterGatherList(
         &self,
         adapter: PDMA_ADAPTER,
-        _device_object: PDEVICE_OBJECT,
+        device_object: PDEVICE_OBJECT,
         mdl: PMDL,
         current_va: PVOID,
         length: u32,
+        execution_routine: PDRIVER_LIST_CONTROL,
         write_to_device: bool,
-    ) -> Result<SCATTER_GATHER_LIST, NTSTATUS> {
-        self.get_scatter_gather_list(adapter, mdl, current_va, length, write_to_device)
+    ) -> NTSTATUS {
+        self.get_scatter_gather_list(
+            adapter,
+            device_object,
+            mdl,
+            current_va,
+            length,
+            execution_routine,
+            write_to_device,
+        )
     }
     fn PutScatterGatherList(&self, adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST, _write_to_device: bool) {
         let r = self.put_scatter_gather_list(adapter, list);
@@ -193,11 +202,11 @@ impl NtKernel for NtModel {
     fn AllocateAdapterChannel(
         &self,
         adapter: PDMA_ADAPTER,
-        _device_object: PDEVICE_OBJECT,
+        device_object: PDEVICE_OBJECT,
         number_of_map_registers: u32,
-        action: IO_ALLOCATION_ACTION,
-    ) -> Result<MAP_REGISTER_BASE, NTSTATUS> {
-        self.allocate_adapter_channel(adapter, number_of_map_registers, action)
+        execution_routine: PDRIVER_CONTROL,
+    ) -> NTSTATUS {
+        self.allocate_adapter_channel(adapter, device_object, number_of_map_registers, execution_routine)
     }
     fn FreeAdapterChannel(&self, adapter: PDMA_ADAPTER) {
         let r = self.free_adapter_channel(adapter);

@@ -116,6 +116,7 @@ pub mod e6 {
     pub const IRQL_ABOVE_MAXIMUM: u64 = 0x02;
     pub const IMPROPER_IRQL_OTHER: u64 = 0x14;
     pub const TOO_MANY_MAP_REGISTERS: u64 = 0x15;
+    pub const FLUSH_NOT_MAPPED: u64 = 0x16;
     pub const ADAPTER_ALREADY_RELEASED: u64 = 0x18;
     pub const ALREADY_MAPPED: u64 = 0x1D;
     pub const ZERO_LENGTH_MAP: u64 = 0x21;

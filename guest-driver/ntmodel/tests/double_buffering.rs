@@ -28,7 +28,8 @@ fn sg_list_device_write_is_invisible_until_put_under_dma_checking_and_visible_at
         let va = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, 4096, TAG);
         let mdl = k.IoAllocateMdl(va, 4096, false, false);
         k.MmBuildMdlForNonPagedPool(mdl);
-        let sg = k.GetScatterGatherList(a, PDO, mdl, va, 4096, false).unwrap();
+        k.KeRaiseIrql(DISPATCH_LEVEL);
+        let sg = get_sg(&k, a, mdl, va, 4096, false).unwrap();
         backend.device_write(sg.Elements[0].Address.0 + 8, &DATA).unwrap();
         let before = read4(&k, va.offset(8).unwrap());
         assert_eq!(before == DATA, visible_before_put, "flags {flags:#x}: CPU saw {before:x?} before put");
@@ -46,7 +47,8 @@ fn sg_list_cpu_write_after_map_is_invisible_to_the_device_under_dma_checking() {
         k.RtlCopyToVa(va, &[1, 1, 1, 1]);
         let mdl = k.IoAllocateMdl(va, 64, false, false);
         k.MmBuildMdlForNonPagedPool(mdl);
-        let sg = k.GetScatterGatherList(a, PDO, mdl, va, 64, true).unwrap();
+        k.KeRaiseIrql(DISPATCH_LEVEL);
+        let sg = get_sg(&k, a, mdl, va, 64, true).unwrap();
         k.RtlCopyToVa(va, &DATA);
         let mut seen = [0u8; 4];
         backend.device_read(sg.Elements[0].Address.0, &mut seen).unwrap();
@@ -72,7 +74,7 @@ fn map_transfer_device_write_is_invisible_until_flush_under_dma_checking() {
         let mdl = k.IoAllocateMdl(va, 8192, false, false);
         k.MmBuildMdlForNonPagedPool(mdl);
         k.KeRaiseIrql(DISPATCH_LEVEL);
-        let base = k.AllocateAdapterChannel(a, PDO, 2, IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters).unwrap();
+        let base = alloc_channel(&k, a, 2, IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters).unwrap();
         let mut len = 8192;
         let logical = k.MapTransfer(a, mdl, base, va, &mut len, false).unwrap();
         backend.device_write(logical.0 + 4096, &DATA).unwrap();

@@ -27,19 +27,23 @@ fn with(flags: u32, map_registers: u32, max_contiguous_pages: Option<usize>) -> 
 }
 
 #[test]
-fn create_cq_under_a_fast_mutex_is_c4_e5_with_irql_checking() {
-    let (k, b) = machine(0x2);
-    let (mut hca, _) = open(&k, &b, HcaConfig::default());
-    let lock = ClMutex::new(k.clone(), ClMutexKind::FastMutex);
-    let r = NtModel::run_guarded(|| {
-        lock.acquire();
-        let cq = hca.create_cq(256);
-        lock.release();
-        cq
-    });
-    let bugcheck = r.expect_err("AllocateCommonBuffer at APC_LEVEL must stop the machine");
-    assert_eq!(bugcheck, Bugcheck::c4(0xE5, APC_LEVEL as u64, 0, 0));
-    println!("{bugcheck}");
+fn create_cq_under_a_fast_mutex_is_e6_13_with_dma_checking_and_unchecked_by_irql_checking_alone() {
+    for (flags, expected) in [
+        (0x2, None),
+        (0x80, Some(Bugcheck::e6(0x13, 1, PASSIVE_LEVEL as u64, APC_LEVEL as u64))),
+        (0x209BB, Some(Bugcheck::e6(0x13, 1, PASSIVE_LEVEL as u64, APC_LEVEL as u64))),
+    ] {
+        let (k, b) = machine(flags);
+        let (mut hca, _) = open(&k, &b, HcaConfig::default());
+        let lock = ClMutex::new(k.clone(), ClMutexKind::FastMutex);
+        let r = NtModel::run_guarded(|| {
+            lock.acquire();
+            let cq = hca.create_cq(256);
+            lock.release();
+            cq
+        });
+        assert_eq!(r.as_ref().err(), expected.as_ref(), "flags {flags:#x}: {r:?}");
+    }
 }
 
 #[test]
@@ -100,22 +104,30 @@ fn cq_ring_fails_cleanly_when_not_even_single_pages_are_left() {
 }
 
 #[test]
-fn map_transfer_rings_exhaust_map_registers_cleanly_without_verifier_and_bugcheck_with_it() {
+fn map_transfer_rings_cost_no_map_registers_without_verifier_and_wait_for_them_with_it() {
     let config = HcaConfig { ring_memory: RingMemory::ContiguousMapTransfer, ..HcaConfig::default() };
+    // A 64-bit bus master without double buffering: MapTransfer needs no map registers, the pool never runs out.
     let (k, b) = with(0, 8, None);
     let (mut hca, _) = open(&k, &b, config);
-    hca.create_cq(1024).unwrap();
-    let err = hca.create_cq(1024).unwrap_err();
-    assert_eq!(
-        err,
-        DriverError::Kernel { routine: "AllocateAdapterChannel/MapTransfer", status: STATUS_INSUFFICIENT_RESOURCES }
-    );
+    for _ in 0..4 {
+        hca.create_cq(1024).unwrap();
+    }
+    assert_eq!(k.map_registers_free(hca.adapter()), Some(8));
+    // More than IoGetDmaAdapter's per-request maximum is refused in every mode.
+    let err = hca.create_cq(2048).unwrap_err();
+    assert_eq!(err, DriverError::Kernel { routine: "AllocateAdapterChannel", status: STATUS_INSUFFICIENT_RESOURCES });
 
+    // DMA checking double-buffers through map registers: the second ring's AdapterControl waits for them; the
+    // driver gives it up, and when the first ring goes the late routine lets its registers go again.
     let (k, b) = with(0x80, 8, None);
     let (mut hca, _) = open(&k, &b, config);
-    hca.create_cq(1024).unwrap();
-    let bugcheck = NtModel::run_guarded(|| hca.create_cq(1024)).unwrap_err();
-    assert_eq!(bugcheck, Bugcheck::e6(0x00, 2, 8, 0));
+    let first = hca.create_cq(1024).unwrap();
+    let r = NtModel::run_guarded(|| hca.create_cq(1024)).expect("waiting for map registers is no violation");
+    assert_eq!(r, Err(DriverError::DmaQueued { routine: "AllocateAdapterChannel" }));
+    assert_eq!(k.map_registers_free(hca.adapter()), Some(0));
+    hca.destroy_cq(first).unwrap();
+    assert_eq!(k.map_registers_free(hca.adapter()), Some(8), "the late routine took nothing");
+    assert_eq!(NtModel::run_guarded(|| hca.create_cq(2048)).unwrap_err(), Bugcheck::e6(0x0C, 16, 8, 0));
 }
 
 fn shared_mr(flags: u32, mapping: MrMapping, user: bool) -> (Arc<NtModel>, Driver, FakeDevice, PVOID, RegisteredMr) {
@@ -147,14 +159,35 @@ fn shared_sg_registered_buffer_works_without_verifier_and_reads_stale_with_it() 
     assert_eq!(&seen, b"fresh");
     hca.close();
 
-    let (k, hca, dev, va, mr) = shared_mr(0x80, MrMapping::ScatterGather, false);
+    let (k, mut hca, dev, va, mr) = shared_mr(0x80, MrMapping::ScatterGather, false);
     assert!(dev.write_mr(mr.lkey, 5000, b"fresh"));
     k.RtlCopyFromVa(&mut seen, va.offset(5000).unwrap());
     assert_eq!(seen, [0; 5], "the CPU reads the real pages; the device wrote the verifier's shadow");
-    // The long-lived S/G list is still out when the adapter goes: the verifier stops the machine.
-    let adapter = hca.adapter();
-    let bugcheck = NtModel::run_guarded(|| hca.close()).unwrap_err();
-    assert_eq!(bugcheck, Bugcheck::e6(0x0A, adapter.0, 1, 0));
+    // Deregistered cleanly, nothing leaks: no verifier rule sees the stale read.
+    NtModel::run_guarded(|| {
+        hca.dereg_mr(mr.lkey).unwrap();
+        hca.close();
+        k.unload_driver();
+    })
+    .unwrap();
+}
+
+#[test]
+fn without_double_buffering_the_shared_sg_buffer_is_fresh_under_dma_checking() {
+    // The same registration under DMA checking with the model's double buffering off: the stale read, and with it
+    // shared-buffer-sg's verifier-on verdict, is the double buffering's doing.
+    let config = NtModelConfig { verifier: VerifierFlags(0x80), double_buffering: false, ..Default::default() };
+    let (k, b) = machine_with(config);
+    let (mut hca, dev) = open(&k, &b, HcaConfig::default());
+    let pd = hca.alloc_pd().unwrap();
+    let va = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, 3 * 4096, pool_tag(b"vhmr"));
+    let source = MrSource::Kernel { va, length: 3 * 4096 };
+    let mr = hca.reg_mr(pd, source, ACCESS_LOCAL_WRITE, MrMapping::ScatterGather).unwrap();
+    assert!(dev.write_mr(mr.lkey, 5000, b"fresh"));
+    let mut seen = [0u8; 5];
+    k.RtlCopyFromVa(&mut seen, va.offset(5000).unwrap());
+    assert_eq!(&seen, b"fresh");
+    assert_eq!(k.map_registers_free(hca.adapter()), Some(NtModelConfig::default().map_registers));
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! Parsing never trusts the serial text: hex that does not fit or a malformed list yields no bugcheck.
 
 use serde::{Serialize, Serializer};
+pub use vhca_ntapi::bugcheck_name;
 
 /// A bugcheck the guest reported, on serial or through QMP GUEST_PANICKED (Hyper-V crash MSRs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -98,28 +99,6 @@ pub(crate) fn parse_hex(text: &str) -> Option<u64> {
     }
     // Leading zeros are common (0x000000E6); only significant digits count towards overflow.
     u64::from_str_radix(digits, 16).ok()
-}
-
-/// Names of the codes the NT model and Windows raise in these scenarios (Microsoft's bug check reference).
-pub fn bugcheck_name(code: u32) -> Option<&'static str> {
-    Some(match code {
-        0x0A => "IRQL_NOT_LESS_OR_EQUAL",
-        0x19 => "BAD_POOL_HEADER",
-        0x1E => "KMODE_EXCEPTION_NOT_HANDLED",
-        0x3B => "SYSTEM_SERVICE_EXCEPTION",
-        0x50 => "PAGE_FAULT_IN_NONPAGED_AREA",
-        0x7E => "SYSTEM_THREAD_EXCEPTION_NOT_HANDLED",
-        0x9F => "DRIVER_POWER_STATE_FAILURE",
-        0xC1 => "SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION",
-        0xC2 => "BAD_POOL_CALLER",
-        0xC4 => "DRIVER_VERIFIER_DETECTED_VIOLATION",
-        0xC5 => "DRIVER_CORRUPTED_EXPOOL",
-        0xC9 => "DRIVER_VERIFIER_IOMANAGER_VIOLATION",
-        0xD1 => "DRIVER_IRQL_NOT_LESS_OR_EQUAL",
-        0xD5 => "DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL",
-        0xE6 => "DRIVER_VERIFIER_DMA_VIOLATION",
-        _ => return None,
-    })
 }
 
 fn hex_u32<S: Serializer>(value: &u32, s: S) -> Result<S::Ok, S::Error> {

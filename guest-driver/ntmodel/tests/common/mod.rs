@@ -206,3 +206,69 @@ impl CommandChannel for HcaChannel {
         self.hca.lock().unwrap().pop_async_event()
     }
 }
+
+/// What an execution routine received, and the IRQL Windows (here the model) called it at.
+pub type Received<T> = Arc<Mutex<Option<(T, vhca_ntapi::KIRQL)>>>;
+
+/// An AdapterListControl that keeps the list it is given.
+pub fn list_routine(k: &Arc<NtModel>) -> (Received<vhca_ntapi::SCATTER_GATHER_LIST>, vhca_ntapi::PDRIVER_LIST_CONTROL) {
+    use vhca_ntapi::NtKernel;
+    let slot: Received<vhca_ntapi::SCATTER_GATHER_LIST> = Arc::default();
+    let (s, k) = (slot.clone(), k.clone());
+    (slot, Box::new(move |_, list| *s.lock().unwrap() = Some((list.clone(), k.KeGetCurrentIrql()))))
+}
+
+/// An AdapterControl that keeps the map-register base and answers `action`.
+pub fn channel_routine(
+    k: &Arc<NtModel>,
+    action: vhca_ntapi::IO_ALLOCATION_ACTION,
+) -> (Received<vhca_ntapi::MAP_REGISTER_BASE>, vhca_ntapi::PDRIVER_CONTROL) {
+    use vhca_ntapi::NtKernel;
+    let slot: Received<vhca_ntapi::MAP_REGISTER_BASE> = Arc::default();
+    let (s, k) = (slot.clone(), k.clone());
+    (
+        slot,
+        Box::new(move |_, base| {
+            *s.lock().unwrap() = Some((base, k.KeGetCurrentIrql()));
+            action
+        }),
+    )
+}
+
+/// GetScatterGatherList at the caller's IRQL: the list if AdapterListControl ran before the call returned,
+/// STATUS_PENDING if the model queued it, the call's status if it failed.
+pub fn get_sg(
+    k: &Arc<NtModel>,
+    a: vhca_ntapi::PDMA_ADAPTER,
+    mdl: vhca_ntapi::PMDL,
+    va: vhca_ntapi::PVOID,
+    length: u32,
+    write_to_device: bool,
+) -> Result<vhca_ntapi::SCATTER_GATHER_LIST, vhca_ntapi::NTSTATUS> {
+    use vhca_ntapi::NtKernel;
+    let (slot, routine) = list_routine(k);
+    let status = k.GetScatterGatherList(a, PDO, mdl, va, length, routine, write_to_device);
+    if !status.is_success() {
+        return Err(status);
+    }
+    let got = slot.lock().unwrap().take();
+    got.map(|(list, _)| list).ok_or(vhca_ntapi::STATUS_PENDING)
+}
+
+/// AllocateAdapterChannel at the caller's IRQL, AdapterControl answering `action`: the base if the routine ran
+/// before the call returned, STATUS_PENDING if queued, the call's status if it failed.
+pub fn alloc_channel(
+    k: &Arc<NtModel>,
+    a: vhca_ntapi::PDMA_ADAPTER,
+    n: u32,
+    action: vhca_ntapi::IO_ALLOCATION_ACTION,
+) -> Result<vhca_ntapi::MAP_REGISTER_BASE, vhca_ntapi::NTSTATUS> {
+    use vhca_ntapi::NtKernel;
+    let (slot, routine) = channel_routine(k, action);
+    let status = k.AllocateAdapterChannel(a, PDO, n, routine);
+    if !status.is_success() {
+        return Err(status);
+    }
+    let got = slot.lock().unwrap().take();
+    got.map(|(base, _)| base).ok_or(vhca_ntapi::STATUS_PENDING)
+}

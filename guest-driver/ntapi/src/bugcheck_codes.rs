@@ -1,0 +1,42 @@
+//! Bug check codes and their names as Windows gives them: the one table the NT model (to print a STOP) and the
+//! runner (to name a STOP it read, or one QMP reported without a name) both use.
+//! Source: Microsoft's "Bug Check Code Reference" (learn.microsoft.com/windows-hardware/drivers/debugger/
+//! bug-check-code-reference2) and each code's own page, e.g. "Bug Check 0xE6: DRIVER_VERIFIER_DMA_VIOLATION".
+
+pub const IRQL_NOT_LESS_OR_EQUAL: u32 = 0x0A;
+pub const BAD_POOL_HEADER: u32 = 0x19;
+pub const KMODE_EXCEPTION_NOT_HANDLED: u32 = 0x1E;
+pub const SYSTEM_SERVICE_EXCEPTION: u32 = 0x3B;
+pub const PAGE_FAULT_IN_NONPAGED_AREA: u32 = 0x50;
+pub const SYSTEM_THREAD_EXCEPTION_NOT_HANDLED: u32 = 0x7E;
+pub const DRIVER_POWER_STATE_FAILURE: u32 = 0x9F;
+pub const SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION: u32 = 0xC1;
+pub const BAD_POOL_CALLER: u32 = 0xC2;
+pub const DRIVER_VERIFIER_DETECTED_VIOLATION: u32 = 0xC4;
+pub const DRIVER_CORRUPTED_EXPOOL: u32 = 0xC5;
+pub const DRIVER_VERIFIER_IOMANAGER_VIOLATION: u32 = 0xC9;
+pub const DRIVER_IRQL_NOT_LESS_OR_EQUAL: u32 = 0xD1;
+pub const DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL: u32 = 0xD5;
+pub const DRIVER_VERIFIER_DMA_VIOLATION: u32 = 0xE6;
+
+/// Windows' symbolic name of a bug check code the model raises or a driver of this kind meets; None for others.
+pub fn bugcheck_name(code: u32) -> Option<&'static str> {
+    Some(match code {
+        IRQL_NOT_LESS_OR_EQUAL => "IRQL_NOT_LESS_OR_EQUAL",
+        BAD_POOL_HEADER => "BAD_POOL_HEADER",
+        KMODE_EXCEPTION_NOT_HANDLED => "KMODE_EXCEPTION_NOT_HANDLED",
+        SYSTEM_SERVICE_EXCEPTION => "SYSTEM_SERVICE_EXCEPTION",
+        PAGE_FAULT_IN_NONPAGED_AREA => "PAGE_FAULT_IN_NONPAGED_AREA",
+        SYSTEM_THREAD_EXCEPTION_NOT_HANDLED => "SYSTEM_THREAD_EXCEPTION_NOT_HANDLED",
+        DRIVER_POWER_STATE_FAILURE => "DRIVER_POWER_STATE_FAILURE",
+        SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION => "SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION",
+        BAD_POOL_CALLER => "BAD_POOL_CALLER",
+        DRIVER_VERIFIER_DETECTED_VIOLATION => "DRIVER_VERIFIER_DETECTED_VIOLATION",
+        DRIVER_CORRUPTED_EXPOOL => "DRIVER_CORRUPTED_EXPOOL",
+        DRIVER_VERIFIER_IOMANAGER_VIOLATION => "DRIVER_VERIFIER_IOMANAGER_VIOLATION",
+        DRIVER_IRQL_NOT_LESS_OR_EQUAL => "DRIVER_IRQL_NOT_LESS_OR_EQUAL",
+        DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL => "DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL",
+        DRIVER_VERIFIER_DMA_VIOLATION => "DRIVER_VERIFIER_DMA_VIOLATION",
+        _ => return None,
+    })
+}

@@ -1,0 +1,26 @@
+//! The functional device object's extension: the PDO it serves, the device it attached to, the started device
+//! while there is one, and the remove lock. Lives in DEVICE_OBJECT.DeviceExtension from AddDevice to REMOVE_DEVICE.
+
+use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
+use windows_sys::Wdk::System::SystemServices::IO_REMOVE_LOCK;
+
+use super::started_device::StartedDevice;
+
+pub struct Fdo {
+    pub pdo: *mut DEVICE_OBJECT,
+    /// What IoAttachDeviceToDeviceStack returned: where IRPs go down.
+    pub lower: *mut DEVICE_OBJECT,
+    pub started: Option<StartedDevice>,
+    /// Held by every IRP in this driver; REMOVE_DEVICE waits for it (remove_lock.rs).
+    pub remove_lock: IO_REMOVE_LOCK,
+}
+
+/// The extension of one of this driver's FDOs.
+///
+/// # Safety
+/// `device` is an FDO this driver created in AddDevice and has not deleted; the PnP manager serialises the PnP
+/// IRPs that change it, and the other IRP paths only read `lower`.
+pub unsafe fn fdo<'a>(device: *const DEVICE_OBJECT) -> &'a mut Fdo {
+    // SAFETY: the caller's contract; AddDevice wrote an Fdo there.
+    unsafe { &mut *((*device).DeviceExtension as *mut Fdo) }
+}

@@ -1,0 +1,140 @@
+//! IRP_MJ_PNP for the FDO, as a WDM function driver handles it: START_DEVICE after the lower drivers (the PCI bus
+//! driver) started the device; STOP, SURPRISE_REMOVAL and REMOVE quiesce it and free everything before the IRP
+//! goes down; the query/cancel IRPs are succeeded and passed down; anything else passes down untouched.
+
+use alloc::format;
+
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP};
+use windows_sys::Wdk::System::SystemServices::{
+    IoDeleteDevice, IoDetachDevice, IoForwardIrpSynchronously, IO_REMOVE_LOCK, IRP_MN_CANCEL_REMOVE_DEVICE,
+    IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE, IRP_MN_REMOVE_DEVICE,
+    IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
+};
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_DEVICE_CONFIGURATION_ERROR, STATUS_SUCCESS};
+
+use super::debug_print::print_line;
+use super::fdo::fdo;
+use super::irp::{complete, current_stack, pass_down, set_status};
+use super::registry;
+use super::remove_lock;
+use super::started_device::StartedDevice;
+use crate::result_line::RunResult;
+use crate::scenario_choice::choose;
+use vhca_scenarios::{Scenario, ScenarioOptions};
+
+/// The IRP_MJ_PNP dispatch routine. PASSIVE_LEVEL, in a system thread.
+///
+/// # Safety
+/// Called by the I/O manager with one of this driver's FDOs and a PnP IRP.
+pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the I/O manager's contract: a live FDO of ours and an IRP with our stack location.
+    let (fdo, minor, stack) = unsafe {
+        let stack = current_stack(irp);
+        (fdo(device), (*stack).MinorFunction as u32, stack)
+    };
+    let lock: *mut IO_REMOVE_LOCK = &mut fdo.remove_lock;
+    // SAFETY: the FDO's initialised remove lock.
+    if let Err(status) = unsafe { remove_lock::acquire(lock, irp) } {
+        // SAFETY: PASSIVE_LEVEL; ours to complete: REMOVE_DEVICE has begun.
+        return unsafe { complete(irp, status) };
+    }
+    if minor == IRP_MN_REMOVE_DEVICE {
+        // Every other IRP lets go of the device first; then it is quiesced and freed, the IRP goes down, and the
+        // FDO is detached and deleted: nothing can reach it afterwards.
+        // SAFETY: this IRP holds the lock; PASSIVE_LEVEL.
+        unsafe { remove_lock::release_and_wait(lock, irp) };
+        fdo.started = None;
+        let lower = fdo.lower;
+        // SAFETY: PASSIVE_LEVEL, no lock held (the remove lock was given back); the extension is dropped once, just
+        // before its device object goes.
+        return unsafe {
+            set_status(irp, STATUS_SUCCESS);
+            let status = pass_down(lower, irp);
+            IoDetachDevice(lower);
+            core::ptr::drop_in_place(fdo);
+            IoDeleteDevice(device);
+            status
+        };
+    }
+    let status = match minor {
+        IRP_MN_START_DEVICE => {
+            // The lower drivers first: only then are the resources assigned and the device decoding.
+            // SAFETY: PASSIVE_LEVEL; the IRP is ours again when this returns.
+            let forwarded = unsafe { IoForwardIrpSynchronously(fdo.lower, irp) };
+            // SAFETY: completed by the lower drivers into IoStatus.
+            let mut status = unsafe { (*irp).IoStatus.Anonymous.Status };
+            if forwarded && status >= 0 {
+                // SAFETY: START_DEVICE's parameters, valid for this IRP.
+                let (raw, translated) = unsafe {
+                    let p = (*stack).Parameters.StartDevice;
+                    (p.AllocatedResources, p.AllocatedResourcesTranslated)
+                };
+                status = start(fdo, raw, translated);
+            } else if !forwarded {
+                status = STATUS_DEVICE_CONFIGURATION_ERROR;
+            }
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; ours to complete.
+            unsafe { complete(irp, status) }
+        }
+        IRP_MN_STOP_DEVICE | IRP_MN_SURPRISE_REMOVAL => {
+            fdo.started = None;
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; succeeded here, then passed down as the PnP rules
+            // require.
+            unsafe {
+                set_status(irp, STATUS_SUCCESS);
+                pass_down(fdo.lower, irp)
+            }
+        }
+        IRP_MN_QUERY_STOP_DEVICE
+        | IRP_MN_CANCEL_STOP_DEVICE
+        | IRP_MN_QUERY_REMOVE_DEVICE
+        | IRP_MN_CANCEL_REMOVE_DEVICE => {
+            // Nothing is queued in this driver: stopping or removing never has to wait for it.
+            // SAFETY: as above.
+            unsafe {
+                set_status(irp, STATUS_SUCCESS);
+                pass_down(fdo.lower, irp)
+            }
+        }
+        // SAFETY: PASSIVE_LEVEL, holding the remove lock; not ours: down unchanged, status untouched.
+        _ => unsafe { pass_down(fdo.lower, irp) },
+    };
+    // SAFETY: PASSIVE_LEVEL; this IRP took the lock above; released by tag, the IRP itself is not touched.
+    unsafe { remove_lock::release(lock, irp) };
+    status
+}
+
+/// Brings the device up and runs the run's scenario; the result goes to the debugger and the registry.
+fn start(
+    fdo: &mut super::fdo::Fdo,
+    raw: *const windows_sys::Wdk::System::SystemServices::CM_RESOURCE_LIST,
+    translated: *const windows_sys::Wdk::System::SystemServices::CM_RESOURCE_LIST,
+) -> NTSTATUS {
+    let chosen = choose(registry::read_scenario().as_deref());
+    // SAFETY: the PDO of this FDO and START_DEVICE's lists.
+    let started = unsafe { StartedDevice::start(fdo.pdo, raw, translated) };
+    let (status, result) = match (started, chosen) {
+        (Ok(device), Ok(scenario)) => {
+            let result = device.run_scenario(scenario, &ScenarioOptions::default());
+            fdo.started = Some(device);
+            (STATUS_SUCCESS, result)
+        }
+        (Ok(device), Err(why)) => {
+            fdo.started = Some(device);
+            let mut result = RunResult::new(Scenario::Smoke.name());
+            result.fail(format!("Scenario value: {why}"));
+            (STATUS_SUCCESS, result)
+        }
+        (Err(why), chosen) => {
+            let mut result = RunResult::new(chosen.map_or("smoke", |s| s.name()));
+            result.fail(format!("START_DEVICE: {why}"));
+            (STATUS_DEVICE_CONFIGURATION_ERROR, result)
+        }
+    };
+    let line = result.line();
+    print_line(&line);
+    if let Err(status) = registry::write_result(&line) {
+        print_line(&format!("vhca: cannot store the result in the registry (status {:#010x})", status as u32));
+    }
+    status
+}

@@ -1,0 +1,104 @@
+//! How vhca.sys runs a scenario: the seed scenarios are vhca-scenarios (the same code the Linux guest program runs);
+//! this is their host in the driver, collecting details into the result line. What needs the kernel (debugger
+//! output, the clock, user buffers) is `DriverServices`, implemented over ntoskrnl.exe in src/kernel and over the
+//! NT model in this crate's tests.
+
+use alloc::format;
+use alloc::string::ToString;
+use alloc::sync::Arc;
+use core::cell::RefCell;
+use core::fmt;
+use core::time::Duration;
+
+use serde_json::Value;
+use vhca_driver::CommandChannel;
+use vhca_ntapi::{NtKernel, PDEVICE_OBJECT, PVOID};
+use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
+
+use crate::result_line::RunResult;
+
+/// How long a scenario waits for completions and events (the Linux guest's default `vhca.timeout_ms`).
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The kernel services a scenario's host needs beyond `NtKernel`.
+pub trait DriverServices {
+    type Kernel: NtKernel + 'static;
+    type Channel: CommandChannel;
+    /// One progress line to the kernel debugger.
+    fn print(&self, line: &str);
+    /// A monotonic clock.
+    fn now(&self) -> Duration;
+    /// Waits about `duration`; PASSIVE_LEVEL.
+    fn sleep(&self, duration: Duration);
+    /// Pageable memory in the current process's user address space, `in_page_offset` bytes into its first page.
+    fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID;
+    fn free_user_buffer(&self, va: PVOID);
+}
+
+/// The scenario's host in vhca.sys: details and the lock go into the run's result as they come, progress to the
+/// debugger. IOMMU faults and the verifier are Windows' own, which the driver neither sees nor queries.
+struct DriverHost<'a, S: DriverServices> {
+    services: &'a S,
+    result: RefCell<RunResult>,
+}
+
+impl<S: DriverServices> ScenarioHost for DriverHost<'_, S> {
+    type Kernel = S::Kernel;
+    type Channel = S::Channel;
+
+    fn say(&self, message: fmt::Arguments<'_>) {
+        self.services.print(&format!("vhca: {message}"));
+    }
+
+    fn detail(&self, key: &str, value: Value) {
+        self.result.borrow_mut().details.insert(key.to_string(), value);
+    }
+
+    fn lock_chosen(&self, name: &'static str) {
+        self.result.borrow_mut().lock = Some(name);
+    }
+
+    fn now(&self) -> Duration {
+        self.services.now()
+    }
+
+    fn sleep(&self, duration: Duration) {
+        self.services.sleep(duration)
+    }
+
+    fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID {
+        self.services.alloc_user_buffer(len, in_page_offset)
+    }
+
+    fn free_user_buffer(&self, va: PVOID) {
+        self.services.free_user_buffer(va)
+    }
+
+    /// Under DMA remapping Windows reports an IOMMU fault to itself (with Driver Verifier's DMA checking, 0xE6 stops
+    /// the machine); the driver is not told.
+    fn report_platform_iommu_faults(&self, _wait: Duration) -> Option<usize> {
+        None
+    }
+
+    fn dma_checking(&self) -> Option<bool> {
+        None
+    }
+}
+
+/// Opens the HCA on `pdo`, runs `scenario` (vhca-scenarios), and returns its result. PASSIVE_LEVEL, no lock held.
+pub fn run<S: DriverServices>(
+    scenario: Scenario,
+    services: &S,
+    kernel: Arc<S::Kernel>,
+    channel: S::Channel,
+    pdo: PDEVICE_OBJECT,
+    options: &ScenarioOptions,
+) -> RunResult {
+    let host = DriverHost { services, result: RefCell::new(RunResult::new(scenario.name())) };
+    let outcome = vhca_scenarios::run(scenario, &host, kernel, channel, pdo, options, SCENARIO_TIMEOUT);
+    let mut result = host.result.into_inner();
+    if let Err(e) = outcome {
+        result.fail(format!("{e:#}"));
+    }
+    result
+}
