@@ -1,6 +1,6 @@
 //! Golden tests of what the Windows image recipe generates: autounattend.xml (well-formed; the passes, components,
-//! partitions and first-logon commands), the in-guest set-up sequence and script, the agent's protocol words,
-//! and the answer disc the real xorriso builds from them. Windows itself never read any of it here: these machines
+//! partitions and first-logon commands), the in-guest set-up sequence and script, the agent's protocol words and
+//! command sequence (and that the registry names it writes are the ones vhca.sys reads), and the answer disc the real xorriso builds from them. Windows itself never read any of it here: these machines
 //! have no Windows ISO.
 
 use std::net::Ipv4Addr;
@@ -12,10 +12,11 @@ use quick_xml::Reader;
 use vhca_run::qemu_cmd::Accel;
 use vhca_run::restore::request_line;
 use vhca_run::snapshot::READY_LINE;
-use vhca_run::windows::answer_file::{AnswerSettings, FirstLogonCommand};
-use vhca_run::windows::guest_setup::{
-    first_logon_commands, setup_script, setup_steps, AGENT_SCRIPT, SETUP_DONE, SETUP_FAILED,
+use vhca_run::windows::agent_script::{
+    agent_script, HARDWARE_IDS, PARAMETERS_KEY, RESULT_VALUE, RESULT_WAIT_S, SCENARIO_VALUE,
 };
+use vhca_run::windows::answer_file::{AnswerSettings, FirstLogonCommand};
+use vhca_run::windows::guest_setup::{first_logon_commands, setup_script, setup_steps, SETUP_DONE, SETUP_FAILED};
 use vhca_run::windows::kdnet::{KdnetKey, KdnetSettings, SLIRP_HOST};
 use vhca_run::windows::machine::Firmware;
 use vhca_run::windows::recipe::{
@@ -179,8 +180,10 @@ fn in_guest_set_up_sequence() {
         commands,
         [
             "bcdedit /set testsigning on",
-            r"certutil -addstore -f Root C:\vhca\driver\vhca.cer",
-            r"certutil -addstore -f TrustedPublisher C:\vhca\driver\vhca.cer",
+            r"certutil -addstore -f Root C:\vhca\driver\vhca-test.cer",
+            r"certutil -addstore -f TrustedPublisher C:\vhca\driver\vhca-test.cer",
+            r#"powershell -NoProfile -Command "New-FileCatalog -Path C:\vhca\driver -CatalogFilePath C:\vhca\driver\vhca.cat -CatalogVersion 2.0""#,
+            r#"powershell -NoProfile -Command "$c = Import-PfxCertificate -FilePath C:\vhca\driver\vhca-test.pfx -CertStoreLocation Cert:\LocalMachine\My -Password (ConvertTo-SecureString vhca -AsPlainText -Force); if ((Set-AuthenticodeSignature -FilePath C:\vhca\driver\vhca.cat -Certificate $c -HashAlgorithm SHA256).Status -ne 'Valid') { exit 1 }""#,
             r"pnputil /add-driver C:\vhca\driver\vhca.inf /install",
             "bcdedit /dbgsettings net hostip:10.0.2.2 port:50000 key:k1.k2.k3.k4",
             "bcdedit /debug {default} on",
@@ -195,7 +198,7 @@ fn in_guest_set_up_sequence() {
     // Every step is in the script once, numbered, with PowerShell's quote doubling; the script ends powered off.
     assert!(script.contains("  ,@(1, 'test signing on', 'bcdedit /set testsigning on', @(0))\n"), "{script}");
     assert!(script.contains(r"'pnputil /add-driver C:\vhca\driver\vhca.inf /install', @(0, 259, 3010))"), "{script}");
-    assert!(script.contains("  ,@(11, 'resident agent at every boot', 'schtasks /create"), "{script}");
+    assert!(script.contains("  ,@(13, 'resident agent at every boot', 'schtasks /create"), "{script}");
     assert!(script.contains("if ($s[3] -notcontains $rc)"), "{script}");
     assert!(script.contains(&format!("Say '{SETUP_DONE}'")));
     assert!(script.contains(&format!("{SETUP_FAILED} step $($s[0]) ($($s[1])): exit $rc")));
@@ -208,16 +211,100 @@ fn in_guest_set_up_sequence() {
 #[test]
 fn the_agent_speaks_the_runners_protocol() {
     // The runner waits for READY_LINE, types restore::request_line's JSON and reads VHCA-RESULT lines.
-    assert!(AGENT_SCRIPT.contains(&format!("Say '{READY_LINE}'")));
-    assert!(AGENT_SCRIPT.contains("ConvertFrom-Json") && AGENT_SCRIPT.contains("$request.params"));
-    assert!(AGENT_SCRIPT.contains("\"VHCA-RESULT \""));
-    assert!(AGENT_SCRIPT.contains(SETUP_DONE) && AGENT_SCRIPT.contains(SETUP_FAILED));
+    let agent = agent_script();
+    assert!(agent.contains(&format!("Say '{READY_LINE}'")));
+    assert!(agent.contains("ConvertFrom-Json") && agent.contains("$request.params"));
+    assert!(agent.contains("\"VHCA-RESULT \""));
+    assert!(agent.contains(SETUP_DONE) && agent.contains(SETUP_FAILED));
     let request: serde_json::Value =
         serde_json::from_str(&request_line(&[("vhca.scenario".into(), "smoke".into())])).unwrap();
     assert!(request["params"].is_array(), "the agent reads .params");
     let state: serde_json::Value = serde_json::from_str(&state_request(0xAA)).unwrap();
     assert_eq!(state["params"], serde_json::json!(["vhca.setup=verifier", "vhca.verifier=0xaa"]));
-    assert!(AGENT_SCRIPT.contains("$params['vhca.setup'] -eq 'verifier'"));
+    assert!(agent.contains("$params['vhca.setup'] -eq 'verifier'"));
+    assert!(!agent.contains("vhca-scenario"), "no scenario tool: vhca.sys runs the scenario itself");
+}
+
+/// What a run request does, in order: find the one HCA, discard the boot's own result, write the scenario, restart the
+/// device so START_DEVICE reads it, poll for the result (bounded), print it unchanged.
+#[test]
+fn the_agents_run_sequence() {
+    let agent = agent_script();
+    let lines: Vec<&str> = agent.lines().map(str::trim).collect();
+    assert!(lines.contains(&r"$key = 'HKLM:\SYSTEM\CurrentControlSet\Services\vhca\Parameters'"), "{agent}");
+    assert!(lines.contains(&r"$ids = @('PCI\VEN_1AF4&DEV_1059', 'PCI\VEN_1AF4&DEV_106A')"), "{agent}");
+    let acts =
+        ["Get-PnpDevice", "Get-ItemProperty", "Remove-ItemProperty", "New-ItemProperty", "pnputil", "Say $result"];
+    let sequence: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("Say \"") && acts.iter().any(|a| l.contains(a)))
+        .filter(|l| !l.starts_with("if ("))
+        .collect();
+    assert_eq!(
+        sequence,
+        [
+            "$hca = @(Get-PnpDevice -PresentOnly | Where-Object { @($_.HardwareID | Where-Object { $ids -contains $_ }).Count -gt 0 })",
+            "$boot = (Get-ItemProperty -Path $key -Name Result -ErrorAction SilentlyContinue).Result",
+            "Remove-ItemProperty -Path $key -Name Result -ErrorAction SilentlyContinue",
+            "New-ItemProperty -Path $key -Name Scenario -PropertyType String -Value $scenario -Force -ErrorAction Stop | Out-Null",
+            "$out = & pnputil /restart-device $instance 2>&1",
+            "$result = (Get-ItemProperty -Path $key -Name Result -ErrorAction SilentlyContinue).Result",
+            "Say $result",
+        ],
+        "{agent}"
+    );
+    assert!(agent.contains(&format!("$deadline = (Get-Date).AddSeconds({RESULT_WAIT_S})")));
+    assert!(agent.contains("if ($result -notlike 'VHCA-RESULT *')"));
+    // Every way out of a run request ends in a VHCA-RESULT line or a power-off after one: each `Fail` is followed by `Off`.
+    for line in lines.iter().filter(|l| l.contains("Fail $scenario") || l.contains("Fail ''")) {
+        assert!(line.contains("; Off"), "a failure that does not end the run: {line}");
+    }
+    assert!(agent.trim_end().ends_with("Say $result\nOff"), "{agent}");
+}
+
+/// The text of a file of the driver crate (guest-driver/windows), by path from the workspace root.
+fn driver_file(path: &str) -> String {
+    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+/// The Rust string literal that follows `prefix` in `text`, up to its closing quote, with `\\` undone (the literals
+/// read here hold no escaped quote).
+fn literal_after(text: &str, prefix: &str) -> String {
+    let at = text.find(prefix).unwrap_or_else(|| panic!("{prefix:?} not found"));
+    let rest = &text[at + prefix.len()..];
+    let end = rest.find('"').unwrap_or_else(|| panic!("no closing quote after {prefix:?}"));
+    rest[..end].replace("\\\\", "\\")
+}
+
+/// The agent's registry path, value names and hardware ids are the ones vhca.sys and vhca.inf use. The two crates
+/// cannot share constants (the driver's registry code is kernel-only and the runner does not link the driver), so
+/// this test reads the driver's sources: a rename on either side fails it.
+#[test]
+fn the_agent_writes_what_the_driver_reads() {
+    let registry = driver_file("guest-driver/windows/src/kernel/registry.rs");
+    let key = literal_after(&registry, "const KEY_TEXT: &str = \"");
+    let ours = format!(r"\Registry\Machine\{PARAMETERS_KEY}");
+    // The driver opens the key with OBJ_CASE_INSENSITIVE; registry names ignore case.
+    assert!(key.eq_ignore_ascii_case(&ours), "driver opens {key}, agent writes {ours}");
+    assert_eq!(literal_after(&registry, "static SCENARIO: [u16; 8] = utf16(\""), SCENARIO_VALUE);
+    assert_eq!(literal_after(&registry, "static RESULT: [u16; 6] = utf16(\""), RESULT_VALUE);
+    let pnp = driver_file("guest-driver/windows/src/kernel/pnp.rs");
+    assert!(pnp.contains("registry::read_scenario()") && pnp.contains("registry::write_result(&line)"));
+    let result_line = driver_file("guest-driver/windows/src/result_line.rs");
+    assert_eq!(literal_after(&result_line, "pub const RESULT_PREFIX: &str = \""), "VHCA-RESULT ");
+
+    let inf = driver_file("guest-driver/windows/vhca.inf");
+    for id in HARDWARE_IDS {
+        assert!(inf.lines().any(|l| l.trim_end().ends_with(&format!("vhca_Install, {id}"))), "{id} not in vhca.inf");
+    }
+    // HKR in the service's AddReg is Services\vhca: the INF's default Scenario lands in the key the agent writes.
+    assert!(inf.contains("AddService = vhca,") && inf.contains("HKR,Parameters,Scenario,0x00000000,"), "{inf}");
+    assert!(PARAMETERS_KEY.ends_with(r"Services\vhca\Parameters"));
+    let agent = agent_script();
+    assert!(agent.contains(&format!("-Name {SCENARIO_VALUE} -PropertyType String")));
+    assert!(agent.contains(&format!("-Name {RESULT_VALUE} -ErrorAction SilentlyContinue).{RESULT_VALUE}")));
 }
 
 /// The recipe's inputs as a user would give them, with `package` as the driver package.
@@ -283,7 +370,7 @@ fn xorriso_here_builds_the_answer_disc() {
     let dir = tempfile::tempdir().unwrap();
     let package = dir.path().join("vhca-driver");
     std::fs::create_dir(&package).unwrap();
-    for f in ["vhca.inf", "vhca.sys", "vhca.cer"] {
+    for f in ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx"] {
         std::fs::write(package.join(f), f).unwrap();
     }
     let opts = options(package);
@@ -298,7 +385,8 @@ fn xorriso_here_builds_the_answer_disc() {
         "/vhca/vhca-agent.ps1",
         "/vhca/driver/vhca.sys",
         "/vhca/driver/vhca.inf",
-        "/vhca/driver/vhca.cer",
+        "/vhca/driver/vhca-test.cer",
+        "/vhca/driver/vhca-test.pfx",
     ] {
         assert!(listing.contains(f), "{f} not on the disc:\n{listing}");
     }

@@ -18,15 +18,17 @@ pub const DISC_DIR: &str = "vhca";
 pub const SETUP_MARK: &str = "VHCA-SETUP";
 pub const SETUP_DONE: &str = "VHCA-SETUP-DONE";
 pub const SETUP_FAILED: &str = "VHCA-SETUP-FAILED";
-/// The resident agent, shipped in images/windows/ and copied into the image.
-pub const AGENT_SCRIPT: &str = include_str!("../../../images/windows/vhca-agent.ps1");
+/// The resident agent (agent_script.rs), copied into the image.
 pub const AGENT_FILE: &str = "vhca-agent.ps1";
 pub const SETUP_FILE: &str = "vhca-setup.ps1";
 /// The scheduled task that starts the agent at every boot, before anyone logs on.
 pub const AGENT_TASK: &str = "vhca-agent";
-/// The files the driver package must hold (issue 12's `ci/build-windows.sh` writes them to
-/// target/windows/vhca-driver/): the INF, the test-signed driver and the test certificate it was signed with.
-pub const PACKAGE_FILES: [&str; 3] = ["vhca.inf", "vhca.sys", "vhca.cer"];
+/// The files the driver package must hold (`ci/build-windows.sh` writes them to target/windows/vhca-driver/): the INF,
+/// the test-signed driver, the test certificate it was signed with, and that certificate with its key (password
+/// `vhca`) to sign the catalog the guest makes.
+pub const PACKAGE_FILES: [&str; 4] = ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx"];
+/// The catalog vhca.inf names (`CatalogFile = vhca.cat`): no Linux tool makes one, so the guest does (docs/windows.md).
+pub const CATALOG_FILE: &str = "vhca.cat";
 
 /// One set-up step: what it does, in words for the log, the command, and which non-zero exits mean it worked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +50,16 @@ const PNPUTIL_ALSO_OK: &[i32] = &[259, 3010];
 /// The steps of a new image, in order. The driver is staged and installed before any HCA exists (pnputil
 /// `/add-driver … /install` puts it in the driver store; PnP binds it when a run's QEMU presents the device).
 pub fn setup_steps(kdnet: &KdnetSettings) -> Vec<SetupStep> {
-    let cert = format!(r"{GUEST_DRIVER_DIR}\vhca.cer");
+    let cert = format!(r"{GUEST_DRIVER_DIR}\vhca-test.cer");
+    let catalog = format!(r"{GUEST_DRIVER_DIR}\{CATALOG_FILE}");
+    // Windows PowerShell's own cmdlets (no SDK in the guest). Set-AuthenticodeSignature reports a failed signature in
+    // its result's Status, not its exit code, hence the explicit exit.
+    let make_catalog = format!(
+        r#"powershell -NoProfile -Command "New-FileCatalog -Path {GUEST_DRIVER_DIR} -CatalogFilePath {catalog} -CatalogVersion 2.0""#
+    );
+    let sign_catalog = format!(
+        r#"powershell -NoProfile -Command "$c = Import-PfxCertificate -FilePath {GUEST_DRIVER_DIR}\vhca-test.pfx -CertStoreLocation Cert:\LocalMachine\My -Password (ConvertTo-SecureString vhca -AsPlainText -Force); if ((Set-AuthenticodeSignature -FilePath {catalog} -Certificate $c -HashAlgorithm SHA256).Status -ne 'Valid') {{ exit 1 }}""#
+    );
     let crash = r"HKLM\SYSTEM\CurrentControlSet\Control\CrashControl";
     let kd = kdnet.bcdedit_commands();
     let pnputil = SetupStep {
@@ -62,6 +73,8 @@ pub fn setup_steps(kdnet: &KdnetSettings) -> Vec<SetupStep> {
         step("test signing on", "bcdedit /set testsigning on"),
         step("test certificate into Root", format!("certutil -addstore -f Root {cert}")),
         step("test certificate into TrustedPublisher", format!("certutil -addstore -f TrustedPublisher {cert}")),
+        step("driver catalog", make_catalog),
+        step("driver catalog signed with the test certificate", sign_catalog),
         pnputil,
         step("KDNET debug settings", kd[0].clone()),
         step("kernel debugging on", kd[1].clone()),

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::agent_script::agent_script;
 use super::answer_file::AnswerSettings;
 use super::guest_setup::{
-    first_logon_commands, setup_script, setup_steps, state_file, AGENT_FILE, AGENT_SCRIPT, DISC_DIR, PACKAGE_FILES,
-    SETUP_DONE, SETUP_FAILED, SETUP_FILE, SETUP_MARK,
+    first_logon_commands, setup_script, setup_steps, state_file, AGENT_FILE, DISC_DIR, PACKAGE_FILES, SETUP_DONE,
+    SETUP_FAILED, SETUP_FILE, SETUP_MARK,
 };
 use super::image_dir::{ImageMeta, WindowsImage, BASE_DISK, META_FILE, OVMF_VARS};
 use super::kdnet::{KdnetKey, KdnetSettings};
@@ -88,7 +89,7 @@ pub fn answer_disc_files(opts: &BuildOptions, kdnet: &KdnetSettings) -> Vec<(Str
     vec![
         ("autounattend.xml".into(), answers.to_xml()),
         (format!("{DISC_DIR}/{SETUP_FILE}"), setup_script(&setup_steps(kdnet))),
-        (format!("{DISC_DIR}/{AGENT_FILE}"), AGENT_SCRIPT.to_string()),
+        (format!("{DISC_DIR}/{AGENT_FILE}"), agent_script()),
     ]
 }
 
