@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command from your own Windows ISO to an image directory vhca-run boots (docs/windows-guests.md):
+# One command from your own Windows ISO to an image directory vhca-run boots (docs/windows.md):
 #   images/windows/build.sh --iso Win11.iso --out ~/vhca-images/win11 [--driver-package DIR] [more options]
 # The work is vhca-run's `windows-image build` (answer disc, unattended install, verifier boot states); this script
 # only builds vhca-run and the driver package first when they are missing. NEVER RUN here: no Windows ISO on the

@@ -265,7 +265,7 @@ fn windows_image(suite: &Suite, suite_file: Option<&str>, flag: Option<&Path>) -
         (None, None) => bail!(
             "suite {:?} runs Windows guests (guest = \"windows\") but names no image: pass --windows-image DIR or set \
              windows_image in the suite. Build an image from your own Windows ISO with `vhca-run windows-image build` \
-             (docs/windows-guests.md); this rig ships none",
+             (docs/windows.md); this rig ships none",
             suite.name
         ),
     };

@@ -1,7 +1,7 @@
 //! `vhca-run windows-image build|add-state|answer-file`: the Windows image recipe from the command line. `build` turns
 //! the user's own Windows ISO and the driver package into an image directory; `add-state` adds a Driver Verifier boot
 //! state to one; `answer-file` writes the answer disc's generated files for inspection. Never run end to end here: no
-//! Windows ISO or licence on these machines (docs/windows-guests.md).
+//! Windows ISO or licence on these machines (docs/windows.md).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

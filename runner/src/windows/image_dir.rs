@@ -34,7 +34,7 @@ pub struct ImageMeta {
 pub enum ImageError {
     #[error(
         "no Windows image at {dir}: {why}. Build one from your own Windows ISO with `vhca-run windows-image build \
-         --iso WIN.iso --driver-package target/windows/vhca-driver --out {dir}` (docs/windows-guests.md)"
+         --iso WIN.iso --driver-package target/windows/vhca-driver --out {dir}` (docs/windows.md)"
     )]
     Missing { dir: String, why: String },
     #[error("Windows image {dir}: {META_FILE} unreadable: {why}")]
