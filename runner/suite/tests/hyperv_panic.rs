@@ -42,13 +42,14 @@ fn the_qmp_bugcheck_becomes_the_same_stop_line_and_verdict_as_a_serial_one() {
     assert!(from_qmp.add_qmp_event(&hyperv_event("poweroff")));
     let mut from_serial = Observation::default();
     from_serial.add_serial(&format!("{line}\n"));
-    for expected in ["bugcheck 0xE6 0x0A", "bugcheck 0xE6"] {
+    // All four parameters are compared; `*` takes any value (the address in P2).
+    for expected in ["bugcheck 0xE6 0x0A * 0x0 0x0", "bugcheck 0xE6 * * * *"] {
         let e = Expected::parse(expected).unwrap();
         let (q, s) = (judge(&e, &from_qmp), judge(&e, &from_serial));
         assert!(q.outcome.passed() && s.outcome.passed(), "{expected}: {q:?} / {s:?}");
         assert!(matches!(q.actual, Actual::Bugcheck { source: "qmp", .. }));
     }
-    let wrong = judge(&Expected::parse("bugcheck 0xE6 0x26").unwrap(), &from_qmp);
+    let wrong = judge(&Expected::parse("bugcheck 0xE6 0x26 * * *").unwrap(), &from_qmp);
     assert!(!wrong.outcome.passed());
     let pass = judge(&Expected::Pass, &from_qmp);
     assert!(!pass.outcome.passed(), "a Windows bugcheck must fail a run expected to pass");
