@@ -13,7 +13,7 @@ use vhca_run::qemu_cmd::Accel;
 use vhca_run::restore::request_line;
 use vhca_run::snapshot::READY_LINE;
 use vhca_run::windows::agent_script::{
-    agent_script, HARDWARE_IDS, PARAMETERS_KEY, RESULT_VALUE, RESULT_WAIT_S, SCENARIO_VALUE,
+    agent_script, HARDWARE_IDS, PARAMETERS_KEY, REQUEST_VALUES, RESULT_VALUE, RESULT_WAIT_S, SCENARIO_VALUE,
 };
 use vhca_run::windows::answer_file::{AnswerSettings, FirstLogonCommand};
 use vhca_run::windows::guest_setup::{first_logon_commands, setup_script, setup_steps, SETUP_DONE, SETUP_FAILED};
@@ -225,16 +225,24 @@ fn the_agent_speaks_the_runners_protocol() {
     assert!(!agent.contains("vhca-scenario"), "no scenario tool: vhca.sys runs the scenario itself");
 }
 
-/// What a run request does, in order: find the one HCA, discard the boot's own result, write the scenario, restart the
-/// device so START_DEVICE reads it, poll for the result (bounded), print it unchanged.
+/// What a run request does, in order: find the one HCA, discard the boot's own result, write the scenario and its
+/// options (deleting those the request does not carry), restart the device so START_DEVICE reads them, poll for the
+/// result (bounded), print it unchanged.
 #[test]
 fn the_agents_run_sequence() {
     let agent = agent_script();
     let lines: Vec<&str> = agent.lines().map(str::trim).collect();
     assert!(lines.contains(&r"$key = 'HKLM:\SYSTEM\CurrentControlSet\Services\vhca\Parameters'"), "{agent}");
     assert!(lines.contains(&r"$ids = @('PCI\VEN_1AF4&DEV_1059', 'PCI\VEN_1AF4&DEV_106A')"), "{agent}");
-    let acts =
-        ["Get-PnpDevice", "Get-ItemProperty", "Remove-ItemProperty", "New-ItemProperty", "pnputil", "Say $result"];
+    let acts = [
+        "Get-PnpDevice",
+        "Get-ItemProperty",
+        "Remove-ItemProperty",
+        "New-ItemProperty",
+        "$pair",
+        "pnputil",
+        "Say $result",
+    ];
     let sequence: Vec<&str> = lines
         .iter()
         .copied()
@@ -247,7 +255,10 @@ fn the_agents_run_sequence() {
             "$hca = @(Get-PnpDevice -PresentOnly | Where-Object { @($_.HardwareID | Where-Object { $ids -contains $_ }).Count -gt 0 })",
             "$boot = (Get-ItemProperty -Path $key -Name Result -ErrorAction SilentlyContinue).Result",
             "Remove-ItemProperty -Path $key -Name Result -ErrorAction SilentlyContinue",
-            "New-ItemProperty -Path $key -Name Scenario -PropertyType String -Value $scenario -Force -ErrorAction Stop | Out-Null",
+            "foreach ($pair in @(@('vhca.scenario', 'Scenario'), @('vhca.lock', 'Lock'), @('vhca.break_fix', 'BreakFix'))) {",
+            "$word, $name = $pair",
+            "New-ItemProperty -Path $key -Name $name -PropertyType String -Value $params[$word] -Force -ErrorAction Stop | Out-Null",
+            "Remove-ItemProperty -Path $key -Name $name -ErrorAction SilentlyContinue",
             "$out = & pnputil /restart-device $instance 2>&1",
             "$result = (Get-ItemProperty -Path $key -Name Result -ErrorAction SilentlyContinue).Result",
             "Say $result",
@@ -288,10 +299,21 @@ fn the_agent_writes_what_the_driver_reads() {
     let ours = format!(r"\Registry\Machine\{PARAMETERS_KEY}");
     // The driver opens the key with OBJ_CASE_INSENSITIVE; registry names ignore case.
     assert!(key.eq_ignore_ascii_case(&ours), "driver opens {key}, agent writes {ours}");
-    assert_eq!(literal_after(&registry, "static SCENARIO: [u16; 8] = utf16(\""), SCENARIO_VALUE);
+    let driver_values = [
+        literal_after(&registry, "SCENARIO: [u16; 8] = utf16(\""),
+        literal_after(&registry, "LOCK: [u16; 4] = utf16(\""),
+        literal_after(&registry, "BREAK_FIX: [u16; 8] = utf16(\""),
+    ];
+    let ours: Vec<&str> = REQUEST_VALUES.iter().map(|(_, value)| *value).collect();
+    assert_eq!(driver_values, ours.as_slice());
+    assert_eq!(REQUEST_VALUES.map(|(word, _)| word), ["vhca.scenario", "vhca.lock", "vhca.break_fix"]);
+    assert_eq!(REQUEST_VALUES[0].1, SCENARIO_VALUE);
     assert_eq!(literal_after(&registry, "static RESULT: [u16; 6] = utf16(\""), RESULT_VALUE);
     let pnp = driver_file("guest-driver/windows/src/kernel/pnp.rs");
-    assert!(pnp.contains("registry::read_scenario()") && pnp.contains("registry::write_result(&line)"));
+    for read in ["read_text(&registry::SCENARIO)", "read_text(&registry::LOCK)", "read_text(&registry::BREAK_FIX)"] {
+        assert!(pnp.contains(read), "START_DEVICE no longer does {read}");
+    }
+    assert!(pnp.contains("registry::write_result(&line)"));
     let result_line = driver_file("guest-driver/windows/src/result_line.rs");
     assert_eq!(literal_after(&result_line, "pub const RESULT_PREFIX: &str = \""), "VHCA-RESULT ");
 
@@ -303,7 +325,6 @@ fn the_agent_writes_what_the_driver_reads() {
     assert!(inf.contains("AddService = vhca,") && inf.contains("HKR,Parameters,Scenario,0x00000000,"), "{inf}");
     assert!(PARAMETERS_KEY.ends_with(r"Services\vhca\Parameters"));
     let agent = agent_script();
-    assert!(agent.contains(&format!("-Name {SCENARIO_VALUE} -PropertyType String")));
     assert!(agent.contains(&format!("-Name {RESULT_VALUE} -ErrorAction SilentlyContinue).{RESULT_VALUE}")));
 }
 
