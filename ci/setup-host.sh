@@ -39,6 +39,11 @@ have_busybox || pkgs+=(busybox-static)
 command -v xz >/dev/null 2>&1 || pkgs+=(xz-utils)
 command -v cpio >/dev/null 2>&1 || pkgs+=(cpio)
 dpkg -s libc6-dev >/dev/null 2>&1 || pkgs+=(libc6-dev)
+# Windows guests (never booted here): OVMF for the UEFI machine the tests start paused, xorriso for the answer disc,
+# qemu-img for the image's disks and per-run overlays.
+[ -f /usr/share/OVMF/OVMF_CODE_4M.fd ] || pkgs+=(ovmf)
+command -v xorriso >/dev/null 2>&1 || pkgs+=(xorriso)
+command -v qemu-img >/dev/null 2>&1 || pkgs+=(qemu-utils)
 # vhca.sys (ci/build-windows.sh): signing and the test certificate.
 command -v osslsigncode >/dev/null 2>&1 || pkgs+=(osslsigncode)
 command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
@@ -50,8 +55,8 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   # No pipe into `grep -q` here: under pipefail an early-closing grep can turn a match into a failure.
   rest=()
   for p in "${pkgs[@]}"; do
-    if [ "$p" = qemu-system-x86 ]; then
-      apt-get install -y -qq -t bookworm-backports --no-install-recommends qemu-system-x86 >/dev/null
+    if [ "$p" = qemu-system-x86 ] || [ "$p" = qemu-utils ]; then
+      apt-get install -y -qq -t bookworm-backports --no-install-recommends "$p" >/dev/null
     else
       rest+=("$p")
     fi

@@ -4,6 +4,7 @@
 pub mod accel;
 pub mod artifacts;
 pub mod bench;
+pub mod debug_instructions;
 pub mod device;
 pub mod evidence;
 pub mod finished_runs;
@@ -21,3 +22,4 @@ pub mod suite_run;
 pub mod supervise;
 pub mod ui;
 pub mod warm_guest;
+pub mod windows;

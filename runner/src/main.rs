@@ -13,6 +13,7 @@ use vhca_suite::{render_junit, render_table, ConcreteRun, Shard, Suite, SuiteRep
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::bench;
+use vhca_run::debug_instructions::linux_gdb_lines;
 use vhca_run::image::{self, CacheLock};
 use vhca_run::paths::{self, Binaries};
 use vhca_run::qemu_cmd::{probe_carrier, GdbStub};
@@ -22,6 +23,10 @@ use vhca_run::soak;
 use vhca_run::suite_run::{run_suite, SuiteOptions};
 use vhca_run::supervise;
 use vhca_run::ui::SuiteUi;
+use vhca_run::windows::image_dir::WindowsImage;
+
+mod debug_cmd;
+mod windows_image_cmd;
 
 #[derive(Parser)]
 #[command(name = "vhca-run", version, about = "Boots guests against vhca-device under QEMU and gives verdicts")]
@@ -31,6 +36,10 @@ struct Cli {
     /// Boot every run cold instead of restoring the saved guest (the snapshot path is the default).
     #[arg(long, global = true)]
     cold: bool,
+    /// The Windows image directory (`vhca-run windows-image build --out DIR`) for a suite with `guest = "windows"`;
+    /// overrides the suite's `windows_image`.
+    #[arg(long, global = true)]
+    windows_image: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -133,6 +142,11 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Start one run paused for a debugger and print exactly what to type (gdb; for Windows KDNET/WinDbg and EXDI).
+    Debug(debug_cmd::DebugArgs),
+    /// Build a Windows image from your own ISO and the driver package, or add a boot state to one.
+    #[command(subcommand)]
+    WindowsImage(windows_image_cmd::WindowsImageCmd),
     /// Print the exact vhca-device and QEMU command lines of one run, cold-boot form (its files under --dir).
     QemuArgs {
         #[command(flatten)]
@@ -200,6 +214,14 @@ struct RunPick {
 }
 
 impl RunPick {
+    /// Commands that only boot the Linux guest refuse a run picked from a Windows suite, saying `why`.
+    fn refuse_windows(&self, why: &str) -> Result<()> {
+        if self.run.is_some() && load_suite(self.suite.as_deref())?.0.guest == vhca_suite::GuestKind::Windows {
+            bail!("{why}");
+        }
+        Ok(())
+    }
+
     /// The one concrete run these flags describe, validated as a suite file would be.
     fn concrete(&self) -> Result<(ConcreteRun, Option<String>)> {
         let (mut run, file) = match &self.run {
@@ -276,6 +298,36 @@ fn load_suite(file: Option<&Path>) -> Result<(Suite, Option<String>)> {
     }
 }
 
+/// The Windows image a suite's runs boot: `--windows-image`, else the suite's `windows_image` (relative to the suite
+/// file). None for a Linux suite. A Windows suite without a usable image is an error, never a skip.
+fn windows_image(suite: &Suite, suite_file: Option<&str>, flag: Option<&Path>) -> Result<Option<Arc<WindowsImage>>> {
+    if suite.guest != vhca_suite::GuestKind::Windows {
+        if let Some(f) = flag {
+            bail!(
+                "--windows-image {}: suite {:?} runs the Linux guest (no `guest = \"windows\"`)",
+                f.display(),
+                suite.name
+            );
+        }
+        return Ok(None);
+    }
+    let dir = match (flag, &suite.windows_image) {
+        (Some(f), _) => f.to_path_buf(),
+        (None, Some(p)) => {
+            let base = suite_file.and_then(|f| Path::new(f).parent()).unwrap_or(Path::new("."));
+            base.join(p)
+        }
+        (None, None) => bail!(
+            "suite {:?} runs Windows guests (guest = \"windows\") but names no image: pass --windows-image DIR or set \
+             windows_image in the suite. Build an image from your own Windows ISO with `vhca-run windows-image build` \
+             (docs/windows.md); this rig ships none",
+            suite.name
+        ),
+    };
+    let image = WindowsImage::open(&dir).with_context(|| format!("suite {:?}", suite.name))?;
+    Ok(Some(Arc::new(image)))
+}
+
 fn pick_run(suite: &Suite, name: &str) -> Result<ConcreteRun> {
     let runs = suite.expand();
     if let Some(r) = runs.iter().find(|r| r.name == name) {
@@ -325,7 +377,17 @@ fn session(bins: &BinArgs) -> Result<(RunContext, AccelChoice)> {
         image.key,
         if image.built { " (built now)" } else { "" },
     );
-    let ctx = RunContext { bins, image, accel: accel.accel, carrier, keep: false, gdb: None, snapshot: None };
+    let ctx = RunContext {
+        bins,
+        image,
+        accel: accel.accel,
+        carrier,
+        keep: false,
+        gdb: None,
+        snapshot: None,
+        windows: None,
+        paused: false,
+    };
     Ok((ctx, accel))
 }
 
@@ -433,8 +495,14 @@ fn real_main(cli: Cli) -> Result<bool> {
                 }
                 return Ok(true);
             }
+            let windows = windows_image(&suite, suite_file.as_deref(), cli.windows_image.as_deref())?;
             let (mut ctx, _) = session(&cli.bins)?;
-            attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
+            if windows.is_some() {
+                attach_snapshot(&mut ctx, Some("Windows guests boot cold"))?;
+                ctx.windows = windows;
+            } else {
+                attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
+            }
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let opts = SuiteOptions {
                 jobs,
@@ -452,6 +520,10 @@ fn real_main(cli: Cli) -> Result<bool> {
             Ok(report.all_passed())
         }
         Cmd::Boot { pick, gdb, gdb_port, gdb_wait, keep, artifacts } => {
+            pick.refuse_windows(
+                "boot runs the Linux guest; for a Windows suite's run use `vhca-run debug --run NAME` \
+                                 or `vhca-run suite FILE --filter NAME`",
+            )?;
             let (run, _) = pick.concrete()?;
             let (mut ctx, _) = session(&cli.bins)?;
             let cold_because = if cli.cold {
@@ -467,35 +539,11 @@ fn real_main(cli: Cli) -> Result<bool> {
                 ctx.gdb = Some(GdbStub { port: gdb_port, wait: gdb_wait });
                 let vmlinux = ctx.image.dir.join("vmlinux");
                 let symbols = if vmlinux.is_file() { vmlinux } else { ctx.image.kernel.clone() };
-                eprintln!(
-                    "vhca-run: gdb stub on :{gdb_port}{}; attach with:",
-                    if gdb_wait { ", guest paused" } else { "" }
-                );
-                eprintln!("  gdb {} -ex 'target remote :{gdb_port}'", symbols.display());
+                for line in linux_gdb_lines(&symbols, gdb_port, gdb_wait) {
+                    eprintln!("{line}");
+                }
             }
-            let suite = Suite { name: "boot".into(), source: "<command line>".into(), runs: Vec::new() };
-            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("boot"));
-            let opts = SuiteOptions {
-                jobs: 1,
-                artifacts: Some(root.clone()),
-                program: program(),
-                suite_file: None,
-                expand_fail_points: false,
-            };
-            let mut ui = SuiteUi::new(1, true);
-            let report = run_suite(&ctx, &suite, std::slice::from_ref(&run), &opts, &mut |e| ui.handle(e));
-            ui.finish();
-            let mut report = report?;
-            // A boot is repeated by its own command line, not by a suite filter.
-            let again: Vec<String> = std::env::args().map(|a| shell_words::quote(&a).into_owned()).collect();
-            for r in report.runs.iter_mut().filter(|r| !r.passed()) {
-                r.reproducer = Some(again.join(" "));
-            }
-            publish(&report, &root, None, None)?;
-            if let Some(dir) = report.runs.first().and_then(|r| r.artifact_dir.as_ref()) {
-                println!("run files: {}", dir.display());
-            }
-            Ok(report.all_passed())
+            run_one(&ctx, &run, artifacts)
         }
         Cmd::Bench { roundtrip: true, samples, .. } => {
             let (ctx, _) = session(&cli.bins)?;
@@ -593,7 +641,13 @@ fn real_main(cli: Cli) -> Result<bool> {
             Ok(report.passed())
         }
         Cmd::Report { action: ReportCmd::Merge { out, shard_dirs } } => merge_reports(&out, &shard_dirs),
+        Cmd::Debug(args) => debug_cmd::run(&cli.bins, cli.windows_image.as_deref(), args),
+        Cmd::WindowsImage(cmd) => windows_image_cmd::run(cmd),
         Cmd::QemuArgs { pick, dir } => {
+            pick.refuse_windows(
+                "qemu-args prints the Linux guest's lines; a Windows run's exact QEMU command line is the \
+                                 qemu.cmdline in its artifact folder",
+            )?;
             let (run, _) = pick.concrete()?;
             let (ctx, accel) = session(&cli.bins)?;
             let (device, qemu) = plan(&ctx, &run, &dir);
@@ -656,4 +710,37 @@ fn merge_reports(out: &Path, shard_dirs: &[PathBuf]) -> Result<bool> {
         out.display()
     );
     Ok(merged.all_passed && junit_failures == 0)
+}
+
+/// One run in the foreground, its console on stderr (`boot`, `debug`): verdict table, reports, the run's files.
+fn run_one(ctx: &RunContext, run: &ConcreteRun, artifacts: Option<PathBuf>) -> Result<bool> {
+    let suite = Suite {
+        name: "boot".into(),
+        source: "<command line>".into(),
+        runs: Vec::new(),
+        guest: if ctx.windows.is_some() { vhca_suite::GuestKind::Windows } else { vhca_suite::GuestKind::Linux },
+        windows_image: None,
+    };
+    let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("boot"));
+    let opts = SuiteOptions {
+        jobs: 1,
+        artifacts: Some(root.clone()),
+        program: program(),
+        suite_file: None,
+        expand_fail_points: false,
+    };
+    let mut ui = SuiteUi::new(1, true);
+    let report = run_suite(ctx, &suite, std::slice::from_ref(run), &opts, &mut |e| ui.handle(e));
+    ui.finish();
+    let mut report = report?;
+    // A boot is repeated by its own command line, not by a suite filter.
+    let again: Vec<String> = std::env::args().map(|a| shell_words::quote(&a).into_owned()).collect();
+    for r in report.runs.iter_mut().filter(|r| !r.passed()) {
+        r.reproducer = Some(again.join(" "));
+    }
+    publish(&report, &root, None, None)?;
+    if let Some(dir) = report.runs.first().and_then(|r| r.artifact_dir.as_ref()) {
+        println!("run files: {}", dir.display());
+    }
+    Ok(report.all_passed())
 }

@@ -96,6 +96,19 @@ impl VhostUserDevice {
         })
     }
 
+    /// `-chardev` and `-device` for the HCA on the command line: behind the vIOMMU, so every DMA the device makes is an
+    /// IOVA translated through the IOTLB. No disable-legacy: these are modern-only devices and QEMU 10.0 rejects the
+    /// property on them.
+    pub fn command_line_args(&self) -> [String; 4] {
+        let chardev = format!("socket,id={HCA_CHARDEV},path={}", self.socket.display());
+        let mut device = format!("{},chardev={HCA_CHARDEV},bus={HCA_BUS}", self.carrier.device_name());
+        if self.carrier == Carrier::TestDevice {
+            device.push_str(",virtio-id=42,num_vqs=4,config_size=12");
+        }
+        device.push_str(",iommu_platform=on,ats=on");
+        ["-chardev".into(), chardev, "-device".into(), device]
+    }
+
     /// QMP `device_add` arguments: the same device as the command line's `-device`, into the empty root port.
     /// Through QMP the booleans are JSON booleans, not "on".
     pub fn qmp_device_add(&self) -> serde_json::Value {
@@ -121,6 +134,60 @@ impl VhostUserDevice {
 pub struct GdbStub {
     pub port: u16,
     pub wait: bool,
+}
+
+/// Appends words to a command line.
+pub fn push<S: AsRef<str>>(args: &mut Vec<OsString>, words: &[S]) {
+    args.extend(words.iter().map(|w| OsString::from(w.as_ref())));
+}
+
+// The facts every guest's machine shares (Linux here, Windows in `windows::machine`), one function each.
+
+/// q35 with the split irqchip intel-iommu's interrupt remapping needs, and the accelerator.
+pub fn machine_args(accel: Accel) -> [String; 4] {
+    ["-machine".into(), "q35,kernel-irqchip=split".into(), "-accel".into(), accel.name().into()]
+}
+
+/// Guest RAM as a shared memfd: vhost-user maps guest RAM from the backend process.
+pub fn shared_memory_args(size: &str) -> [String; 4] {
+    let mem = format!("memory-backend-memfd,id=mem,size={size},share=on");
+    ["-object".into(), mem, "-numa".into(), "node,memdev=mem".into()]
+}
+
+/// The vIOMMU every DMA of the HCA goes through, and the root port the HCA sits in (on the command line, or
+/// hot-plugged into it after a restore).
+pub fn iommu_args() -> [String; 4] {
+    [
+        "-device".into(),
+        "intel-iommu,intremap=on,device-iotlb=on".into(),
+        "-device".into(),
+        format!("pcie-root-port,id={HCA_BUS},bus=pcie.0,chassis=1"),
+    ]
+}
+
+/// The console as a socket QEMU serves (`wait=off`: QEMU starts at once; the runner connects before the guest says
+/// anything it needs).
+pub fn console_socket_args(socket: &Path) -> [String; 4] {
+    let chardev = format!("socket,id=ser0,path={},server=on,wait=off", socket.display());
+    ["-chardev".into(), chardev, "-serial".into(), "chardev:ser0".into()]
+}
+
+/// No human monitor, QMP on `qmp_socket`, and a guest reboot ends QEMU instead of looping (after a Linux panic with
+/// panic=-1, or after Windows wrote its crash dump).
+pub fn control_args(qmp_socket: &Path) -> [String; 5] {
+    let qmp = format!("unix:{},server=on,wait=off", qmp_socket.display());
+    ["-monitor".into(), "none".into(), "-qmp".into(), qmp, "-no-reboot".into()]
+}
+
+impl GdbStub {
+    /// `-gdb tcp::PORT`, then `-S` when the guest waits for the debugger.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec!["-gdb".to_string(), format!("tcp::{}", self.port)];
+        if self.wait {
+            a.push("-S".into());
+        }
+        a
+    }
 }
 
 /// Everything one QEMU invocation depends on; `args()` turns it into the command line.
@@ -161,63 +228,37 @@ impl QemuConfig {
 
     pub fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
-        let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
-        // Split irqchip: intel-iommu's interrupt remapping needs it.
-        push(&["-machine", "q35,kernel-irqchip=split", "-accel", self.accel.name()]);
-        push(&["-cpu", if self.accel == Accel::Kvm { "host" } else { "max" }]);
-        push(&["-m", MEMORY, "-smp", "1"]);
-        // vhost-user maps guest RAM from the backend process: it must be a shared memfd.
-        let mem = format!("memory-backend-memfd,id=mem,size={MEMORY},share=on");
-        push(&["-object", &mem, "-numa", "node,memdev=mem"]);
-        push(&["-device", "intel-iommu,intremap=on,device-iotlb=on"]);
-        push(&["-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"]);
+        push(&mut a, &machine_args(self.accel));
+        push(&mut a, &["-cpu", if self.accel == Accel::Kvm { "host" } else { "max" }]);
+        push(&mut a, &["-m", MEMORY, "-smp", "1"]);
+        push(&mut a, &shared_memory_args(MEMORY));
+        push(&mut a, &iommu_args());
         // A guest kernel panic reaches QMP as GUEST_PANICKED through the pvpanic device (the image loads
         // pvpanic-mmio), so a panic is seen even when the console is quiet or cut off.
-        push(&["-device", "pvpanic"]);
+        push(&mut a, &["-device", "pvpanic"]);
         if let Some(dev) = &self.device {
-            let chardev = format!("socket,id={HCA_CHARDEV},path={}", dev.socket.display());
-            let mut device = format!("{},chardev={HCA_CHARDEV},bus={HCA_BUS}", dev.carrier.device_name());
-            if dev.carrier == Carrier::TestDevice {
-                device.push_str(",virtio-id=42,num_vqs=4,config_size=12");
-            }
-            // Behind the vIOMMU, so every DMA the device makes is an IOVA translated through the IOTLB. No
-            // disable-legacy: these are modern-only devices and QEMU 10.0 rejects the property on them.
-            device.push_str(",iommu_platform=on,ats=on");
-            push(&["-chardev", &chardev, "-device", &device]);
+            push(&mut a, &dev.command_line_args());
         }
         if self.rng {
-            push(&["-device", "pcie-root-port,id=rp2,bus=pcie.0,chassis=2"]);
-            push(&["-device", "virtio-rng-pci,bus=rp2,iommu_platform=on,ats=on,disable-legacy=on"]);
+            push(&mut a, &["-device", "pcie-root-port,id=rp2,bus=pcie.0,chassis=2"]);
+            push(&mut a, &["-device", "virtio-rng-pci,bus=rp2,iommu_platform=on,ats=on,disable-legacy=on"]);
         }
-        let cmdline = self.kernel_cmdline();
         a.push("-kernel".into());
         a.push(self.kernel.clone().into());
         a.push("-initrd".into());
         a.push(self.initrd.clone().into());
-        let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
-        push(&["-append", &cmdline]);
-        push(&["-display", "none", "-vga", "none", "-nic", "none"]);
+        push(&mut a, &["-append".to_string(), self.kernel_cmdline()]);
+        push(&mut a, &["-display", "none", "-vga", "none", "-nic", "none"]);
         match &self.serial_socket {
-            None => push(&["-serial", &format!("file:{}", self.serial_log.display())]),
-            Some(socket) => {
-                // wait=off: QEMU starts at once; the runner connects before the guest says anything it needs.
-                let chardev = format!("socket,id=ser0,path={},server=on,wait=off", socket.display());
-                push(&["-chardev", &chardev, "-serial", "chardev:ser0"]);
-            }
+            None => push(&mut a, &["-serial".to_string(), format!("file:{}", self.serial_log.display())]),
+            Some(socket) => push(&mut a, &console_socket_args(socket)),
         }
-        push(&["-monitor", "none"]);
-        let qmp = format!("unix:{},server=on,wait=off", self.qmp_socket.display());
-        push(&["-qmp", &qmp]);
-        // A guest panic (panic=-1) or reboot ends QEMU instead of looping.
-        push(&["-no-reboot"]);
+        push(&mut a, &control_args(&self.qmp_socket));
         if let Some(gdb) = self.gdb {
-            push(&["-gdb", &format!("tcp::{}", gdb.port)]);
-            if gdb.wait {
-                push(&["-S"]);
-            }
+            push(&mut a, &gdb.args());
         }
         if self.incoming_defer {
-            push(&["-incoming", "defer"]);
+            push(&mut a, &["-incoming", "defer"]);
         }
         a
     }

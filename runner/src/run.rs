@@ -23,6 +23,8 @@ use crate::serial_capture::{ConsolePort, SerialLog};
 use crate::snapshot::{MachineFiles, SavedMachine, Snapshot, AGENT_WORD};
 use crate::supervise::{SuperviseError, Supervised};
 use crate::warm_guest::{self, Loaded, Loading};
+use crate::windows::image_dir::WindowsImage;
+use crate::windows::run_boot;
 
 const DEVICE_START: Duration = Duration::from_secs(10);
 /// QEMU creates its QMP socket at once; waiting longer only delays noticing a QEMU that died at start-up.
@@ -58,6 +60,10 @@ pub struct RunContext {
     pub gdb: Option<GdbStub>,
     /// The saved guest runs are restored from; None: every run boots cold.
     pub snapshot: Option<Arc<Snapshot>>,
+    /// A Windows suite's image: every run boots it cold instead of the Linux guest (never run here: no image).
+    pub windows: Option<Arc<WindowsImage>>,
+    /// Start each QEMU paused (`vhca-run debug`): the debugger, or the person, continues it.
+    pub paused: bool,
 }
 
 /// Guest options every run gets on either path: `reset_method=pm` (vfio-pci resets the device at every open and
@@ -307,6 +313,27 @@ fn attempt(
     let hca = VhostUserDevice { socket: files.socket(), carrier: ctx.carrier };
     let request = restore::request_line(&run.guest_params());
     let (device_line, mut qemu_line) = command_lines(&device_cfg, &qemu_cfg);
+    let windows = match &ctx.windows {
+        Some(image) => {
+            let m = run_boot::prepare(
+                image,
+                &ctx.bins.qemu,
+                ctx.accel,
+                run.verifier_flags,
+                hca.clone(),
+                &files.dir,
+                (ctx.gdb, ctx.paused),
+            )
+            .map_err(std::io::Error::other)?;
+            qemu_line = format!(
+                "{}\n# then on COM1, after {}: {request}",
+                shell_line(&m.qemu, &m.args()),
+                crate::snapshot::READY_LINE
+            );
+            Some(m)
+        }
+        None => None,
+    };
     if let Some(s) = snapshot {
         qemu_line.push_str(&format!(
             "\n# then over QMP: migrate-set-capabilities {}; migrate-incoming file:{}; chardev-add {}; device_add {}; cont\n\
@@ -326,7 +353,8 @@ fn attempt(
     stage(on, "starting vhca-device".into());
     let device_started = Instant::now();
     match device::launch(&device_cfg, &files.device_log(), DEVICE_START) {
-        Ok(device) => {
+        Ok(mut device) => {
+            let mut never_started = false;
             let (qemu, qmp, port) = match (snapshot, loading) {
                 (Some(s), Some(loading)) => {
                     stage(on, format!("continuing the restored guest ({})", ctx.accel.name()));
@@ -343,12 +371,49 @@ fn attempt(
                 }
                 _ => {
                     stage(on, format!("starting QEMU ({}, booting)", ctx.accel.name()));
-                    (Supervised::spawn("qemu", qemu_cfg.command(), Some(&files.qemu_log()))?, None, None)
+                    // A Windows guest boots its own image (always cold: no snapshot path for Windows yet).
+                    let command = windows.as_ref().map_or_else(|| qemu_cfg.command(), |m| m.command());
+                    let mut qemu = Supervised::spawn("qemu", command, Some(&files.qemu_log()))?;
+                    let (mut qmp, mut port) = (None, None);
+                    if let Some(m) = &windows {
+                        stage(on, "waiting for the Windows agent on COM1".into());
+                        let boot = Duration::from_secs(u64::from(run.guest.timeout_s));
+                        let why = match run_boot::deliver_request(m, &files.serial(), &mut qemu, &request, boot) {
+                            Ok((q, p)) => {
+                                (qmp, port) = (Some(q), Some(p));
+                                None
+                            }
+                            Err(run_boot::RequestError::Process(e)) => return Err(e.into()),
+                            Err(run_boot::RequestError::NoAgent(s)) => {
+                                watched.timed_out = true;
+                                Some(format!("the Windows agent never said it was ready in {s} s"))
+                            }
+                            Err(why) => Some(why.to_string()),
+                        };
+                        if let Some(why) = why {
+                            // The guest never got its request: nothing to watch. Both stopped and reaped here.
+                            watched.rig_problems.push(why);
+                            watched.qemu_exit = match qemu.try_status()? {
+                                Some(status) => exit_of(status),
+                                None => {
+                                    qemu.kill();
+                                    ProcessExit::KilledByRunner
+                                }
+                            };
+                            device.kill();
+                            watched.device_exit = ProcessExit::KilledByRunner;
+                            never_started = true;
+                        }
+                    }
+                    (qemu, qmp, port)
                 }
             };
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
-            let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on };
-            w.run(device, qemu, qmp, port)?;
+            let crash_grace = if windows.is_some() { run_boot::DUMP_GRACE } else { AFTER_CRASH };
+            if !never_started {
+                let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
+                w.run(device, qemu, qmp, port)?;
+            }
         }
         Err(DeviceError::ExitedEarly { status }) => {
             watched.device_exit = ProcessExit::from_status(status.code(), exit_signal(&status));
@@ -361,7 +426,10 @@ fn attempt(
         Err(DeviceError::Process(e)) => return Err(e.into()),
     }
     let seconds = start.elapsed().as_secs_f64();
-    let evidence = evidence::gather(run, &files, watched, ctx.gdb.is_some())?;
+    if windows.is_some() {
+        run_boot::keep_disk_if_crashed(&files.dir, watched.crash_mark.is_some());
+    }
+    let evidence = evidence::gather(run, &files, watched, ctx.gdb.is_some() || ctx.paused)?;
     let work = if ctx.keep { WorkDir::Kept(temp.keep()) } else { WorkDir::Temp(temp) };
     let path = if snapshot.is_some() { BootPath::Snapshot } else { BootPath::Cold };
     Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
@@ -435,6 +503,8 @@ struct Watch<'a> {
     device_started: Instant,
     watched: &'a mut Watched,
     on: &'a mut dyn FnMut(Progress),
+    /// How long QEMU may go on after a bugcheck or panic: a Linux guest stops at once, Windows writes its dump.
+    crash_grace: Duration,
 }
 
 /// Why the wait loop stopped.
@@ -464,7 +534,7 @@ impl Watch<'_> {
         let mut qmp_tried = qmp.is_some();
         // When a result or crash arrived, and how long QEMU then gets to end by itself.
         let mut settled: Option<(Instant, Duration)> = None;
-        let untimed = self.ctx.gdb.is_some();
+        let untimed = self.ctx.gdb.is_some() || self.ctx.paused;
         let silence = Duration::from_secs(u64::from(self.run.guest.silence_s));
         let timeout = Duration::from_secs(u64::from(self.run.guest.timeout_s));
         let test_panic = std::env::var_os(TEST_PANIC_ENV).is_some();
@@ -486,7 +556,7 @@ impl Watch<'_> {
                 qmp = Qmp::connect(&self.files.qmp(), QMP_CONNECT).ok();
             }
             if self.drain_qmp(qmp.as_mut()) {
-                settled.get_or_insert((Instant::now(), AFTER_CRASH));
+                settled.get_or_insert((Instant::now(), self.crash_grace));
             }
             if test_panic && last_offset > 0 {
                 panic!("{TEST_PANIC_ENV} is set: the runner panics mid-run, with QEMU and the device running");
@@ -603,7 +673,12 @@ impl Watch<'_> {
             if let Some(p) = GuestPanicked::from_qmp(&value) {
                 panicked = true;
                 let label = match p.hyperv.and_then(|h| h.bugcheck()) {
-                    Some(b) => format!("STOP {:#X} (QMP)", b.code),
+                    Some(b) => {
+                        // A Windows guest prints no STOP line: show the Hyper-V crash MSRs in the NT model's form.
+                        let what = format!("QMP GUEST_PANICKED (hyper-v): {}", b.stop_line());
+                        (self.on)(Progress::Stage { run: self.run.name.clone(), what });
+                        format!("STOP {:#X} (QMP)", b.code)
+                    }
                     None => "GUEST_PANICKED".to_string(),
                 };
                 self.mark_crash(label);

@@ -20,6 +20,20 @@ impl Bugcheck {
     pub fn param1(&self) -> Option<u64> {
         self.params.first().copied()
     }
+
+    /// The line in Windows' form, as the NT model prints it and `parse_bugcheck` reads it back:
+    /// `*** STOP: 0x000000E6 (0x0000000000000026,…) NAME`. A Windows guest prints no such line on its serial port;
+    /// the runner writes this one for a bugcheck QEMU reported through the Hyper-V crash MSRs, so both guests'
+    /// bugchecks read the same in logs and reports.
+    pub fn stop_line(&self) -> String {
+        let params: Vec<String> = self.params.iter().map(|p| format!("{p:#018X}").replacen("0X", "0x", 1)).collect();
+        let mut line = format!("{STOP_MARK} 0x{:08X} ({})", self.code, params.join(","));
+        if let Some(name) = &self.name {
+            line.push(' ');
+            line.push_str(name);
+        }
+        line
+    }
 }
 
 impl std::fmt::Display for Bugcheck {
@@ -136,6 +150,20 @@ mod tests {
         ] {
             assert_eq!(parse_bugcheck(line), None, "{line}");
         }
+    }
+
+    #[test]
+    fn stop_line_is_windows_form_and_reads_back() {
+        let b = Bugcheck { code: 0xE6, params: vec![0x26, 0xFFFF_F803_1234_5678, 0, 1], name: None };
+        let line = b.stop_line();
+        assert_eq!(
+            line,
+            "*** STOP: 0x000000E6 (0x0000000000000026,0xFFFFF80312345678,0x0000000000000000,0x0000000000000001)"
+        );
+        let back = parse_bugcheck(&line).unwrap();
+        assert_eq!((back.code, &back.params), (0xE6, &b.params));
+        assert_eq!(back.name.as_deref(), Some("DRIVER_VERIFIER_DMA_VIOLATION"));
+        assert!(back.stop_line().ends_with(") DRIVER_VERIFIER_DMA_VIOLATION"));
     }
 
     #[test]

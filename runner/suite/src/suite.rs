@@ -108,6 +108,25 @@ pub struct SuiteRun {
     pub line: usize,
 }
 
+/// The guest a suite's runs boot: the Linux guest program (built here), or a Windows image the user built from
+/// their own ISO (images/windows; never run on the machines this project is developed on).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestKind {
+    #[default]
+    Linux,
+    Windows,
+}
+
+impl GuestKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuestKind::Linux => "linux",
+            GuestKind::Windows => "windows",
+        }
+    }
+}
+
 /// A validated suite file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Suite {
@@ -115,6 +134,11 @@ pub struct Suite {
     /// Where it came from (a path, or `<built-in seed>`), as error messages name it.
     pub source: String,
     pub runs: Vec<SuiteRun>,
+    /// `guest = "windows"` at the top of the file; Linux when absent.
+    pub guest: GuestKind,
+    /// `windows_image = "PATH"`: the image directory `vhca-run windows-image build` wrote (a relative path is
+    /// relative to the suite file); `--windows-image` overrides it.
+    pub windows_image: Option<String>,
 }
 
 /// One thing the runner executes: a run in one verifier mode.
@@ -281,6 +305,8 @@ mod tests {
         let suite = Suite {
             name: "t".into(),
             source: "t.toml".into(),
+            guest: GuestKind::Linux,
+            windows_image: None,
             runs: vec![
                 run("a", &[(VerifierMode::On, Expected::Hang), (VerifierMode::Off, Expected::Pass)]),
                 run("b", &[(VerifierMode::On, Expected::GuestPanic)]),
@@ -302,8 +328,13 @@ mod tests {
 
     #[test]
     fn guest_params_and_device_args() {
-        let suite =
-            Suite { name: "t".into(), source: "t".into(), runs: vec![run("a", &[(VerifierMode::On, Expected::Pass)])] };
+        let suite = Suite {
+            name: "t".into(),
+            source: "t".into(),
+            runs: vec![run("a", &[(VerifierMode::On, Expected::Pass)])],
+            guest: GuestKind::Linux,
+            windows_image: None,
+        };
         let r = &suite.expand()[0];
         let params: Vec<String> = r.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
         assert_eq!(params, ["vhca.scenario=a", "vhca.lock=kmutex", "vhca.verifier=0x80", "vhca.fragmentation=4"]);
@@ -316,7 +347,8 @@ mod tests {
     fn a_recording_run_and_its_fail_point_runs() {
         let mut a = run("a", &[(VerifierMode::On, Expected::Pass)]);
         a.each_fail_point = true;
-        let suite = Suite { name: "t".into(), source: "t".into(), runs: vec![a] };
+        let suite =
+            Suite { name: "t".into(), source: "t".into(), runs: vec![a], guest: GuestKind::Linux, windows_image: None };
         let recording = &suite.expand()[0];
         let words = |r: &ConcreteRun| r.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
         assert_eq!(words(recording).last().unwrap(), "vhca.faults_systematic=record");

@@ -10,8 +10,8 @@ use super::raw::{PerMode, RawExtra, RawRun, RawSuite};
 use super::Problem;
 use crate::expect::Expected;
 use crate::suite::{
-    DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S, DEFAULT_TIMEOUT_S,
-    DEFAULT_VERIFIER_FLAGS, SYSTEMATIC_LOW_RESOURCES,
+    DeviceOptions, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS, SYSTEMATIC_LOW_RESOURCES,
 };
 use crate::toml_location::line_column;
 
@@ -175,7 +175,36 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         let each_fail_point = each_fail_point(&run, &modes, verifier_flags, checker, &field);
         runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, each_fail_point, line });
     }
-    Suite { name: raw.name.into_inner(), source: file.to_string(), runs }
+    let (guest, windows_image) = guest_kind(raw.guest.as_ref(), raw.windows_image.as_ref(), checker);
+    Suite { name: raw.name.into_inner(), source: file.to_string(), runs, guest, windows_image }
+}
+
+/// `guest = "linux" | "windows"` and the Windows image it may name.
+fn guest_kind(
+    guest: Option<&Spanned<String>>,
+    image: Option<&Spanned<String>>,
+    checker: &mut Checker,
+) -> (GuestKind, Option<String>) {
+    let kind = match guest.map(|g| (g, g.get_ref().as_str())) {
+        None | Some((_, "linux")) => GuestKind::Linux,
+        Some((_, "windows")) => GuestKind::Windows,
+        Some((g, other)) => {
+            checker.at(g.span(), "guest", format!("unknown guest {other:?}: expected \"linux\" or \"windows\""));
+            GuestKind::Linux
+        }
+    };
+    match image {
+        Some(i) if kind != GuestKind::Windows => {
+            checker.at(i.span(), "windows_image", "a Windows image for a suite whose guest is not \"windows\"");
+            (kind, None)
+        }
+        Some(i) if i.get_ref().trim().is_empty() => {
+            checker.at(i.span(), "windows_image", "empty path");
+            (kind, None)
+        }
+        Some(i) => (kind, Some(i.get_ref().clone())),
+        None => (kind, None),
+    }
 }
 
 /// `each_fail_point = true`: the recording run is Windows' systematic simulation in its "what if" mode, so the run's

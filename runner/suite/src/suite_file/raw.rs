@@ -16,6 +16,8 @@ use crate::suite::VerifierMode;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSuite {
     pub name: Spanned<String>,
+    pub guest: Option<Spanned<String>>,
+    pub windows_image: Option<Spanned<String>>,
     #[serde(default)]
     pub defaults: RawDefaults,
     #[serde(default, rename = "run")]
