@@ -1,0 +1,36 @@
+//! The one kernel a loaded driver runs on, reachable from the `extern "win64"` thunks (which get no context
+//! argument from the driver): the NT model with its verifier, the I/O manager, the driver's pool and its debug
+//! output. Set once per process, as a machine has one kernel.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use vhca_ntapi::NtKernel;
+use vhca_ntmodel::NtModel;
+
+use crate::io_manager::IoManager;
+use crate::pool::Pool;
+
+pub struct LoaderKernel {
+    pub model: Arc<NtModel>,
+    pub io: IoManager,
+    pub pool: Pool,
+    /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
+    pub debug_lines: Mutex<Vec<String>>,
+}
+
+static KERNEL: OnceLock<LoaderKernel> = OnceLock::new();
+
+/// Installs the kernel; false when one is already installed (one per process).
+pub fn install(kernel: LoaderKernel) -> bool {
+    KERNEL.set(kernel).is_ok()
+}
+
+/// The installed kernel. A thunk runs only after `install`: the loader installs before binding any import.
+pub fn kernel() -> &'static LoaderKernel {
+    KERNEL.get().expect("the loader installs its kernel before any driver code runs")
+}
+
+/// Stops the machine through the model's bugcheck handler (the STOP line, then the end of the run).
+pub fn bugcheck(code: u32, p1: u64, p2: u64, p3: u64, p4: u64) -> ! {
+    kernel().model.KeBugCheckEx(code, p1, p2, p3, p4)
+}
