@@ -35,6 +35,11 @@ impl DriverSymbols {
         at.checked_sub(1).map(|i| (self.symbols[i].1.as_str(), rva - self.symbols[i].0))
     }
 
+    /// The RVA of the first symbol whose name satisfies `pick`.
+    pub fn rva_of(&self, pick: impl Fn(&str) -> bool) -> Option<u32> {
+        self.symbols.iter().find(|(_, name)| pick(name)).map(|(rva, _)| *rva)
+    }
+
     pub fn len(&self) -> usize {
         self.symbols.len()
     }

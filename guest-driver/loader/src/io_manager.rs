@@ -9,7 +9,9 @@ use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::Mutex;
 
-use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_EXTENSION, DRIVER_OBJECT, IO_STACK_LOCATION, IRP};
+use windows_sys::Wdk::Foundation::{
+    DEVICE_OBJECT, DRIVER_EXTENSION, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE,
+};
 use windows_sys::Wdk::Storage::FileSystem::DO_DEVICE_INITIALIZING;
 use windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING,
@@ -85,7 +87,7 @@ impl IoManager {
     }
 
     /// The DRIVER_OBJECT DriverEntry receives, with its DRIVER_EXTENSION, for an image at `start`.
-    pub fn new_driver_object(&self, start: usize, size: usize) -> *mut DRIVER_OBJECT {
+    pub(crate) fn new_driver_object(&self, start: usize, size: usize) -> *mut DRIVER_OBJECT {
         let driver = alloc_object(size_of::<DRIVER_OBJECT>()) as *mut DRIVER_OBJECT;
         let extension = alloc_object(size_of::<DRIVER_EXTENSION>()) as *mut DRIVER_EXTENSION;
         assert!(!driver.is_null() && !extension.is_null(), "out of memory for the driver object");
@@ -102,7 +104,7 @@ impl IoManager {
     }
 
     /// The PCI bus driver's PDO for the device.
-    pub fn new_pdo(&self) -> *mut DEVICE_OBJECT {
+    pub(crate) fn new_pdo(&self) -> *mut DEVICE_OBJECT {
         let mut pdo = std::ptr::null_mut();
         let status = self.create_device(self.bus_driver, 0, &mut pdo);
         assert_eq!(status, STATUS_SUCCESS, "out of memory for the PDO");
@@ -113,7 +115,7 @@ impl IoManager {
 
     /// IoCreateDevice's work: a DEVICE_OBJECT with `extension_size` bytes of zeroed extension behind it, linked
     /// into its driver's device list, DO_DEVICE_INITIALIZING until the driver clears it.
-    pub fn create_device(
+    pub(crate) fn create_device(
         &self,
         driver: *mut DRIVER_OBJECT,
         extension_size: u32,
@@ -146,7 +148,7 @@ impl IoManager {
     }
 
     /// IoDeleteDevice: unlinked from its driver and freed.
-    pub fn delete_device(&self, device: *mut DEVICE_OBJECT) {
+    pub(crate) fn delete_device(&self, device: *mut DEVICE_OBJECT) {
         let mut objects = crate::lock(&self.objects);
         let Some(at) = objects.devices.iter().position(|(d, _)| *d == device as usize) else {
             return;
@@ -168,12 +170,12 @@ impl IoManager {
     }
 
     /// Whether `device` is a live device object of this manager (a driver passing anything else is its bug).
-    pub fn is_device(&self, device: *const DEVICE_OBJECT) -> bool {
+    pub(crate) fn is_device(&self, device: *const DEVICE_OBJECT) -> bool {
         crate::lock(&self.objects).devices.iter().any(|(d, _)| *d == device as usize)
     }
 
     /// The driver's devices still alive (DriverUnload with devices left is a driver bug the verifier reports).
-    pub fn devices_of(&self, driver: *mut DRIVER_OBJECT) -> usize {
+    pub(crate) fn devices_of(&self, driver: *mut DRIVER_OBJECT) -> usize {
         // SAFETY: the device list of a live driver object, made of live devices.
         unsafe {
             let mut n = 0;
@@ -187,7 +189,7 @@ impl IoManager {
     }
 
     /// IoAttachDeviceToDeviceStack: `source` goes on top of `target`'s stack; returns the device it sits on.
-    pub fn attach(&self, source: *mut DEVICE_OBJECT, target: *mut DEVICE_OBJECT) -> *mut DEVICE_OBJECT {
+    pub(crate) fn attach(&self, source: *mut DEVICE_OBJECT, target: *mut DEVICE_OBJECT) -> *mut DEVICE_OBJECT {
         if !self.is_device(source) || !self.is_device(target) {
             return std::ptr::null_mut();
         }
@@ -202,7 +204,7 @@ impl IoManager {
     }
 
     /// IoDetachDevice: whatever sits on `target` comes off.
-    pub fn detach(&self, target: *mut DEVICE_OBJECT) {
+    pub(crate) fn detach(&self, target: *mut DEVICE_OBJECT) {
         if self.is_device(target) {
             // SAFETY: a live device.
             unsafe { (*target).AttachedDevice = std::ptr::null_mut() };
@@ -210,7 +212,7 @@ impl IoManager {
     }
 
     /// An IRP with `stack_size` stack locations, none current yet (IoAllocateIrp).
-    pub fn allocate_irp(&self, stack_size: i8) -> *mut IRP {
+    pub(crate) fn allocate_irp(&self, stack_size: i8) -> *mut IRP {
         let count = stack_size.max(1) as usize;
         let bytes = size_of::<IRP>() + count * size_of::<IO_STACK_LOCATION>();
         let irp = alloc_object(bytes) as *mut IRP;
@@ -233,7 +235,7 @@ impl IoManager {
     }
 
     /// IoFreeIrp.
-    pub fn free_irp(&self, irp: *mut IRP) {
+    pub(crate) fn free_irp(&self, irp: *mut IRP) {
         let mut objects = crate::lock(&self.objects);
         if let Some(at) = objects.irps.iter().position(|(i, _)| *i == irp as usize) {
             let (_, bytes) = objects.irps.remove(at);
@@ -246,7 +248,7 @@ impl IoManager {
     ///
     /// # Safety
     /// A live IRP with a location left below the current one.
-    pub unsafe fn next_stack(irp: *mut IRP) -> *mut IO_STACK_LOCATION {
+    pub(crate) unsafe fn next_stack(irp: *mut IRP) -> *mut IO_STACK_LOCATION {
         // SAFETY: the caller's contract.
         unsafe { (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation.sub(1) }
     }
@@ -256,7 +258,7 @@ impl IoManager {
     ///
     /// # Safety
     /// A live device and an IRP with a stack location left for it.
-    pub unsafe fn call_driver(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    pub(crate) unsafe fn call_driver(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
         // SAFETY: the caller's contract.
         unsafe {
             if (*irp).CurrentLocation <= 1 {
@@ -276,7 +278,7 @@ impl IoManager {
             let routine = (*driver).MajorFunction[(*stack).MajorFunction as usize];
             match routine {
                 // SAFETY: the driver's dispatch routine, called with the Windows x64 convention it was built for.
-                Some(f) => std::mem::transmute::<_, DispatchFn>(f)(device, irp),
+                Some(f) => std::mem::transmute::<usize, DispatchFn>(f as usize)(device, irp),
                 None => {
                     self.complete_request(irp, STATUS_NOT_SUPPORTED);
                     STATUS_NOT_SUPPORTED
@@ -289,7 +291,7 @@ impl IoManager {
     ///
     /// # Safety
     /// As `complete_irp`.
-    pub unsafe fn complete_request(&self, irp: *mut IRP, status: NTSTATUS) {
+    pub(crate) unsafe fn complete_request(&self, irp: *mut IRP, status: NTSTATUS) {
         // SAFETY: the caller's contract.
         unsafe {
             (*irp).IoStatus.Anonymous.Status = status;
@@ -303,7 +305,7 @@ impl IoManager {
     ///
     /// # Safety
     /// A live IRP that is its holder's to complete; it is not touched after.
-    pub unsafe fn complete_irp(&self, irp: *mut IRP) {
+    pub(crate) unsafe fn complete_irp(&self, irp: *mut IRP) {
         // SAFETY: the caller's contract; the stack locations lie behind the IRP.
         unsafe {
             let count = (*irp).StackCount;
@@ -331,7 +333,7 @@ impl IoManager {
                         std::ptr::null_mut()
                     };
                     // SAFETY: the driver's completion routine, called with its own convention.
-                    let r = std::mem::transmute::<_, CompletionFn>(f)(device, irp, context);
+                    let r = std::mem::transmute::<usize, CompletionFn>(f as usize)(device, irp, context);
                     if r == STATUS_MORE_PROCESSING_REQUIRED {
                         return;
                     }
@@ -356,7 +358,7 @@ impl IoManager {
     ///
     /// # Safety
     /// A live IRP this driver holds and the device below it.
-    pub unsafe fn forward_synchronously(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> bool {
+    pub(crate) unsafe fn forward_synchronously(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> bool {
         // SAFETY: the caller's contract. The copy leaves out the completion routine, as IoCopyCurrentIrpStack-
         // LocationToNext does; a completion routine that answers MORE_PROCESSING_REQUIRED gives the IRP back here.
         unsafe {
@@ -366,7 +368,8 @@ impl IoManager {
             let current = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
             let next = Self::next_stack(irp);
             std::ptr::copy_nonoverlapping(current, next, 1);
-            (*next).CompletionRoutine = std::mem::transmute::<CompletionFn, _>(forward_done as CompletionFn);
+            (*next).CompletionRoutine =
+                std::mem::transmute::<usize, PIO_COMPLETION_ROUTINE>(forward_done as CompletionFn as usize);
             (*next).Context = std::ptr::null_mut();
             (*next).Control = SL_INVOKE_ON_SUCCESS | SL_INVOKE_ON_ERROR | SL_INVOKE_ON_CANCEL;
             let status = self.call_driver(device, irp);

@@ -78,7 +78,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
         return Err(LifeFailure::NoAddDevice);
     };
     // SAFETY: the driver's AddDevice, with its driver object and the PDO, at PASSIVE_LEVEL.
-    let status = unsafe { std::mem::transmute::<_, AddDeviceFn>(add_device)(driver, pdo) };
+    let status = unsafe { std::mem::transmute::<usize, AddDeviceFn>(add_device as usize)(driver, pdo) };
     back_at_passive("AddDevice");
     if status < 0 {
         unload(driver);
@@ -139,7 +139,7 @@ fn unload(driver: *mut DRIVER_OBJECT) {
     // SAFETY: the driver object DriverEntry filled in.
     if let Some(f) = unsafe { (*driver).DriverUnload } {
         // SAFETY: the driver's unload routine, at PASSIVE_LEVEL, every device of its gone.
-        unsafe { std::mem::transmute::<_, UnloadFn>(f)(driver) };
+        unsafe { std::mem::transmute::<usize, UnloadFn>(f as usize)(driver) };
         back_at_passive("DriverUnload");
     }
     step("unload checks");

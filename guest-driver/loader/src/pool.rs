@@ -16,7 +16,7 @@ pub struct Pool {
 
 impl Pool {
     /// ExAllocatePool2: zeroed memory, or null when none is left.
-    pub fn allocate(&self, bytes: usize, tag: u32) -> *mut u8 {
+    pub(crate) fn allocate(&self, bytes: usize, tag: u32) -> *mut u8 {
         let Ok(layout) = Layout::from_size_align(bytes.max(1), POOL_ALIGN) else {
             return std::ptr::null_mut();
         };
@@ -29,7 +29,7 @@ impl Pool {
     }
 
     /// ExFreePoolWithTag: false when `p` is not a live block (the caller stops the machine).
-    pub fn free(&self, p: *mut u8) -> bool {
+    pub(crate) fn free(&self, p: *mut u8) -> bool {
         let Some((bytes, _)) = crate::lock(&self.blocks).remove(&(p as usize)) else {
             return false;
         };
