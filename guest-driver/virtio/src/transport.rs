@@ -294,3 +294,144 @@ impl<R: Registers> VirtioPci<R> {
 
 // COMMON_CFG_MIN_LEN is checked by the capability parser; the last register written here must fit inside it.
 const _: () = assert!(QUEUE_DEVICE + 8 <= COMMON_CFG_MIN_LEN as u64);
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::testing::CountedWait;
+
+    /// One BAR with a device behind the common config at 0 and the notify window at 0x1000: feature words by
+    /// select, per-queue sizes and notify offsets, status written back as read. Every write is recorded.
+    #[derive(Default)]
+    struct FakeDevice {
+        memory: Vec<u8>,
+        offered: u64,
+        queue_sizes: [u16; 4],
+        writes: Vec<(u64, u32)>,
+        reset_polls_left: u32,
+    }
+
+    #[derive(Clone)]
+    struct FakeBar(Rc<RefCell<FakeDevice>>);
+
+    impl FakeBar {
+        fn new(offered: u64) -> FakeBar {
+            let device =
+                FakeDevice { memory: vec![0; 0x2000], offered, queue_sizes: [64, 0, 256, 8], ..Default::default() };
+            FakeBar(Rc::new(RefCell::new(device)))
+        }
+        fn read(&self, offset: u64, width: usize) -> u32 {
+            let mut d = self.0.borrow_mut();
+            let select = |d: &FakeDevice, at: usize| u16::from_le_bytes([d.memory[at], d.memory[at + 1]]) as usize;
+            match offset {
+                DEVICE_FEATURE => (d.offered >> (32 * (d.memory[DEVICE_FEATURE_SELECT as usize] & 1))) as u32,
+                QUEUE_SIZE => d.queue_sizes.get(select(&d, QUEUE_SELECT as usize)).copied().unwrap_or(0) as u32,
+                QUEUE_NOTIFY_OFF => select(&d, QUEUE_SELECT as usize) as u32 * 2,
+                DEVICE_STATUS if d.reset_polls_left > 0 => {
+                    d.reset_polls_left -= 1;
+                    1
+                }
+                _ => {
+                    let at = offset as usize;
+                    let mut bytes = [0u8; 4];
+                    bytes[..width].copy_from_slice(&d.memory[at..at + width]);
+                    u32::from_le_bytes(bytes)
+                }
+            }
+        }
+        fn write(&self, offset: u64, value: u32, width: usize) {
+            let mut d = self.0.borrow_mut();
+            d.writes.push((offset, value));
+            let at = offset as usize;
+            d.memory[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
+        }
+        fn written(&self, offset: u64) -> Vec<u32> {
+            self.0.borrow().writes.iter().filter(|w| w.0 == offset).map(|w| w.1).collect()
+        }
+    }
+
+    impl Registers for FakeBar {
+        type Error = core::convert::Infallible;
+        fn size(&self) -> u64 {
+            0x2000
+        }
+        fn read_u8(&self, offset: u64) -> Result<u8, Self::Error> {
+            Ok(self.read(offset, 1) as u8)
+        }
+        fn read_u16(&self, offset: u64) -> Result<u16, Self::Error> {
+            Ok(self.read(offset, 2) as u16)
+        }
+        fn read_u32(&self, offset: u64) -> Result<u32, Self::Error> {
+            Ok(self.read(offset, 4))
+        }
+        fn write_u8(&self, offset: u64, value: u8) -> Result<(), Self::Error> {
+            self.write(offset, value as u32, 1);
+            Ok(())
+        }
+        fn write_u16(&self, offset: u64, value: u16) -> Result<(), Self::Error> {
+            self.write(offset, value as u32, 2);
+            Ok(())
+        }
+        fn write_u32(&self, offset: u64, value: u32) -> Result<(), Self::Error> {
+            self.write(offset, value, 4);
+            Ok(())
+        }
+    }
+
+    fn caps() -> VirtioCaps {
+        VirtioCaps {
+            common: CapWindow { bar: 4, offset: 0, length: 0x100 },
+            notify: CapWindow { bar: 4, offset: 0x1000, length: 0x100 },
+            notify_off_multiplier: 4,
+            isr: None,
+            device: None,
+        }
+    }
+
+    #[test]
+    fn bring_up_negotiates_programs_queues_and_notifies_at_the_spec_offsets() {
+        let bar = FakeBar::new(F_VERSION_1 | F_ACCESS_PLATFORM | 1);
+        bar.0.borrow_mut().reset_polls_left = 2;
+        let t = VirtioPci::new(caps(), |_| Ok(bar.clone())).unwrap();
+        t.reset(&mut CountedWait(5)).unwrap();
+        t.add_status(STATUS_ACKNOWLEDGE).unwrap();
+        t.add_status(STATUS_DRIVER).unwrap();
+        assert_eq!(t.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0).unwrap(), F_VERSION_1 | F_ACCESS_PLATFORM);
+        // Driver features written as two halves, low then high: bit 32 and 33 are 0b11 in the high word.
+        assert_eq!(bar.written(DRIVER_FEATURE), vec![0, 0b11]);
+        assert_eq!(t.queue_max_size(2).unwrap(), 256);
+        let notifier = t.setup_queue(2, 128, [0x10_0000_1000, 0x10_0000_2000, 0x10_0000_3000]).unwrap();
+        // 64-bit ring addresses as two 32-bit halves, low first.
+        assert_eq!((bar.written(QUEUE_DESC), bar.written(QUEUE_DESC + 4)), (vec![0x1000], vec![0x10]));
+        assert_eq!((bar.written(QUEUE_DEVICE), bar.written(QUEUE_DEVICE + 4)), (vec![0x3000], vec![0x10]));
+        let desc_writes = bar.0.borrow().writes.iter().position(|w| w.0 == QUEUE_DESC + 4).unwrap();
+        assert!(bar.0.borrow().writes[desc_writes - 1].0 == QUEUE_DESC, "low half first");
+        assert_eq!(bar.written(QUEUE_ENABLE), vec![1]);
+        // queue_notify_off (2 * 2) * multiplier 4 into the notify window at 0x1000.
+        assert_eq!(notifier.bar_offset(), 0x1000 + 16);
+        notifier.notify().unwrap();
+        assert_eq!(bar.written(0x1000 + 16), vec![2]);
+        t.driver_ok().unwrap();
+        assert_eq!(t.status().unwrap(), STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+    }
+
+    #[test]
+    fn refusals_name_their_cause() {
+        let bar = FakeBar::new(F_VERSION_1);
+        let t = VirtioPci::new(caps(), |_| Ok(bar.clone())).unwrap();
+        let missing = t.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0).unwrap_err();
+        assert!(matches!(missing, TransportError::MissingFeatures { missing: F_ACCESS_PLATFORM, .. }));
+        assert!(missing.to_string().contains("iommu_platform=on"), "{missing}");
+        assert!(matches!(t.setup_queue(1, 8, [0; 3]), Err(TransportError::QueueUnavailable(1))));
+        bar.0.borrow_mut().reset_polls_left = 10;
+        assert!(matches!(t.reset(&mut CountedWait(3)), Err(TransportError::ResetTimeout(_, 1))));
+
+        let mut outside = caps();
+        outside.notify.offset = 0x1f80;
+        let Err(e) = VirtioPci::new(outside, |_| Ok(bar.clone())) else { panic!("a window past the BAR's end") };
+        assert!(matches!(e, TransportError::WindowOutsideBar { kind: "notify", .. }), "{e}");
+    }
+}

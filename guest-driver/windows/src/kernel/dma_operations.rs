@@ -9,8 +9,9 @@ use alloc::vec::Vec;
 use core::ffi::c_void;
 
 use vhca_ntapi::{
-    MAP_REGISTER_BASE, NTSTATUS, PDEVICE_OBJECT, PDMA_ADAPTER, PDRIVER_CONTROL, PDRIVER_LIST_CONTROL, PHYSICAL_ADDRESS,
-    PMDL, PSCATTER_GATHER_LIST, PVOID, SCATTER_GATHER_ELEMENT, SCATTER_GATHER_LIST, STATUS_NOT_SUPPORTED,
+    MAP_REGISTER_BASE, NTSTATUS, PAGE_SIZE, PDEVICE_OBJECT, PDMA_ADAPTER, PDRIVER_CONTROL, PDRIVER_LIST_CONTROL,
+    PHYSICAL_ADDRESS, PMDL, PSCATTER_GATHER_LIST, PVOID, SCATTER_GATHER_ELEMENT, SCATTER_GATHER_LIST,
+    STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED,
 };
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP, MDL};
 use windows_sys::Wdk::System::SystemServices::{DMA_ADAPTER, DMA_OPERATIONS, SCATTER_GATHER_LIST as WdkSgList};
@@ -71,6 +72,19 @@ unsafe extern "system" fn adapter_control(
     (context.routine)(context.device, MAP_REGISTER_BASE(map_register_base as u64)) as i32
 }
 
+/// Hands `context` to a DDI that calls a driver routine back with it (`call` gets the Context pointer). Windows
+/// calls the routine exactly when the DDI succeeds; on an error the routine never runs and the context is freed
+/// here, else the trampoline frees it.
+fn call_with_context<T>(context: T, call: impl FnOnce(*const c_void) -> i32) -> NTSTATUS {
+    let context = Box::into_raw(Box::new(context));
+    let status = call(context as *const c_void);
+    if status < 0 {
+        // SAFETY: the routine will never run, so no trampoline took the box back.
+        drop(unsafe { Box::from_raw(context) });
+    }
+    NTSTATUS(status)
+}
+
 /// # Safety
 /// `adapter`, `device` and `mdl` are live kernel objects; the MDL describes locked or non-paged memory; the
 /// caller runs at DISPATCH_LEVEL.
@@ -85,9 +99,8 @@ pub unsafe fn get_scatter_gather_list(
 ) -> NTSTATUS {
     // SAFETY: the caller's contract.
     let Some(get) = unsafe { ops(adapter) }.GetScatterGatherList else { return STATUS_NOT_SUPPORTED };
-    let context = Box::into_raw(Box::new(ListContext { routine, device }));
     // SAFETY: the caller's contract; the context lives until list_control takes it back.
-    let status = unsafe {
+    call_with_context(ListContext { routine, device }, |context| unsafe {
         get(
             adapter_ptr(adapter),
             device.0 as *const DEVICE_OBJECT,
@@ -95,16 +108,10 @@ pub unsafe fn get_scatter_gather_list(
             current_va.0 as *const c_void,
             length,
             Some(list_control),
-            context as *const c_void,
+            context,
             write_to_device,
         )
-    };
-    if status < 0 {
-        // An error means Windows will never call the routine: the context is still ours.
-        // SAFETY: not handed to list_control.
-        drop(unsafe { Box::from_raw(context) });
-    }
-    NTSTATUS(status)
+    })
 }
 
 fn copy_list(list: usize) -> SCATTER_GATHER_LIST {
@@ -143,22 +150,16 @@ pub unsafe fn allocate_adapter_channel(
 ) -> NTSTATUS {
     // SAFETY: the caller's contract.
     let Some(allocate) = unsafe { ops(adapter) }.AllocateAdapterChannel else { return STATUS_NOT_SUPPORTED };
-    let context = Box::into_raw(Box::new(ControlContext { routine, device }));
     // SAFETY: the caller's contract; the context lives until adapter_control takes it back.
-    let status = unsafe {
+    call_with_context(ControlContext { routine, device }, |context| unsafe {
         allocate(
             adapter_ptr(adapter),
             device.0 as *const DEVICE_OBJECT,
             number_of_map_registers,
             Some(adapter_control),
-            context as *const c_void,
+            context,
         )
-    };
-    if status < 0 {
-        // SAFETY: the routine will never run.
-        drop(unsafe { Box::from_raw(context) });
-    }
-    NTSTATUS(status)
+    })
 }
 
 macro_rules! table_call {
@@ -289,6 +290,12 @@ pub unsafe fn create_common_buffer_from_mdl(
     length: u32,
     cache_enabled: bool,
 ) -> Result<MdlCommonBuffer, NTSTATUS> {
+    // Microsoft's page for PCREATE_COMMON_BUFFER_FROM_MDL: the MDL is resident and mapped (non-paged pool, or
+    // locked), page aligned, a multiple of PAGE_SIZE, not chained, and physically contiguous where DMA remapping is
+    // off. The alignment is checked here so the refusal names its cause; the rest is Windows' to refuse.
+    if va.0 % PAGE_SIZE != 0 || length as u64 % PAGE_SIZE != 0 {
+        return Err(STATUS_INVALID_PARAMETER);
+    }
     // SAFETY: the caller's contract.
     let table = unsafe { ops(adapter) };
     if !table_has(table, core::mem::offset_of!(DMA_OPERATIONS, CreateCommonBufferFromMdl)) {

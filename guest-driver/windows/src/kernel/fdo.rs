@@ -10,7 +10,6 @@ pub struct Fdo {
     /// What IoAttachDeviceToDeviceStack returned: where IRPs go down.
     pub lower: *mut DEVICE_OBJECT,
     pub started: Option<StartedDevice>,
-    pub removed: bool,
 }
 
 /// The extension of one of this driver's FDOs.

@@ -80,12 +80,7 @@ unsafe extern "system" fn add_device(driver: *const DRIVER_OBJECT, pdo: *const D
     }
     // SAFETY: the extension is ours, sized for an Fdo, uninitialised until this write.
     unsafe {
-        ((*device).DeviceExtension as *mut Fdo).write(Fdo {
-            pdo: pdo as *mut DEVICE_OBJECT,
-            lower,
-            started: None,
-            removed: false,
-        });
+        ((*device).DeviceExtension as *mut Fdo).write(Fdo { pdo: pdo as *mut DEVICE_OBJECT, lower, started: None });
         (*device).Flags |= DO_POWER_PAGABLE;
         (*device).Flags &= !DO_DEVICE_INITIALIZING;
     }

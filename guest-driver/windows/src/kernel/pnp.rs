@@ -60,7 +60,6 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
         }
         IRP_MN_REMOVE_DEVICE => {
             fdo.started = None;
-            fdo.removed = true;
             let lower = fdo.lower;
             // SAFETY: pass down first, then detach and delete: no IRP can reach the FDO after this.
             unsafe {

@@ -351,15 +351,17 @@ impl NtKernel for WdkKernel {
     ) -> PDMA_ADAPTER {
         // Version 3: 64-bit addressing is DmaAddressWidth, and the table carries the v3 routines
         // (CreateCommonBufferFromMdl) that IoMapCommonBuffer uses.
-        let mut d: wdk::DEVICE_DESCRIPTION = wdk::DEVICE_DESCRIPTION::default();
-        d.Version = wdk::DEVICE_DESCRIPTION_VERSION3;
-        d.Master = device_description.Master;
-        d.ScatterGather = device_description.ScatterGather;
-        d.Dma32BitAddresses = device_description.Dma32BitAddresses;
-        d.Dma64BitAddresses = device_description.Dma64BitAddresses;
-        d.InterfaceType = wdk::PCIBus;
-        d.MaximumLength = device_description.MaximumLength;
-        d.DmaAddressWidth = if device_description.Dma64BitAddresses { 64 } else { 32 };
+        let d = wdk::DEVICE_DESCRIPTION {
+            Version: wdk::DEVICE_DESCRIPTION_VERSION3,
+            Master: device_description.Master,
+            ScatterGather: device_description.ScatterGather,
+            Dma32BitAddresses: device_description.Dma32BitAddresses,
+            Dma64BitAddresses: device_description.Dma64BitAddresses,
+            InterfaceType: wdk::PCIBus,
+            MaximumLength: device_description.MaximumLength,
+            DmaAddressWidth: if device_description.Dma64BitAddresses { 64 } else { 32 },
+            ..Default::default()
+        };
         // SAFETY: PASSIVE_LEVEL; the PDO is the one AddDevice received.
         let adapter = unsafe {
             wdk::IoGetDmaAdapter(physical_device_object.0 as *const DEVICE_OBJECT, &d, number_of_map_registers)
