@@ -53,6 +53,12 @@ unsafe fn free_object(p: *mut u8, bytes: usize) {
 pub trait BusDriver: Send + Sync {
     /// IRP_MJ_PNP at the PDO: the status to complete it with. `stack` is the PDO's stack location.
     fn pnp(&self, stack: &IO_STACK_LOCATION) -> NTSTATUS;
+    /// MmMapIoSpaceEx on one of the device's translated memory ranges: where the CPU reaches it, or None.
+    fn map_io_space(&self, _physical: u64, _length: usize) -> Option<*mut u8> {
+        None
+    }
+    /// MmUnmapIoSpace of a range `map_io_space` gave.
+    fn unmap_io_space(&self, _base: *mut u8, _length: usize) {}
 }
 
 /// Devices and IRPs the I/O manager made, with their sizes, so each is freed exactly once.
@@ -84,6 +90,10 @@ impl IoManager {
             (*bus_driver).Size = size_of::<DRIVER_OBJECT>() as i16;
         }
         IoManager { objects: Mutex::new(Objects::default()), bus, bus_driver }
+    }
+
+    pub(crate) fn bus(&self) -> &dyn BusDriver {
+        &*self.bus
     }
 
     /// The DRIVER_OBJECT DriverEntry receives, with its DRIVER_EXTENSION, for an image at `start`.

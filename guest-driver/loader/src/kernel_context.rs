@@ -8,14 +8,31 @@ use vhca_ntapi::NtKernel;
 use vhca_ntmodel::NtModel;
 
 use crate::io_manager::IoManager;
+use crate::lock_thunks::LockObjects;
 use crate::pool::Pool;
+use crate::registry_thunks::Registry;
 
 pub struct LoaderKernel {
     pub model: Arc<NtModel>,
     pub io: IoManager,
     pub pool: Pool,
+    pub locks: LockObjects,
+    pub registry: Registry,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
     pub debug_lines: Mutex<Vec<String>>,
+}
+
+impl LoaderKernel {
+    pub fn new(model: Arc<NtModel>, io: IoManager) -> LoaderKernel {
+        LoaderKernel {
+            model,
+            io,
+            pool: Pool::default(),
+            locks: LockObjects::default(),
+            registry: Registry::default(),
+            debug_lines: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 static KERNEL: OnceLock<LoaderKernel> = OnceLock::new();

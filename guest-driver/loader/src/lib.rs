@@ -10,10 +10,12 @@ pub mod image_mapping;
 pub mod io_manager;
 pub mod kernel_context;
 pub mod load_error;
+pub mod lock_thunks;
 pub mod nt_thunks;
 pub mod pe_image;
 pub mod pnp_life;
 pub mod pool;
+pub mod registry_thunks;
 pub mod unbound_import_trap;
 
 use std::sync::{Mutex, MutexGuard};

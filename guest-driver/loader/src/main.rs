@@ -76,13 +76,7 @@ fn main() {
     let config = NtModelConfig { verifier: VerifierFlags(args.verifier), ..NtModelConfig::default() };
     let backend = Arc::new(vhca_ntmodel::HostDmaBackend::default());
     let model = Arc::new(NtModel::new(config, backend, Arc::new(PrintAndExit)));
-    let kernel = LoaderKernel {
-        model,
-        io: IoManager::new(Box::new(NoDeviceBus)),
-        pool: Default::default(),
-        debug_lines: Default::default(),
-    };
-    install(kernel);
+    install(LoaderKernel::new(model, IoManager::new(Box::new(NoDeviceBus))));
 
     let trap = TrapUnbound::new(NtThunks);
     let mapped = if args.trap_unbound { load(&bytes, &trap) } else { load(&bytes, &NtThunks) };

@@ -15,6 +15,8 @@ use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 use crate::image_mapping::ImportResolver;
 use crate::io_manager::IoManager;
 use crate::kernel_context::{bugcheck, kernel};
+use crate::lock_thunks::lock_thunks;
+use crate::registry_thunks::registry_thunks;
 
 /// BAD_POOL_CALLER (0xC2), parameter 1 = 7: a free of pool that is not allocated (Microsoft, "Bug Check 0xC2").
 const BAD_POOL_CALLER: u32 = 0xC2;
@@ -327,6 +329,10 @@ unsafe extern "win64" fn KeWaitForSingleObject(
     _alertable: u8,
     timeout: *const i64,
 ) -> NTSTATUS {
+    let k = kernel();
+    if let Some(mutex) = k.locks.kmutex(object as usize) {
+        return k.model.KeWaitForMutexObject(mutex).0;
+    }
     let event = object as *mut KEVENT;
     // SAFETY: the driver's dispatcher object; read volatile, another thread may signal it.
     let relative = if timeout.is_null() { None } else { Some(unsafe { *timeout }) };
@@ -379,8 +385,30 @@ unsafe extern "win64" fn KeQueryInterruptTimePrecise(qpc: *mut u64) -> u64 {
     (elapsed.as_nanos() / 100) as u64
 }
 
+// ---- Power IRPs ----
+
+/// PoCallDriver: power IRPs go down as any other (Windows Vista and later need no power-IRP serialization).
+unsafe extern "win64" fn PoCallDriver(device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: as IofCallDriver.
+    unsafe { kernel().io.call_driver(device, irp) }
+}
+
+/// PoStartNextPowerIrp: "Starting with Windows Vista, ... this routine does nothing" (Microsoft's reference page).
+unsafe extern "win64" fn PoStartNextPowerIrp(_irp: *mut IRP) {}
+
+// ---- Device registers ----
+
+/// MmMapIoSpaceEx(PhysicalAddress, NumberOfBytes, Protect): the bus driver's mapping of a BAR, or NULL.
+unsafe extern "win64" fn MmMapIoSpaceEx(physical: i64, length: usize, _protect: u32) -> *mut c_void {
+    kernel().io.bus().map_io_space(physical as u64, length).unwrap_or(std::ptr::null_mut()).cast()
+}
+
+unsafe extern "win64" fn MmUnmapIoSpace(base: *mut c_void, length: usize) {
+    kernel().io.bus().unmap_io_space(base.cast(), length)
+}
+
 /// (module, routine, thunk): every routine the model implements for a driver. Modules compare without case.
-pub fn thunks() -> [(&'static str, &'static str, usize); 27] {
+pub fn thunks() -> [(&'static str, &'static str, usize); 31] {
     [
         ("ntoskrnl.exe", "DbgPrintEx", DbgPrintEx as *const () as usize),
         ("ntoskrnl.exe", "KeGetCurrentIrql", KeGetCurrentIrql as *const () as usize),
@@ -409,6 +437,10 @@ pub fn thunks() -> [(&'static str, &'static str, usize); 27] {
         ("ntoskrnl.exe", "KeDelayExecutionThread", KeDelayExecutionThread as *const () as usize),
         ("ntoskrnl.exe", "KeQueryInterruptTimePrecise", KeQueryInterruptTimePrecise as *const () as usize),
         ("hal.dll", "KeStallExecutionProcessor", KeStallExecutionProcessor as *const () as usize),
+        ("ntoskrnl.exe", "PoCallDriver", PoCallDriver as *const () as usize),
+        ("ntoskrnl.exe", "PoStartNextPowerIrp", PoStartNextPowerIrp as *const () as usize),
+        ("ntoskrnl.exe", "MmMapIoSpaceEx", MmMapIoSpaceEx as *const () as usize),
+        ("ntoskrnl.exe", "MmUnmapIoSpace", MmUnmapIoSpace as *const () as usize),
     ]
 }
 
@@ -417,7 +449,12 @@ pub struct NtThunks;
 
 impl ImportResolver for NtThunks {
     fn resolve(&self, module: &str, name: &str) -> Option<usize> {
-        thunks().into_iter().find(|(m, n, _)| m.eq_ignore_ascii_case(module) && *n == name).map(|(_, _, a)| a)
+        let kernel_routines = lock_thunks().into_iter().chain(registry_thunks()).map(|(n, a)| ("ntoskrnl.exe", n, a));
+        thunks()
+            .into_iter()
+            .chain(kernel_routines)
+            .find(|(m, n, _)| m.eq_ignore_ascii_case(module) && *n == name)
+            .map(|(_, _, a)| a)
     }
 }
 
