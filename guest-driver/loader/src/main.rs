@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use vhca_loader::driver_symbols::DriverSymbols;
@@ -78,6 +78,7 @@ fn main() {
     let model = Arc::new(NtModel::new(config, backend, Arc::new(PrintAndExit)));
     install(LoaderKernel::new(model, IoManager::new(Box::new(NoDeviceBus))));
 
+    let load_started = Instant::now();
     let trap = TrapUnbound::new(NtThunks);
     let mapped = if args.trap_unbound { load(&bytes, &trap) } else { load(&bytes, &NtThunks) };
     let mapped = match mapped {
@@ -88,6 +89,7 @@ fn main() {
         }
     };
     trap.seal();
+    let load_time = load_started.elapsed();
     println!(
         "VHCA-LOADER: mapped {} at {:#x} ({} sections, {} relocations, {} imports, {} unbound)",
         args.image.display(),
@@ -113,8 +115,16 @@ fn main() {
         std::process::exit(EXIT_HANG);
     });
     // No device behind this bus: the life stops short of START_DEVICE (the guest starts it on the real device).
+    let life_started = Instant::now();
     match run_life(&mapped, false) {
-        Ok(()) => println!("VHCA-LOADER: DriverEntry, AddDevice, REMOVE_DEVICE, DriverUnload: ok"),
+        Ok(()) => {
+            println!("VHCA-LOADER: DriverEntry, AddDevice, REMOVE_DEVICE, DriverUnload: ok");
+            println!(
+                "VHCA-LOADER: load (parse, map, relocate, bind) {} us, life {} us",
+                load_time.as_micros(),
+                life_started.elapsed().as_micros()
+            );
+        }
         Err(failure) => {
             println!("VHCA-LOADER: {failure}");
             std::process::exit(EXIT_STEP_FAILED);
