@@ -1,21 +1,25 @@
 //! The one kernel a loaded driver runs on, reachable from the `extern "win64"` thunks (which get no context
-//! argument from the driver): the NT model with its verifier, the I/O manager, the driver's pool and its debug
-//! output. Set once per process, as a machine has one kernel.
+//! argument from the driver): the NT model with its verifier, the I/O manager, the address translation between
+//! the two, the driver's MDLs, adapters and registry, and its debug output. Set once per process, as a machine has one kernel.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
 use vhca_ntapi::NtKernel;
 use vhca_ntmodel::NtModel;
 
+use crate::address_space::AddressSpace;
+use crate::dma_thunks::DmaObjects;
 use crate::io_manager::IoManager;
 use crate::lock_thunks::LockObjects;
-use crate::pool::Pool;
+use crate::memory_thunks::MdlTable;
 use crate::registry_thunks::Registry;
 
 pub struct LoaderKernel {
     pub model: Arc<NtModel>,
     pub io: IoManager,
-    pub pool: Pool,
+    pub addresses: AddressSpace,
+    pub mdls: MdlTable,
+    pub dma: DmaObjects,
     pub locks: LockObjects,
     pub registry: Registry,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
@@ -27,7 +31,9 @@ impl LoaderKernel {
         LoaderKernel {
             model,
             io,
-            pool: Pool::default(),
+            addresses: AddressSpace::default(),
+            mdls: MdlTable::default(),
+            dma: DmaObjects::default(),
             locks: LockObjects::default(),
             registry: Registry::default(),
             debug_lines: Mutex::new(Vec::new()),

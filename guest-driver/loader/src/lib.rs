@@ -4,6 +4,8 @@
 //! WDM driver's PnP life on Windows-layout objects (`io_manager`, `pnp_life`); a fault in driver code is a bugcheck
 //! (`driver_fault`).
 
+pub mod address_space;
+pub mod dma_thunks;
 pub mod driver_fault;
 pub mod driver_symbols;
 pub mod image_mapping;
@@ -11,10 +13,10 @@ pub mod io_manager;
 pub mod kernel_context;
 pub mod load_error;
 pub mod lock_thunks;
+pub mod memory_thunks;
 pub mod nt_thunks;
 pub mod pe_image;
 pub mod pnp_life;
-pub mod pool;
 pub mod registry_thunks;
 pub mod unbound_import_trap;
 

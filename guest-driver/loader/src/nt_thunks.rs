@@ -1,5 +1,5 @@
 //! The ntoskrnl.exe / HAL.dll routines a loaded driver may import, as `extern "win64"` functions over the NT model
-//! (IRQL, bugchecks), the I/O manager and the pool, and the table that binds import names to them. A routine not in
+//! (IRQL, bugchecks) and the I/O manager, and the table that binds import names to them. A routine not in
 //! `thunks()` is one the model does not implement: the load is refused naming it.
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement, as the driver imports them.
 
@@ -12,14 +12,14 @@ use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP, KEVENT};
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
+use crate::dma_thunks::dma_thunks;
 use crate::image_mapping::ImportResolver;
 use crate::io_manager::IoManager;
 use crate::kernel_context::{bugcheck, kernel};
 use crate::lock_thunks::lock_thunks;
+use crate::memory_thunks::memory_thunks;
 use crate::registry_thunks::registry_thunks;
 
-/// BAD_POOL_CALLER (0xC2), parameter 1 = 7: a free of pool that is not allocated (Microsoft, "Bug Check 0xC2").
-const BAD_POOL_CALLER: u32 = 0xC2;
 /// DbgPrintEx cuts a message at 512 bytes.
 const DBGPRINT_MAX: usize = 512;
 
@@ -154,19 +154,6 @@ unsafe extern "win64" fn KeLowerIrql(new_irql: u8) {
 
 unsafe extern "win64" fn KeBugCheckEx(code: u32, p1: u64, p2: u64, p3: u64, p4: u64) {
     bugcheck(code, p1, p2, p3, p4)
-}
-
-// ---- Pool ----
-
-/// ExAllocatePool2(Flags, NumberOfBytes, Tag): zeroed, as Windows' ExAllocatePool2 zeroes unless told not to.
-unsafe extern "win64" fn ExAllocatePool2(_flags: u64, bytes: usize, tag: u32) -> *mut c_void {
-    kernel().pool.allocate(bytes, tag).cast()
-}
-
-unsafe extern "win64" fn ExFreePoolWithTag(p: *mut c_void, tag: u32) {
-    if !kernel().pool.free(p.cast()) {
-        bugcheck(BAD_POOL_CALLER, 0x07, tag as u64, 0, p as u64);
-    }
 }
 
 // ---- The C runtime routines ntoskrnl.exe exports ----
@@ -408,15 +395,13 @@ unsafe extern "win64" fn MmUnmapIoSpace(base: *mut c_void, length: usize) {
 }
 
 /// (module, routine, thunk): every routine the model implements for a driver. Modules compare without case.
-pub fn thunks() -> [(&'static str, &'static str, usize); 31] {
+pub fn thunks() -> [(&'static str, &'static str, usize); 29] {
     [
         ("ntoskrnl.exe", "DbgPrintEx", DbgPrintEx as *const () as usize),
         ("ntoskrnl.exe", "KeGetCurrentIrql", KeGetCurrentIrql as *const () as usize),
         ("ntoskrnl.exe", "KfRaiseIrql", KfRaiseIrql as *const () as usize),
         ("ntoskrnl.exe", "KeLowerIrql", KeLowerIrql as *const () as usize),
         ("ntoskrnl.exe", "KeBugCheckEx", KeBugCheckEx as *const () as usize),
-        ("ntoskrnl.exe", "ExAllocatePool2", ExAllocatePool2 as *const () as usize),
-        ("ntoskrnl.exe", "ExFreePoolWithTag", ExFreePoolWithTag as *const () as usize),
         ("ntoskrnl.exe", "memcpy", memcpy as *const () as usize),
         ("ntoskrnl.exe", "memmove", memmove as *const () as usize),
         ("ntoskrnl.exe", "memset", memset as *const () as usize),
@@ -449,7 +434,12 @@ pub struct NtThunks;
 
 impl ImportResolver for NtThunks {
     fn resolve(&self, module: &str, name: &str) -> Option<usize> {
-        let kernel_routines = lock_thunks().into_iter().chain(registry_thunks()).map(|(n, a)| ("ntoskrnl.exe", n, a));
+        let kernel_routines = lock_thunks()
+            .into_iter()
+            .chain(registry_thunks())
+            .chain(memory_thunks())
+            .chain(dma_thunks())
+            .map(|(n, a)| ("ntoskrnl.exe", n, a));
         thunks()
             .into_iter()
             .chain(kernel_routines)

@@ -1,6 +1,6 @@
 //! The life the PnP manager gives a WDM function driver, on Windows-layout objects: DriverEntry, AddDevice with the
 //! bus driver's PDO, START_DEVICE (when a device is there to start), REMOVE_DEVICE, DriverUnload, then the unload
-//! checks: no device left, no pool left (under pool tracking), and the NT model's own (adapters put back).
+//! checks: no device left, then the NT model's own (pool under pool tracking, adapters under DMA checking).
 
 use std::ffi::c_void;
 
@@ -12,7 +12,6 @@ use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 use crate::image_mapping::MappedImage;
 use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager, UnloadFn};
 use crate::kernel_context::{bugcheck, kernel};
-use vhca_ntmodel::verifier::c4;
 use vhca_ntmodel::VerifierFlags;
 
 /// How the life ended short of a clean unload. Devices left behind are not a bugcheck on Windows (the I/O manager
@@ -142,22 +141,9 @@ fn unload(driver: *mut DRIVER_OBJECT) {
         unsafe { std::mem::transmute::<usize, UnloadFn>(f as usize)(driver) };
         back_at_passive("DriverUnload");
     }
+    // The model's unload checks: pool left under pool tracking (0xC4/0x60), adapters under DMA checking.
     step("unload checks");
-    if k.model.verifier().contains(VerifierFlags::POOL_TRACKING) {
-        let left = k.pool.outstanding();
-        if let Some((address, bytes, tag)) = left.first().copied() {
-            // The same STOP the native build gets from the model: 0xC4/0x60 with paged bytes, non-paged bytes and
-            // the count (the driver's pool is all non-paged: ExAllocatePool2 with POOL_FLAG_NON_PAGED).
-            println!("VHCA-LOADER: pool left at unload: {bytes} bytes at {address:#x}, tag {:?}", tag_text(tag));
-            let total: u64 = left.iter().map(|(_, b, _)| *b as u64).sum();
-            bugcheck(DRIVER_VERIFIER_DETECTED_VIOLATION, c4::UNLOAD_WITH_POOL_ALLOCATIONS, 0, total, left.len() as u64);
-        }
-    }
     k.model.unload_driver();
-}
-
-fn tag_text(tag: u32) -> String {
-    tag.to_le_bytes().iter().map(|b| if b.is_ascii_graphic() { *b as char } else { '.' }).collect()
 }
 
 /// A driver routine returns at PASSIVE_LEVEL, as it was called; anything else is the verifier's IRQL check
