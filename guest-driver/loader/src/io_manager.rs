@@ -53,6 +53,10 @@ unsafe fn free_object(p: *mut u8, bytes: usize) {
 pub trait BusDriver: Send + Sync {
     /// IRP_MJ_PNP at the PDO: the status to complete it with. `stack` is the PDO's stack location.
     fn pnp(&self, stack: &IO_STACK_LOCATION) -> NTSTATUS;
+    /// The device's memory BARs (start, length), for START_DEVICE's resource lists.
+    fn memory_resources(&self) -> Vec<(u64, u32)> {
+        Vec::new()
+    }
     /// MmMapIoSpaceEx on one of the device's translated memory ranges: where the CPU reaches it, or None.
     fn map_io_space(&self, _physical: u64, _length: usize) -> Option<*mut u8> {
         None

@@ -12,6 +12,7 @@ use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 use crate::image_mapping::MappedImage;
 use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager, UnloadFn};
 use crate::kernel_context::{bugcheck, kernel};
+use crate::start_resources::ResourceList;
 use vhca_ntmodel::VerifierFlags;
 
 /// How the life ended short of a clean unload. Devices left behind are not a bugcheck on Windows (the I/O manager
@@ -86,17 +87,19 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
 
     if start {
         step("IRP_MN_START_DEVICE");
-        let status = pnp_irp(io, pdo, IRP_MN_START_DEVICE);
+        let ranges = io.bus().memory_resources();
+        let (raw, translated) = (ResourceList::memory(&ranges), ResourceList::memory(&ranges));
+        let status = pnp_irp(io, pdo, IRP_MN_START_DEVICE, Some((&raw, &translated)));
         if status < 0 {
             // Windows sends REMOVE_DEVICE to a stack whose start failed; the driver frees there.
-            pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE);
+            pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE, None);
             unload(driver);
             return Err(LifeFailure::StartDevice(status));
         }
     }
 
     step("IRP_MN_REMOVE_DEVICE");
-    let status = pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE);
+    let status = pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE, None);
     if status < 0 {
         return Err(LifeFailure::RemoveDevice(status));
     }
@@ -112,7 +115,12 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
 
 /// A PnP IRP from the PnP manager to the top of the PDO's stack, as Windows sends it: status preset to
 /// STATUS_NOT_SUPPORTED, the IRP back with its final status.
-fn pnp_irp(io: &IoManager, pdo: *mut DEVICE_OBJECT, minor: u32) -> NTSTATUS {
+fn pnp_irp(
+    io: &IoManager,
+    pdo: *mut DEVICE_OBJECT,
+    minor: u32,
+    resources: Option<(&ResourceList, &ResourceList)>,
+) -> NTSTATUS {
     // SAFETY: the live stack above the PDO.
     let top = unsafe { top_of(pdo) };
     // SAFETY: a live device.
@@ -123,6 +131,10 @@ fn pnp_irp(io: &IoManager, pdo: *mut DEVICE_OBJECT, minor: u32) -> NTSTATUS {
         let stack = IoManager::next_stack(irp);
         (*stack).MajorFunction = IRP_MJ_PNP as u8;
         (*stack).MinorFunction = minor as u8;
+        if let Some((raw, translated)) = resources {
+            (*stack).Parameters.StartDevice.AllocatedResources = raw.as_ptr();
+            (*stack).Parameters.StartDevice.AllocatedResourcesTranslated = translated.as_ptr();
+        }
         io.call_driver(top, irp);
         (*irp).IoStatus.Anonymous.Status
     };
