@@ -29,6 +29,13 @@ impl fmt::Display for PciId {
     }
 }
 
+/// The driver personality of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverKind {
+    Native,
+    Sys,
+}
+
 /// What the run does and how long it may wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -56,6 +63,9 @@ pub struct Options {
     pub break_fix: bool,
     /// A test mode instead of a run (`vhca.init=hang|panic|poweroff`): the runner's own tests of hangs and crashes.
     pub init: Option<String>,
+    /// Which driver runs the scenario (`vhca.driver=native|sys`): the driver core built into this program, or the
+    /// signed vhca.sys from the initramfs through the PE loader.
+    pub driver: DriverKind,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -75,6 +85,7 @@ impl Default for Options {
             disabled_rules: Vec::new(),
             break_fix: false,
             init: None,
+            driver: DriverKind::Native,
             warnings: Vec::new(),
         }
     }
@@ -104,6 +115,13 @@ impl Options {
     fn apply(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
             "scenario" if !value.is_empty() => self.scenario = value.to_string(),
+            "driver" => {
+                self.driver = match value {
+                    "native" => DriverKind::Native,
+                    "sys" => DriverKind::Sys,
+                    _ => return Err(format!("not native or sys: {value:?}")),
+                }
+            }
             "scenario" => return Err("empty value".into()),
             "timeout_ms" => {
                 self.timeout_ms =

@@ -24,6 +24,9 @@ pub struct LoaderKernel {
     pub registry: Registry,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
     pub debug_lines: Mutex<Vec<String>>,
+    /// Whether the driver's own `VHCA-RESULT` lines go to stdout too; off where the caller reports the run itself
+    /// (the guest program merges the driver's result into its one result line).
+    pub echo_results: bool,
 }
 
 impl LoaderKernel {
@@ -37,9 +40,19 @@ impl LoaderKernel {
             locks: LockObjects::default(),
             registry: Registry::default(),
             debug_lines: Mutex::new(Vec::new()),
+            echo_results: true,
         }
     }
+
+    /// The driver's last `VHCA-RESULT` line, its JSON after the marker.
+    pub fn result_json(&self) -> Option<String> {
+        let lines = crate::lock(&self.debug_lines);
+        lines.iter().rev().find_map(|l| l.strip_prefix(RESULT_MARK).map(|j| j.trim().to_string()))
+    }
 }
+
+/// The marker of a result line, as the runner reads it.
+pub const RESULT_MARK: &str = "VHCA-RESULT ";
 
 static KERNEL: OnceLock<LoaderKernel> = OnceLock::new();
 

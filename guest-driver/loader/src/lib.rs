@@ -26,6 +26,8 @@ use std::sync::{Mutex, MutexGuard};
 pub use image_mapping::{ImportResolver, MappedImage};
 pub use load_error::LoadError;
 pub use pe_image::PeImage;
+/// The Windows-layout types the loader's callers (the guest's bus driver) fill in, from the same definitions.
+pub use windows_sys;
 
 /// Exit status of `vhca-load` when the driver called an import bound to a trap (`--trap-unbound`).
 pub const EXIT_UNBOUND_IMPORT: i32 = 3;

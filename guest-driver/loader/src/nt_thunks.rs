@@ -46,7 +46,9 @@ unsafe extern "win64" fn DbgPrintEx(
     let text = unsafe { format_message(CStr::from_ptr(format).to_bytes(), &[a0, a1, a2, a3, a4, a5]) };
     let k = kernel();
     for line in text.lines() {
-        println!("{line}");
+        if k.echo_results || !line.starts_with(crate::kernel_context::RESULT_MARK) {
+            println!("{line}");
+        }
         crate::lock(&k.debug_lines).push(line.to_string());
     }
     STATUS_SUCCESS
