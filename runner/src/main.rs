@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use vhca_suite::{render_junit, render_table, ConcreteRun, Suite, SuiteReport};
+use vhca_suite::{render_junit, render_table, ConcreteRun, DriverKind, Suite, SuiteReport};
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::bench;
@@ -68,6 +68,10 @@ enum Cmd {
         /// Print the concrete runs (after --filter) and exit without running them.
         #[arg(long)]
         list: bool,
+        /// Run every scenario with this driver: `native` (the driver core in the guest program) or `sys` (the
+        /// signed vhca.sys through the guest's PE loader) [default: each run's `driver`, else native]
+        #[arg(long, value_parser = parse_driver)]
+        driver: Option<DriverKind>,
     },
     /// Boot one run interactively: its console on stderr, then its verdict.
     Boot {
@@ -352,14 +356,21 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_driver(text: &str) -> Result<DriverKind, String> {
+    DriverKind::parse(text).ok_or_else(|| format!("{text:?} is not a driver: native or sys"))
+}
+
 fn real_main(cli: Cli) -> Result<bool> {
     match cli.command {
-        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list } => {
+        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list, driver } => {
             let (suite, suite_file) = load_suite(file.as_deref())?;
-            let runs = match &filter {
+            let mut runs = match &filter {
                 Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
                 None => suite.expand(),
             };
+            for run in runs.iter_mut().filter(|_| driver.is_some()) {
+                run.guest.driver = driver.unwrap_or_default();
+            }
             if runs.is_empty() {
                 bail!("no run of suite {:?} matches --filter {:?}", suite.name, filter.unwrap_or_default());
             }

@@ -12,8 +12,6 @@ use vhca_loader::io_manager::{BusDriver, IoManager};
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::nt_thunks::NtThunks;
 use vhca_loader::pnp_life::run_life;
-use vhca_loader::{driver_fault, load};
-use vhca_ntmodel::{NtModel, NtModelConfig};
 use vhca_loader::windows_sys::Wdk::Foundation::IO_STACK_LOCATION;
 use vhca_loader::windows_sys::Wdk::System::SystemServices::{
     IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE,
@@ -23,6 +21,8 @@ use vhca_loader::windows_sys::Wdk::System::SystemServices::{
 use vhca_loader::windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_DEVICE_DATA_ERROR, STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_SUCCESS,
 };
+use vhca_loader::{driver_fault, load};
+use vhca_ntmodel::{NtModel, NtModelConfig};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::Options;

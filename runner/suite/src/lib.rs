@@ -28,7 +28,7 @@ pub use serial_scan::{
 };
 pub use stop_line::{bugcheck_name, parse_bugcheck, Bugcheck};
 pub use suite::{
-    ConcreteRun, DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    ConcreteRun, DeviceOptions, DriverKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
     DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS,
 };
 pub use suite_file::{Problem, SuiteError, SEED_SUITE, SEED_SUITE_NAME};

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::expect::Expected;
-use crate::suite::{ConcreteRun, Suite, VerifierMode};
+use crate::suite::{ConcreteRun, DriverKind, Suite, VerifierMode};
 use crate::verdict::{Actual, Outcome, Verdict};
 
 /// How the guest was brought up for a run.
@@ -33,6 +33,8 @@ pub struct RunReport {
     pub name: String,
     pub run: String,
     pub mode: VerifierMode,
+    /// The driver personality that ran it.
+    pub driver: DriverKind,
     pub expected: Expected,
     pub actual: Actual,
     /// `actual` as one line, as the table and JUnit show it.
@@ -55,6 +57,7 @@ impl RunReport {
             name: run.name.clone(),
             run: run.run.clone(),
             mode: run.mode,
+            driver: run.guest.driver,
             expected: run.expected.clone(),
             actual_text: verdict.actual.to_string(),
             actual: verdict.actual,
@@ -75,7 +78,9 @@ impl RunReport {
 
     /// Gives a failed run its reproducer (see `reproducer`); a passed run keeps none.
     pub fn set_reproducer(&mut self, program: &str, suite_file: Option<&str>) {
-        self.reproducer = (!self.passed()).then(|| reproducer(program, suite_file, &self.name));
+        // A vhca.sys run is repeated as one, whether the file or `--driver` made it so.
+        let driver = if self.driver == DriverKind::Sys { " --driver sys" } else { "" };
+        self.reproducer = (!self.passed()).then(|| reproducer(program, suite_file, &self.name) + driver);
     }
 
     pub fn failure_reason(&self) -> Option<&str> {

@@ -71,6 +71,39 @@ pub struct DeviceOptions {
     pub inject: Vec<String>,
 }
 
+/// Which build of the driver runs a scenario in the guest: the driver core compiled into the guest program, or
+/// the signed vhca.sys loaded by the guest's PE loader (`vhca.driver=sys`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverKind {
+    #[default]
+    Native,
+    Sys,
+}
+
+impl DriverKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriverKind::Native => "native",
+            DriverKind::Sys => "sys",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<DriverKind> {
+        match text {
+            "native" => Some(DriverKind::Native),
+            "sys" => Some(DriverKind::Sys),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for DriverKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the guest program runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GuestOptions {
@@ -81,6 +114,8 @@ pub struct GuestOptions {
     pub timeout_s: u32,
     /// No serial output for this long: the run is hung.
     pub silence_s: u32,
+    /// The driver personality (`driver` in the suite file, `--driver` on the command line).
+    pub driver: DriverKind,
 }
 
 /// One run as written in the suite file, validated.
@@ -133,6 +168,9 @@ impl ConcreteRun {
             params.push(("vhca.lock".to_string(), lock.as_str().to_string()));
         }
         params.push(("vhca.verifier".to_string(), format!("{:#x}", self.verifier_flags)));
+        if self.guest.driver == DriverKind::Sys {
+            params.push(("vhca.driver".to_string(), DriverKind::Sys.as_str().to_string()));
+        }
         params.extend(self.guest.extra.iter().map(|(k, v)| (format!("vhca.{k}"), v.clone())));
         params
     }
@@ -212,6 +250,7 @@ mod tests {
                 extra: BTreeMap::from([("fragmentation".to_string(), "4".to_string())]),
                 timeout_s: 30,
                 silence_s: 10,
+                driver: DriverKind::Native,
             },
             verifier_flags: 0x80,
             expect: modes.iter().cloned().collect(),

@@ -318,3 +318,35 @@ fn bad_events_name_line_and_field() {
     assert!(found.iter().any(|p| p.line == 5 && p.message.contains("unknown field `maybe`")), "{found:#?}");
     assert_problem(&format!("{head}guest = {{ silence_s = 0 }}\n"), 5, "run[0].guest.silence_s", "out of range");
 }
+
+/// `driver = "native" | "sys"`: which build runs the scenario; sys runs ask the guest for `vhca.driver=sys`.
+#[test]
+fn driver_personality_reaches_the_guest_and_bad_values_are_named() {
+    let text = r#"
+name = "personalities"
+[[run]]
+name = "on-sys"
+driver = "sys"
+expect = "pass"
+[[run]]
+name = "on-native"
+expect = "pass"
+"#;
+    let suite = Suite::parse(text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let runs = suite.expand();
+    let params = |i: usize| runs[i].guest_params().into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+    assert!(params(0).contains(&"vhca.driver=sys".to_string()), "{:?}", params(0));
+    assert!(!params(2).iter().any(|p| p.starts_with("vhca.driver")), "{:?}", params(2));
+    assert_problem(
+        "name = \"x\"\n[[run]]\nname = \"a\"\ndriver = \"wdm\"\nexpect = \"pass\"\n",
+        4,
+        "run[0].driver",
+        "unknown driver \"wdm\"",
+    );
+    assert_problem(
+        "name = \"x\"\n[[run]]\nname = \"a\"\nexpect = \"pass\"\n[run.guest.extra]\ndriver = \"sys\"\n",
+        6,
+        "run[0].guest.extra.driver",
+        "set by the run's own fields",
+    );
+}

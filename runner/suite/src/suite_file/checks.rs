@@ -10,8 +10,8 @@ use super::raw::{PerMode, RawExtra, RawRun, RawSuite};
 use super::Problem;
 use crate::expect::Expected;
 use crate::suite::{
-    DeviceOptions, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S, DEFAULT_TIMEOUT_S,
-    DEFAULT_VERIFIER_FLAGS,
+    DeviceOptions, DriverKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS,
 };
 use crate::toml_location::line_column;
 
@@ -88,7 +88,7 @@ fn is_key(s: &str) -> bool {
 }
 
 /// Keys the suite sets itself from structured fields; an extra may not override them behind the file's back.
-const RESERVED_GUEST_KEYS: [&str; 3] = ["scenario", "lock", "verifier"];
+const RESERVED_GUEST_KEYS: [&str; 4] = ["scenario", "lock", "verifier", "driver"];
 
 /// Validates a parsed suite file: the suite, or every problem found in it.
 pub(super) fn check(raw: RawSuite, text: &str, file: &str) -> Result<Suite, Vec<Problem>> {
@@ -274,7 +274,15 @@ fn guest_options(
         let name = key.get_ref().strip_prefix("vhca.").unwrap_or(key.get_ref());
         add_extra(&mut extra, name, value, key.span(), &field(&format!("guest.extra.{name}")), checker);
     }
-    GuestOptions { scenario, lock, extra, timeout_s, silence_s }
+    let driver = match run.driver.as_ref().map(|d| (d, d.get_ref().as_str())) {
+        None | Some((_, "native")) => DriverKind::Native,
+        Some((_, "sys")) => DriverKind::Sys,
+        Some((d, other)) => {
+            checker.at(d.span(), field("driver"), format!("unknown driver {other:?}: expected \"native\" or \"sys\""));
+            DriverKind::Native
+        }
+    };
+    GuestOptions { scenario, lock, extra, timeout_s, silence_s, driver }
 }
 
 fn add_extra(

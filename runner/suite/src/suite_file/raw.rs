@@ -37,6 +37,8 @@ pub(super) struct RawRun {
     pub name: Spanned<String>,
     pub modes: Option<Spanned<Vec<Spanned<String>>>>,
     pub verifier_flags: Option<Spanned<toml::Value>>,
+    /// `driver = "native" | "sys"`: which build of the driver runs the scenario.
+    pub driver: Option<Spanned<String>>,
     #[serde(default)]
     pub device: RawDevice,
     #[serde(default)]
