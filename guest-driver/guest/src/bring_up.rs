@@ -5,21 +5,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cmdline::{Options, PciId};
-use crate::command_queue::CommandQueue;
+use crate::driver_run::{self, DriverRun};
 use crate::report::{progress, ConfigView, QueryDeviceView, Report};
-use crate::scenarios::{self, DriverRun};
 use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
-use crate::virtio_channel::{DoorbellQueue, EventQueue, VirtioChannel};
-use crate::virtio_pci::{
-    Deadline, QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
-};
+use crate::virtio_channel::{command_queue, report_command_buffers, CommandQueue, VirtioChannel};
+use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
+use crate::virtqueue::{RingLayout, SplitQueue};
 use crate::{kmsg, pci, rng, vfio};
 use anyhow::{bail, ensure, Context};
 use vhca_proto::{
     DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
     QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
 };
-use vhca_virtio::{RingLayout, SplitQueue};
 use zerocopy::FromBytes;
 
 /// QEMU's virtio-rng (modern id), the backend-less device used to prove the transport.
@@ -34,7 +31,7 @@ const MAX_QUEUES: u16 = 16;
 enum Scenario {
     Smoke,
     Unmapped,
-    Driver(&'static scenarios::Scenario),
+    Driver(vhca_scenarios::Scenario),
 }
 
 impl Scenario {
@@ -42,10 +39,10 @@ impl Scenario {
         match name {
             "smoke" => Ok(Scenario::Smoke),
             "unmapped" => Ok(Scenario::Unmapped),
-            _ => match scenarios::find(name) {
+            _ => match driver_run::find(name) {
                 Some(s) => Ok(Scenario::Driver(s)),
                 None => {
-                    let known: Vec<&str> = scenarios::SCENARIOS.iter().map(|s| s.name).collect();
+                    let known: Vec<&str> = vhca_scenarios::Scenario::DRIVER.iter().map(|s| s.name()).collect();
                     bail!("unknown scenario {name:?} (known: smoke, unmapped, {})", known.join(", "))
                 }
             },
@@ -106,9 +103,9 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
 
-    let transport = crate::virtio_pci::open(&session.device).context("virtio-pci transport")?;
-    report.mmio = Some(if transport.common_registers().is_mapped() { "mmap" } else { "pread" });
-    transport.reset(&mut Deadline::after(timeout))?;
+    let transport = VirtioPci::open(&session.device).context("virtio-pci transport")?;
+    report.mmio = Some(if transport.mmio_mapped() { "mmap" } else { "pread" });
+    transport.reset(timeout)?;
     transport.add_status(STATUS_ACKNOWLEDGE)?;
     transport.add_status(STATUS_DRIVER)?;
     let features = transport.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0)?;
@@ -139,13 +136,24 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
         (Personality::Vhca, Scenario::Driver(s)) => {
             driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
         }
+        // With the verifier on, smoke is the driver core under the NT model, so its checks run.
+        (Personality::Vhca, Scenario::Smoke) if options.verifier.enabled() => driver_scenario(
+            vhca_scenarios::Scenario::Smoke,
+            options,
+            &transport,
+            &mut queues,
+            &mut driver,
+            &mapper,
+            timeout,
+            report,
+        ),
         (Personality::Vhca, _) => vhca(scenario, &transport, &mut queues, &mut commands, &mapper, timeout, report),
-        (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name)),
+        (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name())),
         (Personality::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
     };
     mark(report, "scenario");
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
-    let reset = transport.reset(&mut Deadline::after(timeout));
+    let reset = transport.reset(timeout);
     drop(commands);
     drop(driver);
     drop(queues);
@@ -210,7 +218,7 @@ fn read_config(transport: &VirtioPci, report: &mut Report) -> anyhow::Result<Dev
 /// The driver core over the three queues, on an NT model whose DMA goes through VFIO.
 #[allow(clippy::too_many_arguments)]
 fn driver_scenario(
-    scenario: &'static scenarios::Scenario,
+    scenario: vhca_scenarios::Scenario,
     options: &Options,
     transport: &VirtioPci,
     queues: &mut [Option<Queue>],
@@ -219,24 +227,19 @@ fn driver_scenario(
     timeout: Duration,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let config = read_config(transport, report)?;
+    read_config(transport, report)?;
     let mut take =
         |index: u16| queues.get_mut(index as usize).and_then(Option::take).with_context(|| format!("no queue {index}"));
     let (cq, cn) = take(QUEUE_COMMAND)?;
     let (eq, en) = take(QUEUE_EVENT)?;
     let (dq, dn) = take(QUEUE_DOORBELL)?;
-    let commands = CommandQueue::new(cq, cn, mapper, timeout)?;
-    report.iovas.cmd = Some(commands.request_iova());
-    report.iovas.resp = Some(commands.response_iova());
-    (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
-    let events = EventQueue::new(eq, en, mapper)?;
-    let doorbells = DoorbellQueue::new(dq, dn, mapper, timeout)?;
-    let channel = VirtioChannel::new(commands, doorbells, events);
+    let commands = command_queue(cq, cn, mapper, timeout)?;
+    report_command_buffers(&commands, report);
+    let channel = VirtioChannel::new(commands, (eq, en), (dq, dn), mapper, timeout)?;
     *keep = Some((channel.clone(), None));
     let sink = Arc::new(Mutex::new(report.clone()));
-    progress(format_args!("driver scenario {}", scenario.name));
-    let (run, result) =
-        scenarios::run(scenario, options, channel, mapper.clone(), config.map_registers.get(), sink.clone(), timeout);
+    progress(format_args!("driver scenario {}", scenario.name()));
+    let (run, result) = driver_run::run(scenario, options, channel, mapper.clone(), sink.clone(), timeout);
     if let Some(k) = keep.as_mut() {
         k.1 = run;
     }
@@ -256,10 +259,8 @@ fn vhca(
     read_config(transport, report)?;
     let (queue, notifier) = queues.first_mut().and_then(Option::take).context("no command queue")?;
     // Kept by the caller until the device is reset, so a late completion never lands in unmapped memory.
-    let commands = commands.insert(CommandQueue::new(queue, notifier, mapper, timeout)?);
-    report.iovas.cmd = Some(commands.request_iova());
-    report.iovas.resp = Some(commands.response_iova());
-    (report.gpas.cmd, report.gpas.resp) = commands.guest_physical();
+    let commands = commands.insert(command_queue(queue, notifier, mapper, timeout)?);
+    report_command_buffers(commands, report);
     if scenario.is_unmapped() {
         let iova = mapper.reserve_iova(PAGE_SIZE)?;
         report.iovas.resp = Some(iova);

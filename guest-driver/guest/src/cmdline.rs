@@ -39,7 +39,7 @@ pub enum DriverKind {
 /// What the run does and how long it may wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Scenario name (see `scenarios::NAMES`, plus the transport's `smoke` and `unmapped`).
+    /// Scenario name (see `vhca_scenarios::Scenario`, plus the transport's `smoke` and `unmapped`).
     pub scenario: String,
     /// Bound on every wait for the device (reset, one command completion).
     pub timeout_ms: u64,
@@ -55,8 +55,11 @@ pub struct Options {
     pub verifier: VerifierFlags,
     /// Longest physically contiguous run, in pages, the NT model can still find (`vhca.fragmentation`).
     pub fragmentation: Option<usize>,
-    /// Map registers of the NT model's DMA adapter (`vhca.map_registers`); None: as many as the device has.
+    /// Map registers of the NT model's HAL per adapter (`vhca.map_registers`); None: the model's default. Not the
+    /// device's pool: that one is the device's own (`vhca-device --map-registers`).
     pub map_registers: Option<u32>,
+    /// DMA checking double-buffers (`vhca.double_buffering=0` turns it off, to show what depends on it).
+    pub double_buffering: bool,
     /// Verifier rules turned off (`vhca.disable_rule=0xE6/0x26`, repeatable).
     pub disabled_rules: Vec<RuleId>,
     /// The fixed scenarios take their buggy path again (`vhca.break_fix=1`): proves their checks can fail.
@@ -82,6 +85,7 @@ impl Default for Options {
             verifier: VerifierFlags::NONE,
             fragmentation: None,
             map_registers: None,
+            double_buffering: true,
             disabled_rules: Vec::new(),
             break_fix: false,
             init: None,
@@ -130,6 +134,7 @@ impl Options {
             "device" => self.device = Some(PciId::parse(value).ok_or(format!("not vvvv:dddd in hex: {value:?}"))?),
             "poweroff" => self.poweroff = boolean(value)?,
             "break_fix" => self.break_fix = boolean(value)?,
+            "double_buffering" => self.double_buffering = boolean(value)?,
             "lock" => {
                 self.lock = Some(match value {
                     "fast_mutex" => ClMutexKind::FastMutex,
@@ -173,15 +178,6 @@ fn boolean(value: &str) -> Result<bool, String> {
         "1" | "on" | "yes" | "true" => Ok(true),
         "0" | "off" | "no" | "false" => Ok(false),
         _ => Err(format!("not a boolean: {value:?}")),
-    }
-}
-
-/// The `vhca.lock` spelling of a lock kind, for reports.
-pub fn lock_name(kind: ClMutexKind) -> &'static str {
-    match kind {
-        ClMutexKind::FastMutex => "fast_mutex",
-        ClMutexKind::KMutex => "kmutex",
-        ClMutexKind::EResource => "eresource",
     }
 }
 
@@ -237,7 +233,8 @@ mod tests {
     fn reads_the_driver_options_the_runner_passes() {
         let options = Options::parse(
             "vhca.scenario=contiguous-cq-fallback vhca.lock=kmutex vhca.verifier=0xaa vhca.fragmentation=4 \
-             vhca.map_registers=16 vhca.disable_rule=0xC4/0xE5 vhca.disable_rule=0xE6 vhca.break_fix=1",
+             vhca.map_registers=16 vhca.disable_rule=0xC4/0xE5 vhca.disable_rule=0xE6 vhca.break_fix=1 \
+             vhca.double_buffering=0",
         );
         assert!(options.warnings.is_empty(), "{:?}", options.warnings);
         assert_eq!(options.lock, Some(ClMutexKind::KMutex));
@@ -248,6 +245,8 @@ mod tests {
         assert_eq!(options.disabled_rules[0].subcode, Some(0xE5));
         assert_eq!(options.disabled_rules[1].subcode, None);
         assert!(options.break_fix);
+        assert!(!options.double_buffering);
+        assert!(Options::parse("").double_buffering, "double buffering is on unless switched off");
         let off = Options::parse("vhca.verifier=0x0 vhca.lock=spin vhca.disable_rule=E6/x");
         assert_eq!(off.verifier, VerifierFlags::NONE);
         assert_eq!(off.lock, None);

@@ -49,6 +49,41 @@ pub fn count_faults(lines: &[String], address: Option<&str>) -> usize {
         .count()
 }
 
+/// One DMAR fault record as the kernel logs it: `DMAR: [DMA Write NO_PASID] Request device [01:00.0] fault addr
+/// 0x1000000000 [fault reason 0x05] PTE Write access is not set`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmarFault {
+    /// The address the IOMMU refused (the device's IOVA).
+    pub address: u64,
+    /// VT-d's fault reason code: Windows' 0xE6/0x26 parameter 4 ("fault type, hardware specific").
+    pub reason: u64,
+    pub write: bool,
+}
+
+/// The DMAR fault records among `lines` caused by the device at `address` (as `count_faults` picks them), in order.
+/// A line whose address or reason does not parse is skipped: the kernel's text is not trusted blindly.
+pub fn dmar_faults(lines: &[String], address: Option<&str>) -> Vec<DmarFault> {
+    lines
+        .iter()
+        .filter(|l| count_faults(std::slice::from_ref(*l), address) == 1)
+        .filter_map(|l| parse_fault(l))
+        .collect()
+}
+
+fn parse_fault(line: &str) -> Option<DmarFault> {
+    let hex_after = |mark: &str| {
+        let rest = line.split_once(mark)?.1.trim_start();
+        let digits = rest.strip_prefix("0x")?;
+        let end = digits.find(|c: char| !c.is_ascii_hexdigit()).unwrap_or(digits.len());
+        u64::from_str_radix(&digits[..end], 16).ok()
+    };
+    Some(DmarFault {
+        address: hex_after("fault addr")?,
+        reason: hex_after("fault reason")?,
+        write: line.contains("[DMA Write"),
+    })
+}
+
 fn is_iommu_line(message: &str) -> bool {
     message.contains("DMAR") && (message.contains("fault") || message.contains("Fault")) || message.starts_with("vfio")
 }
@@ -65,6 +100,20 @@ mod tests {
         assert!(is_iommu_line("vfio-pci 0000:01:00.0: enabling device (0000 -> 0002)"));
         assert!(!is_iommu_line("DMAR: IOMMU enabled"));
         assert!(!is_iommu_line("virtio_blk virtio0: [vda] 4096 512-byte logical blocks"));
+    }
+
+    #[test]
+    fn parses_the_fault_address_and_reason_of_the_devices_own_faults() {
+        let lines: Vec<String> = [
+            "DMAR: [DMA Write NO_PASID] Request device [00:1f.2] fault addr 0x1ffdf000 [fault reason 0x05]",
+            "DMAR: [DMA Write NO_PASID] Request device [01:00.0] fault addr 0x1000003000 [fault reason 0x05] PTE Write \
+             access is not set",
+            "DMAR: [DMA Read NO_PASID] Request device [01:00.0] fault addr 0xzz [fault reason 0x06]",
+        ]
+        .map(String::from)
+        .to_vec();
+        let faults = dmar_faults(&lines, Some("0000:01:00.0"));
+        assert_eq!(faults, vec![DmarFault { address: 0x10_0000_3000, reason: 5, write: true }]);
     }
 
     #[test]

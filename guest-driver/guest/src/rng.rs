@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use crate::vfio::DmaAccess;
-use crate::vfio_dma::DmaMapper;
 use crate::vfio_dma::DmaRegion;
-use crate::virtio_pci::{Deadline, QueueNotifier};
-use vhca_virtio::DmaMemory;
-use vhca_virtio::{Buffer, SplitQueue};
+use crate::vfio_dma::{DmaMapper, DmaMemory};
+use crate::virtio_pci::QueueNotifier;
+use crate::virtqueue::{Buffer, SplitQueue};
 
 pub const ENTROPY_BYTES: usize = 64;
 
@@ -32,7 +31,7 @@ pub fn read_entropy(
     buffer.fill(0, ENTROPY_BYTES, 0)?;
     let head = queue.add_chain(&[Buffer { iova: buffer.iova(), len: ENTROPY_BYTES as u32, device_writes: true }])?;
     notifier.notify()?;
-    let used = queue.wait_used(&mut Deadline::after(timeout))?;
+    let used = queue.wait_used(timeout)?;
     anyhow::ensure!(used.head == head, "completion for head {}, expected {head}", used.head);
     let mut bytes = [0u8; ENTROPY_BYTES];
     buffer.read_bytes(0, &mut bytes)?;
@@ -63,7 +62,7 @@ pub fn read_entropy_unmapped(
     let iova = mapper.reserve_iova(ENTROPY_BYTES)?;
     let head = queue.add_chain(&[Buffer { iova, len: ENTROPY_BYTES as u32, device_writes: true }])?;
     notifier.notify()?;
-    let used = queue.wait_used(&mut Deadline::after(timeout))?;
+    let used = queue.wait_used(timeout)?;
     anyhow::ensure!(used.head == head, "completion for head {}, expected {head}", used.head);
     Ok(EntropyRead { iova, used_len: used.len, bytes_hex: String::new() })
 }

@@ -150,6 +150,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         map_registers: options.map_registers.unwrap_or(defaults.map_registers),
         max_contiguous_pages: options.fragmentation,
         disabled_rules: options.disabled_rules.clone(),
+        double_buffering: options.double_buffering,
     };
     report.verifier = Some(format!("{:#x}", options.verifier.0));
     // A bugcheck prints the STOP lines and the run's result as far as it got, then powers off, as natively.

@@ -1,8 +1,9 @@
 //! The shared virtio-pci transport (vhca-virtio) bound to VFIO: BARs are VFIO regions, config space is read
 //! through the VFIO config region, and waits sleep on the monotonic clock. The transport logic itself lives in
-//! vhca-virtio, which vhca.sys uses too.
+//! vhca-virtio, which vhca.sys uses too; `VirtioPci` here only adds opening through VFIO and timeouts in time.
 
 use std::collections::BTreeMap;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,7 +49,17 @@ impl VfioBar {
     }
 }
 
-pub type VirtioPci = vhca_virtio::VirtioPci<VfioBar>;
+/// The transport over VFIO; every register operation is vhca-virtio's (through Deref).
+#[derive(Debug)]
+pub struct VirtioPci(vhca_virtio::VirtioPci<VfioBar>);
+
+impl Deref for VirtioPci {
+    type Target = vhca_virtio::VirtioPci<VfioBar>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
 pub type QueueNotifier = vhca_virtio::QueueNotifier<VfioBar>;
 pub type TransportError = vhca_virtio::TransportError<VfioError>;
 
@@ -62,15 +73,31 @@ pub enum OpenError {
     Transport(#[from] TransportError),
 }
 
-/// Reads config space, finds the capabilities, opens the BARs they name (each once) and enables memory decoding
-/// and bus mastering (vfio-pci leaves both off after its reset).
-pub fn open(device: &Device) -> Result<VirtioPci, OpenError> {
+impl VirtioPci {
+    /// Reads config space, finds the capabilities, opens the BARs they name (each once) and enables memory
+    /// decoding and bus mastering (vfio-pci leaves both off after its reset).
+    pub fn open(device: &Device) -> Result<VirtioPci, OpenError> {
+        open(device).map(VirtioPci)
+    }
+
+    /// Whether the BAR holding the common config is mmapped (else every access is a pread/pwrite syscall).
+    pub fn mmio_mapped(&self) -> bool {
+        self.0.common_registers().is_mapped()
+    }
+
+    /// Resets the device and waits up to `timeout` for it to read back 0.
+    pub fn reset(&self, timeout: Duration) -> Result<(), TransportError> {
+        self.0.reset(&mut Deadline::after(timeout))
+    }
+}
+
+fn open(device: &Device) -> Result<vhca_virtio::VirtioPci<VfioBar>, OpenError> {
     let config = device.region(CONFIG_REGION)?;
     let mut image = [0u8; PCI_CONFIG_SPACE_SIZE];
     config.pread(0, &mut image)?;
     let caps = vhca_virtio::parse_capabilities(&image)?;
     let mut bars: BTreeMap<u8, VfioBar> = BTreeMap::new();
-    let transport = VirtioPci::new(caps, |index| match bars.get(&index) {
+    let transport = vhca_virtio::VirtioPci::new(caps, |index| match bars.get(&index) {
         Some(bar) => Ok(bar.clone()),
         None => {
             let bar = VfioBar(Arc::new(device.region(index as u32)?));

@@ -129,8 +129,8 @@ pub trait NtKernel: Send + Sync {
     /// only where the adapter needs them) and calls `execution_routine` (the driver's AdapterListControl) with it at
     /// DISPATCH_LEVEL: before this returns when the resources are there, later (when map registers free up) when
     /// not. STATUS_SUCCESS means the routine was called or will be; an error means it never will be
-    /// (STATUS_INSUFFICIENT_RESOURCES: the list could not be built; STATUS_BUFFER_TOO_SMALL: the transfer needs more
-    /// map registers than IoGetDmaAdapter granted).
+    /// (STATUS_INSUFFICIENT_RESOURCES: the list could not be allocated, or the transfer needs more map registers than
+    /// IoGetDmaAdapter granted; STATUS_BUFFER_TOO_SMALL: the buffer is too small for the transfer).
     #[allow(clippy::too_many_arguments)]
     fn GetScatterGatherList(
         &self,

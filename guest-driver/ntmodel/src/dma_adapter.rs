@@ -71,8 +71,9 @@ pub(crate) struct Adapter {
     pub addr: u64,
     /// The per-request maximum IoGetDmaAdapter returned in NumberOfMapRegisters.
     pub granted: u32,
-    /// Whether transfers cost map registers: under DMA checking (the verifier double-buffers through its own map
-    /// registers) or for an adapter limited to 32-bit addresses. A 64-bit scatter/gather bus master needs none.
+    /// Whether transfers cost map registers: under DMA checking (the verifier double-buffers through map
+    /// registers) or for an adapter limited to 32-bit addresses. A 64-bit scatter/gather bus master needs none
+    /// (the model has no DMA remapping of its own: the platform's IOMMU is VFIO's, below the model).
     pub needs_map_registers: bool,
     pub pool_free: u32,
     pub released: bool,
@@ -267,7 +268,7 @@ impl NtModel {
         let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(PVOID(va), len as u64) as usize;
         let backend = self.backend();
         let no_memory = |_| Refusal::Status(STATUS_INSUFFICIENT_RESOURCES);
-        if checking {
+        if checking && self.config.double_buffering {
             let shadow = backend.alloc(pages).map_err(no_memory)?;
             let mut image = vec![PADDING; pages * PAGE as usize];
             let off = (va % PAGE) as usize;
@@ -341,7 +342,7 @@ impl NtModel {
         let adapter = Adapter {
             addr,
             granted,
-            needs_map_registers: self.dma_checking() || !desc.Dma64BitAddresses,
+            needs_map_registers: (self.dma_checking() && self.config.double_buffering) || !desc.Dma64BitAddresses,
             pool_free: self.config.map_registers,
             released: false,
             common: HashMap::new(),
@@ -452,7 +453,7 @@ impl NtModel {
                         0,
                     ))?;
                 }
-                return Err(Refusal::Status(STATUS_BUFFER_TOO_SMALL));
+                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
             let waiting = Waiting::List { device, mdl, va, length, write_to_device, routine };
             let Some(waiting) = m.dma.run_now_or_queue(adapter.0, waiting) else { return Ok(None) };

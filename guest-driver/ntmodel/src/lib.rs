@@ -27,7 +27,9 @@ pub(crate) const PAGE: u64 = vhca_ntapi::PAGE_SIZE;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NtModelConfig {
     pub verifier: VerifierFlags,
-    /// Map registers the HAL has for each adapter: the Windows scarcity AllocateAdapterChannel draws from.
+    /// Map registers the HAL has for each adapter: what adapters that need map registers (DMA checking's double
+    /// buffering, 32-bit adapters) draw from; requests short of them wait (AllocateAdapterChannel and
+    /// GetScatterGatherList queue their execution routines).
     pub map_registers: u32,
     /// Longest physically contiguous run, in pages, that contiguous allocations (AllocateCommonBuffer,
     /// MmAllocateContiguousMemorySpecifyCache) can still find: the fragmentation knob. None: any length.
@@ -35,6 +37,9 @@ pub struct NtModelConfig {
     /// Rules the verifier skips even though their flag is on: the model then behaves as if that one check were
     /// absent (the unchecked path runs).
     pub disabled_rules: Vec<RuleId>,
+    /// DMA checking double-buffers S/G lists and MapTransfer mappings, as Windows' verifier does. Off only to show
+    /// what depends on it (the shared-buffer scenario's stale read): the device then sees the buffer's own pages.
+    pub double_buffering: bool,
 }
 
 impl Default for NtModelConfig {
@@ -44,6 +49,7 @@ impl Default for NtModelConfig {
             map_registers: 64,
             max_contiguous_pages: None,
             disabled_rules: Vec::new(),
+            double_buffering: true,
         }
     }
 }
@@ -209,8 +215,9 @@ impl NtModel {
         self.with_thread(|t| t.irql = irql)
     }
 
-    /// The platform saw the device touch an unmapped address (a DMA fault event, an IOMMU fault log line).
-    /// With DMA checking this is bugcheck 0xE6/0x26, as Windows raises it under DMA remapping verification.
+    /// The platform's IOMMU refused the device's access to `address` (in the guest: a DMAR fault record the vIOMMU
+    /// logged; `fault_type` is its hardware-specific reason). With DMA checking this is bugcheck 0xE6/0x26 (P2 the
+    /// device object, P3 the faulting address, P4 the fault type), as Microsoft's 0xE6 page gives it.
     pub fn report_iommu_fault(&self, device: PDEVICE_OBJECT, address: u64, fault_type: u64) {
         lock(&self.iommu_faults).push(IommuFault { device, address, fault_type });
         if self.checks(VerifierFlags::DMA_CHECKING) {

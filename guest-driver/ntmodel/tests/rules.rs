@@ -500,6 +500,22 @@ fn a_32_bit_adapter_uses_map_registers_and_queues_without_dma_checking() {
 }
 
 #[test]
+fn execution_routines_run_at_dispatch_level_whatever_the_caller() {
+    // Without the verifier nothing stops a caller at PASSIVE_LEVEL; Windows still calls AdapterControl and
+    // AdapterListControl at DISPATCH_LEVEL, and the caller's IRQL is back afterwards.
+    let k = machine_with_registers(0, 8);
+    let (a, _) = adapter(&k);
+    let (va, mdl) = nonpaged_mdl(&k, 64);
+    let (list, routine) = list_routine(&k);
+    assert_eq!(k.GetScatterGatherList(a, PDO, mdl, va, 64, routine, true), STATUS_SUCCESS);
+    assert_eq!(list.lock().unwrap().as_ref().map(|(_, irql)| *irql), Some(DISPATCH_LEVEL));
+    let (base, routine) = channel_routine(&k, IO_ALLOCATION_ACTION::DeallocateObject);
+    assert_eq!(k.AllocateAdapterChannel(a, PDO, 1, routine), STATUS_SUCCESS);
+    assert_eq!(base.lock().unwrap().as_ref().map(|(_, irql)| *irql), Some(DISPATCH_LEVEL));
+    assert_eq!(k.KeGetCurrentIrql(), PASSIVE_LEVEL);
+}
+
+#[test]
 fn adapter_control_returning_deallocate_object_gives_the_registers_back() {
     let k = machine_with_registers(DMA, 8);
     let (a, _) = adapter(&k);
@@ -532,7 +548,7 @@ fn under_dma_checking_requests_short_of_map_registers_wait_for_them_instead_of_f
 }
 
 #[test]
-fn a_list_needing_more_registers_than_granted_is_e6_0c_or_buffer_too_small() {
+fn a_list_needing_more_registers_than_granted_is_e6_0c_or_insufficient_resources() {
     for flags in [0x0, DMA] {
         let k = machine_with_registers(flags, 8);
         let mut n = 0;
@@ -543,7 +559,7 @@ fn a_list_needing_more_registers_than_granted_is_e6_0c_or_buffer_too_small() {
         k.KeRaiseIrql(DISPATCH_LEVEL);
         let r = NtModel::run_guarded(|| get_sg(&k, a, mdl, va, 3 * 4096, true));
         if flags == 0 {
-            assert_eq!(r, Ok(Err(STATUS_BUFFER_TOO_SMALL)));
+            assert_eq!(r, Ok(Err(STATUS_INSUFFICIENT_RESOURCES)));
         } else {
             assert_eq!(r, Err(Bugcheck::e6(0x0C, 3, 2, 0)));
         }

@@ -1,5 +1,5 @@
 //! The result of a Windows run as the runner reads it: the same `VHCA-RESULT {json}` line the Linux guest prints
-//! (`ok`, `scenario`, `error`, `details`). vhca.sys prints it with DbgPrintEx and stores it in the registry value
+//! (`ok`, `scenario`, `lock`, `error`, `details`). vhca.sys prints it with DbgPrintEx and stores it in the registry value
 //! `Result` under the service's Parameters key, where the guest's script copies it to the serial console.
 
 use alloc::string::{String, ToString};
@@ -12,13 +12,15 @@ pub const RESULT_PREFIX: &str = "VHCA-RESULT ";
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunResult {
     pub scenario: &'static str,
+    /// The lock the control path took (`vhca.lock`'s spelling), where the scenario takes one.
+    pub lock: Option<&'static str>,
     pub error: Option<String>,
     pub details: Map<String, Value>,
 }
 
 impl RunResult {
     pub fn new(scenario: &'static str) -> RunResult {
-        RunResult { scenario, error: None, details: Map::new() }
+        RunResult { scenario, lock: None, error: None, details: Map::new() }
     }
 
     pub fn detail(&mut self, key: &str, value: impl Into<Value>) {
@@ -41,6 +43,9 @@ impl RunResult {
         object.insert("ok".into(), Value::Bool(self.error.is_none()));
         object.insert("scenario".into(), Value::String(self.scenario.into()));
         object.insert("platform".into(), Value::String("windows".into()));
+        if let Some(lock) = self.lock {
+            object.insert("lock".into(), Value::String(lock.into()));
+        }
         if let Some(e) = &self.error {
             object.insert("error".into(), Value::String(e.clone()));
         }

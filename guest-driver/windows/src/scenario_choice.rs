@@ -1,35 +1,13 @@
 //! How a Windows run picks its scenario. The runner (or whoever prepares the guest) writes the REG_SZ value
 //! `Scenario` under the service's `Parameters` key before the driver starts
 //! (`reg add HKLM\SYSTEM\CurrentControlSet\Services\vhca\Parameters /v Scenario /d fast-mutex-create-cq`);
-//! the INF installs `smoke` there as the default. START_DEVICE reads it and runs that scenario once.
+//! the INF installs `smoke` there as the default. START_DEVICE reads it and runs that scenario once. Every
+//! scenario of vhca-scenarios can be named, smoke included.
 
 use alloc::string::String;
 use core::fmt;
 
-/// The seed scenarios vhca.sys can run today: those the driver core performs on its own (no user-mode buffers,
-/// no verifier model: on Windows the verifier is Windows' own). Names are the suite's (runner/suite/suites).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowsScenario {
-    /// Open the HCA (IoGetDmaAdapter, QUERY_DEVICE), allocate and free a PD, close.
-    Smoke,
-    /// The seed's bug: create_cq (AllocateCommonBuffer, PASSIVE_LEVEL only) under a FAST_MUTEX (APC_LEVEL).
-    FastMutexCreateCq,
-    /// The fix: the same under a KMUTEX, which leaves the holder at PASSIVE_LEVEL.
-    FixedLockCreateCq,
-}
-
-impl WindowsScenario {
-    pub const ALL: [WindowsScenario; 3] =
-        [WindowsScenario::Smoke, WindowsScenario::FastMutexCreateCq, WindowsScenario::FixedLockCreateCq];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WindowsScenario::Smoke => "smoke",
-            WindowsScenario::FastMutexCreateCq => "fast-mutex-create-cq",
-            WindowsScenario::FixedLockCreateCq => "fixed-lock-create-cq",
-        }
-    }
-}
+use vhca_scenarios::Scenario;
 
 /// Why the registry value names no scenario vhca.sys runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +24,7 @@ impl fmt::Display for ChoiceError {
             ChoiceError::NotText => write!(f, "the Scenario value is not UTF-16 text"),
             ChoiceError::Unknown(name) => {
                 write!(f, "scenario {name:?} is not one vhca.sys runs (known:")?;
-                for s in WindowsScenario::ALL {
+                for s in core::iter::once(Scenario::Smoke).chain(Scenario::DRIVER) {
                     write!(f, " {}", s.name())?;
                 }
                 write!(f, ")")
@@ -57,14 +35,14 @@ impl fmt::Display for ChoiceError {
 
 /// The scenario a REG_SZ value names. `None` (no value) is the default, smoke. REG_SZ data carries its
 /// terminating NUL inside the value's length; it and surrounding blanks are ignored.
-pub fn choose(value: Option<&[u16]>) -> Result<WindowsScenario, ChoiceError> {
-    let Some(units) = value else { return Ok(WindowsScenario::Smoke) };
+pub fn choose(value: Option<&[u16]>) -> Result<Scenario, ChoiceError> {
+    let Some(units) = value else { return Ok(Scenario::Smoke) };
     let end = units.iter().position(|&u| u == 0).unwrap_or(units.len());
     let text: String = char::decode_utf16(units[..end].iter().copied())
         .collect::<Result<String, _>>()
         .map_err(|_| ChoiceError::NotText)?;
     let name = text.trim();
-    WindowsScenario::ALL.into_iter().find(|s| s.name() == name).ok_or_else(|| ChoiceError::Unknown(name.into()))
+    Scenario::find(name).ok_or_else(|| ChoiceError::Unknown(name.into()))
 }
 
 #[cfg(test)]
@@ -77,26 +55,29 @@ mod tests {
 
     #[test]
     fn the_registry_value_picks_the_scenario() {
-        assert_eq!(choose(None), Ok(WindowsScenario::Smoke));
+        assert_eq!(choose(None), Ok(Scenario::Smoke));
         let mut with_nul = utf16("fast-mutex-create-cq");
         with_nul.push(0);
-        assert_eq!(choose(Some(&with_nul)), Ok(WindowsScenario::FastMutexCreateCq));
-        assert_eq!(choose(Some(&utf16(" fixed-lock-create-cq "))), Ok(WindowsScenario::FixedLockCreateCq));
+        assert_eq!(choose(Some(&with_nul)), Ok(Scenario::FastMutexCreateCq));
+        assert_eq!(choose(Some(&utf16(" fixed-lock-create-cq "))), Ok(Scenario::FixedLockCreateCq));
     }
 
     #[test]
     fn unknown_names_and_broken_text_are_refused_with_the_cause() {
-        let err = choose(Some(&utf16("use-after-unmap"))).unwrap_err();
-        assert_eq!(err, ChoiceError::Unknown("use-after-unmap".into()));
+        assert_eq!(choose(Some(&utf16("use-after-unmap"))), Ok(Scenario::UseAfterUnmap));
+        let err = choose(Some(&utf16("unmapped"))).unwrap_err();
+        assert_eq!(err, ChoiceError::Unknown("unmapped".into()));
         assert!(err.to_string().contains("fast-mutex-create-cq"), "{err}");
         assert_eq!(choose(Some(&[0xD800, 0x0041])), Err(ChoiceError::NotText));
     }
 
-    /// Every name vhca.sys runs is a run of the seed suite the runner judges, so its verdicts apply unchanged.
+    /// Every scenario vhca.sys runs but the verbs suite's two is a run of the seed suite the runner judges, so its
+    /// verdicts apply unchanged.
     #[test]
     fn every_windows_scenario_is_in_the_seed_suite() {
         let suite = include_str!("../../../runner/suite/suites/seed.toml");
-        for s in WindowsScenario::ALL {
+        let verbs_only = [Scenario::VerbsLoopback, Scenario::DevicePoolExhaustion];
+        for s in core::iter::once(Scenario::Smoke).chain(Scenario::DRIVER).filter(|s| !verbs_only.contains(s)) {
             assert!(suite.contains(&format!("name = \"{}\"", s.name())), "{} not in seed.toml", s.name());
         }
     }

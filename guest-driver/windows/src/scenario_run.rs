@@ -1,74 +1,104 @@
-//! The scenarios vhca.sys runs, written once against the driver core and the NT interface, so the same code runs
-//! over the WDK shim in Windows and over the NT model in this repository's tests. Each returns its result line.
+//! How vhca.sys runs a scenario: the seed scenarios are vhca-scenarios (the same code the Linux guest program runs);
+//! this is their host in the driver, collecting details into the result line. What needs the kernel (debugger
+//! output, the clock, user buffers) is `DriverServices`, implemented over ntoskrnl.exe in src/kernel and over the
+//! NT model in this crate's tests.
 
 use alloc::format;
+use alloc::string::ToString;
 use alloc::sync::Arc;
+use core::cell::RefCell;
+use core::fmt;
+use core::time::Duration;
 
-use vhca_driver::{ClMutex, ClMutexKind, CommandChannel, Hca, HcaConfig};
-use vhca_ntapi::{NtKernel, PDEVICE_OBJECT};
+use serde_json::Value;
+use vhca_driver::CommandChannel;
+use vhca_ntapi::{NtKernel, PDEVICE_OBJECT, PVOID};
+use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
 use crate::result_line::RunResult;
-use crate::scenario_choice::WindowsScenario;
 
-/// CQ entries the lock scenarios create: a 16 KiB ring (four pages) with the default CQE size, big enough that a
-/// fragmented machine may have to fall back to pieces.
-const CQ_ENTRIES: u32 = 256;
+/// How long a scenario waits for completions and events (the Linux guest's default `vhca.timeout_ms`).
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Opens the HCA on `pdo`, runs `scenario`, closes the HCA. PASSIVE_LEVEL, no lock held.
-pub fn run<K: NtKernel + 'static, C: CommandChannel>(
-    scenario: WindowsScenario,
-    kernel: Arc<K>,
-    channel: C,
+/// The kernel services a scenario's host needs beyond `NtKernel`.
+pub trait DriverServices {
+    type Kernel: NtKernel + 'static;
+    type Channel: CommandChannel;
+    /// One progress line to the kernel debugger.
+    fn print(&self, line: &str);
+    /// A monotonic clock.
+    fn now(&self) -> Duration;
+    /// Waits about `duration`; PASSIVE_LEVEL.
+    fn sleep(&self, duration: Duration);
+    /// Pageable memory in the current process's user address space, `in_page_offset` bytes into its first page.
+    fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID;
+    fn free_user_buffer(&self, va: PVOID);
+}
+
+/// The scenario's host in vhca.sys: details and the lock go into the run's result as they come, progress to the
+/// debugger. IOMMU faults and the verifier are Windows' own, which the driver neither sees nor queries.
+struct DriverHost<'a, S: DriverServices> {
+    services: &'a S,
+    result: RefCell<RunResult>,
+}
+
+impl<S: DriverServices> ScenarioHost for DriverHost<'_, S> {
+    type Kernel = S::Kernel;
+    type Channel = S::Channel;
+
+    fn say(&self, message: fmt::Arguments<'_>) {
+        self.services.print(&format!("vhca: {message}"));
+    }
+
+    fn detail(&self, key: &str, value: Value) {
+        self.result.borrow_mut().details.insert(key.to_string(), value);
+    }
+
+    fn lock_chosen(&self, name: &'static str) {
+        self.result.borrow_mut().lock = Some(name);
+    }
+
+    fn now(&self) -> Duration {
+        self.services.now()
+    }
+
+    fn sleep(&self, duration: Duration) {
+        self.services.sleep(duration)
+    }
+
+    fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID {
+        self.services.alloc_user_buffer(len, in_page_offset)
+    }
+
+    fn free_user_buffer(&self, va: PVOID) {
+        self.services.free_user_buffer(va)
+    }
+
+    /// Under DMA remapping Windows reports an IOMMU fault to itself (with Driver Verifier's DMA checking, 0xE6 stops
+    /// the machine); the driver is not told.
+    fn report_platform_iommu_faults(&self, _wait: Duration) -> Option<usize> {
+        None
+    }
+
+    fn dma_checking(&self) -> Option<bool> {
+        None
+    }
+}
+
+/// Opens the HCA on `pdo`, runs `scenario` (vhca-scenarios), and returns its result. PASSIVE_LEVEL, no lock held.
+pub fn run<S: DriverServices>(
+    scenario: Scenario,
+    services: &S,
+    kernel: Arc<S::Kernel>,
+    channel: S::Channel,
     pdo: PDEVICE_OBJECT,
+    options: &ScenarioOptions,
 ) -> RunResult {
-    let mut result = RunResult::new(scenario.name());
-    let mut hca = match Hca::open(kernel.clone(), channel, pdo, HcaConfig::default()) {
-        Ok(hca) => hca,
-        Err(e) => {
-            result.fail(format!("Hca::open: {e}"));
-            return result;
-        }
-    };
-    result.detail("adapter_map_registers", hca.map_registers());
-    result.detail("device_max_qp", hca.attributes().max_qp.get());
-    let outcome = match scenario {
-        WindowsScenario::Smoke => smoke(&mut hca),
-        WindowsScenario::FastMutexCreateCq => create_cq_under(&mut hca, &kernel, ClMutexKind::FastMutex, &mut result),
-        WindowsScenario::FixedLockCreateCq => create_cq_under(&mut hca, &kernel, ClMutexKind::KMutex, &mut result),
-    };
+    let host = DriverHost { services, result: RefCell::new(RunResult::new(scenario.name())) };
+    let outcome = vhca_scenarios::run(scenario, &host, kernel, channel, pdo, options, SCENARIO_TIMEOUT);
+    let mut result = host.result.into_inner();
     if let Err(e) = outcome {
-        result.fail(e);
+        result.fail(format!("{e:#}"));
     }
-    hca.close();
     result
-}
-
-type Driver<K, C> = Hca<K, C>;
-
-fn smoke<K: NtKernel + 'static, C: CommandChannel>(hca: &mut Driver<K, C>) -> Result<(), alloc::string::String> {
-    let pd = hca.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
-    hca.dealloc_pd(pd).map_err(|e| format!("dealloc_pd: {e}"))
-}
-
-/// The seed's control path: the driver's cl_mutex held around create_cq, as IPoIB's PnP callback held it.
-fn create_cq_under<K: NtKernel + 'static, C: CommandChannel>(
-    hca: &mut Driver<K, C>,
-    kernel: &Arc<K>,
-    kind: ClMutexKind,
-    result: &mut RunResult,
-) -> Result<(), alloc::string::String> {
-    let lock = ClMutex::new(kernel.clone(), kind);
-    result.detail("lock", format!("{kind:?}"));
-    lock.acquire();
-    result.detail("irql_under_lock", kernel.KeGetCurrentIrql());
-    let created = hca.alloc_pd().and_then(|pd| hca.create_cq(CQ_ENTRIES).map(|cq| (pd, cq)));
-    lock.release();
-    let (pd, cq) = created.map_err(|e| format!("create under {kind:?}: {e}"))?;
-    if let Some(pieces) = hca.cq_ring_pieces(cq) {
-        result.detail("cq_pieces", serde_json::Value::from(pieces));
-    }
-    lock.acquire();
-    let destroyed = hca.destroy_cq(cq).and_then(|()| hca.dealloc_pd(pd));
-    lock.release();
-    destroyed.map_err(|e| format!("destroy under {kind:?}: {e}"))
 }

@@ -18,7 +18,7 @@ mod verdict;
 mod xml_text;
 
 pub use event_log_reader::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
-pub use expect::{fault_cause_names, ExpectParseError, Expected};
+pub use expect::{fault_cause_names, ExpectParseError, Expected, Param};
 pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;
 pub use observation::{GuestPanicked, HyperVCrash, Observation, ProcessExit};

@@ -69,6 +69,9 @@ pub struct DeviceOptions {
     pub map_registers: Option<u32>,
     /// Each becomes `vhca-device --inject KEY=VALUE`, in order.
     pub inject: Vec<String>,
+    /// `vhca-device --revalidate-stale`: a register made stale by an IOTLB invalidation asks the vIOMMU again on its
+    /// next use, so DMA after an unmap reaches the IOMMU (which refuses it and reports the fault to the guest).
+    pub revalidate_stale: bool,
 }
 
 /// Which build of the driver runs a scenario in the guest: the driver core compiled into the guest program, or
@@ -186,6 +189,9 @@ impl ConcreteRun {
             args.push("--inject".to_string());
             args.push(kv.clone());
         }
+        if self.device.revalidate_stale {
+            args.push("--revalidate-stale".to_string());
+        }
         args
     }
 }
@@ -243,7 +249,11 @@ mod tests {
     fn run(name: &str, modes: &[(VerifierMode, Expected)]) -> SuiteRun {
         SuiteRun {
             name: name.into(),
-            device: DeviceOptions { map_registers: Some(16), inject: vec!["max_contiguous_pages=4".into()] },
+            device: DeviceOptions {
+                map_registers: Some(16),
+                inject: vec!["max_contiguous_pages=4".into()],
+                revalidate_stale: false,
+            },
             guest: GuestOptions {
                 scenario: name.into(),
                 lock: Some(LockKind::Kmutex),

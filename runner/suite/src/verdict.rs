@@ -121,7 +121,7 @@ fn actual_of(o: &Observation, notes: &mut Vec<String>) -> Actual {
         notes.push(format!("{} STOP lines on serial; the first counts", o.bugchecks.len()));
     }
     if let (Some(s), Some(q)) = (serial_bugcheck, &qmp_bugcheck) {
-        if s.code != q.code || s.param1() != q.param1() {
+        if s.code != q.code || s.params != q.params {
             notes.push(format!("QMP GUEST_PANICKED reports {q}, serial says {s}"));
         }
     }
@@ -200,23 +200,36 @@ fn result_error(result: &serde_json::Value) -> String {
 fn compare(expected: &Expected, actual: &Actual) -> Outcome {
     let matched = match (expected, actual) {
         (Expected::Pass, Actual::Pass) => true,
-        (Expected::Bugcheck { code, param1 }, Actual::Bugcheck { bugcheck, .. }) => {
+        (Expected::Bugcheck { code, params }, Actual::Bugcheck { bugcheck, .. }) => {
             if *code != bugcheck.code {
                 false
-            } else if let Some(p) = param1 {
-                if bugcheck.param1() != Some(*p) {
-                    let got = bugcheck.param1().map_or("none".to_string(), |g| format!("{g:#X}"));
+            } else {
+                // Every parameter counts (Windows prints four); `*` marks the addresses that differ per run.
+                let wrong: Vec<String> = params
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, want)| {
+                        let got = bugcheck.params.get(i).copied();
+                        match got {
+                            Some(g) if want.matches(g) => None,
+                            Some(g) => Some(format!("parameter {} is {g:#X}, not {want}", i + 1)),
+                            None => Some(format!("parameter {} is missing, expected {want}", i + 1)),
+                        }
+                    })
+                    .collect();
+                if !wrong.is_empty() {
                     return Outcome::Fail {
-                        reason: format!("expected {expected}, got {actual}: parameter 1 is {got}, not {p:#X}"),
+                        reason: format!("expected {expected}, got {actual}: {}", wrong.join(", ")),
                     };
                 }
-                true
-            } else {
                 true
             }
         }
         (Expected::DeviceFault { cause }, Actual::DeviceFault { cause: got, .. }) => cause == got,
         (Expected::GuestPanic, Actual::GuestPanic { .. }) => true,
+        (Expected::GuestFailed { word }, Actual::GuestFailed { error }) => {
+            word.as_ref().map_or(true, |w| error.contains(w.as_str()))
+        }
         (Expected::Hang, Actual::Hang { .. }) => true,
         _ => false,
     };

@@ -119,7 +119,7 @@ fn junit_parses_back_with_every_run_and_failure() {
     assert_eq!(cases[3].attrs["classname"], "seed.fast-mutex-create-cq");
     let failures: Vec<&Element> = elements.iter().filter(|e| e.name == "failure").collect();
     assert_eq!(failures.len(), 2);
-    assert_eq!(failures[0].attrs["message"], "expected bugcheck 0xC4 0xE5, got pass");
+    assert_eq!(failures[0].attrs["message"], "expected bugcheck 0xE6 0x13 0x1 0x0 0x1, got pass");
     assert!(
         failures[0]
             .text
@@ -153,10 +153,10 @@ fn json_report_has_every_field_and_totals() {
     assert_eq!(failed["name"], "fast-mutex-create-cq/verifier-on");
     assert_eq!(failed["run"], "fast-mutex-create-cq");
     assert_eq!(failed["mode"], "on");
-    assert_eq!(failed["expected"], "bugcheck 0xC4 0xE5");
+    assert_eq!(failed["expected"], "bugcheck 0xE6 0x13 0x1 0x0 0x1");
     assert_eq!(failed["actual"]["kind"], "pass");
     assert_eq!(failed["outcome"]["result"], "fail");
-    assert_eq!(failed["outcome"]["reason"], "expected bugcheck 0xC4 0xE5, got pass");
+    assert_eq!(failed["outcome"]["reason"], "expected bugcheck 0xE6 0x13 0x1 0x0 0x1, got pass");
     assert_eq!(failed["accelerator"], "tcg");
     assert_eq!(failed["path"], "snapshot");
     assert_eq!(failed["artifact_dir"], "/tmp/vhca/fast-mutex-create-cq_verifier-on");
@@ -175,7 +175,10 @@ fn table_lists_runs_totals_and_reproducers() {
     assert!(lines[0].starts_with("RUN") && lines[0].contains("VERDICT") && lines[0].ends_with("ACCEL"), "{table}");
     assert_eq!(lines.len(), 1 + 5 + 1 + 2, "{table}");
     assert!(lines[1].starts_with("smoke ") && lines[1].contains(" off ") && lines[1].contains("ok   pass"), "{table}");
-    assert!(lines[4].contains("FAIL expected bugcheck 0xC4 0xE5, got pass") && lines[4].contains("4.25"), "{table}");
+    assert!(
+        lines[4].contains("FAIL expected bugcheck 0xE6 0x13 0x1 0x0 0x1, got pass") && lines[4].contains("4.25"),
+        "{table}"
+    );
     assert!(lines[4].trim_end().ends_with("tcg"));
     assert_eq!(lines[6], "5 runs: 3 passed, 2 failed; 11.50 s of runs in 3.50 s wall");
     assert!(lines[7].starts_with("reproduce fast-mutex-create-cq/verifier-on: vhca-run suite"));

@@ -1,6 +1,6 @@
 //! Suite files: the seed suite, the documented example, and bad files whose errors must name line and field.
 
-use vhca_suite::{Expected, LockKind, Problem, Suite, VerifierMode, DEFAULT_VERIFIER_FLAGS, SEED_SUITE_NAME};
+use vhca_suite::{Expected, LockKind, Param, Problem, Suite, VerifierMode, DEFAULT_VERIFIER_FLAGS, SEED_SUITE_NAME};
 
 /// The first ```toml block of docs/suites.md: the documented example must stay a valid suite.
 fn documented_example() -> String {
@@ -54,20 +54,30 @@ fn seed_suite_parses_and_expands() {
     let runs = suite.expand();
     assert_eq!(runs.len(), 2 * suite.runs.len());
     let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let is = Param::Is;
     assert_eq!(
         find("fast-mutex-create-cq/verifier-on").expected,
-        Expected::Bugcheck { code: 0xC4, param1: Some(0xE5) }
+        Expected::Bugcheck { code: 0xE6, params: [is(0x13), is(1), is(0), is(1)] }
     );
     assert_eq!(find("fast-mutex-create-cq/verifier-on").guest.lock, Some(LockKind::FastMutex));
     assert_eq!(find("fast-mutex-create-cq/verifier-on").verifier_flags, 0xAA);
     assert_eq!(find("fast-mutex-create-cq/verifier-off").verifier_flags, 0);
+    assert_eq!(find("use-after-unmap/verifier-off").expected, Expected::DeviceFault { cause: "iommu_unmapped".into() });
+    assert!(find("use-after-unmap/verifier-off").device.revalidate_stale);
     assert_eq!(
-        find("use-after-unmap/verifier-off").expected,
-        Expected::DeviceFault { cause: "stale_translation".into() }
+        find("use-after-unmap/verifier-on").expected,
+        Expected::Bugcheck { code: 0xE6, params: [is(0x26), Param::Any, Param::Any, is(5)] }
     );
-    assert_eq!(find("use-after-unmap/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x26) });
-    assert_eq!(find("user-buffer-no-lock/verifier-on").expected, Expected::Bugcheck { code: 0xE6, param1: Some(0x0E) });
+    assert_eq!(
+        find("user-buffer-no-lock/verifier-on").expected,
+        Expected::Bugcheck { code: 0xE6, params: [is(0x0E), Param::Any, is(0), is(0)] }
+    );
     assert_eq!(find("map-register-exhaustion/verifier-off").expected, Expected::Pass);
+    assert_eq!(
+        find("map-register-exhaustion/verifier-on").expected,
+        Expected::Bugcheck { code: 0xE6, params: [is(0x0C), is(16), is(9), is(0)] }
+    );
+    assert_eq!(find("shared-buffer-sg/verifier-on").expected, Expected::GuestFailed { word: Some("stale".into()) });
     let fallback = find("contiguous-cq-fallback/verifier-on");
     assert!(!fallback.device.inject.is_empty());
     assert!(fallback.guest.extra.contains_key("fragmentation"));
@@ -96,7 +106,7 @@ map_registers = 32
 name = "only-on"
 modes = ["on"]
 verifier_flags = 0x80
-expect = "bugcheck 0xC4 0x33"
+expect = "bugcheck 0xC4 0x33 0x2 * 0x0"
 
 [[run]]
 name = "both"
@@ -177,7 +187,8 @@ fn bad_verdicts_and_hex_codes() {
         "bad bugcheck code '0xZZ'",
     );
     assert_problem(&base("{ off = \"pass\", on = \"bugcheck C4\" }"), 4, "run[0].expect.on", "bad bugcheck code 'C4'");
-    assert_problem(&base("{ off = \"pass\", on = \"bugcheck 0xE6 38\" }"), 4, "run[0].expect.on", "parameter 1");
+    assert_problem(&base("{ off = \"pass\", on = \"bugcheck 0xE6 38 * * *\" }"), 4, "run[0].expect.on", "parameter 1");
+    assert_problem(&base("{ off = \"pass\", on = \"bugcheck 0xE6 0x26\" }"), 4, "run[0].expect.on", "give all four");
     assert_problem(&base("\"device-fault iommu\""), 4, "run[0].expect", "unknown device fault cause 'iommu'");
     assert_problem(&base("{ off = \"pass\" }"), 4, "run[0].expect.on", "no expectation for verifier mode \"on\"");
     assert_problem(&base("42"), 4, "run[0].expect", "a verdict string");

@@ -80,49 +80,77 @@ fn cases() -> Vec<Case> {
         },
         Case {
             what: "bugcheck code only",
-            expected: "bugcheck 0xC4",
+            expected: "bugcheck 0xC4 0x33 0x1 0x0 0x0",
             observation: clean(STOP_C4),
             actual_kind: "bugcheck",
             failure: None,
         },
         Case {
             what: "bugcheck expected, got pass",
-            expected: "bugcheck 0xC4",
+            expected: "bugcheck 0xC4 0x33 0x1 0x0 0x0",
             observation: clean(OK),
             actual_kind: "pass",
-            failure: Some("expected bugcheck 0xC4, got pass"),
+            failure: Some("expected bugcheck 0xC4 0x33 0x1 0x0 0x0, got pass"),
         },
         Case {
             what: "bugcheck wrong code",
-            expected: "bugcheck 0xC4",
+            expected: "bugcheck 0xC4 0x33 0x1 0x0 0x0",
             observation: clean(STOP_E6_26),
             actual_kind: "bugcheck",
-            failure: Some("expected bugcheck 0xC4, got bugcheck 0xE6"),
+            failure: Some("expected bugcheck 0xC4 0x33 0x1 0x0 0x0, got bugcheck 0xE6"),
         },
         Case {
             what: "bugcheck with subcode",
-            expected: "bugcheck 0xE6 0x26",
+            expected: "bugcheck 0xE6 0x26 * 0x0 0x0",
             observation: clean(STOP_E6_26),
             actual_kind: "bugcheck",
             failure: None,
         },
         Case {
             what: "bugcheck wrong subcode",
-            expected: "bugcheck 0xE6 0x26",
+            expected: "bugcheck 0xE6 0x26 * 0x0 0x0",
             observation: clean(STOP_E6_0E),
             actual_kind: "bugcheck",
             failure: Some("parameter 1 is 0xE, not 0x26"),
         },
         Case {
+            what: "bugcheck with a wrong parameter 4",
+            expected: "bugcheck 0xE6 0x26 * 0x0 0x5",
+            observation: clean(STOP_E6_26),
+            actual_kind: "bugcheck",
+            failure: Some("parameter 4 is 0x0, not 0x5"),
+        },
+        Case {
+            what: "bugcheck with a wrong address where none is marked *",
+            expected: "bugcheck 0xE6 0x26 0x1000 0x0 0x0",
+            observation: clean(STOP_E6_26),
+            actual_kind: "bugcheck",
+            failure: Some("parameter 2 is 0x2000, not 0x1000"),
+        },
+        Case {
+            what: "guest-failed with the word in its error",
+            expected: "guest-failed 0xC000009A",
+            observation: clean(FAILED),
+            actual_kind: "guest-failed",
+            failure: None,
+        },
+        Case {
+            what: "guest-failed without the word",
+            expected: "guest-failed stale",
+            observation: clean(FAILED),
+            actual_kind: "guest-failed",
+            failure: Some("expected guest-failed stale, got guest-failed"),
+        },
+        Case {
             what: "bugcheck beats the device fault seen before it",
-            expected: "bugcheck 0xE6 0x26",
+            expected: "bugcheck 0xE6 0x26 * 0x0 0x0",
             observation: with_fault(clean(STOP_E6_26)),
             actual_kind: "bugcheck",
             failure: None,
         },
         Case {
             what: "bugcheck from QMP hyper-v parameters",
-            expected: "bugcheck 0xE6 0x26",
+            expected: "bugcheck 0xE6 0x26 * 0x0 0x0",
             observation: hv_panic,
             actual_kind: "bugcheck",
             failure: None,
@@ -243,7 +271,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             what: "device crash beats the expected bugcheck",
-            expected: "bugcheck 0xE6 0x26",
+            expected: "bugcheck 0xE6 0x26 * 0x0 0x0",
             observation: device_segv,
             actual_kind: "device-failure",
             failure: Some("vhca-device killed by signal 11 (SIGSEGV)"),
@@ -280,7 +308,7 @@ fn verdict_table() {
 fn notes_keep_what_the_actual_hides() {
     let mut o = with_fault(clean(&format!("{STOP_E6_26}{STOP_C4}")));
     o.add_qmp_event(&json!({"event":"GUEST_PANICKED","data":{"action":"pause","info":{"type":"hyper-v","arg1":0xC4,"arg2":0x33,"arg3":0,"arg4":0,"arg5":0}}}));
-    let v = judge(&expect("bugcheck 0xE6 0x26"), &o);
+    let v = judge(&expect("bugcheck 0xE6 0x26 * 0x0 0x0"), &o);
     assert_eq!(v.outcome, Outcome::Pass);
     let notes = v.notes.join("\n");
     assert!(notes.contains("2 STOP lines"), "{notes}");
@@ -293,7 +321,7 @@ fn notes_keep_what_the_actual_hides() {
 
 #[test]
 fn actual_serialises_with_hex_codes() {
-    let v = judge(&expect("bugcheck 0xE6 0x26"), &clean(STOP_E6_26));
+    let v = judge(&expect("bugcheck 0xE6 0x26 * 0x0 0x0"), &clean(STOP_E6_26));
     let json = serde_json::to_value(&v).unwrap();
     assert_eq!(json["actual"]["kind"], "bugcheck");
     assert_eq!(json["actual"]["code"], "0xE6");
@@ -307,7 +335,7 @@ fn actual_serialises_with_hex_codes() {
 fn rig_problems_are_a_device_failure_above_everything_else() {
     let mut o = clean(&format!("{STOP_C4}{OK}"));
     o.rig_problems.push("command-queue descriptor at IOVA 0x1000+16: no IOTLB update from QEMU covers it".into());
-    let v = judge(&expect("bugcheck 0xC4"), &o);
+    let v = judge(&expect("bugcheck 0xC4 0x33 0x1 0x0 0x0"), &o);
     assert_eq!(kind(&v.actual), "device-failure");
     assert!(v.actual.to_string().contains("no IOTLB update"), "{}", v.actual);
     assert!(!v.outcome.passed());

@@ -48,7 +48,8 @@ impl Drop for CommonBuffer {
     /// PASSIVE_LEVEL, after the device was reset (the owner's order), so nothing DMAs here any more.
     fn drop(&mut self) {
         let (logical, va) = (PHYSICAL_ADDRESS(self.logical), PVOID(self.va.as_ptr() as u64));
-        // SAFETY: allocated above on this adapter with these values, freed once.
+        // SAFETY: PASSIVE_LEVEL (FreeCommonBuffer's), no lock held; allocated above on this adapter with these
+        // values, freed once.
         unsafe { dma::free_common_buffer(self.adapter, self.len, logical, va, true) };
     }
 }

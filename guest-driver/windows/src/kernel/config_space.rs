@@ -23,7 +23,8 @@ fn config_irp(pdo: *mut DEVICE_OBJECT, write: bool, offset: u32, buffer: &mut [u
     let mut io_status: IO_STATUS_BLOCK = IO_STATUS_BLOCK::default();
     // SAFETY: PASSIVE_LEVEL; the event lives until the wait below returns.
     unsafe { KeInitializeEvent(&mut event, NotificationEvent, false) };
-    // SAFETY: the PDO is live while the driver is attached; the reference is dropped below.
+    // SAFETY: PASSIVE_LEVEL, no lock held; the PDO is live while the driver is attached; the reference is
+    // dropped below.
     let top = unsafe { IoGetAttachedDeviceReference(pdo) };
     // SAFETY: PASSIVE_LEVEL; no buffer (config IRPs carry theirs in the stack location).
     let irp = unsafe {
@@ -38,7 +39,7 @@ fn config_irp(pdo: *mut DEVICE_OBJECT, write: bool, offset: u32, buffer: &mut [u
         )
     };
     if irp.is_null() {
-        // SAFETY: the reference from IoGetAttachedDeviceReference.
+        // SAFETY: PASSIVE_LEVEL; the reference from IoGetAttachedDeviceReference.
         unsafe { ObfDereferenceObject(top as *const c_void) };
         return windows_sys::Win32::Foundation::STATUS_INSUFFICIENT_RESOURCES;
     }
@@ -70,7 +71,7 @@ fn config_irp(pdo: *mut DEVICE_OBJECT, write: bool, offset: u32, buffer: &mut [u
         // SAFETY: written by the I/O manager before it signalled the event.
         status = unsafe { io_status.Anonymous.Status };
     }
-    // SAFETY: the reference from IoGetAttachedDeviceReference.
+    // SAFETY: PASSIVE_LEVEL; the reference from IoGetAttachedDeviceReference.
     unsafe { ObfDereferenceObject(top as *const c_void) };
     status
 }

@@ -1,7 +1,8 @@
-//! The functional device object's extension: the PDO it serves, the device it attached to, and the started
-//! device while there is one. Lives in DEVICE_OBJECT.DeviceExtension from AddDevice to REMOVE_DEVICE.
+//! The functional device object's extension: the PDO it serves, the device it attached to, the started device
+//! while there is one, and the remove lock. Lives in DEVICE_OBJECT.DeviceExtension from AddDevice to REMOVE_DEVICE.
 
 use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
+use windows_sys::Wdk::System::SystemServices::IO_REMOVE_LOCK;
 
 use super::started_device::StartedDevice;
 
@@ -10,6 +11,8 @@ pub struct Fdo {
     /// What IoAttachDeviceToDeviceStack returned: where IRPs go down.
     pub lower: *mut DEVICE_OBJECT,
     pub started: Option<StartedDevice>,
+    /// Held by every IRP in this driver; REMOVE_DEVICE waits for it (remove_lock.rs).
+    pub remove_lock: IO_REMOVE_LOCK,
 }
 
 /// The extension of one of this driver's FDOs.

@@ -32,7 +32,7 @@ pub unsafe fn skip_current_stack(irp: *mut IRP) {
 /// # Safety
 /// `lower` is the device this driver attached to; the IRP is not touched after.
 pub unsafe fn pass_down(lower: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
-    // SAFETY: the caller's contract.
+    // SAFETY: the caller's contract; IofCallDriver at IRQL <= DISPATCH_LEVEL, the caller's.
     unsafe {
         skip_current_stack(irp);
         IofCallDriver(lower, irp)
@@ -44,7 +44,7 @@ pub unsafe fn pass_down(lower: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
 /// # Safety
 /// The IRP is this driver's to complete, and is not touched after.
 pub unsafe fn complete(irp: *mut IRP, status: NTSTATUS) -> NTSTATUS {
-    // SAFETY: the caller's contract.
+    // SAFETY: the caller's contract; IofCompleteRequest at IRQL <= DISPATCH_LEVEL, the caller's.
     unsafe {
         (*irp).IoStatus.Anonymous.Status = status;
         IofCompleteRequest(irp, 0);

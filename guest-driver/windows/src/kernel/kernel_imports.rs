@@ -49,4 +49,19 @@ extern "system" {
         size: u32,
     ) -> NTSTATUS;
     pub fn ZwClose(handle: HANDLE) -> NTSTATUS;
+    /// User buffers for the scenarios (ntifs.h; windows-sys says ntdll.dll).
+    pub fn ZwAllocateVirtualMemory(
+        process: HANDLE,
+        base_address: *mut *mut c_void,
+        zero_bits: usize,
+        region_size: *mut usize,
+        allocation_type: u32,
+        protect: u32,
+    ) -> NTSTATUS;
+    pub fn ZwFreeVirtualMemory(
+        process: HANDLE,
+        base_address: *mut *mut c_void,
+        region_size: *mut usize,
+        free_type: u32,
+    ) -> NTSTATUS;
 }

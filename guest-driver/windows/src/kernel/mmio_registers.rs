@@ -90,7 +90,7 @@ pub struct KernelWait {
 }
 
 /// 100-ns units, the interrupt-time clock's.
-fn now() -> u64 {
+pub fn now() -> u64 {
     // SAFETY: any IRQL; the optional QPC timestamp is not wanted.
     unsafe { KeQueryInterruptTimePrecise(core::ptr::null_mut()) }
 }

@@ -15,13 +15,16 @@ mod pnp;
 mod pool_allocator;
 mod power;
 mod registry;
+mod remove_lock;
 mod runtime;
+mod scenario_services;
 mod spin_locked;
 mod started_device;
 mod wdk_kernel;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};
 use windows_sys::Wdk::Storage::FileSystem::{DO_DEVICE_INITIALIZING, DO_POWER_PAGABLE};
+use windows_sys::Wdk::System::SystemServices::IO_REMOVE_LOCK;
 use windows_sys::Wdk::System::SystemServices::{
     IoAttachDeviceToDeviceStack, IoCreateDevice, IoDeleteDevice, IRP_MJ_PNP, IRP_MJ_POWER,
 };
@@ -71,26 +74,40 @@ unsafe extern "system" fn add_device(driver: *const DRIVER_OBJECT, pdo: *const D
     if status < 0 {
         return status;
     }
-    // SAFETY: both devices are live; attaching returns the device below, or NULL when the stack is going away.
+    // SAFETY: PASSIVE_LEVEL (AddDevice); both devices are live; attaching returns the device below, or NULL when
+    // the stack is going away.
     let lower = unsafe { IoAttachDeviceToDeviceStack(device, pdo) };
     if lower.is_null() {
-        // SAFETY: created above, never attached.
+        // SAFETY: PASSIVE_LEVEL; created above, never attached.
         unsafe { IoDeleteDevice(device) };
         return STATUS_NO_SUCH_DEVICE;
     }
     // SAFETY: the extension is ours, sized for an Fdo, uninitialised until this write.
     unsafe {
-        ((*device).DeviceExtension as *mut Fdo).write(Fdo { pdo: pdo as *mut DEVICE_OBJECT, lower, started: None });
+        let extension = (*device).DeviceExtension as *mut Fdo;
+        let remove_lock = IO_REMOVE_LOCK::default();
+        extension.write(Fdo { pdo: pdo as *mut DEVICE_OBJECT, lower, started: None, remove_lock });
+        remove_lock::initialize(&mut (*extension).remove_lock);
         (*device).Flags |= DO_POWER_PAGABLE;
         (*device).Flags &= !DO_DEVICE_INITIALIZING;
     }
     STATUS_SUCCESS
 }
 
-/// Every IRP this driver does not handle goes to the next lower driver unchanged. Any IRQL the IRP comes at.
+/// Every IRP this driver does not handle goes to the next lower driver unchanged, holding the remove lock while
+/// it does. Any IRQL the IRP comes at (<= DISPATCH_LEVEL).
 unsafe extern "system" fn dispatch_pass_down(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
-    // SAFETY: one of our FDOs (only FDOs exist in this driver) and its IRP.
-    unsafe { irp::pass_down(fdo(device).lower, irp) }
+    // SAFETY: the IRP's IRQL (<= DISPATCH_LEVEL), no lock held but the remove lock; one of our FDOs (only FDOs
+    // exist in this driver) and its IRP.
+    unsafe {
+        let fdo = fdo(device);
+        if let Err(status) = remove_lock::acquire(&mut fdo.remove_lock, irp) {
+            return irp::complete(irp, status);
+        }
+        let status = irp::pass_down(fdo.lower, irp);
+        remove_lock::release(&mut fdo.remove_lock, irp);
+        status
+    }
 }
 
 /// DriverUnload: every FDO was deleted at REMOVE_DEVICE before the I/O manager calls this; nothing is left.

@@ -6,9 +6,9 @@ use alloc::format;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP};
 use windows_sys::Wdk::System::SystemServices::{
-    IoDeleteDevice, IoDetachDevice, IoForwardIrpSynchronously, IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE,
-    IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE, IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE,
-    IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
+    IoDeleteDevice, IoDetachDevice, IoForwardIrpSynchronously, IO_REMOVE_LOCK, IRP_MN_CANCEL_REMOVE_DEVICE,
+    IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE, IRP_MN_REMOVE_DEVICE,
+    IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
 };
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_DEVICE_CONFIGURATION_ERROR, STATUS_SUCCESS};
 
@@ -16,9 +16,11 @@ use super::debug_print::print_line;
 use super::fdo::fdo;
 use super::irp::{complete, current_stack, pass_down, set_status};
 use super::registry;
+use super::remove_lock;
 use super::started_device::StartedDevice;
 use crate::result_line::RunResult;
-use crate::scenario_choice::{choose, WindowsScenario};
+use crate::scenario_choice::choose;
+use vhca_scenarios::{Scenario, ScenarioOptions};
 
 /// The IRP_MJ_PNP dispatch routine. PASSIVE_LEVEL, in a system thread.
 ///
@@ -30,7 +32,31 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
         let stack = current_stack(irp);
         (fdo(device), (*stack).MinorFunction as u32, stack)
     };
-    match minor {
+    let lock: *mut IO_REMOVE_LOCK = &mut fdo.remove_lock;
+    // SAFETY: the FDO's initialised remove lock.
+    if let Err(status) = unsafe { remove_lock::acquire(lock, irp) } {
+        // SAFETY: PASSIVE_LEVEL; ours to complete: REMOVE_DEVICE has begun.
+        return unsafe { complete(irp, status) };
+    }
+    if minor == IRP_MN_REMOVE_DEVICE {
+        // Every other IRP lets go of the device first; then it is quiesced and freed, the IRP goes down, and the
+        // FDO is detached and deleted: nothing can reach it afterwards.
+        // SAFETY: this IRP holds the lock; PASSIVE_LEVEL.
+        unsafe { remove_lock::release_and_wait(lock, irp) };
+        fdo.started = None;
+        let lower = fdo.lower;
+        // SAFETY: PASSIVE_LEVEL, no lock held (the remove lock was given back); the extension is dropped once, just
+        // before its device object goes.
+        return unsafe {
+            set_status(irp, STATUS_SUCCESS);
+            let status = pass_down(lower, irp);
+            IoDetachDevice(lower);
+            core::ptr::drop_in_place(fdo);
+            IoDeleteDevice(device);
+            status
+        };
+    }
+    let status = match minor {
         IRP_MN_START_DEVICE => {
             // The lower drivers first: only then are the resources assigned and the device decoding.
             // SAFETY: PASSIVE_LEVEL; the IRP is ours again when this returns.
@@ -47,28 +73,16 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             } else if !forwarded {
                 status = STATUS_DEVICE_CONFIGURATION_ERROR;
             }
-            // SAFETY: ours to complete.
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; ours to complete.
             unsafe { complete(irp, status) }
         }
         IRP_MN_STOP_DEVICE | IRP_MN_SURPRISE_REMOVAL => {
             fdo.started = None;
-            // SAFETY: succeeded here, then passed down as the PnP rules require.
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; succeeded here, then passed down as the PnP rules
+            // require.
             unsafe {
                 set_status(irp, STATUS_SUCCESS);
                 pass_down(fdo.lower, irp)
-            }
-        }
-        IRP_MN_REMOVE_DEVICE => {
-            fdo.started = None;
-            let lower = fdo.lower;
-            // SAFETY: pass down first, then detach and delete: no IRP can reach the FDO after this.
-            unsafe {
-                set_status(irp, STATUS_SUCCESS);
-                let status = pass_down(lower, irp);
-                IoDetachDevice(lower);
-                core::ptr::drop_in_place(fdo);
-                IoDeleteDevice(device);
-                status
             }
         }
         IRP_MN_QUERY_STOP_DEVICE
@@ -82,9 +96,12 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
                 pass_down(fdo.lower, irp)
             }
         }
-        // SAFETY: not ours: down unchanged, status untouched.
+        // SAFETY: PASSIVE_LEVEL, holding the remove lock; not ours: down unchanged, status untouched.
         _ => unsafe { pass_down(fdo.lower, irp) },
-    }
+    };
+    // SAFETY: PASSIVE_LEVEL; this IRP took the lock above; released by tag, the IRP itself is not touched.
+    unsafe { remove_lock::release(lock, irp) };
+    status
 }
 
 /// Brings the device up and runs the run's scenario; the result goes to the debugger and the registry.
@@ -98,13 +115,13 @@ fn start(
     let started = unsafe { StartedDevice::start(fdo.pdo, raw, translated) };
     let (status, result) = match (started, chosen) {
         (Ok(device), Ok(scenario)) => {
-            let result = device.run_scenario(scenario);
+            let result = device.run_scenario(scenario, &ScenarioOptions::default());
             fdo.started = Some(device);
             (STATUS_SUCCESS, result)
         }
         (Ok(device), Err(why)) => {
             fdo.started = Some(device);
-            let mut result = RunResult::new(WindowsScenario::Smoke.name());
+            let mut result = RunResult::new(Scenario::Smoke.name());
             result.fail(format!("Scenario value: {why}"));
             (STATUS_SUCCESS, result)
         }

@@ -7,18 +7,25 @@ use windows_sys::Wdk::System::SystemServices::{PoCallDriver, PoStartNextPowerIrp
 use windows_sys::Win32::Foundation::NTSTATUS;
 
 use super::fdo::fdo;
-use super::irp::skip_current_stack;
+use super::irp::{complete, skip_current_stack};
+use super::remove_lock;
 
 /// The IRP_MJ_POWER dispatch routine. PASSIVE_LEVEL (the FDO is DO_POWER_PAGABLE).
 ///
 /// # Safety
 /// Called by the I/O manager with one of this driver's FDOs and a power IRP.
 pub unsafe extern "system" fn dispatch_power(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
-    // SAFETY: the I/O manager's contract; the IRP is not touched after PoCallDriver.
+    // SAFETY: PASSIVE_LEVEL (DO_POWER_PAGABLE), holding only the remove lock; the I/O manager's contract; the IRP
+    // is not touched after PoCallDriver (the lock is released by tag).
     unsafe {
-        let lower = fdo(device).lower;
+        let fdo = fdo(device);
         PoStartNextPowerIrp(irp);
+        if let Err(status) = remove_lock::acquire(&mut fdo.remove_lock, irp) {
+            return complete(irp, status);
+        }
         skip_current_stack(irp);
-        PoCallDriver(lower, irp)
+        let status = PoCallDriver(fdo.lower, irp);
+        remove_lock::release(&mut fdo.remove_lock, irp);
+        status
     }
 }

@@ -59,7 +59,7 @@ impl Key {
 
 impl Drop for Key {
     fn drop(&mut self) {
-        // SAFETY: a kernel handle from ZwOpenKey, closed once.
+        // SAFETY: PASSIVE_LEVEL; a kernel handle from ZwOpenKey, closed once.
         unsafe { ZwClose(self.0) };
     }
 }

@@ -28,11 +28,12 @@ use super::common_buffer::CommonBuffer;
 use super::config_space;
 use super::device_channel::{DeviceChannel, Queue};
 use super::mmio_registers::{KernelWait, MmioBar};
+use super::scenario_services::KernelServices;
 use super::wdk_kernel::WdkKernel;
 use crate::bar_resources::{locate_bar, MemoryResource};
 use crate::result_line::RunResult;
-use crate::scenario_choice::WindowsScenario;
 use crate::scenario_run;
+use vhca_scenarios::{Scenario, ScenarioOptions};
 
 /// How long the device may take to finish a reset.
 const RESET_TIMEOUT: Duration = Duration::from_secs(5);
@@ -202,9 +203,13 @@ impl StartedDevice {
     }
 
     /// Runs one scenario on the driver core over this device. PASSIVE_LEVEL.
-    pub fn run_scenario(&self, scenario: WindowsScenario) -> RunResult {
+    pub fn run_scenario(&self, scenario: Scenario, options: &ScenarioOptions) -> RunResult {
         match &self.channel {
-            Some(channel) => scenario_run::run(scenario, self.kernel.clone(), channel, PDEVICE_OBJECT(self.pdo as u64)),
+            Some(channel) => {
+                let services = KernelServices::new(self.kernel.clone(), channel);
+                let pdo = PDEVICE_OBJECT(self.pdo as u64);
+                scenario_run::run(scenario, &services, self.kernel.clone(), channel, pdo, options)
+            }
             None => {
                 let mut result = RunResult::new(scenario.name());
                 result.fail("the device has no command channel");

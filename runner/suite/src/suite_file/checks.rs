@@ -167,6 +167,7 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
                 .enumerate()
                 .filter_map(|(j, kv)| check_injection(kv, &field(&format!("device.inject[{j}]")), checker))
                 .collect(),
+            revalidate_stale: run.device.revalidate_stale,
         };
         let guest = guest_options(&run, &name, (default_timeout, default_silence), checker, &field);
         let expect = expectations(&run, &modes, checker, &field);

@@ -53,6 +53,8 @@ pub(super) struct RawDevice {
     pub map_registers: Option<Spanned<i64>>,
     #[serde(default)]
     pub inject: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub revalidate_stale: bool,
 }
 
 #[derive(Deserialize, Default)]

@@ -1,6 +1,11 @@
 //! What several scenarios share: buffers of each kind the NT model has, two RC QPs connected by loopback, work
 //! requests, data patterns, and completion checks with the statuses named.
 
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+
 use anyhow::{ensure, Context};
 use serde_json::{json, Value};
 use vhca_driver::{DriverError, MrMapping, MrSource, RegisteredMr};
@@ -8,7 +13,7 @@ use vhca_ntapi::*;
 use vhca_proto::status::WcStatus;
 use vhca_proto::{Cqe, Sge, Wqe, WrOpcode, ACCESS_ALL, WR_SIGNALED};
 
-use super::Ctx;
+use crate::{Ctx, ScenarioHost};
 
 const TAG: u32 = pool_tag(b"vhca");
 
@@ -24,13 +29,13 @@ pub enum Buffer {
 }
 
 impl Buffer {
-    pub fn pool(ctx: &Ctx, len: u32) -> anyhow::Result<Buffer> {
+    pub fn pool<H: ScenarioHost>(ctx: &Ctx<H>, len: u32) -> anyhow::Result<Buffer> {
         let va = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, len as usize, TAG);
         ensure!(!va.is_null(), "ExAllocatePoolWithTag({len}) failed");
         Ok(Buffer::Pool { va, len })
     }
 
-    pub fn common(ctx: &Ctx, len: u32) -> anyhow::Result<Buffer> {
+    pub fn common<H: ScenarioHost>(ctx: &Ctx<H>, len: u32) -> anyhow::Result<Buffer> {
         let mut logical = PHYSICAL_ADDRESS(0);
         let va = ctx.kernel.AllocateCommonBuffer(ctx.hca.adapter(), len, &mut logical, true);
         ensure!(!va.is_null(), "AllocateCommonBuffer({len}) failed");
@@ -38,8 +43,8 @@ impl Buffer {
     }
 
     /// A user buffer starting `offset` bytes into its first page (user buffers are rarely page aligned).
-    pub fn user(ctx: &Ctx, len: u32, offset: u64) -> anyhow::Result<Buffer> {
-        let va = ctx.kernel.alloc_user_buffer(len as u64, offset);
+    pub fn user<H: ScenarioHost>(ctx: &Ctx<H>, len: u32, offset: u64) -> anyhow::Result<Buffer> {
+        let va = ctx.host.alloc_user_buffer(len, offset);
         ensure!(!va.is_null(), "user buffer of {len} bytes could not be allocated");
         Ok(Buffer::User { va, len })
     }
@@ -65,29 +70,29 @@ impl Buffer {
         }
     }
 
-    pub fn fill(&self, ctx: &Ctx, data: &[u8]) {
+    pub fn fill<H: ScenarioHost>(&self, ctx: &Ctx<H>, data: &[u8]) {
         ctx.kernel.RtlCopyToVa(self.va(), data);
     }
 
-    pub fn fill_at(&self, ctx: &Ctx, offset: u64, data: &[u8]) {
+    pub fn fill_at<H: ScenarioHost>(&self, ctx: &Ctx<H>, offset: u64, data: &[u8]) {
         if let Some(va) = self.va().offset(offset) {
             ctx.kernel.RtlCopyToVa(va, data);
         }
     }
 
-    pub fn read(&self, ctx: &Ctx) -> Vec<u8> {
+    pub fn read<H: ScenarioHost>(&self, ctx: &Ctx<H>) -> Vec<u8> {
         let mut out = vec![0u8; self.len() as usize];
         ctx.kernel.RtlCopyFromVa(&mut out, self.va());
         out
     }
 
-    pub fn free(self, ctx: &Ctx) {
+    pub fn free<H: ScenarioHost>(self, ctx: &Ctx<H>) {
         match self {
             Buffer::Pool { va, .. } => ctx.kernel.ExFreePoolWithTag(va, TAG),
             Buffer::Common { va, logical, len } => {
                 ctx.kernel.FreeCommonBuffer(ctx.hca.adapter(), len, logical, va, true)
             }
-            Buffer::User { va, .. } => ctx.kernel.free_user_buffer(va),
+            Buffer::User { va, .. } => ctx.host.free_user_buffer(va),
         }
     }
 }
@@ -116,8 +121,8 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub fn register(
-    ctx: &mut Ctx,
+pub fn register<H: ScenarioHost>(
+    ctx: &mut Ctx<H>,
     pd: u32,
     buffer: &Buffer,
     access: u32,
@@ -193,7 +198,7 @@ fn driver(what: &'static str) -> impl Fn(DriverError) -> anyhow::Error {
 }
 
 impl Loopback {
-    pub fn new(ctx: &mut Ctx, cq_entries: u32, wq_entries: u32) -> anyhow::Result<Loopback> {
+    pub fn new<H: ScenarioHost>(ctx: &mut Ctx<H>, cq_entries: u32, wq_entries: u32) -> anyhow::Result<Loopback> {
         let hca = &mut ctx.hca;
         let pd = hca.alloc_pd().map_err(driver("alloc_pd"))?;
         let cq = [
@@ -210,14 +215,14 @@ impl Loopback {
     }
 
     /// Posts one signaled WR on QP `a` and waits for its completion on `a`'s CQ.
-    pub fn run_on_a(&self, ctx: &mut Ctx, w: &Wqe) -> anyhow::Result<Cqe> {
+    pub fn run_on_a<H: ScenarioHost>(&self, ctx: &mut Ctx<H>, w: &Wqe) -> anyhow::Result<Cqe> {
         ctx.hca.post_send(self.qp[0], w).map_err(driver("post_send"))?;
         let cqe = ctx.poll_cq(self.cq[0], 1)?;
         cqe.into_iter().next().context("no completion")
     }
 
     /// QPs, CQs, then the PD (MRs must be deregistered first).
-    pub fn destroy(self, ctx: &mut Ctx) -> anyhow::Result<()> {
+    pub fn destroy<H: ScenarioHost>(self, ctx: &mut Ctx<H>) -> anyhow::Result<()> {
         for qp in self.qp {
             ctx.hca.destroy_qp(qp).map_err(driver("destroy_qp"))?;
         }
@@ -228,6 +233,6 @@ impl Loopback {
     }
 }
 
-pub fn dereg(ctx: &mut Ctx, mr: &RegisteredMr) -> anyhow::Result<()> {
+pub fn dereg<H: ScenarioHost>(ctx: &mut Ctx<H>, mr: &RegisteredMr) -> anyhow::Result<()> {
     ctx.hca.dereg_mr(mr.lkey).map_err(driver("dereg_mr"))
 }

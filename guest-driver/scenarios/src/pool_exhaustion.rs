@@ -1,18 +1,21 @@
 //! device-pool-exhaustion: the device's own map-register pool runs out. One-page MRs are registered until REG_MR
 //! answers MAP_REGISTERS_EXHAUSTED; that must happen exactly when the free count QUERY_DEVICE gave is used up.
 
+use alloc::string::ToString;
+use alloc::vec::Vec;
+use core::time::Duration;
+
 use anyhow::{bail, ensure};
-use std::time::Duration;
 use vhca_driver::{DriverError, MrMapping};
 use vhca_proto::{EventKind, Opcode, Status, ACCESS_LOCAL_WRITE};
 
-use super::verbs::{register, Buffer};
-use super::Ctx;
+use crate::verbs::{register, Buffer};
+use crate::{Ctx, ScenarioHost};
 
 /// Registrations tried at most: the runner starts the device with a small pool (`--map-registers 16`).
 const MAX_TRIES: u32 = 512;
 
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let free = ctx.hca.attributes().map_registers_free.get();
     let total = ctx.hca.attributes().map_registers_total.get();
     ctx.detail("device_map_registers", serde_json::json!({"total": total, "free_at_open": free}));

@@ -1,17 +1,20 @@
 //! verbs-loopback: every verb once, end to end. Two RC QPs in loopback; RDMA_WRITE, RDMA_READ and SEND/RECV with
 //! S/G-mapped MRs, each completion checked, and every byte checked in guest memory after the MRs are deregistered.
 
+use alloc::vec;
+use alloc::vec::Vec;
+
 use anyhow::ensure;
 use serde_json::json;
 use vhca_driver::MrMapping;
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE};
 
-use super::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
-use super::Ctx;
+use crate::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
+use crate::{Ctx, ScenarioHost};
 
 const LEN: u32 = 6000;
 
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let lb = Loopback::new(ctx, 64, 64)?;
     // a: the write source, the read destination and the send source; b: the write target, the read source and
     // the receive buffer. Each its own pool buffer, so no two S/G mappings overlap.

@@ -5,21 +5,21 @@ use anyhow::ensure;
 use vhca_driver::MrMapping;
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
-use super::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
-use super::Ctx;
+use crate::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
+use crate::{Ctx, ScenarioHost};
 
 const LEN: u32 = 2 * 4096 + 300;
 
-pub fn probe_lock(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn probe_lock<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let lock = !ctx.options.break_fix;
     user_buffer(ctx, lock)
 }
 
-pub fn no_lock(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn no_lock<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     user_buffer(ctx, false)
 }
 
-fn user_buffer(ctx: &mut Ctx, lock: bool) -> anyhow::Result<()> {
+fn user_buffer<H: ScenarioHost>(ctx: &mut Ctx<H>, lock: bool) -> anyhow::Result<()> {
     ctx.detail("probe_and_lock", lock);
     let lb = Loopback::new(ctx, 64, 64)?;
     let src = Buffer::common(ctx, LEN)?;

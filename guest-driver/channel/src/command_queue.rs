@@ -1,35 +1,33 @@
 //! The command queue (queue 0): one request at a time, header + body in a device-readable buffer, response header +
-//! body in a separate device-writable one. Validates every response before the caller sees it.
+//! body in a separate device-writable one poisoned before each command. Checks the transport (which chain completed,
+//! a whole response header written); `execute_to` also checks the response itself for callers without the core.
 
-use std::time::Duration;
+use alloc::vec;
+use alloc::vec::Vec;
 
 use vhca_proto::{
-    encode_request, request_len, Opcode, QueryDeviceResp, ResponseHeader, Status, ABI_VERSION, MAX_REQUEST_SIZE,
-    PAGE_SIZE, RESPONSE_HEADER_SIZE,
+    encode_request, request_len, Opcode, QueryDeviceResp, ResponseHeader, Status, ABI_VERSION, PAGE_SIZE,
+    RESPONSE_HEADER_SIZE,
+};
+use vhca_virtio::{
+    Buffer, DmaMemory, DmaRangeError, QueueError, QueueNotifier, Registers, SplitQueue, TransportError, Used,
 };
 use zerocopy::FromBytes;
 
-use crate::vfio::DmaAccess;
-use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion};
-use crate::virtio_pci::{Deadline, QueueNotifier, TransportError};
-use vhca_virtio::{Buffer, DmaRangeError, QueueError, SplitQueue, Used};
+use crate::WaitSource;
 
 /// Poison for the response buffer: a device that completes without writing leaves it, and a status of
 /// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
 const POISON: u8 = 0xa5;
-/// Response room: the largest response header + body any command has, with slack for growth.
-const RESPONSE_BUFFER: usize = PAGE_SIZE as usize;
 
 #[derive(Debug, thiserror::Error)]
-pub enum CommandError {
-    #[error(transparent)]
-    Dma(#[from] DmaError),
+pub enum CommandError<E: core::fmt::Display + core::fmt::Debug> {
     #[error(transparent)]
     Range(#[from] DmaRangeError),
     #[error(transparent)]
     Queue(#[from] QueueError),
     #[error("notify: {0}")]
-    Notify(#[from] TransportError),
+    Notify(#[from] TransportError<E>),
     #[error("{opcode}: request of {len} bytes exceeds {max}")]
     RequestTooLarge { opcode: &'static str, len: usize, max: usize },
     #[error("{opcode}: completion for head {got}, expected {expected}")]
@@ -57,43 +55,29 @@ pub struct Response {
     pub used_len: u32,
 }
 
-/// The command queue with its two DMA buffers.
-pub struct CommandQueue {
-    queue: SplitQueue<DmaRegion>,
-    notifier: QueueNotifier,
-    request: DmaRegion,
-    response: DmaRegion,
+/// The command queue with its two DMA buffers (request: up to `MAX_REQUEST_SIZE`; response: a page is room for the
+/// largest response any command has).
+pub struct CommandQueue<M: DmaMemory, R: Registers, W: WaitSource> {
+    queue: SplitQueue<M>,
+    notifier: QueueNotifier<R>,
+    request: M,
+    response: M,
     next_tag: u32,
-    timeout: Duration,
+    waits: W,
 }
 
-impl CommandQueue {
-    pub fn new(
-        queue: SplitQueue<DmaRegion>,
-        notifier: QueueNotifier,
-        mapper: &DmaMapper,
-        timeout: Duration,
-    ) -> Result<CommandQueue, CommandError> {
-        let request = mapper.alloc(MAX_REQUEST_SIZE, DmaAccess::READ_WRITE)?;
-        let response = mapper.alloc(RESPONSE_BUFFER, DmaAccess::READ_WRITE)?;
-        Ok(CommandQueue { queue, notifier, request, response, next_tag: 0x5a00_0001, timeout })
+impl<M: DmaMemory, R: Registers, W: WaitSource> CommandQueue<M, R, W> {
+    pub fn new(queue: SplitQueue<M>, notifier: QueueNotifier<R>, request: M, response: M, waits: W) -> Self {
+        CommandQueue { queue, notifier, request, response, next_tag: 0x5a00_0001, waits }
     }
 
-    pub fn request_iova(&self) -> u64 {
-        self.request.iova()
-    }
-
-    pub fn response_iova(&self) -> u64 {
-        self.response.iova()
-    }
-
-    /// Guest-physical addresses of the request and response buffers, when the kernel reveals them.
-    pub fn guest_physical(&self) -> (Option<u64>, Option<u64>) {
-        (self.request.guest_physical().ok(), self.response.guest_physical().ok())
+    /// The request and response buffers (their addresses go into reports).
+    pub fn buffers(&self) -> (&M, &M) {
+        (&self.request, &self.response)
     }
 
     /// Sends one command and waits for its response; anything but a well-formed Ok response is an error.
-    pub fn execute(&mut self, opcode: Opcode, body: &[u8]) -> Result<Response, CommandError> {
+    pub fn execute(&mut self, opcode: Opcode, body: &[u8]) -> Result<Response, CommandError<R::Error>> {
         self.execute_to(opcode, body, None)
     }
 
@@ -104,20 +88,17 @@ impl CommandQueue {
         opcode: Opcode,
         body: &[u8],
         response_iova: Option<u64>,
-    ) -> Result<Response, CommandError> {
+    ) -> Result<Response, CommandError<R::Error>> {
         let name = opcode.name();
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
         let request_len = request_len(body.len(), 0).unwrap_or(usize::MAX);
+        let too_large = CommandError::RequestTooLarge { opcode: name, len: request_len, max: self.request.len() };
         if request_len > self.request.len() {
-            return Err(CommandError::RequestTooLarge { opcode: name, len: request_len, max: self.request.len() });
+            return Err(too_large);
         }
         let mut request = vec![0u8; request_len];
-        encode_request(&mut request, opcode, tag, body, &[]).ok_or(CommandError::RequestTooLarge {
-            opcode: name,
-            len: request_len,
-            max: self.request.len(),
-        })?;
+        encode_request(&mut request, opcode, tag, body, &[]).ok_or(too_large)?;
         self.request.write_bytes(0, &request)?;
         let response_room = RESPONSE_HEADER_SIZE + opcode.response_size();
         let used = self.submit(name, request_len, response_iova.unwrap_or(self.response.iova()), response_room)?;
@@ -154,7 +135,7 @@ impl CommandQueue {
     /// Sends an encoded request (header, body, page list) and returns the bytes the device wrote into the response
     /// buffer, at most `response_capacity`: the driver core decodes and checks them. Only the transport is checked
     /// here (sizes, which chain completed, at least a response header written).
-    pub fn execute_raw(&mut self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, CommandError> {
+    pub fn execute_raw(&mut self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, CommandError<R::Error>> {
         let opcode = request.get(..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let name = Opcode::from_u32(opcode).map_or("unknown opcode", Opcode::name);
         if request.len() > self.request.len() || request.is_empty() {
@@ -177,14 +158,14 @@ impl CommandQueue {
         request_len: usize,
         response_iova: u64,
         room: usize,
-    ) -> Result<Used, CommandError> {
+    ) -> Result<Used, CommandError<R::Error>> {
         self.response.fill(0, room, POISON)?;
         let head = self.queue.add_chain(&[
             Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
             Buffer { iova: response_iova, len: room as u32, device_writes: true },
         ])?;
         self.notifier.notify()?;
-        let used = self.queue.wait_used(&mut Deadline::after(self.timeout))?;
+        let used = self.queue.wait_used(&mut self.waits.wait())?;
         if used.head != head {
             return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });
         }
@@ -195,10 +176,10 @@ impl CommandQueue {
     }
 
     /// QUERY_DEVICE, with the fields a driver relies on checked.
-    pub fn query_device(&mut self) -> Result<(QueryDeviceResp, Response), CommandError> {
+    pub fn query_device(&mut self) -> Result<(QueryDeviceResp, Response), CommandError<R::Error>> {
         let opcode = Opcode::QueryDevice;
         let response = self.execute(opcode, &[])?;
-        let expected = std::mem::size_of::<QueryDeviceResp>();
+        let expected = core::mem::size_of::<QueryDeviceResp>();
         let resp = QueryDeviceResp::read_from_bytes(&response.body).map_err(|_| CommandError::BadField {
             opcode: opcode.name(),
             field: "body_len",

@@ -1,13 +1,15 @@
 //! contiguous-cq-fallback: the CQ ring (8 pages) cannot be one contiguous buffer (`vhca.fragmentation=4`, and
 //! the device refuses runs over 4 pages), so the driver falls back to pieces; real completions then cross them.
 
+use alloc::vec::Vec;
+
 use anyhow::ensure;
 use vhca_driver::{HcaConfig, MrMapping};
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, CQE_SIZE};
 
-use super::verbs::{dereg, expect_success, register, sge, wqe, Buffer, Loopback};
-use super::Ctx;
-use crate::cmdline::Options;
+use crate::verbs::{dereg, expect_success, register, sge, wqe, Buffer, Loopback};
+use crate::ScenarioOptions;
+use crate::{Ctx, ScenarioHost};
 
 /// 1024 CQEs of 32 bytes: an 8-page ring.
 const CQ_ENTRIES: u32 = 1024;
@@ -16,11 +18,11 @@ const SQ_ENTRIES: u32 = 64;
 const WRITES: u32 = 640;
 
 /// `vhca.break_fix` takes the fallback away: one contiguous attempt, as a driver without the seed's algorithm.
-pub fn config(options: &Options) -> HcaConfig {
+pub fn config(options: &ScenarioOptions) -> HcaConfig {
     HcaConfig { ring_fallback: !options.break_fix, ..HcaConfig::default() }
 }
 
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let lb = Loopback::new(ctx, CQ_ENTRIES, SQ_ENTRIES)?;
     let pieces = ctx.hca.cq_ring_pieces(lb.cq[0]).unwrap_or_default();
     ctx.detail("cq_entries", CQ_ENTRIES);

@@ -5,21 +5,21 @@ use vhca_driver::{ClMutex, ClMutexKind};
 use vhca_ntapi::NtKernel;
 use vhca_proto::WrOpcode;
 
-use super::verbs::{cqe_view, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
-use super::Ctx;
+use crate::verbs::{cqe_view, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
+use crate::{Ctx, ScenarioHost};
 
-pub fn fast_mutex(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn fast_mutex<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let kind = ctx.lock_kind(ClMutexKind::FastMutex);
     create_under(ctx, kind)
 }
 
-pub fn fixed_lock(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn fixed_lock<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let kind = ctx.lock_kind(ClMutexKind::KMutex);
     create_under(ctx, kind)
 }
 
 /// Creates the CQs and QPs under the lock (as IPoIB's PnP callback did), then shows they work with one SEND.
-fn create_under(ctx: &mut Ctx, kind: ClMutexKind) -> anyhow::Result<()> {
+fn create_under<H: ScenarioHost>(ctx: &mut Ctx<H>, kind: ClMutexKind) -> anyhow::Result<()> {
     let lock = ClMutex::new(ctx.kernel.clone(), kind);
     lock.acquire();
     let irql = ctx.kernel.KeGetCurrentIrql();

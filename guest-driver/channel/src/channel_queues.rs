@@ -1,0 +1,52 @@
+//! The three queues as the driver core's `CommandChannel` sees them. Each program wraps this in its own lock (the
+//! guest a Mutex, vhca.sys a RefCell) and implements `CommandChannel` as one call per method.
+
+use alloc::vec::Vec;
+
+use vhca_driver::ChannelError;
+use vhca_proto::Event;
+use vhca_virtio::{DmaMemory, QueueError, Registers};
+
+use crate::{CommandError, CommandQueue, DoorbellQueue, EventQueue, Note, WaitSource};
+
+pub struct ChannelQueues<M: DmaMemory, R: Registers, W: WaitSource> {
+    pub commands: CommandQueue<M, R, W>,
+    pub doorbells: DoorbellQueue<M, R, W>,
+    pub events: EventQueue<M, R>,
+}
+
+impl<M: DmaMemory, R: Registers, W: WaitSource> ChannelQueues<M, R, W> {
+    /// `CommandChannel::execute`: the transport's failures are noted and become the core's `ChannelError`.
+    pub fn execute(
+        &mut self,
+        request: &[u8],
+        response_capacity: usize,
+        note: Note<'_>,
+    ) -> Result<Vec<u8>, ChannelError> {
+        self.commands.execute_raw(request, response_capacity).map_err(|e| match e {
+            CommandError::Queue(QueueError::Timeout(_)) => ChannelError::Timeout,
+            other => {
+                note(format_args!("command queue: {other}"));
+                ChannelError::Transport(4)
+            }
+        })
+    }
+
+    pub fn ring_doorbell(&mut self, records: &[u8], note: Note<'_>) -> Result<(), ChannelError> {
+        self.doorbells.ring(records, note)
+    }
+
+    pub fn poll_event(&mut self, note: Note<'_>) -> Option<Event> {
+        self.events.poll(note)
+    }
+}
+
+pub(crate) fn queue_error(e: QueueError, note: Note<'_>) -> ChannelError {
+    match e {
+        QueueError::Timeout(_) => ChannelError::Timeout,
+        other => {
+            note(format_args!("virtqueue: {other}"));
+            ChannelError::Transport(3)
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The Linux guest's side of a driver scenario: the NT model over VFIO as the kernel, the virtio channel, and the
+//! scenario host (`vhca_scenarios::ScenarioHost`) that sends progress to the console, details to the report, and
+//! the vIOMMU's DMAR fault records from the kernel log to the NT model. The scenarios themselves are vhca-scenarios,
+//! the same code vhca.sys runs.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vhca_ntapi::{PDEVICE_OBJECT, PVOID};
+use vhca_ntmodel::{NtModel, NtModelConfig, VerifierFlags};
+use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
+
+use crate::bugcheck_handler::ConsoleBugcheck;
+use crate::cmdline::Options;
+use crate::kmsg;
+use crate::nt_backend::VfioDmaBackend;
+use crate::report::{progress, Report};
+use crate::vfio_dma::DmaMapper;
+use crate::virtio_channel::VirtioChannel;
+
+/// The physical device object the driver's DMA adapter is for (a stand-in address, as the model's objects are).
+pub const PDO: PDEVICE_OBJECT = PDEVICE_OBJECT(0xFFFF_C000_0000_1000);
+
+/// The scenario a name picks in the Linux guest: any but smoke, which names the transport's own check there (bring-up
+/// runs the driver's smoke instead when verifier flags are set).
+pub fn find(name: &str) -> Option<Scenario> {
+    Scenario::DRIVER.into_iter().find(|s| s.name() == name)
+}
+
+/// What a scenario run asks of the scenario itself, from the command line.
+pub fn scenario_options(options: &Options) -> ScenarioOptions {
+    ScenarioOptions { lock: options.lock, break_fix: options.break_fix }
+}
+
+/// Keeps the NT model (and with it every buffer it mapped for the device) alive until the device is reset.
+pub struct DriverRun {
+    pub kernel: Arc<NtModel>,
+    pub backend: Arc<VfioDmaBackend>,
+}
+
+/// The Linux guest as a scenario's host.
+struct GuestHost {
+    kernel: Arc<NtModel>,
+    backend: Arc<VfioDmaBackend>,
+    report: Arc<Mutex<Report>>,
+    /// NT pages still mapped for the device when the scenario finished, for the unload's progress line.
+    mapped_at_finish: AtomicUsize,
+}
+
+impl GuestHost {
+    fn report(&self) -> std::sync::MutexGuard<'_, Report> {
+        self.report.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ScenarioHost for GuestHost {
+    type Kernel = NtModel;
+    type Channel = VirtioChannel;
+
+    fn say(&self, message: std::fmt::Arguments<'_>) {
+        progress(message);
+    }
+
+    fn detail(&self, key: &str, value: Value) {
+        self.report().details.insert(key.to_string(), value);
+    }
+
+    fn lock_chosen(&self, name: &'static str) {
+        self.report().lock = Some(name.into());
+    }
+
+    fn now(&self) -> Duration {
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed()
+    }
+
+    fn sleep(&self, duration: Duration) {
+        std::thread::sleep(duration);
+    }
+
+    fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID {
+        self.kernel.alloc_user_buffer(len as u64, in_page_offset)
+    }
+
+    fn free_user_buffer(&self, va: PVOID) {
+        self.kernel.free_user_buffer(va);
+    }
+
+    /// Waits up to `wait` for the vIOMMU's fault records about this device to reach the kernel log, then hands each
+    /// to the NT model as the platform's IOMMU fault report (with DMA checking: 0xE6/0x26, the faulting address
+    /// and VT-d's fault reason as parameters 3 and 4).
+    fn report_platform_iommu_faults(&self, wait: Duration) -> Option<usize> {
+        let address = self.report().pci_address.clone();
+        let deadline = Instant::now() + wait;
+        let faults = loop {
+            let faults = kmsg::dmar_faults(&kmsg::iommu_lines(64), address.as_deref());
+            if !faults.is_empty() || Instant::now() >= deadline {
+                break faults;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let view: Vec<Value> = faults
+            .iter()
+            .map(|f| json!({"address": format!("{:#x}", f.address), "reason": f.reason, "write": f.write}))
+            .collect();
+        self.detail("dmar_faults", Value::Array(view));
+        for fault in &faults {
+            progress(format_args!(
+                "IOMMU fault from the platform: address {:#x}, reason {:#x}",
+                fault.address, fault.reason
+            ));
+            self.kernel.report_iommu_fault(PDO, fault.address, fault.reason);
+        }
+        Some(faults.len())
+    }
+
+    fn dma_checking(&self) -> Option<bool> {
+        Some(self.kernel.verifier().contains(VerifierFlags::DMA_CHECKING))
+    }
+
+    fn scenario_finished(&self) {
+        let (mapped, peak) = self.backend.mapped_pages();
+        self.mapped_at_finish.store(mapped, Ordering::Relaxed);
+        self.detail("nt_mapped_pages_peak", json!(peak));
+    }
+
+    /// The driver unloads: the verifier checks the adapter (0xE6/0x07..0x0A) and the pool (0xC4/0x60).
+    fn driver_closed(&self) {
+        self.kernel.unload_driver();
+        let mapped = self.mapped_at_finish.load(Ordering::Relaxed);
+        progress(format_args!("driver unloaded; {mapped} NT pages still mapped for the device at unload"));
+    }
+}
+
+/// Makes a fresh NT model over VFIO, runs the scenario on it (vhca-scenarios: open, run, drain events, close and
+/// unload after a success). A bugcheck anywhere never returns: the handler reports and powers off.
+pub fn run(
+    scenario: Scenario,
+    options: &Options,
+    channel: VirtioChannel,
+    mapper: Arc<DmaMapper>,
+    report: Arc<Mutex<Report>>,
+    timeout: Duration,
+) -> (Option<DriverRun>, anyhow::Result<()>) {
+    let backend = Arc::new(VfioDmaBackend::new(mapper));
+    let config = NtModelConfig {
+        verifier: options.verifier,
+        map_registers: options.map_registers.unwrap_or(NtModelConfig::default().map_registers),
+        max_contiguous_pages: options.fragmentation,
+        disabled_rules: options.disabled_rules.clone(),
+        double_buffering: options.double_buffering,
+    };
+    {
+        let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+        r.verifier = Some(format!("{:#x}", options.verifier.0));
+        r.details.insert("adapter_map_registers".into(), json!(config.map_registers));
+        r.details.insert("max_contiguous_pages".into(), json!(config.max_contiguous_pages));
+        let rules: Vec<String> = config.disabled_rules.iter().map(|r| r.to_string()).collect();
+        r.details.insert("disabled_rules".into(), json!(rules));
+        r.details.insert("break_fix".into(), json!(options.break_fix));
+        r.details.insert("double_buffering".into(), json!(config.double_buffering));
+    }
+    let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
+    let kernel = Arc::new(NtModel::new(config, backend.clone(), handler));
+    let keep = DriverRun { kernel: kernel.clone(), backend: backend.clone() };
+    progress(format_args!("NT model: verifier {:#x}", options.verifier.0));
+    let host = GuestHost { kernel: kernel.clone(), backend, report, mapped_at_finish: AtomicUsize::new(0) };
+    let scenario_options = scenario_options(options);
+    let result = vhca_scenarios::run(scenario, &host, kernel, channel, PDO, &scenario_options, timeout);
+    (Some(keep), result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seed suite (the runner's file) names only scenarios this program knows.
+    #[test]
+    fn every_seed_suite_scenario_is_known() {
+        let suite = include_str!("../../../runner/suite/suites/seed.toml");
+        let mut names = Vec::new();
+        let mut in_run = false;
+        for line in suite.lines().map(str::trim) {
+            if line.starts_with('[') {
+                in_run = line == "[[run]]";
+            } else if let Some(rest) = line.strip_prefix("name = \"").filter(|_| in_run) {
+                names.push(rest.trim_end_matches('"').to_string());
+            }
+        }
+        assert!(names.len() >= 10, "parsed {names:?}");
+        let unknown: Vec<_> = names.iter().filter(|n| *n != "smoke" && find(n).is_none()).collect();
+        assert!(unknown.is_empty(), "seed.toml runs the guest does not know: {unknown:?}");
+    }
+}

@@ -1,0 +1,132 @@
+//! What a scenario works with: the HCA, the kernel under it, its options, its host, and the events seen so far;
+//! waits (events, completions) are polled on the host's clock.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+use core::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use vhca_driver::{ClMutexKind, Hca};
+use vhca_proto::{Cqe, Event, EventKind, FaultCause};
+
+use crate::{lock_name, ScenarioHost, ScenarioOptions};
+
+pub struct Ctx<'a, H: ScenarioHost> {
+    pub hca: Hca<H::Kernel, H::Channel>,
+    pub kernel: Arc<H::Kernel>,
+    pub host: &'a H,
+    pub options: &'a ScenarioOptions,
+    pub(crate) timeout: Duration,
+    events: Vec<Value>,
+    /// A failure that must not stop the run before the driver unloads (the unload's checks come first).
+    pub(crate) deferred: Option<String>,
+}
+
+impl<'a, H: ScenarioHost> Ctx<'a, H> {
+    pub(crate) fn new(
+        hca: Hca<H::Kernel, H::Channel>,
+        kernel: Arc<H::Kernel>,
+        host: &'a H,
+        options: &'a ScenarioOptions,
+        timeout: Duration,
+    ) -> Self {
+        Ctx { hca, kernel, host, options, timeout, events: Vec::new(), deferred: None }
+    }
+
+    /// Adds `key: value` to the result's details (kept if the machine bugchecks later).
+    pub fn detail(&self, key: &str, value: impl Serialize) {
+        let value = serde_json::to_value(value).unwrap_or_else(|e| Value::String(format!("unserialisable: {e}")));
+        self.host.detail(key, value);
+    }
+
+    /// Fails the run after the driver has unloaded, so the verifier's unload checks still get their say.
+    pub fn defer_failure(&mut self, why: String) {
+        self.host.say(format_args!("failure, reported after unload: {why}"));
+        self.deferred.get_or_insert(why);
+    }
+
+    pub fn say(&self, message: impl fmt::Display) {
+        self.host.say(format_args!("{message}"));
+    }
+
+    /// The lock the control path takes: `vhca.lock` if given, else the scenario's choice; `vhca.break_fix`
+    /// swaps a fixed choice for the seed's FAST_MUTEX.
+    pub fn lock_kind(&self, scenario_choice: ClMutexKind) -> ClMutexKind {
+        let kind = self.options.lock.unwrap_or(scenario_choice);
+        let kind = if self.options.break_fix { ClMutexKind::FastMutex } else { kind };
+        self.host.lock_chosen(lock_name(kind));
+        kind
+    }
+
+    /// Takes every event the device has delivered. A DMA fault event is the device's own diagnostic, for the
+    /// report: an IOMMU fault reaches the kernel from the platform (`report_platform_iommu_faults`), not from here.
+    pub fn drain_events(&mut self) -> Vec<Event> {
+        let mut out = Vec::new();
+        while let Some(event) = self.hca.poll_event() {
+            out.push(event);
+        }
+        for event in &out {
+            let view = event_view(event);
+            self.host.say(format_args!("event: {view}"));
+            self.events.push(view);
+            self.detail("events", &self.events);
+        }
+        out
+    }
+
+    /// The platform's IOMMU fault reports about this device, handed to the kernel (`ScenarioHost`).
+    pub fn report_platform_iommu_faults(&mut self, wait: Duration) -> Option<usize> {
+        self.host.report_platform_iommu_faults(wait)
+    }
+
+    /// Waits (polling) for an event of `kind`; every event seen on the way is drained as above.
+    pub fn wait_event(&mut self, kind: EventKind, wait: Duration) -> Option<Event> {
+        let deadline = self.host.now() + wait;
+        loop {
+            if let Some(e) = self.drain_events().into_iter().find(|e| e.kind.get() == kind as u32) {
+                return Some(e);
+            }
+            if self.host.now() >= deadline {
+                return None;
+            }
+            self.host.sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Polls `cq` until `want` completions arrived, or fails naming how many did.
+    pub fn poll_cq(&mut self, cq: u32, want: usize) -> anyhow::Result<Vec<Cqe>> {
+        let deadline = self.host.now() + self.timeout;
+        let mut got = Vec::new();
+        while got.len() < want {
+            got.extend(self.hca.poll_cq(cq, want - got.len()).map_err(|e| anyhow::anyhow!("poll_cq: {e}"))?);
+            if got.len() >= want {
+                break;
+            }
+            anyhow::ensure!(
+                self.host.now() < deadline,
+                "CQ {cq}: {} of {want} completions within {:?}",
+                got.len(),
+                self.timeout
+            );
+            self.host.sleep(Duration::from_micros(200));
+        }
+        Ok(got)
+    }
+}
+
+fn event_view(e: &Event) -> Value {
+    let kind = match EventKind::from_u32(e.kind.get()) {
+        Some(EventKind::CqCompletion) => "cq_completion",
+        Some(EventKind::QpFatal) => "qp_fatal",
+        Some(EventKind::DmaFault) => "dma_fault",
+        Some(EventKind::MapRegistersExhausted) => "map_registers_exhausted",
+        None => "unknown",
+    };
+    let cause = FaultCause::from_u32(e.cause.get()).map_or("unknown", FaultCause::name);
+    json!({"kind": kind, "handle": e.handle.get(), "cause": cause, "detail": e.detail.get(),
+           "addr": format!("{:#x}", e.addr.get())})
+}

@@ -1,0 +1,45 @@
+//! What a scenario needs from the program it runs in, beyond the NT kernel and the command channel: where its
+//! progress and result details go, a clock, user buffers, and the platform's IOMMU fault reports. The Linux guest
+//! program (NT model over VFIO) and vhca.sys (the WDK shim) each implement it once.
+
+use core::fmt;
+use core::time::Duration;
+
+use serde_json::Value;
+use vhca_driver::CommandChannel;
+use vhca_ntapi::{NtKernel, PVOID};
+
+pub trait ScenarioHost {
+    type Kernel: NtKernel + 'static;
+    type Channel: CommandChannel;
+
+    /// A progress line (the guest's console, the kernel debugger).
+    fn say(&self, message: fmt::Arguments<'_>);
+    /// Adds `key: value` to the result's details at once, so a machine that stops later still reports it.
+    fn detail(&self, key: &str, value: Value);
+    /// The lock the control path took (`lock_name`), a top-level field of the result.
+    fn lock_chosen(&self, name: &'static str);
+
+    /// A monotonic clock from any origin.
+    fn now(&self) -> Duration;
+    /// Waits about `duration` before the next poll (PASSIVE_LEVEL).
+    fn sleep(&self, duration: Duration);
+
+    /// A user process's pageable buffer of `len` bytes starting `in_page_offset` bytes into its first page; NULL
+    /// when it cannot be allocated.
+    fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID;
+    fn free_user_buffer(&self, va: PVOID);
+
+    /// Waits up to `wait` for the platform's IOMMU fault reports about this device and hands them to the kernel
+    /// (with DMA checking the machine stops there). Returns how many there were, or None where the platform reports
+    /// them to its own kernel without the driver seeing them (Windows).
+    fn report_platform_iommu_faults(&self, wait: Duration) -> Option<usize>;
+    /// Whether the verifier checks DMA, where the driver can know it (for messages only).
+    fn dma_checking(&self) -> Option<bool>;
+
+    /// The scenario returned and its events were drained; the driver is still open.
+    fn scenario_finished(&self) {}
+    /// The driver closed after a successful scenario: where the kernel can, it unloads the driver and runs the
+    /// verifier's unload checks.
+    fn driver_closed(&self) {}
+}

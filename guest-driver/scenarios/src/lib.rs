@@ -1,0 +1,201 @@
+//! The seed scenarios, written once: the driver core (`vhca-driver`) over the NT interface (`vhca-ntapi`) and a
+//! `CommandChannel`, no_std. The Linux guest program runs them on the NT model over VFIO, vhca.sys on the WDK shim;
+//! what each needs beyond the kernel and the channel (details, a clock, user buffers, IOMMU reports) is its
+//! `ScenarioHost`. Names are the suite's (runner/suite/suites/seed.toml).
+#![cfg_attr(not(test), no_std)]
+
+extern crate alloc;
+
+mod context;
+mod host;
+
+mod cq_fallback;
+mod create_cq_lock;
+mod map_registers;
+mod pool_exhaustion;
+mod shared_buffer;
+mod smoke;
+mod use_after_unmap;
+mod user_buffer;
+mod verbs;
+mod verbs_loopback;
+
+use alloc::sync::Arc;
+use core::time::Duration;
+
+use vhca_driver::{ClMutexKind, Hca, HcaConfig};
+use vhca_ntapi::PDEVICE_OBJECT;
+
+pub use context::Ctx;
+pub use host::ScenarioHost;
+
+/// What a run asks of its scenario beyond its name (the guest's `vhca.*` words, vhca.sys's registry values).
+/// Options of the kernel under the driver (verifier, fault injection) are the host's, set when it made the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScenarioOptions {
+    /// The kernel lock the control path holds (`vhca.lock`); None: the scenario's own choice.
+    pub lock: Option<ClMutexKind>,
+    /// The fixed scenarios take their buggy path again (`vhca.break_fix=1`): proves their checks can fail.
+    pub break_fix: bool,
+}
+
+/// The `vhca.lock` spelling of a lock kind, for reports.
+pub fn lock_name(kind: ClMutexKind) -> &'static str {
+    match kind {
+        ClMutexKind::FastMutex => "fast_mutex",
+        ClMutexKind::KMutex => "kmutex",
+        ClMutexKind::EResource => "eresource",
+    }
+}
+
+/// One scenario of the seed suite (and the verbs suite's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// Every kind of object created and destroyed once, one RDMA write: the verifier must stay silent.
+    Smoke,
+    VerbsLoopback,
+    DevicePoolExhaustion,
+    FastMutexCreateCq,
+    FixedLockCreateCq,
+    ContiguousCqFallback,
+    MapRegisterExhaustion,
+    SharedBufferSg,
+    SharedBufferCommon,
+    UseAfterUnmap,
+    UserBufferProbeLock,
+    UserBufferNoLock,
+    IoMapCommonBuffer,
+}
+
+impl Scenario {
+    /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
+    /// is off.
+    pub const DRIVER: [Scenario; 12] = [
+        Scenario::VerbsLoopback,
+        Scenario::DevicePoolExhaustion,
+        Scenario::FastMutexCreateCq,
+        Scenario::FixedLockCreateCq,
+        Scenario::ContiguousCqFallback,
+        Scenario::MapRegisterExhaustion,
+        Scenario::SharedBufferSg,
+        Scenario::SharedBufferCommon,
+        Scenario::UseAfterUnmap,
+        Scenario::UserBufferProbeLock,
+        Scenario::UserBufferNoLock,
+        Scenario::IoMapCommonBuffer,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Smoke => "smoke",
+            Scenario::VerbsLoopback => "verbs-loopback",
+            Scenario::DevicePoolExhaustion => "device-pool-exhaustion",
+            Scenario::FastMutexCreateCq => "fast-mutex-create-cq",
+            Scenario::FixedLockCreateCq => "fixed-lock-create-cq",
+            Scenario::ContiguousCqFallback => "contiguous-cq-fallback",
+            Scenario::MapRegisterExhaustion => "map-register-exhaustion",
+            Scenario::SharedBufferSg => "shared-buffer-sg",
+            Scenario::SharedBufferCommon => "shared-buffer-common",
+            Scenario::UseAfterUnmap => "use-after-unmap",
+            Scenario::UserBufferProbeLock => "user-buffer-probe-lock",
+            Scenario::UserBufferNoLock => "user-buffer-no-lock",
+            Scenario::IoMapCommonBuffer => "io-map-common-buffer",
+        }
+    }
+
+    /// The scenario of that name, smoke included.
+    pub fn find(name: &str) -> Option<Scenario> {
+        core::iter::once(Scenario::Smoke).chain(Scenario::DRIVER).find(|s| s.name() == name)
+    }
+
+    /// The HCA configuration the scenario needs.
+    pub fn config(self, options: &ScenarioOptions) -> HcaConfig {
+        match self {
+            Scenario::ContiguousCqFallback => cq_fallback::config(options),
+            Scenario::MapRegisterExhaustion => map_registers::config(options),
+            _ => HcaConfig::default(),
+        }
+    }
+
+    fn body<H: ScenarioHost>(self, ctx: &mut Ctx<H>) -> anyhow::Result<()> {
+        match self {
+            Scenario::Smoke => smoke::run(ctx),
+            Scenario::VerbsLoopback => verbs_loopback::run(ctx),
+            Scenario::DevicePoolExhaustion => pool_exhaustion::run(ctx),
+            Scenario::FastMutexCreateCq => create_cq_lock::fast_mutex(ctx),
+            Scenario::FixedLockCreateCq => create_cq_lock::fixed_lock(ctx),
+            Scenario::ContiguousCqFallback => cq_fallback::run(ctx),
+            Scenario::MapRegisterExhaustion => map_registers::run(ctx),
+            Scenario::SharedBufferSg => shared_buffer::sg(ctx),
+            Scenario::SharedBufferCommon => shared_buffer::common(ctx),
+            Scenario::UseAfterUnmap => use_after_unmap::run(ctx),
+            Scenario::UserBufferProbeLock => user_buffer::probe_lock(ctx),
+            Scenario::UserBufferNoLock => user_buffer::no_lock(ctx),
+            Scenario::IoMapCommonBuffer => shared_buffer::io_map_common_buffer(ctx),
+        }
+    }
+}
+
+/// Opens the HCA on `pdo`, runs the scenario, drains events, and after a success closes the HCA and lets the host
+/// unload the driver (the verifier's leak checks). After a failure the driver stays open: its state is the
+/// evidence, and a close could stop the machine before the failure is reported. A bugcheck anywhere never returns.
+/// PASSIVE_LEVEL, no lock held.
+pub fn run<H: ScenarioHost>(
+    scenario: Scenario,
+    host: &H,
+    kernel: Arc<H::Kernel>,
+    channel: H::Channel,
+    pdo: PDEVICE_OBJECT,
+    options: &ScenarioOptions,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let hca = Hca::open(kernel.clone(), channel, pdo, scenario.config(options))
+        .map_err(|e| anyhow::anyhow!("Hca::open: {e}"))?;
+    host.say(format_args!(
+        "driver open: adapter map registers {}, device map registers {} free",
+        hca.map_registers(),
+        hca.attributes().map_registers_free.get()
+    ));
+    let mut ctx = Ctx::new(hca, kernel, host, options, timeout);
+    let result = scenario.body(&mut ctx);
+    ctx.drain_events();
+    let deferred = ctx.deferred.take();
+    host.scenario_finished();
+    if result.is_ok() {
+        ctx.hca.close();
+        host.driver_closed();
+    }
+    match (result, deferred) {
+        (Ok(()), Some(why)) => Err(anyhow::Error::msg(why)),
+        (r, _) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_find_their_scenario() {
+        let all: Vec<Scenario> = core::iter::once(Scenario::Smoke).chain(Scenario::DRIVER).collect();
+        let mut names: Vec<&str> = all.iter().map(|s| s.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        for s in all {
+            assert_eq!(Scenario::find(s.name()), Some(s));
+        }
+        assert_eq!(Scenario::find("unmapped"), None);
+    }
+
+    /// The two scenarios that need their own HCA configuration get it; break_fix takes the CQ fallback away.
+    #[test]
+    fn configurations_follow_the_options() {
+        let fixed = Scenario::ContiguousCqFallback.config(&ScenarioOptions::default());
+        let broken = Scenario::ContiguousCqFallback.config(&ScenarioOptions { break_fix: true, lock: None });
+        assert!(fixed.ring_fallback && !broken.ring_fallback);
+        let map_transfer = Scenario::MapRegisterExhaustion.config(&ScenarioOptions::default());
+        assert_eq!(map_transfer.ring_memory, vhca_driver::RingMemory::ContiguousMapTransfer);
+        assert_eq!(Scenario::Smoke.config(&ScenarioOptions::default()), HcaConfig::default());
+    }
+}
