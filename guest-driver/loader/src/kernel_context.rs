@@ -13,6 +13,7 @@ use crate::io_manager::IoManager;
 use crate::lock_thunks::LockObjects;
 use crate::memory_thunks::MdlTable;
 use crate::registry_thunks::Registry;
+use crate::remove_lock_thunks::RemoveLocks;
 
 pub struct LoaderKernel {
     pub model: Arc<NtModel>,
@@ -22,6 +23,7 @@ pub struct LoaderKernel {
     pub dma: DmaObjects,
     pub locks: LockObjects,
     pub registry: Registry,
+    pub remove_locks: RemoveLocks,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
     pub debug_lines: Mutex<Vec<String>>,
     /// Whether the driver's own `VHCA-RESULT` lines go to stdout too; off where the caller reports the run itself
@@ -39,6 +41,7 @@ impl LoaderKernel {
             dma: DmaObjects::default(),
             locks: LockObjects::default(),
             registry: Registry::default(),
+            remove_locks: RemoveLocks::default(),
             debug_lines: Mutex::new(Vec::new()),
             echo_results: true,
         }

@@ -18,6 +18,7 @@ pub mod nt_thunks;
 pub mod pe_image;
 pub mod pnp_life;
 pub mod registry_thunks;
+pub mod remove_lock_thunks;
 pub mod start_resources;
 pub mod unbound_import_trap;
 

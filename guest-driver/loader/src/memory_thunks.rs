@@ -145,6 +145,107 @@ unsafe extern "win64" fn MmBuildMdlForNonPagedPool(mdl: *mut MDL) {
         let va = (*mdl).StartVa as usize + (*mdl).ByteOffset as usize;
         (*mdl).MappedSystemVa = va as *mut c_void;
         (*mdl).MdlFlags |= MDL_SOURCE_IS_NONPAGED_POOL as i16;
+        fill_pfns(mdl);
+    }
+}
+
+/// ZwAllocateVirtualMemory(ProcessHandle, BaseAddress, ZeroBits, RegionSize, AllocationType, Protect) in the
+/// current process: the model's user-mode memory (pageable until MmProbeAndLockPages locks it), at a process
+/// address. Only fresh allocations (BaseAddress NULL) are modelled, which is what a driver asks for.
+unsafe extern "win64" fn ZwAllocateVirtualMemory(
+    _process: *mut c_void,
+    base: *mut *mut c_void,
+    _zero_bits: usize,
+    size: *mut usize,
+    _allocation_type: u32,
+    _protect: u32,
+) -> i32 {
+    const STATUS_INVALID_PARAMETER: i32 = 0xC000_000Du32 as i32;
+    const STATUS_NO_MEMORY: i32 = 0xC000_0017u32 as i32;
+    // SAFETY: the driver's in/out parameters.
+    let (wanted, bytes) = unsafe {
+        if base.is_null() || size.is_null() {
+            return STATUS_INVALID_PARAMETER;
+        }
+        (*base, *size)
+    };
+    if !wanted.is_null() || bytes == 0 {
+        return STATUS_INVALID_PARAMETER;
+    }
+    let k = kernel();
+    let va = k.model.alloc_user_buffer(bytes as u64, 0);
+    if va.is_null() {
+        return STATUS_NO_MEMORY;
+    }
+    // SAFETY: as above; the region is whole pages.
+    unsafe {
+        *base = k.addresses.to_host(&k.model, va) as *mut c_void;
+        *size = bytes.div_ceil(PAGE_SIZE as usize) * PAGE_SIZE as usize;
+    }
+    0
+}
+
+/// ZwFreeVirtualMemory(ProcessHandle, BaseAddress, RegionSize, FreeType): MEM_RELEASE of a whole allocation.
+unsafe extern "win64" fn ZwFreeVirtualMemory(
+    _process: *mut c_void,
+    base: *mut *mut c_void,
+    _size: *mut usize,
+    _free_type: u32,
+) -> i32 {
+    if base.is_null() {
+        return 0xC000_000Du32 as i32;
+    }
+    let k = kernel();
+    // SAFETY: the driver's in parameter.
+    let host = unsafe { *base } as usize;
+    k.model.free_user_buffer(k.addresses.to_model(host));
+    k.addresses.forget(host);
+    0
+}
+
+/// MmProbeAndLockPages(Mdl, AccessMode, Operation). Windows raises an exception when the pages cannot be locked;
+/// a driver binary without a handler for it gets what an unhandled exception in a system thread gives, 0x7E with
+/// the status, which is what this does. On success the MDL says its pages are locked, with their frame numbers.
+unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation: i32) {
+    use vhca_ntapi::{KPROCESSOR_MODE, LOCK_OPERATION, MDL_PAGES_LOCKED};
+    let mode = if mode == 0 { KPROCESSOR_MODE::KernelMode } else { KPROCESSOR_MODE::UserMode };
+    let operation = match operation {
+        0 => LOCK_OPERATION::IoReadAccess,
+        1 => LOCK_OPERATION::IoWriteAccess,
+        _ => LOCK_OPERATION::IoModifyAccess,
+    };
+    let k = kernel();
+    let status = k.model.MmProbeAndLockPages(k.mdls.model_mdl(mdl), mode, operation);
+    if status.0 < 0 {
+        crate::kernel_context::bugcheck(
+            crate::driver_fault::SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+            status.0 as u32 as u64,
+            0,
+            0,
+            0,
+        );
+    }
+    // SAFETY: the driver's MDL, sized by IoAllocateMdl for its pages.
+    unsafe {
+        (*mdl).MdlFlags |= MDL_PAGES_LOCKED as i16;
+        fill_pfns(mdl);
+    }
+}
+
+unsafe extern "win64" fn MmUnlockPages(mdl: *mut MDL) {
+    let k = kernel();
+    k.model.MmUnlockPages(k.mdls.model_mdl(mdl));
+    // SAFETY: the driver's MDL.
+    unsafe { (*mdl).MdlFlags &= !(vhca_ntapi::MDL_PAGES_LOCKED as i16) };
+}
+
+/// The PFN array after the MDL: the pages' frame numbers as this process sees them.
+///
+/// # Safety
+/// `mdl` is an MDL IoAllocateMdl made (room for every page it spans).
+unsafe fn fill_pfns(mdl: *mut MDL) {
+    // SAFETY: the caller's contract.
+    unsafe {
         let pages = ((*mdl).ByteOffset as usize + (*mdl).ByteCount as usize).div_ceil(PAGE_SIZE as usize);
         let pfns = (mdl as *mut u8).add(std::mem::size_of::<MDL>()) as *mut u64;
         for i in 0..pages {
@@ -158,7 +259,7 @@ pub fn model_va(host: *const c_void) -> PVOID {
     kernel().addresses.to_model(host as usize)
 }
 
-pub fn memory_thunks() -> [(&'static str, usize); 7] {
+pub fn memory_thunks() -> [(&'static str, usize); 11] {
     [
         ("ExAllocatePool2", ExAllocatePool2 as *const () as usize),
         ("ExFreePoolWithTag", ExFreePoolWithTag as *const () as usize),
@@ -167,5 +268,9 @@ pub fn memory_thunks() -> [(&'static str, usize); 7] {
         ("IoAllocateMdl", IoAllocateMdl as *const () as usize),
         ("IoFreeMdl", IoFreeMdl as *const () as usize),
         ("MmBuildMdlForNonPagedPool", MmBuildMdlForNonPagedPool as *const () as usize),
+        ("ZwAllocateVirtualMemory", ZwAllocateVirtualMemory as *const () as usize),
+        ("ZwFreeVirtualMemory", ZwFreeVirtualMemory as *const () as usize),
+        ("MmProbeAndLockPages", MmProbeAndLockPages as *const () as usize),
+        ("MmUnlockPages", MmUnlockPages as *const () as usize),
     ]
 }

@@ -19,6 +19,7 @@ use crate::kernel_context::{bugcheck, kernel};
 use crate::lock_thunks::lock_thunks;
 use crate::memory_thunks::memory_thunks;
 use crate::registry_thunks::registry_thunks;
+use crate::remove_lock_thunks::remove_lock_thunks;
 
 /// DbgPrintEx cuts a message at 512 bytes.
 const DBGPRINT_MAX: usize = 512;
@@ -441,6 +442,7 @@ impl ImportResolver for NtThunks {
             .chain(registry_thunks())
             .chain(memory_thunks())
             .chain(dma_thunks())
+            .chain(remove_lock_thunks())
             .map(|(n, a)| ("ntoskrnl.exe", n, a));
         thunks()
             .into_iter()
