@@ -3,32 +3,20 @@
 //! checking and the in-process host backend standing in for the device: what the driver writes through the
 //! addresses it gets is what the device reads at the logical addresses it gets. One kernel per process.
 
+mod common;
+
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use vhca_loader::io_manager::{BusDriver, IoManager};
+use common::{routine, NoBus};
+use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
-use vhca_loader::nt_thunks::NtThunks;
-use vhca_loader::ImportResolver;
 use vhca_ntmodel::{NtModel, NtModelConfig, VerifierFlags};
-use windows_sys::Wdk::Foundation::{IO_STACK_LOCATION, MDL};
+use windows_sys::Wdk::Foundation::MDL;
 use windows_sys::Wdk::System::SystemServices::{
     DEVICE_DESCRIPTION, DMA_ADAPTER, DMA_OPERATIONS, SCATTER_GATHER_ELEMENT, SCATTER_GATHER_LIST,
 };
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_NOT_SUPPORTED};
-
-struct NoBus;
-impl BusDriver for NoBus {
-    fn pnp(&self, _stack: &IO_STACK_LOCATION) -> NTSTATUS {
-        STATUS_NOT_SUPPORTED
-    }
-}
-
-fn routine<F: Copy>(name: &str) -> F {
-    let address = NtThunks.resolve("ntoskrnl.exe", name).unwrap_or_else(|| panic!("{name} is bound"));
-    // SAFETY: F is the routine's extern "win64" signature.
-    unsafe { std::mem::transmute_copy::<usize, F>(&address) }
-}
+use windows_sys::Win32::Foundation::NTSTATUS;
 
 /// A DMA_OPERATIONS slot as the routine the driver calls.
 fn slot<T: Copy, F: Copy>(entry: Option<T>) -> F {

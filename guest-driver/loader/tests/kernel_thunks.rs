@@ -2,31 +2,17 @@
 //! binding hands out, with the Windows x64 convention) on one installed kernel: IRQL through the model's locks,
 //! the registry the driver reads its scenario from, events. One test function: a process has one kernel.
 
+mod common;
+
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use vhca_loader::io_manager::{BusDriver, IoManager};
+use common::{routine, NoBus};
+use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
-use vhca_loader::nt_thunks::NtThunks;
-use vhca_loader::ImportResolver;
 use vhca_ntmodel::{NtModel, NtModelConfig, VerifierFlags};
-use windows_sys::Wdk::Foundation::{IO_STACK_LOCATION, KEVENT, OBJECT_ATTRIBUTES};
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_NOT_SUPPORTED, UNICODE_STRING};
-
-struct NoBus;
-impl BusDriver for NoBus {
-    fn pnp(&self, _stack: &IO_STACK_LOCATION) -> NTSTATUS {
-        STATUS_NOT_SUPPORTED
-    }
-}
-
-/// The thunk bound to `name` in ntoskrnl.exe, as the driver's IAT would hold it.
-fn routine<F: Copy>(name: &str) -> F {
-    let address = NtThunks.resolve("ntoskrnl.exe", name).unwrap_or_else(|| panic!("{name} is bound"));
-    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
-    // SAFETY: F is the routine's extern "win64" signature, as the driver declares it.
-    unsafe { std::mem::transmute_copy::<usize, F>(&address) }
-}
+use windows_sys::Wdk::Foundation::{KEVENT, OBJECT_ATTRIBUTES};
+use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 
 fn unicode(units: &[u16]) -> UNICODE_STRING {
     UNICODE_STRING {
