@@ -159,7 +159,14 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let model = Arc::new(NtModel::new(config, Arc::new(VfioDmaBackend::new(mapper)), handler));
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
-    kernel_state.registry.set_string(PARAMETERS_KEY, "Scenario", &options.scenario);
+    // The run's scenario and its options, as the runner's guest script sets them on Windows (Lock with the
+    // guest's vhca.lock spellings, BreakFix 0 or 1).
+    let registry = &kernel_state.registry;
+    registry.set_string(PARAMETERS_KEY, "Scenario", &options.scenario);
+    if let Some(kind) = options.lock {
+        registry.set_string(PARAMETERS_KEY, "Lock", vhca_scenarios::lock_name(kind));
+    }
+    registry.set_string(PARAMETERS_KEY, "BreakFix", if options.break_fix { "1" } else { "0" });
     if !install(kernel_state) {
         bail!("a driver kernel is already installed in this process");
     }
