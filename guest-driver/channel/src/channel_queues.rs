@@ -5,17 +5,17 @@ use alloc::vec::Vec;
 
 use vhca_driver::ChannelError;
 use vhca_proto::Event;
-use vhca_virtio::{DmaMemory, QueueError, Registers};
+use vhca_virtio::{DmaMemory, QueueError};
 
-use crate::{CommandError, CommandQueue, DoorbellQueue, EventQueue, Note, WaitSource};
+use crate::{CommandError, CommandQueue, DoorbellQueue, EventQueue, Note, Notify, RingError, WaitSource};
 
-pub struct ChannelQueues<M: DmaMemory, R: Registers, W: WaitSource> {
-    pub commands: CommandQueue<M, R, W>,
-    pub doorbells: DoorbellQueue<M, R, W>,
-    pub events: EventQueue<M, R>,
+pub struct ChannelQueues<M: DmaMemory, N: Notify, W: WaitSource> {
+    pub commands: CommandQueue<M, N, W>,
+    pub doorbells: DoorbellQueue<M, N, W>,
+    pub events: EventQueue<M, N>,
 }
 
-impl<M: DmaMemory, R: Registers, W: WaitSource> ChannelQueues<M, R, W> {
+impl<M: DmaMemory, N: Notify, W: WaitSource> ChannelQueues<M, N, W> {
     /// `CommandChannel::execute`: the transport's failures are noted and become the core's `ChannelError`.
     pub fn execute(
         &mut self,
@@ -24,7 +24,7 @@ impl<M: DmaMemory, R: Registers, W: WaitSource> ChannelQueues<M, R, W> {
         note: Note<'_>,
     ) -> Result<Vec<u8>, ChannelError> {
         self.commands.execute_raw(request, response_capacity).map_err(|e| match e {
-            CommandError::Queue(QueueError::Timeout(_)) => ChannelError::Timeout,
+            CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => ChannelError::Timeout,
             other => {
                 note(format_args!("command queue: {other}"));
                 ChannelError::Transport(4)

@@ -9,12 +9,10 @@ use vhca_proto::{
     encode_request, request_len, Opcode, QueryDeviceResp, ResponseHeader, Status, ABI_VERSION, PAGE_SIZE,
     RESPONSE_HEADER_SIZE,
 };
-use vhca_virtio::{
-    Buffer, DmaMemory, DmaRangeError, QueueError, QueueNotifier, Registers, SplitQueue, TransportError, Used,
-};
+use vhca_virtio::{Buffer, DmaMemory, DmaRangeError, QueueError, SplitQueue, Used};
 use zerocopy::FromBytes;
 
-use crate::WaitSource;
+use crate::{Notify, RingError, WaitSource};
 
 /// Poison for the response buffer: a device that completes without writing leaves it, and a status of
 /// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
@@ -23,11 +21,7 @@ const POISON: u8 = 0xa5;
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError<E: core::fmt::Display + core::fmt::Debug> {
     #[error(transparent)]
-    Range(#[from] DmaRangeError),
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    #[error("notify: {0}")]
-    Notify(#[from] TransportError<E>),
+    Ring(#[from] RingError<E>),
     #[error("{opcode}: request of {len} bytes exceeds {max}")]
     RequestTooLarge { opcode: &'static str, len: usize, max: usize },
     #[error("{opcode}: completion for head {got}, expected {expected}")]
@@ -46,6 +40,18 @@ pub enum CommandError<E: core::fmt::Display + core::fmt::Debug> {
     BadField { opcode: &'static str, field: &'static str, got: u64, expected: u64 },
 }
 
+impl<E: core::fmt::Display + core::fmt::Debug> From<DmaRangeError> for CommandError<E> {
+    fn from(e: DmaRangeError) -> Self {
+        CommandError::Ring(RingError::Range(e))
+    }
+}
+
+impl<E: core::fmt::Display + core::fmt::Debug> From<QueueError> for CommandError<E> {
+    fn from(e: QueueError) -> Self {
+        CommandError::Ring(RingError::Queue(e))
+    }
+}
+
 /// A validated response: header (status Ok) and the body bytes the device said it wrote.
 #[derive(Debug, Clone)]
 pub struct Response {
@@ -57,17 +63,17 @@ pub struct Response {
 
 /// The command queue with its two DMA buffers (request: up to `MAX_REQUEST_SIZE`; response: a page is room for the
 /// largest response any command has).
-pub struct CommandQueue<M: DmaMemory, R: Registers, W: WaitSource> {
+pub struct CommandQueue<M: DmaMemory, N: Notify, W: WaitSource> {
     queue: SplitQueue<M>,
-    notifier: QueueNotifier<R>,
+    notifier: N,
     request: M,
     response: M,
     next_tag: u32,
     waits: W,
 }
 
-impl<M: DmaMemory, R: Registers, W: WaitSource> CommandQueue<M, R, W> {
-    pub fn new(queue: SplitQueue<M>, notifier: QueueNotifier<R>, request: M, response: M, waits: W) -> Self {
+impl<M: DmaMemory, N: Notify, W: WaitSource> CommandQueue<M, N, W> {
+    pub fn new(queue: SplitQueue<M>, notifier: N, request: M, response: M, waits: W) -> Self {
         CommandQueue { queue, notifier, request, response, next_tag: 0x5a00_0001, waits }
     }
 
@@ -77,7 +83,7 @@ impl<M: DmaMemory, R: Registers, W: WaitSource> CommandQueue<M, R, W> {
     }
 
     /// Sends one command and waits for its response; anything but a well-formed Ok response is an error.
-    pub fn execute(&mut self, opcode: Opcode, body: &[u8]) -> Result<Response, CommandError<R::Error>> {
+    pub fn execute(&mut self, opcode: Opcode, body: &[u8]) -> Result<Response, CommandError<N::Error>> {
         self.execute_to(opcode, body, None)
     }
 
@@ -88,7 +94,7 @@ impl<M: DmaMemory, R: Registers, W: WaitSource> CommandQueue<M, R, W> {
         opcode: Opcode,
         body: &[u8],
         response_iova: Option<u64>,
-    ) -> Result<Response, CommandError<R::Error>> {
+    ) -> Result<Response, CommandError<N::Error>> {
         let name = opcode.name();
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
@@ -135,7 +141,7 @@ impl<M: DmaMemory, R: Registers, W: WaitSource> CommandQueue<M, R, W> {
     /// Sends an encoded request (header, body, page list) and returns the bytes the device wrote into the response
     /// buffer, at most `response_capacity`: the driver core decodes and checks them. Only the transport is checked
     /// here (sizes, which chain completed, at least a response header written).
-    pub fn execute_raw(&mut self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, CommandError<R::Error>> {
+    pub fn execute_raw(&mut self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, CommandError<N::Error>> {
         let opcode = request.get(..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let name = Opcode::from_u32(opcode).map_or("unknown opcode", Opcode::name);
         if request.len() > self.request.len() || request.is_empty() {
@@ -158,13 +164,13 @@ impl<M: DmaMemory, R: Registers, W: WaitSource> CommandQueue<M, R, W> {
         request_len: usize,
         response_iova: u64,
         room: usize,
-    ) -> Result<Used, CommandError<R::Error>> {
+    ) -> Result<Used, CommandError<N::Error>> {
         self.response.fill(0, room, POISON)?;
         let head = self.queue.add_chain(&[
             Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
             Buffer { iova: response_iova, len: room as u32, device_writes: true },
         ])?;
-        self.notifier.notify()?;
+        self.notifier.notify().map_err(RingError::Notify)?;
         let used = self.queue.wait_used(&mut self.waits.wait())?;
         if used.head != head {
             return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });
@@ -176,7 +182,7 @@ impl<M: DmaMemory, R: Registers, W: WaitSource> CommandQueue<M, R, W> {
     }
 
     /// QUERY_DEVICE, with the fields a driver relies on checked.
-    pub fn query_device(&mut self) -> Result<(QueryDeviceResp, Response), CommandError<R::Error>> {
+    pub fn query_device(&mut self) -> Result<(QueryDeviceResp, Response), CommandError<N::Error>> {
         let opcode = Opcode::QueryDevice;
         let response = self.execute(opcode, &[])?;
         let expected = core::mem::size_of::<QueryDeviceResp>();

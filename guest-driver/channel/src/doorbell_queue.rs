@@ -2,21 +2,21 @@
 //! so the work they start has run (and its CQEs are written) when it returns.
 
 use vhca_driver::ChannelError;
-use vhca_virtio::{Buffer, DmaMemory, QueueNotifier, Registers, SplitQueue};
+use vhca_virtio::{Buffer, DmaMemory, SplitQueue};
 
 use crate::channel_queues::queue_error;
-use crate::{Note, WaitSource};
+use crate::{Note, Notify, WaitSource};
 
-pub struct DoorbellQueue<M: DmaMemory, R: Registers, W: WaitSource> {
+pub struct DoorbellQueue<M: DmaMemory, N: Notify, W: WaitSource> {
     queue: SplitQueue<M>,
-    notifier: QueueNotifier<R>,
+    notifier: N,
     /// One page: more records than any post sends at once.
     buffer: M,
     waits: W,
 }
 
-impl<M: DmaMemory, R: Registers, W: WaitSource> DoorbellQueue<M, R, W> {
-    pub fn new(queue: SplitQueue<M>, notifier: QueueNotifier<R>, buffer: M, waits: W) -> Self {
+impl<M: DmaMemory, N: Notify, W: WaitSource> DoorbellQueue<M, N, W> {
+    pub fn new(queue: SplitQueue<M>, notifier: N, buffer: M, waits: W) -> Self {
         DoorbellQueue { queue, notifier, buffer, waits }
     }
 

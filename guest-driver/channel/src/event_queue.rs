@@ -5,49 +5,33 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use vhca_proto::{Event, EVENT_SIZE};
-use vhca_virtio::{Buffer, DmaMemory, DmaRangeError, QueueError, QueueNotifier, Registers, SplitQueue, TransportError};
+use vhca_virtio::{Buffer, DmaMemory, SplitQueue};
 use zerocopy::FromBytes;
 
-use crate::Note;
+use crate::{Note, Notify, RingError};
 
-/// Why the event queue could not be stocked.
-#[derive(Debug, thiserror::Error)]
-pub enum EventSetupError<E: core::fmt::Display + core::fmt::Debug> {
-    #[error(transparent)]
-    Range(#[from] DmaRangeError),
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    #[error("notify: {0}")]
-    Notify(#[from] TransportError<E>),
-}
-
-pub struct EventQueue<M: DmaMemory, R: Registers> {
+pub struct EventQueue<M: DmaMemory, N: Notify> {
     queue: SplitQueue<M>,
-    notifier: QueueNotifier<R>,
+    notifier: N,
     slots: M,
     /// The slot each posted chain (by head) writes into.
     slot_of_head: Vec<Option<usize>>,
 }
 
-impl<M: DmaMemory, R: Registers> EventQueue<M, R> {
+impl<M: DmaMemory, N: Notify> EventQueue<M, N> {
     /// Posts `wanted` slots of `slots` (fewer where the buffer or the ring has no room for them) and notifies.
-    pub fn new(
-        queue: SplitQueue<M>,
-        notifier: QueueNotifier<R>,
-        slots: M,
-        wanted: usize,
-    ) -> Result<Self, EventSetupError<R::Error>> {
+    pub fn new(queue: SplitQueue<M>, notifier: N, slots: M, wanted: usize) -> Result<Self, RingError<N::Error>> {
         let size = queue.size() as usize;
         let count = wanted.min(slots.len() / EVENT_SIZE).min(size);
         let mut events = EventQueue { queue, notifier, slots, slot_of_head: vec![None; size] };
         for slot in 0..count {
             events.post(slot)?;
         }
-        events.notifier.notify()?;
+        events.notifier.notify().map_err(RingError::Notify)?;
         Ok(events)
     }
 
-    fn post(&mut self, slot: usize) -> Result<(), EventSetupError<R::Error>> {
+    fn post(&mut self, slot: usize) -> Result<(), RingError<N::Error>> {
         let offset = slot * EVENT_SIZE;
         self.slots.fill(offset, EVENT_SIZE, 0)?;
         let chain = [Buffer { iova: self.slots.iova_at(offset)?, len: EVENT_SIZE as u32, device_writes: true }];
@@ -72,7 +56,7 @@ impl<M: DmaMemory, R: Registers> EventQueue<M, R> {
             let slot = self.slot_of_head.get_mut(used.head as usize)?.take()?;
             let mut raw = [0u8; EVENT_SIZE];
             let read = self.slots.read_bytes(slot * EVENT_SIZE, &mut raw);
-            let reposted = self.post(slot).and_then(|()| Ok(self.notifier.notify()?));
+            let reposted = self.post(slot).and_then(|()| self.notifier.notify().map_err(RingError::Notify));
             if let Err(e) = reposted {
                 note(format_args!("event queue: cannot repost buffer {slot}: {e}"));
             }

@@ -1,7 +1,7 @@
 //! The vhca command channel over the shared virtio transport, written once for the Linux guest program (VFIO
 //! memory, sleeps on the monotonic clock) and vhca.sys (common buffers, KeDelayExecutionThread): commands on queue
 //! 0, event buffers kept posted on queue 1, doorbell records on queue 2. DMA memory stands behind
-//! `vhca_virtio::DmaMemory`, registers behind `vhca_virtio::Registers`, waiting behind `WaitSource`; the lock around
+//! `vhca_virtio::DmaMemory`, the doorbell behind `Notify`, waiting behind `WaitSource`; the lock around
 //! the queues is each program's own.
 #![cfg_attr(not(test), no_std)]
 
@@ -11,13 +11,28 @@ mod channel_queues;
 mod command_queue;
 mod doorbell_queue;
 mod event_queue;
+mod ring_error;
 
 pub use channel_queues::ChannelQueues;
 pub use command_queue::{CommandError, CommandQueue, Response};
 pub use doorbell_queue::DoorbellQueue;
-pub use event_queue::{EventQueue, EventSetupError};
+pub use event_queue::EventQueue;
+pub use ring_error::RingError;
 
-use vhca_virtio::PollWait;
+use vhca_virtio::{PollWait, QueueNotifier, Registers, TransportError};
+
+/// How a queue tells the device it has new buffers: the transport's `QueueNotifier`, or a test's device model.
+pub trait Notify {
+    type Error: core::fmt::Display + core::fmt::Debug;
+    fn notify(&self) -> Result<(), Self::Error>;
+}
+
+impl<R: Registers> Notify for QueueNotifier<R> {
+    type Error = TransportError<R::Error>;
+    fn notify(&self) -> Result<(), Self::Error> {
+        QueueNotifier::notify(self)
+    }
+}
 
 /// Where a queue gets the wait for one completion: each wait starts its own time limit.
 pub trait WaitSource {

@@ -136,12 +136,10 @@ impl Options {
             "break_fix" => self.break_fix = boolean(value)?,
             "double_buffering" => self.double_buffering = boolean(value)?,
             "lock" => {
-                self.lock = Some(match value {
-                    "fast_mutex" => ClMutexKind::FastMutex,
-                    "kmutex" => ClMutexKind::KMutex,
-                    "eresource" => ClMutexKind::EResource,
-                    _ => return Err(format!("not fast_mutex, kmutex or eresource: {value:?}")),
-                })
+                self.lock = Some(
+                    vhca_scenarios::lock_kind(value)
+                        .ok_or_else(|| format!("not fast_mutex, kmutex or eresource: {value:?}"))?,
+                )
             }
             "verifier" => {
                 self.verifier = VerifierFlags::parse(value).ok_or(format!("not verifier flags: {value:?}"))?

@@ -127,10 +127,11 @@ impl ScenarioHost for GuestHost {
     }
 
     /// The driver unloads: the verifier checks the adapter (0xE6/0x07..0x0A) and the pool (0xC4/0x60).
-    fn driver_closed(&self) {
+    fn driver_closed(&self) -> anyhow::Result<()> {
         self.kernel.unload_driver();
         let mapped = self.mapped_at_finish.load(Ordering::Relaxed);
         progress(format_args!("driver unloaded; {mapped} NT pages still mapped for the device at unload"));
+        Ok(())
     }
 }
 

@@ -5,14 +5,14 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vhca_channel::{ChannelQueues, DoorbellQueue, EventQueue, EventSetupError, WaitSource};
+use vhca_channel::{ChannelQueues, DoorbellQueue, EventQueue, RingError, WaitSource};
 use vhca_driver::{ChannelError, CommandChannel};
 use vhca_proto::{Event, EVENT_SIZE, MAX_REQUEST_SIZE};
 
 use crate::report::{progress, Report};
-use crate::vfio::{DmaAccess, VfioError};
+use crate::vfio::DmaAccess;
 use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
-use crate::virtio_pci::{Deadline, QueueNotifier, VfioBar};
+use crate::virtio_pci::{Deadline, QueueNotifier, TransportError};
 use crate::virtqueue::SplitQueue;
 
 /// Event buffers kept posted: more than the device ever queues between two polls in these scenarios.
@@ -20,9 +20,9 @@ const EVENT_BUFFERS: usize = 16;
 /// Response room: the largest response header + body any command has, with slack for growth.
 const RESPONSE_BUFFER: usize = PAGE_SIZE;
 
-pub type CommandQueue = vhca_channel::CommandQueue<DmaRegion, VfioBar, Timeout>;
-pub type CommandError = vhca_channel::CommandError<VfioError>;
-type Queues = ChannelQueues<DmaRegion, VfioBar, Timeout>;
+pub type CommandQueue = vhca_channel::CommandQueue<DmaRegion, QueueNotifier, Timeout>;
+pub type CommandError = vhca_channel::CommandError<TransportError>;
+type Queues = ChannelQueues<DmaRegion, QueueNotifier, Timeout>;
 
 /// Each completion may take `timeout`, measured on the monotonic clock.
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +40,7 @@ pub enum ChannelSetupError {
     #[error(transparent)]
     Dma(#[from] DmaError),
     #[error(transparent)]
-    Events(#[from] EventSetupError<VfioError>),
+    Events(#[from] RingError<TransportError>),
 }
 
 /// The command queue over VFIO memory: a request buffer of `MAX_REQUEST_SIZE`, a page for the response.

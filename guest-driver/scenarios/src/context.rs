@@ -5,6 +5,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::cell::RefCell;
 use core::fmt;
 use core::time::Duration;
 
@@ -13,6 +14,7 @@ use serde_json::{json, Value};
 use vhca_driver::{ClMutexKind, Hca};
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
+use crate::verbs::Buffer;
 use crate::{lock_name, ScenarioHost, ScenarioOptions};
 
 pub struct Ctx<'a, H: ScenarioHost> {
@@ -24,6 +26,9 @@ pub struct Ctx<'a, H: ScenarioHost> {
     events: Vec<Value>,
     /// A failure that must not stop the run before the driver unloads (the unload's checks come first).
     pub(crate) deferred: Option<String>,
+    /// Buffers the scenario allocated and has not freed: what the run gives back when the host lets a stopped
+    /// scenario unload through the driver's error path (`ScenarioHost::error_path`).
+    buffers: RefCell<Vec<Buffer>>,
 }
 
 impl<'a, H: ScenarioHost> Ctx<'a, H> {
@@ -34,7 +39,31 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
         options: &'a ScenarioOptions,
         timeout: Duration,
     ) -> Self {
-        Ctx { hca, kernel, host, options, timeout, events: Vec::new(), deferred: None }
+        Ctx {
+            hca,
+            kernel,
+            host,
+            options,
+            timeout,
+            events: Vec::new(),
+            deferred: None,
+            buffers: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Remembers a buffer the scenario allocated until it frees it.
+    pub(crate) fn own(&self, buffer: Buffer) -> Buffer {
+        self.buffers.borrow_mut().push(buffer);
+        buffer
+    }
+
+    pub(crate) fn disown(&self, buffer: &Buffer) {
+        self.buffers.borrow_mut().retain(|b| b.va() != buffer.va());
+    }
+
+    /// Takes the buffers still owned, common buffers first (they need the adapter, so they go before the close).
+    pub(crate) fn take_leftovers(&self) -> (Vec<Buffer>, Vec<Buffer>) {
+        core::mem::take(&mut *self.buffers.borrow_mut()).into_iter().partition(|b| matches!(b, Buffer::Common { .. }))
     }
 
     /// Adds `key: value` to the result's details (kept if the machine bugchecks later).

@@ -39,7 +39,14 @@ pub trait ScenarioHost {
 
     /// The scenario returned and its events were drained; the driver is still open.
     fn scenario_finished(&self) {}
-    /// The driver closed after a successful scenario: where the kernel can, it unloads the driver and runs the
-    /// verifier's unload checks.
-    fn driver_closed(&self) {}
+    /// Whether a failed scenario stopped on the driver's error path (a failure the kernel injected): then the run
+    /// gives back the scenario's buffers, closes and unloads as after a success, and judges that instead.
+    fn error_path(&self, _error: &anyhow::Error) -> bool {
+        false
+    }
+    /// The driver closed: where the kernel can, it unloads the driver and runs the verifier's unload checks. An
+    /// error fails the run (e.g. resources the driver never released).
+    fn driver_closed(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }

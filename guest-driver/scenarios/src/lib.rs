@@ -48,6 +48,11 @@ pub fn lock_name(kind: ClMutexKind) -> &'static str {
     }
 }
 
+/// The lock kind a `vhca.lock` spelling names.
+pub fn lock_kind(name: &str) -> Option<ClMutexKind> {
+    [ClMutexKind::FastMutex, ClMutexKind::KMutex, ClMutexKind::EResource].into_iter().find(|k| lock_name(*k) == name)
+}
+
 /// One scenario of the seed suite (and the verbs suite's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
@@ -156,15 +161,30 @@ pub fn run<H: ScenarioHost>(
         hca.map_registers(),
         hca.attributes().map_registers_free.get()
     ));
-    let mut ctx = Ctx::new(hca, kernel, host, options, timeout);
-    let result = scenario.body(&mut ctx);
+    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout);
+    let mut on_error_path = false;
+    let result = match scenario.body(&mut ctx) {
+        Err(e) if host.error_path(&e) => {
+            host.say(format_args!("scenario stopped on the error path ({e:#}); unloading through it"));
+            ctx.detail("error_path", alloc::format!("{e:#}"));
+            on_error_path = true;
+            Ok(())
+        }
+        r => r,
+    };
     ctx.drain_events();
     let deferred = ctx.deferred.take();
     host.scenario_finished();
-    if result.is_ok() {
+    let result = result.and_then(|()| {
+        // After the error path, what the stopped scenario held goes back: common buffers while the adapter is
+        // still there, the rest after the close. A scenario that ran to its end has freed everything itself.
+        let (common, rest) = if on_error_path { ctx.take_leftovers() } else { Default::default() };
+        let adapter = ctx.hca.adapter();
+        common.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
         ctx.hca.close();
-        host.driver_closed();
-    }
+        rest.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
+        host.driver_closed()
+    });
     match (result, deferred) {
         (Ok(()), Some(why)) => Err(anyhow::Error::msg(why)),
         (r, _) => r,
@@ -186,6 +206,10 @@ mod tests {
             assert_eq!(Scenario::find(s.name()), Some(s));
         }
         assert_eq!(Scenario::find("unmapped"), None);
+        for kind in [ClMutexKind::FastMutex, ClMutexKind::KMutex, ClMutexKind::EResource] {
+            assert_eq!(lock_kind(lock_name(kind)), Some(kind));
+        }
+        assert_eq!(lock_kind("spin_lock"), None);
     }
 
     /// The two scenarios that need their own HCA configuration get it; break_fix takes the CQ fallback away.

@@ -32,21 +32,21 @@ impl Buffer {
     pub fn pool<H: ScenarioHost>(ctx: &Ctx<H>, len: u32) -> anyhow::Result<Buffer> {
         let va = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, len as usize, TAG);
         ensure!(!va.is_null(), "ExAllocatePoolWithTag({len}) failed");
-        Ok(Buffer::Pool { va, len })
+        Ok(ctx.own(Buffer::Pool { va, len }))
     }
 
     pub fn common<H: ScenarioHost>(ctx: &Ctx<H>, len: u32) -> anyhow::Result<Buffer> {
         let mut logical = PHYSICAL_ADDRESS(0);
         let va = ctx.kernel.AllocateCommonBuffer(ctx.hca.adapter(), len, &mut logical, true);
         ensure!(!va.is_null(), "AllocateCommonBuffer({len}) failed");
-        Ok(Buffer::Common { va, logical, len })
+        Ok(ctx.own(Buffer::Common { va, logical, len }))
     }
 
     /// A user buffer starting `offset` bytes into its first page (user buffers are rarely page aligned).
     pub fn user<H: ScenarioHost>(ctx: &Ctx<H>, len: u32, offset: u64) -> anyhow::Result<Buffer> {
         let va = ctx.host.alloc_user_buffer(len, offset);
         ensure!(!va.is_null(), "user buffer of {len} bytes could not be allocated");
-        Ok(Buffer::User { va, len })
+        Ok(ctx.own(Buffer::User { va, len }))
     }
 
     pub fn va(&self) -> PVOID {
@@ -87,12 +87,17 @@ impl Buffer {
     }
 
     pub fn free<H: ScenarioHost>(self, ctx: &Ctx<H>) {
+        ctx.disown(&self);
+        self.give_back(&*ctx.kernel, ctx.host, ctx.hca.adapter());
+    }
+
+    /// Frees the buffer without the bookkeeping (`free`, and the run's clean-up of what a stopped scenario left);
+    /// `adapter` is used for a common buffer only.
+    pub(crate) fn give_back<H: ScenarioHost>(self, kernel: &H::Kernel, host: &H, adapter: PDMA_ADAPTER) {
         match self {
-            Buffer::Pool { va, .. } => ctx.kernel.ExFreePoolWithTag(va, TAG),
-            Buffer::Common { va, logical, len } => {
-                ctx.kernel.FreeCommonBuffer(ctx.hca.adapter(), len, logical, va, true)
-            }
-            Buffer::User { va, .. } => ctx.host.free_user_buffer(va),
+            Buffer::Pool { va, .. } => kernel.ExFreePoolWithTag(va, TAG),
+            Buffer::Common { va, logical, len } => kernel.FreeCommonBuffer(adapter, len, logical, va, true),
+            Buffer::User { va, .. } => host.free_user_buffer(va),
         }
     }
 }

@@ -65,7 +65,9 @@ mod tests {
     fn the_runner_reads_the_line() {
         let mut ok = RunResult::new("smoke");
         ok.detail("map_registers", 32u32);
+        ok.lock = Some("kmutex");
         let parsed = vhca_suite::parse_result_line(&ok.line()).unwrap().unwrap();
+        assert_eq!(parsed["lock"], "kmutex");
         assert_eq!(parsed["ok"], true);
         assert_eq!(parsed["scenario"], "smoke");
         assert_eq!(parsed["details"]["map_registers"], 32);
@@ -75,6 +77,7 @@ mod tests {
         failed.fail("second");
         let parsed = vhca_suite::parse_result_line(&failed.line()).unwrap().unwrap();
         assert_eq!(parsed["ok"], false);
+        assert!(parsed.get("lock").is_none(), "no lock taken, none reported");
         assert_eq!(parsed["error"], "CREATE_CQ refused: \"bad\"\n");
         assert_eq!(parsed["details"]["later_error"], "second");
         assert!(!failed.line().contains('\n'), "one line");

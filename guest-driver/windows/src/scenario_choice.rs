@@ -7,7 +7,7 @@
 use alloc::string::String;
 use core::fmt;
 
-use vhca_scenarios::Scenario;
+use vhca_scenarios::{lock_kind, Scenario, ScenarioOptions};
 
 /// Why the registry value names no scenario vhca.sys runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,12 +16,18 @@ pub enum ChoiceError {
     NotText,
     /// A name vhca.sys does not run (it may be a Linux-only scenario).
     Unknown(String),
+    /// The Lock value names no lock kind.
+    UnknownLock(String),
+    /// The BreakFix value is neither 0 nor 1.
+    NotAFlag(String),
 }
 
 impl fmt::Display for ChoiceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ChoiceError::NotText => write!(f, "the Scenario value is not UTF-16 text"),
+            ChoiceError::NotText => write!(f, "a Parameters value is not UTF-16 text"),
+            ChoiceError::UnknownLock(name) => write!(f, "Lock {name:?} is not fast_mutex, kmutex or eresource"),
+            ChoiceError::NotAFlag(text) => write!(f, "BreakFix {text:?} is not 0 or 1"),
             ChoiceError::Unknown(name) => {
                 write!(f, "scenario {name:?} is not one vhca.sys runs (known:")?;
                 for s in core::iter::once(Scenario::Smoke).chain(Scenario::DRIVER) {
@@ -37,12 +43,32 @@ impl fmt::Display for ChoiceError {
 /// terminating NUL inside the value's length; it and surrounding blanks are ignored.
 pub fn choose(value: Option<&[u16]>) -> Result<Scenario, ChoiceError> {
     let Some(units) = value else { return Ok(Scenario::Smoke) };
+    let text = text(units)?;
+    Scenario::find(&text).ok_or(ChoiceError::Unknown(text))
+}
+
+/// The scenario's options from the REG_SZ values `Lock` (the guest's `vhca.lock` spellings) and `BreakFix` (`1`
+/// takes the fixed scenarios' buggy path, as `vhca.break_fix=1`); a missing value is the default.
+pub fn options(lock: Option<&[u16]>, break_fix: Option<&[u16]>) -> Result<ScenarioOptions, ChoiceError> {
+    let lock = match lock.map(text).transpose()? {
+        None => None,
+        Some(name) => Some(lock_kind(&name).ok_or(ChoiceError::UnknownLock(name))?),
+    };
+    let break_fix = match break_fix.map(text).transpose()?.as_deref() {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => return Err(ChoiceError::NotAFlag(other.into())),
+    };
+    Ok(ScenarioOptions { lock, break_fix })
+}
+
+/// REG_SZ data as text: its terminating NUL (inside the value's length) and surrounding blanks dropped.
+fn text(units: &[u16]) -> Result<String, ChoiceError> {
     let end = units.iter().position(|&u| u == 0).unwrap_or(units.len());
     let text: String = char::decode_utf16(units[..end].iter().copied())
         .collect::<Result<String, _>>()
         .map_err(|_| ChoiceError::NotText)?;
-    let name = text.trim();
-    Scenario::find(name).ok_or_else(|| ChoiceError::Unknown(name.into()))
+    Ok(text.trim().into())
 }
 
 #[cfg(test)]
@@ -69,6 +95,16 @@ mod tests {
         assert_eq!(err, ChoiceError::Unknown("unmapped".into()));
         assert!(err.to_string().contains("fast-mutex-create-cq"), "{err}");
         assert_eq!(choose(Some(&[0xD800, 0x0041])), Err(ChoiceError::NotText));
+    }
+
+    #[test]
+    fn the_registry_values_set_the_options() {
+        assert_eq!(options(None, None), Ok(ScenarioOptions::default()));
+        let kmutex = options(Some(&utf16("kmutex\0")), Some(&utf16("1"))).unwrap();
+        assert_eq!(kmutex.lock, Some(vhca_driver::ClMutexKind::KMutex));
+        assert!(kmutex.break_fix);
+        assert_eq!(options(Some(&utf16("spin")), None), Err(ChoiceError::UnknownLock("spin".into())));
+        assert_eq!(options(None, Some(&utf16("yes"))), Err(ChoiceError::NotAFlag("yes".into())));
     }
 
     /// Every scenario vhca.sys runs but the verbs suite's two is a run of the seed suite the runner judges, so its

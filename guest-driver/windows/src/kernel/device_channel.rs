@@ -36,7 +36,7 @@ impl WaitSource for CompletionWait {
     }
 }
 
-type Queues = ChannelQueues<CommonBuffer, MmioBar, CompletionWait>;
+type Queues = ChannelQueues<CommonBuffer, QueueNotifier<MmioBar>, CompletionWait>;
 
 /// The channel. The core uses it from one thread at a time (its verbs take `&mut Hca`); the RefCell turns a
 /// re-entrant use into an error instead of a data race.

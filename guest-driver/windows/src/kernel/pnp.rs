@@ -19,8 +19,8 @@ use super::registry;
 use super::remove_lock;
 use super::started_device::StartedDevice;
 use crate::result_line::RunResult;
-use crate::scenario_choice::choose;
-use vhca_scenarios::{Scenario, ScenarioOptions};
+use crate::scenario_choice::{choose, options};
+use vhca_scenarios::Scenario;
 
 /// The IRP_MJ_PNP dispatch routine. PASSIVE_LEVEL, in a system thread.
 ///
@@ -110,23 +110,27 @@ fn start(
     raw: *const windows_sys::Wdk::System::SystemServices::CM_RESOURCE_LIST,
     translated: *const windows_sys::Wdk::System::SystemServices::CM_RESOURCE_LIST,
 ) -> NTSTATUS {
-    let chosen = choose(registry::read_scenario().as_deref());
+    let chosen = choose(registry::read_text(&registry::SCENARIO).as_deref()).and_then(|scenario| {
+        let lock = registry::read_text(&registry::LOCK);
+        let break_fix = registry::read_text(&registry::BREAK_FIX);
+        Ok((scenario, options(lock.as_deref(), break_fix.as_deref())?))
+    });
     // SAFETY: the PDO of this FDO and START_DEVICE's lists.
     let started = unsafe { StartedDevice::start(fdo.pdo, raw, translated) };
     let (status, result) = match (started, chosen) {
-        (Ok(device), Ok(scenario)) => {
-            let result = device.run_scenario(scenario, &ScenarioOptions::default());
+        (Ok(device), Ok((scenario, options))) => {
+            let result = device.run_scenario(scenario, &options);
             fdo.started = Some(device);
             (STATUS_SUCCESS, result)
         }
         (Ok(device), Err(why)) => {
             fdo.started = Some(device);
             let mut result = RunResult::new(Scenario::Smoke.name());
-            result.fail(format!("Scenario value: {why}"));
+            result.fail(format!("Parameters: {why}"));
             (STATUS_SUCCESS, result)
         }
         (Err(why), chosen) => {
-            let mut result = RunResult::new(chosen.map_or("smoke", |s| s.name()));
+            let mut result = RunResult::new(chosen.map_or("smoke", |(s, _)| s.name()));
             result.fail(format!("START_DEVICE: {why}"));
             (STATUS_DEVICE_CONFIGURATION_ERROR, result)
         }

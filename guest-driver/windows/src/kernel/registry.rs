@@ -26,7 +26,9 @@ const fn utf16<const N: usize>(text: &str) -> [u16; N] {
 
 const KEY_TEXT: &str = "\\Registry\\Machine\\System\\CurrentControlSet\\Services\\vhca\\Parameters";
 static PARAMETERS_KEY: [u16; KEY_TEXT.len()] = utf16(KEY_TEXT);
-static SCENARIO: [u16; 8] = utf16("Scenario");
+pub static SCENARIO: [u16; 8] = utf16("Scenario");
+pub static LOCK: [u16; 4] = utf16("Lock");
+pub static BREAK_FIX: [u16; 8] = utf16("BreakFix");
 static RESULT: [u16; 6] = utf16("Result");
 
 fn unicode(text: &[u16]) -> UNICODE_STRING {
@@ -64,10 +66,11 @@ impl Drop for Key {
     }
 }
 
-/// The Scenario value's UTF-16 text, None when the key or value is missing. PASSIVE_LEVEL.
-pub fn read_scenario() -> Option<Vec<u16>> {
+/// A REG_SZ value's UTF-16 text (`SCENARIO`, `LOCK`, `BREAK_FIX`), None when the key or value is missing.
+/// PASSIVE_LEVEL.
+pub fn read_text(value: &[u16]) -> Option<Vec<u16>> {
     let key = Key::open(KEY_QUERY_VALUE).ok()?;
-    let name = unicode(&SCENARIO);
+    let name = unicode(value);
     // Room for a 255-character name: more than any scenario needs; a longer value is refused (buffer overflow).
     let mut buffer = [0u64; 80];
     let mut written = 0u32;

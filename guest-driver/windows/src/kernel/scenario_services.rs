@@ -1,7 +1,6 @@
 //! The kernel services vhca.sys's scenario host needs beyond the WDK shim: the debugger for progress, the interrupt
 //! clock, delays, and user buffers (virtual memory in the current process's user address space).
 
-use alloc::sync::Arc;
 use core::ffi::c_void;
 use core::marker::PhantomData;
 use core::time::Duration;
@@ -24,15 +23,12 @@ const MEM_RELEASE: u32 = 0x8000;
 const PAGE_READWRITE: u32 = 0x04;
 const PAGE: u64 = 4096;
 
-/// The services for one run on one started device's channel.
-pub struct KernelServices<'a> {
-    _kernel: Arc<WdkKernel>,
-    _channel: PhantomData<&'a DeviceChannel>,
-}
+/// The services for one run on one started device's channel (the lifetime is the channel's borrow).
+pub struct KernelServices<'a>(PhantomData<&'a DeviceChannel>);
 
 impl<'a> KernelServices<'a> {
-    pub fn new(kernel: Arc<WdkKernel>, _channel: &'a DeviceChannel) -> Self {
-        KernelServices { _kernel: kernel, _channel: PhantomData }
+    pub fn new(_channel: &'a DeviceChannel) -> Self {
+        KernelServices(PhantomData)
     }
 }
 

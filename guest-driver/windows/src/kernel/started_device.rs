@@ -206,7 +206,7 @@ impl StartedDevice {
     pub fn run_scenario(&self, scenario: Scenario, options: &ScenarioOptions) -> RunResult {
         match &self.channel {
             Some(channel) => {
-                let services = KernelServices::new(self.kernel.clone(), channel);
+                let services = KernelServices::new(channel);
                 let pdo = PDEVICE_OBJECT(self.pdo as u64);
                 scenario_run::run(scenario, &services, self.kernel.clone(), channel, pdo, options)
             }
