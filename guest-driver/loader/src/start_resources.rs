@@ -2,7 +2,8 @@
 //! CmResourceTypeMemory partial descriptor per memory BAR), raw and translated. On x86 PCI the bus address of a
 //! memory BAR is its CPU physical address, so the two lists carry the same ranges, as Windows gives them there.
 //!
-//! Laid out by hand, byte by byte: wdm.h declares the CM_* resource structures inside `pshpack4.h`, so on x64 a
+//! Laid out by hand, byte by byte, at the offsets of `vhca_ntapi::resource_list_layout` (the definition vhca.sys
+//! reads them with): wdm.h declares the CM_* resource structures inside `pshpack4.h`, so on x64 a
 //! CM_PARTIAL_RESOURCE_DESCRIPTOR is 20 bytes with its Start at offset 4, and the first one sits 20 bytes into the
 //! list (the kernel's own type information says the same: 0x14 bytes, PartialDescriptors at 0x8 of its list).
 //! windows-sys 0.61 declares them without that packing (24 bytes, Start at 8), so they cannot be used here: a
@@ -10,26 +11,7 @@
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 
-/// wdm.h values.
-const CM_RESOURCE_TYPE_MEMORY: u8 = 3;
-const PCI_BUS: u32 = 5;
-/// CmResourceShareDeviceExclusive: a BAR belongs to its device alone.
-const SHARE_DEVICE_EXCLUSIVE: u8 = 1;
-
-/// Offsets in Windows' x64 layout (pack 4).
-const LIST_COUNT: usize = 0;
-const FULL_INTERFACE_TYPE: usize = 4;
-const FULL_BUS_NUMBER: usize = 8;
-const PARTIAL_VERSION: usize = 12;
-const PARTIAL_REVISION: usize = 14;
-const PARTIAL_COUNT: usize = 16;
-pub const FIRST_DESCRIPTOR: usize = 20;
-pub const DESCRIPTOR_SIZE: usize = 20;
-const DESCRIPTOR_TYPE: usize = 0;
-const DESCRIPTOR_SHARE: usize = 1;
-const DESCRIPTOR_FLAGS: usize = 2;
-const MEMORY_START: usize = 4;
-const MEMORY_LENGTH: usize = 12;
+use vhca_ntapi::resource_list_layout::*;
 
 /// One CM_RESOURCE_LIST, freed on drop.
 pub struct ResourceList {
@@ -99,5 +81,12 @@ mod tests {
         assert_eq!(u64::from_le_bytes(b[44..52].try_into().unwrap()), 0x1_fe00_0000);
         assert_eq!(u32_at(52), 0x4000);
         assert_eq!(b.len(), 60);
+    }
+
+    #[test]
+    fn the_drivers_reader_reads_back_what_is_written() {
+        let list = ResourceList::memory(&[(0xfea0_0000, 0x4000), (0xfebf_1000, 0x1000)]);
+        let read: Vec<_> = partial_descriptors(list.bytes()).map(|d| (d.kind, d.start, d.length)).collect();
+        assert_eq!(read, [(3, 0xfea0_0000, 0x4000), (3, 0xfebf_1000, 0x1000)]);
     }
 }
