@@ -130,6 +130,55 @@ impl BusDriver for VfioBus {
     }
 }
 
+/// Windows' side of an IOMMU fault, which the driver is never told of: while vhca.sys runs, the vIOMMU's fault
+/// records about this device (DMAR lines in the kernel log) reach the NT model as the platform's report, as the
+/// native run's host reports them (with DMA checking, 0xE6/0x26 with the device object, the address and VT-d's
+/// fault reason). Windows reports asynchronously, from its fault interrupt: so does this thread, polling the log.
+struct PlatformIommuWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the kernel log is read for new DMAR faults while the driver runs.
+const IOMMU_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl PlatformIommuWatch {
+    fn start(model: Arc<NtModel>, address: Option<String>) -> PlatformIommuWatch {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            // Faults logged before the driver loaded (boot, another device) are not this run's.
+            let mut reported = crate::kmsg::dmar_faults(&crate::kmsg::iommu_lines(64), address.as_deref()).len();
+            loop {
+                let last = flag.load(std::sync::atomic::Ordering::Relaxed);
+                let faults = crate::kmsg::dmar_faults(&crate::kmsg::iommu_lines(64), address.as_deref());
+                for fault in faults.iter().skip(reported) {
+                    progress(format_args!(
+                        "IOMMU fault from the platform: address {:#x}, reason {:#x}",
+                        fault.address, fault.reason
+                    ));
+                    let pdo = kernel().io.pdo().unwrap_or(0) as u64;
+                    model.report_iommu_fault(vhca_ntapi::PDEVICE_OBJECT(pdo), fault.address, fault.reason);
+                }
+                reported = reported.max(faults.len());
+                if last {
+                    return;
+                }
+                std::thread::sleep(IOMMU_POLL);
+            }
+        });
+        PlatformIommuWatch { stop, thread: Some(thread) }
+    }
+
+    /// One last read of the log (a fault from the driver's last DMA), then the thread ends.
+    fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Loads vhca.sys and runs its PnP life on the device behind `session`, with the run's scenario and verifier.
 pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let bytes = std::fs::read(DRIVER_IMAGE).with_context(|| format!("{DRIVER_IMAGE}: not in this image"))?;
@@ -157,6 +206,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let sink = Arc::new(Mutex::new(report.clone()));
     let handler = Arc::new(ConsoleBugcheck::new(sink.clone(), options.poweroff));
     let model = Arc::new(NtModel::new(config, Arc::new(VfioDmaBackend::new(mapper)), handler));
+    let model_for_faults = model.clone();
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
     // The run's scenario and its options, as the runner's guest script sets them on Windows (Lock with the
@@ -175,7 +225,9 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     driver_fault::install(mapped.base(), mapped.size(), "vhca.sys", symbols);
     progress(format_args!("vhca.sys mapped at {:#x}, {} imports bound", mapped.base(), mapped.image.imports.len()));
 
+    let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
     let life = run_life(&mapped, true);
+    watcher.stop();
     // The driver's own result line is the run's: its verdict, error and details.
     if let Some(json) = kernel().result_json() {
         let value: serde_json::Value = serde_json::from_str(&json).context("vhca.sys's result line")?;

@@ -77,6 +77,8 @@ pub struct IoManager {
     bus: Box<dyn BusDriver>,
     /// The PDO's driver object: its MajorFunction table stays empty; IoCallDriver at the PDO goes to `bus`.
     bus_driver: *mut DRIVER_OBJECT,
+    /// The device's PDO once made: what the platform names when it reports the device (an IOMMU fault).
+    pdo: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: the raw objects are the driver's shared kernel objects, as on Windows; the tables are under a mutex.
@@ -93,7 +95,7 @@ impl IoManager {
             (*bus_driver).Type = IO_TYPE_DRIVER;
             (*bus_driver).Size = size_of::<DRIVER_OBJECT>() as i16;
         }
-        IoManager { objects: Mutex::new(Objects::default()), bus, bus_driver }
+        IoManager { objects: Mutex::new(Objects::default()), bus, bus_driver, pdo: Default::default() }
     }
 
     pub(crate) fn bus(&self) -> &dyn BusDriver {
@@ -124,7 +126,13 @@ impl IoManager {
         assert_eq!(status, STATUS_SUCCESS, "out of memory for the PDO");
         // SAFETY: just created; a started PDO is no longer initializing.
         unsafe { (*pdo).Flags &= !DO_DEVICE_INITIALIZING };
+        self.pdo.store(pdo as usize, std::sync::atomic::Ordering::Relaxed);
         pdo
+    }
+
+    /// The device's PDO (its address), once the PnP life made it.
+    pub fn pdo(&self) -> Option<usize> {
+        Some(self.pdo.load(std::sync::atomic::Ordering::Relaxed)).filter(|&p| p != 0)
     }
 
     /// IoCreateDevice's work: a DEVICE_OBJECT with `extension_size` bytes of zeroed extension behind it, linked
