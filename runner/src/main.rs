@@ -363,14 +363,14 @@ fn parse_driver(text: &str) -> Result<DriverKind, String> {
 fn real_main(cli: Cli) -> Result<bool> {
     match cli.command {
         Cmd::Suite { file, jobs, filter, artifacts, json, junit, list, driver } => {
-            let (suite, suite_file) = load_suite(file.as_deref())?;
-            let mut runs = match &filter {
+            let (mut suite, suite_file) = load_suite(file.as_deref())?;
+            if let Some(driver) = driver {
+                suite.set_driver(driver);
+            }
+            let runs = match &filter {
                 Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
                 None => suite.expand(),
             };
-            for run in runs.iter_mut().filter(|_| driver.is_some()) {
-                run.guest.driver = driver.unwrap_or_default();
-            }
             if runs.is_empty() {
                 bail!("no run of suite {:?} matches --filter {:?}", suite.name, filter.unwrap_or_default());
             }

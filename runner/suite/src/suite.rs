@@ -135,6 +135,9 @@ pub struct SuiteRun {
     pub events: BTreeMap<VerifierMode, Vec<String>>,
     /// 1-based line of the run's `name` in the suite file, for messages that point back at it.
     pub line: usize,
+    /// The driver personalities it runs in, in order, never empty: its own `driver`, else the suite's
+    /// `[defaults] drivers`, else native.
+    pub drivers: Vec<DriverKind>,
 }
 
 /// A validated suite file.
@@ -149,7 +152,8 @@ pub struct Suite {
 /// One thing the runner executes: a run in one verifier mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConcreteRun {
-    /// `<run>/verifier-<mode>`; unique in the suite, the name filters and reports use.
+    /// `<run>/verifier-<mode>` natively, `<run>/sys/verifier-<mode>` as vhca.sys; unique in the suite, the name
+    /// filters and reports use.
     pub name: String,
     pub run: String,
     pub mode: VerifierMode,
@@ -196,33 +200,46 @@ impl ConcreteRun {
     }
 }
 
-/// The concrete-run name for a run in a mode.
-pub fn concrete_name(run: &str, mode: VerifierMode) -> String {
-    format!("{run}/verifier-{mode}")
+/// The concrete-run name for a run in a personality and a mode.
+pub fn concrete_name(run: &str, driver: DriverKind, mode: VerifierMode) -> String {
+    match driver {
+        DriverKind::Native => format!("{run}/verifier-{mode}"),
+        DriverKind::Sys => format!("{run}/sys/verifier-{mode}"),
+    }
 }
 
 impl Suite {
-    /// Every concrete run, in file order, "off" before "on".
+    /// Every concrete run, in file order, each run's personalities in order, "off" before "on".
     pub fn expand(&self) -> Vec<ConcreteRun> {
         let mut out = Vec::new();
         for run in &self.runs {
-            for (mode, expected) in &run.expect {
-                out.push(ConcreteRun {
-                    name: concrete_name(&run.name, *mode),
-                    run: run.name.clone(),
-                    mode: *mode,
-                    verifier_flags: match mode {
-                        VerifierMode::Off => 0,
-                        VerifierMode::On => run.verifier_flags,
-                    },
-                    device: run.device.clone(),
-                    guest: run.guest.clone(),
-                    expected: expected.clone(),
-                    events: run.events.get(mode).cloned().unwrap_or_default(),
-                });
+            for &driver in &run.drivers {
+                for (mode, expected) in &run.expect {
+                    out.push(ConcreteRun {
+                        name: concrete_name(&run.name, driver, *mode),
+                        run: run.name.clone(),
+                        mode: *mode,
+                        verifier_flags: match mode {
+                            VerifierMode::Off => 0,
+                            VerifierMode::On => run.verifier_flags,
+                        },
+                        device: run.device.clone(),
+                        guest: GuestOptions { driver, ..run.guest.clone() },
+                        expected: expected.clone(),
+                        events: run.events.get(mode).cloned().unwrap_or_default(),
+                    });
+                }
             }
         }
         out
+    }
+
+    /// `--driver`: every run in this one personality only.
+    pub fn set_driver(&mut self, driver: DriverKind) {
+        for run in &mut self.runs {
+            run.drivers = vec![driver];
+            run.guest.driver = driver;
+        }
     }
 
     /// The concrete runs whose name matches `pattern` (a regex, searched, as `--filter` takes it).
@@ -266,7 +283,34 @@ mod tests {
             expect: modes.iter().cloned().collect(),
             events: BTreeMap::from([(VerifierMode::On, vec!["map_registers_exhausted".to_string()])]),
             line: 1,
+            drivers: vec![DriverKind::Native],
         }
+    }
+
+    #[test]
+    fn a_run_in_both_personalities_expands_to_both_and_driver_narrows_it() {
+        let mut both = run("a", &[(VerifierMode::Off, Expected::Pass), (VerifierMode::On, Expected::Pass)]);
+        both.drivers = vec![DriverKind::Native, DriverKind::Sys];
+        let mut suite = Suite { name: "t".into(), source: "t".into(), runs: vec![both] };
+        let runs = suite.expand();
+        let names: Vec<_> = runs.iter().map(|r| (r.name.as_str(), r.guest.driver)).collect();
+        assert_eq!(
+            names,
+            [
+                ("a/verifier-off", DriverKind::Native),
+                ("a/verifier-on", DriverKind::Native),
+                ("a/sys/verifier-off", DriverKind::Sys),
+                ("a/sys/verifier-on", DriverKind::Sys),
+            ]
+        );
+        assert_eq!(runs[3].guest_params().last().unwrap(), &("vhca.fragmentation".into(), "4".into()));
+        assert!(runs[3].guest_params().contains(&("vhca.driver".into(), "sys".into())));
+        suite.set_driver(DriverKind::Sys);
+        let names: Vec<_> = suite.expand().into_iter().map(|r| (r.name, r.guest.driver)).collect();
+        assert_eq!(
+            names,
+            [("a/sys/verifier-off".into(), DriverKind::Sys), ("a/sys/verifier-on".into(), DriverKind::Sys)]
+        );
     }
 
     #[test]

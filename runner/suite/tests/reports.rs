@@ -63,7 +63,8 @@ fn element(s: &quick_xml::events::BytesStart, depth: usize) -> Element {
 /// The seed suite judged against made-up observations: smoke passes everywhere, fast-mutex-create-cq/verifier-on
 /// did not bugcheck (a failure), everything else as expected where cheap to fake.
 fn sample_report() -> SuiteReport {
-    let suite = Suite::seed().unwrap();
+    let mut suite = Suite::seed().unwrap();
+    suite.set_driver(vhca_suite::DriverKind::Native);
     let runs = suite.expand().into_iter().filter(|r| r.run == "smoke" || r.run == "fast-mutex-create-cq");
     let mut reports = Vec::new();
     for (i, run) in runs.enumerate() {
@@ -287,10 +288,9 @@ fn timeline_of_a_large_pool_scales_to_the_peak() {
 fn the_driver_personality_shows_in_every_report() {
     let suite = Suite::seed().unwrap();
     let mut reports = Vec::new();
-    for (i, mut run) in suite.expand().into_iter().filter(|r| r.run == "smoke").enumerate() {
-        if i == 1 {
-            run.guest.driver = vhca_suite::DriverKind::Sys;
-        }
+    // The seed suite runs each scenario in both personalities: smoke natively off, as vhca.sys on.
+    let picked = ["smoke/verifier-off", "smoke/sys/verifier-on"];
+    for run in suite.expand().into_iter().filter(|r| picked.contains(&r.name.as_str())) {
         let o = Observation { qemu_exit: ProcessExit::Exited { code: 0 }, ..Default::default() };
         let mut r = RunReport::new(&run, judge(&run.expected, &o), 1.0, "tcg", BootPath::Snapshot);
         r.set_reproducer("vhca-run", None);

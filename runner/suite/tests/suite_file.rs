@@ -1,6 +1,8 @@
 //! Suite files: the seed suite, the documented example, and bad files whose errors must name line and field.
 
-use vhca_suite::{Expected, LockKind, Param, Problem, Suite, VerifierMode, DEFAULT_VERIFIER_FLAGS, SEED_SUITE_NAME};
+use vhca_suite::{
+    DriverKind, Expected, LockKind, Param, Problem, Suite, VerifierMode, DEFAULT_VERIFIER_FLAGS, SEED_SUITE_NAME,
+};
 
 /// The first ```toml block of docs/suites.md: the documented example must stay a valid suite.
 fn documented_example() -> String {
@@ -31,6 +33,19 @@ fn assert_problem(text: &str, line: usize, field: &str, words: &str) {
 }
 
 #[test]
+fn defaults_drivers_are_known_personalities_once() {
+    let run = "[[run]]\nname = \"smoke\"\nexpect = \"pass\"\n";
+    assert_problem(&format!("name = \"t\"\n[defaults]\ndrivers = [\"wdf\"]\n{run}"), 3, "defaults.drivers[0]", "wdf");
+    let twice = format!("name = \"t\"\n[defaults]\ndrivers = [\"sys\", \"sys\"]\n{run}");
+    assert_problem(&twice, 3, "defaults.drivers[1]", "twice");
+    assert_problem(&format!("name = \"t\"\n[defaults]\ndrivers = []\n{run}"), 3, "defaults.drivers", "empty");
+    // A run's own `driver` wins over the defaults.
+    let own = format!("name = \"t\"\n[defaults]\ndrivers = [\"native\", \"sys\"]\n{run}driver = \"sys\"\n");
+    let names: Vec<String> = Suite::parse(&own, "t.toml").unwrap().expand().into_iter().map(|r| r.name).collect();
+    assert_eq!(names, ["smoke/sys/verifier-off", "smoke/sys/verifier-on"]);
+}
+
+#[test]
 fn seed_suite_parses_and_expands() {
     let suite = Suite::seed().unwrap();
     assert_eq!(suite.name, "seed");
@@ -52,7 +67,16 @@ fn seed_suite_parses_and_expands() {
         assert!(names.contains(&scenario), "seed suite lacks {scenario}");
     }
     let runs = suite.expand();
-    assert_eq!(runs.len(), 2 * suite.runs.len());
+    // Every scenario in both personalities, verifier off and on (issue 13).
+    assert_eq!(runs.len(), 4 * suite.runs.len());
+    for run in &suite.runs {
+        for name in ["verifier-off", "verifier-on", "sys/verifier-off", "sys/verifier-on"] {
+            let full = format!("{}/{name}", run.name);
+            let found = runs.iter().find(|r| r.name == full).unwrap_or_else(|| panic!("no {full}"));
+            let sys = name.starts_with("sys/");
+            assert_eq!(found.guest.driver, if sys { DriverKind::Sys } else { DriverKind::Native }, "{full}");
+        }
+    }
     let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {name}"));
     let is = Param::Is;
     assert_eq!(

@@ -127,6 +127,10 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         .unwrap_or(DEFAULT_VERIFIER_FLAGS);
     let default_map_registers =
         defaults.map_registers.as_ref().and_then(|m| checker.positive_u32(m, "defaults.map_registers", i64::MAX));
+    let default_drivers = match &defaults.drivers {
+        Some(list) => driver_list(list, checker),
+        None => vec![DriverKind::Native],
+    };
     if raw.runs.is_empty() {
         checker.at(raw.name.span(), "run", "a suite needs at least one [[run]]");
     }
@@ -172,9 +176,35 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         let guest = guest_options(&run, &name, (default_timeout, default_silence), checker, &field);
         let expect = expectations(&run, &modes, checker, &field);
         let events = required_events(&run, &modes, checker, &field);
-        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, line });
+        let drivers = if run.driver.is_some() { vec![guest.driver] } else { default_drivers.clone() };
+        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, line, drivers });
     }
     Suite { name: raw.name.into_inner(), source: file.to_string(), runs }
+}
+
+/// `[defaults] drivers`: each a known personality, once; an empty list is an error (a run must run somewhere).
+fn driver_list(list: &Spanned<Vec<Spanned<String>>>, checker: &mut Checker) -> Vec<DriverKind> {
+    let mut drivers = Vec::new();
+    for (i, d) in list.get_ref().iter().enumerate() {
+        match DriverKind::parse(d.get_ref()) {
+            Some(kind) if drivers.contains(&kind) => {
+                checker.at(d.span(), format!("defaults.drivers[{i}]"), format!("{kind} is listed twice"))
+            }
+            Some(kind) => drivers.push(kind),
+            None => checker.at(
+                d.span(),
+                format!("defaults.drivers[{i}]"),
+                format!("unknown driver {:?}: expected \"native\" or \"sys\"", d.get_ref()),
+            ),
+        }
+    }
+    if list.get_ref().is_empty() {
+        checker.at(list.span(), "defaults.drivers", "an empty list: name \"native\", \"sys\" or both");
+    }
+    if drivers.is_empty() {
+        drivers.push(DriverKind::Native);
+    }
+    drivers
 }
 
 fn run_modes(run: &RawRun, checker: &mut Checker, field: &dyn Fn(&str) -> String) -> Vec<VerifierMode> {

@@ -29,6 +29,8 @@ pub(super) struct RawDefaults {
     pub silence_s: Option<Spanned<i64>>,
     pub verifier_flags: Option<Spanned<toml::Value>>,
     pub map_registers: Option<Spanned<i64>>,
+    /// `drivers = ["native", "sys"]`: the personalities a run without its own `driver` runs in.
+    pub drivers: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
