@@ -1,6 +1,6 @@
 //! Parity: the built-in seed suite, which runs every scenario in both personalities (native and sys) and both
-//! verifier modes against the real device under QEMU: each sys run must end with its native twin's verdict: the kind, the bugcheck code and every
-//! parameter that is not an address, and a failed scenario's error.
+//! verifier modes against the real device under QEMU: each sys run must end with its native twin's verdict (the
+//! kind, the bugcheck code, every parameter that is not an address, and a failed scenario's error).
 //! Under CI=true with the prerequisites missing it fails, like the other end-to-end tests.
 
 use std::path::{Path, PathBuf};
