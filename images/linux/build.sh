@@ -3,7 +3,7 @@
 # fallback) and an uncompressed newc initramfs with static busybox, the VFIO modules, /init and the static vhca-guest.
 #
 #   build.sh resolve                      print "<kernel package> <version>": the bookworm linux-image-amd64 target
-#   build.sh build --out DIR --guest BIN [--kernel-pkg PKG --kernel-ver VER] [--cache DIR]
+#   build.sh build --out DIR --guest BIN [--driver SYS] [--kernel-pkg PKG --kernel-ver VER] [--cache DIR]
 #
 # The caller (vhca-run's image cache) decides when to build; this script only builds. --cache holds the downloaded
 # .debs and the per-kernel extraction, which do not depend on the guest binary and so are reused across guest builds.
@@ -122,18 +122,19 @@ kernel_tree() {
 }
 
 build() {
-  local out="" guest="" pkg="" ver="" cache="${VHCA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vhca}"
+  local out="" guest="" driver="" pkg="" ver="" cache="${VHCA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vhca}"
   while [ $# -gt 0 ]; do
     case "$1" in
       --out) out=$2; shift 2 ;;
       --guest) guest=$2; shift 2 ;;
+      --driver) driver=$2; shift 2 ;;
       --kernel-pkg) pkg=$2; shift 2 ;;
       --kernel-ver) ver=$2; shift 2 ;;
       --cache) cache=$2; shift 2 ;;
       *) die "unknown argument $1" ;;
     esac
   done
-  [ -n "$out" ] && [ -n "$guest" ] || die "usage: build.sh build --out DIR --guest BIN [--kernel-pkg P --kernel-ver V] [--cache DIR]"
+  [ -n "$out" ] && [ -n "$guest" ] || die "usage: build.sh build --out DIR --guest BIN [--driver SYS] [--kernel-pkg P --kernel-ver V] [--cache DIR]"
   [ -x "$guest" ] || die "guest binary $guest is missing or not executable"
   if [ -z "$pkg" ] || [ -z "$ver" ]; then read -r pkg ver < <(resolve); fi
   mkdir -p "$out" "$cache/kernel"
@@ -153,6 +154,8 @@ build() {
   cp "$ktree/modules.order" "$stage/etc/vhca/modules"
   install -m 0755 "$here/init" "$stage/init"
   install -m 0755 "$guest" "$stage/bin/vhca-guest"
+  # The signed vhca.sys, for runs with vhca.driver=sys (the guest's PE loader maps it from here).
+  if [ -n "$driver" ]; then install -D -m 0644 "$driver" "$stage/vhca/vhca.sys"; fi
   # Uncompressed: under TCG the kernel inflating an initramfs costs more than QEMU loading a few more megabytes.
   (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) >"$out/initramfs.cpio"
   # Hard links: every cached image shares the kernel files of its kernel tree instead of a 66 MB copy each.

@@ -107,7 +107,10 @@ pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Res
     let (Some(pkg), Some(ver)) = (words.next(), words.next()) else {
         return Err(ImageError::Script { step: "resolve", status: "bad output".into(), log: resolved });
     };
-    let key = image_key(pkg, ver, &guest_bytes);
+    // vhca.sys, when built, goes into the image for `driver = "sys"` runs; its bytes are part of the key.
+    let driver = crate::paths::windows_driver();
+    let driver_bytes = driver.as_deref().and_then(|p| fs::read(p).ok()).unwrap_or_default();
+    let key = image_key(pkg, ver, &[guest_bytes.as_slice(), b"vhca.sys", driver_bytes.as_slice()].concat());
     let images = cache.join("images");
     let dir = images.join(&key);
     let kernel_package = format!("{pkg} {ver}");
@@ -120,7 +123,7 @@ pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Res
     fs::create_dir_all(&images).map_err(cache_err(&images))?;
     let staging = tempfile::Builder::new().prefix(".build-").tempdir_in(&images).map_err(cache_err(&images))?;
     let out = staging.path().join("image");
-    let args = [
+    let mut args = vec![
         "build",
         "--out",
         path_str(&out),
@@ -133,6 +136,9 @@ pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Res
         "--cache",
         path_str(cache),
     ];
+    if let Some(driver) = driver.as_deref().filter(|_| !driver_bytes.is_empty()) {
+        args.extend(["--driver", path_str(driver)]);
+    }
     run_script(&build_sh, &args, scripts.path(), "build", BUILD_TIMEOUT)?;
     // The lock is held, so nobody else is filling `dir`; a leftover incomplete one is replaced.
     let _ = fs::remove_dir_all(&dir);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use vhca_suite::{render_junit, render_table, ConcreteRun, Shard, Suite, SuiteReport};
+use vhca_suite::{render_junit, render_table, ConcreteRun, DriverKind, Shard, Suite, SuiteReport};
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::bench;
@@ -78,6 +78,10 @@ enum Cmd {
         /// Print the concrete runs (after --filter) and exit without running them.
         #[arg(long)]
         list: bool,
+        /// Run every scenario with this driver: `native` (the driver core in the guest program) or `sys` (the
+        /// signed vhca.sys through the guest's PE loader) [default: each run's `driver`, else native]
+        #[arg(long, value_parser = parse_driver)]
+        driver: Option<DriverKind>,
         /// Run only shard I of N (1-based): a deterministic share of the runs, balanced by the durations in
         /// --durations; `vhca-run report merge` combines the shards' reports (docs/suites.md, "Sharding").
         #[arg(long, value_name = "I/N")]
@@ -470,13 +474,20 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_driver(text: &str) -> Result<DriverKind, String> {
+    DriverKind::parse(text).ok_or_else(|| format!("{text:?} is not a driver: native or sys"))
+}
+
 fn real_main(cli: Cli) -> Result<bool> {
     for dir in vhca_run::leftovers::sweep_dead_work_dirs(&std::env::temp_dir()) {
         eprintln!("vhca-run: removed {}, left by a runner that was killed", dir.display());
     }
     match cli.command {
-        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list, shard, durations } => {
-            let (suite, suite_file) = load_suite(file.as_deref())?;
+        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list, shard, durations, driver } => {
+            let (mut suite, suite_file) = load_suite(file.as_deref())?;
+            if let Some(driver) = driver {
+                suite.set_driver(driver);
+            }
             let runs = match &filter {
                 Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
                 None => suite.expand(),

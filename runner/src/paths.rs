@@ -47,6 +47,13 @@ pub fn target_dir() -> PathBuf {
     from_exe.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"))
 }
 
+/// The signed vhca.sys for the guest image: $VHCA_WINDOWS_DRIVER_DIR (ci/build-windows.sh exports it), else
+/// <target>/windows/vhca-driver; None when it was never built (then `driver = "sys"` runs report it missing).
+pub fn windows_driver() -> Option<PathBuf> {
+    let dir = env_path("VHCA_WINDOWS_DRIVER_DIR").unwrap_or_else(|| target_dir().join("windows").join("vhca-driver"));
+    Some(dir.join("vhca.sys")).filter(|p| p.is_file())
+}
+
 /// $VHCA_CACHE_DIR, else $XDG_CACHE_HOME/vhca, else ~/.cache/vhca.
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = env_path("VHCA_CACHE_DIR") {

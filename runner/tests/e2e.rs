@@ -223,14 +223,26 @@ fn a_path_that_ignores_a_failed_allocation_fails_its_own_fail_point_run() {
     assert!(reproducer.ends_with(&format!("low-resources-broken.toml --fail-point {k}")), "{reproducer}");
 }
 
-/// Every run's name → (boot path, actual verdict) from a report.
+/// Every run's name → (boot path, actual verdict) from a report. A vhca.sys run's bugcheck parameters above 4 GiB
+/// are blanked: there the device object is the loader's heap object, whose address the guest's ASLR picks anew at
+/// every boot (natively it is the model's fixed PDO, compared as it is).
 fn verdicts(report: &Value) -> Vec<(String, String, Value)> {
     report["runs"]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| {
-            (r["name"].as_str().unwrap().to_string(), r["path"].as_str().unwrap().to_string(), r["actual"].clone())
+            let name = r["name"].as_str().unwrap().to_string();
+            let mut actual = r["actual"].clone();
+            if name.contains("/sys/") {
+                for p in actual.get_mut("params").and_then(Value::as_array_mut).into_iter().flatten() {
+                    let value = p.as_str().and_then(|t| u64::from_str_radix(t.trim_start_matches("0x"), 16).ok());
+                    if value.is_some_and(|v| v > u32::MAX as u64) {
+                        *p = Value::String("address".into());
+                    }
+                }
+            }
+            (name, r["path"].as_str().unwrap().to_string(), actual)
         })
         .collect()
 }

@@ -100,6 +100,9 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     report.iommu_group = Some(group);
     let session = vfio::Session::open(group, &device.address).context("VFIO setup")?;
     mark(report, "vfio_open");
+    if options.driver == crate::cmdline::DriverKind::Sys {
+        return crate::sys_driver::run(&session, options, report);
+    }
     progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
 

@@ -29,6 +29,13 @@ impl fmt::Display for PciId {
     }
 }
 
+/// The driver personality of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverKind {
+    Native,
+    Sys,
+}
+
 /// What the run does and how long it may wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -67,6 +74,9 @@ pub struct Options {
     pub init: Option<String>,
     /// Samples of each kind the `roundtrip` scenario takes (`vhca.samples`); None: its default.
     pub samples: Option<usize>,
+    /// Which driver runs the scenario (`vhca.driver=native|sys`): the driver core built into this program, or the
+    /// signed vhca.sys from the initramfs through the PE loader.
+    pub driver: DriverKind,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -90,6 +100,7 @@ impl Default for Options {
             faults_seed_given: false,
             init: None,
             samples: None,
+            driver: DriverKind::Native,
             warnings: Vec::new(),
         }
     }
@@ -124,6 +135,13 @@ impl Options {
         }
         match key {
             "scenario" if !value.is_empty() => self.scenario = value.to_string(),
+            "driver" => {
+                self.driver = match value {
+                    "native" => DriverKind::Native,
+                    "sys" => DriverKind::Sys,
+                    _ => return Err(format!("not native or sys: {value:?}")),
+                }
+            }
             "scenario" => return Err("empty value".into()),
             "timeout_ms" => {
                 self.timeout_ms =

@@ -15,6 +15,7 @@ pub mod report;
 pub mod rng;
 pub mod roundtrip;
 pub mod shutdown;
+pub mod sys_driver;
 pub mod test_modes;
 pub mod vfio;
 pub mod vfio_dma;

@@ -134,4 +134,9 @@ impl DmaBackend for VfioDmaBackend {
         let m = s.mappings.remove(&iova).ok_or(BackendError::NotMapped { iova })?;
         m.region.unmap().map_err(platform)
     }
+
+    /// Each allocation is one anonymous mapping that stays put until `free`.
+    fn host_address(&self, mem: HostMemId) -> Option<*mut u8> {
+        self.lock().memory.get(&mem).map(|m| m.ptr().as_ptr())
+    }
 }

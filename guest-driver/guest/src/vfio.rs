@@ -361,6 +361,11 @@ impl Region {
         &self.info
     }
 
+    /// Where the region is mapped in this process, when it is (a driver binary reads its registers there).
+    pub fn mapped_ptr(&self) -> Option<*mut u8> {
+        self.mapping.as_ref().map(|m| m.ptr.as_ptr())
+    }
+
     pub fn is_mapped(&self) -> bool {
         self.mapping.is_some()
     }

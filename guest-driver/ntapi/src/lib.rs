@@ -7,6 +7,7 @@ extern crate alloc;
 
 mod bugcheck_codes;
 mod kernel;
+pub mod resource_list_layout;
 mod types;
 
 pub use bugcheck_codes::*;

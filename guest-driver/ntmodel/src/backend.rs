@@ -37,6 +37,11 @@ pub trait DmaBackend: Send + Sync {
     fn map(&self, mem: HostMemId, first_page: usize, pages: usize) -> Result<u64, BackendError>;
     /// Removes the mapping `map` returned; the device faults on it afterwards.
     fn unmap(&self, iova: u64, pages: usize) -> Result<(), BackendError>;
+    /// Where `mem`'s pages are in this process, when they are plain memory a driver binary may dereference (the
+    /// PE loader hands such addresses to vhca.sys). None: reachable only through `read` and `write`.
+    fn host_address(&self, _mem: HostMemId) -> Option<*mut u8> {
+        None
+    }
 }
 
 struct HostState {
@@ -198,5 +203,10 @@ impl DmaBackend for HostDmaBackend {
             s.iotlb.remove(&(iova / PAGE + i)).ok_or(BackendError::NotMapped { iova: iova + i * PAGE })?;
         }
         Ok(())
+    }
+
+    /// Each allocation is one `Vec` that never grows, so its buffer stays put until `free`.
+    fn host_address(&self, mem: HostMemId) -> Option<*mut u8> {
+        self.lock().memory.get_mut(&mem).map(|m| m.as_mut_ptr())
     }
 }

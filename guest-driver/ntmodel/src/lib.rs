@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use vhca_ntapi::{KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT};
+use vhca_ntapi::{KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT, PVOID};
 
 pub use backend::{BackendError, DmaBackend, HostDmaBackend, HostMemId};
 pub use bugcheck::{Bugcheck, BugcheckHandler, BugcheckUnwind, CaptureBugchecks, PrintAndExit};
@@ -268,4 +268,22 @@ impl NtModel {
         let r = self.unload_checks();
         self.ok(r)
     }
+
+    /// The region holding model address `va`, seen from this process: the PE loader hands a driver binary these
+    /// addresses (it dereferences what it gets) while the model keeps its own view of the same pages. None outside
+    /// any region, or when the backend's memory is not plain memory (`DmaBackend::host_address`).
+    pub fn host_view(&self, va: PVOID) -> Option<HostView> {
+        let m = lock(&self.memory);
+        let r = m.region_of(va.0)?;
+        let host = self.backend.host_address(r.mem)?;
+        Some(HostView { model_base: r.base, bytes: r.pages as u64 * PAGE, host_base: host as usize })
+    }
+}
+
+/// One model region as the process sees it: `bytes` at `model_base` in the model are `bytes` at `host_base` here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostView {
+    pub model_base: u64,
+    pub bytes: u64,
+    pub host_base: usize,
 }

@@ -47,7 +47,10 @@ fn shared<H: ScenarioHost>(ctx: &mut Ctx<H>, variant: Variant) -> anyhow::Result
     let (dst, mapping) = match variant {
         Variant::ScatterGather => (Buffer::pool(ctx, LEN)?, MrMapping::ScatterGather),
         Variant::CommonBuffer => (Buffer::common(ctx, LEN)?, MrMapping::ScatterGather),
-        Variant::IoMapCommonBuffer => (Buffer::user(ctx, LEN, 0x230)?, MrMapping::IoMapCommonBuffer),
+        // Page-aligned: IoMapCommonBuffer ships as DMA_OPERATIONS' CreateCommonBufferFromMdl, which refuses an MDL
+        // that is not a page-aligned multiple of PAGE_SIZE with STATUS_INVALID_PARAMETER (Microsoft,
+        // "PCREATE_COMMON_BUFFER_FROM_MDL"); vhca.sys calls it, so an unaligned buffer fails there on Windows.
+        Variant::IoMapCommonBuffer => (Buffer::user(ctx, LEN, 0)?, MrMapping::IoMapCommonBuffer),
     };
     let mr_dst = register(ctx, lb.pd, &dst, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, mapping, true)?;
 

@@ -2,6 +2,10 @@
 //! resource lists in the same order but without BAR numbers; a raw memory resource starts at the bus address the
 //! BAR holds, so matching the BAR registers in config space against the raw starts names each translated entry.
 
+use alloc::vec::Vec;
+
+use vhca_ntapi::resource_list_layout::{partial_descriptors, CM_RESOURCE_TYPE_MEMORY};
+
 /// One CmResourceTypeMemory descriptor from START_DEVICE: raw (bus) start, translated (CPU physical) start, and
 /// the length, taken at the same index of the two lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,9 +82,54 @@ pub fn locate_bar(config: &[u8], bar: u8, resources: &[MemoryResource]) -> Resul
         .ok_or(BarError::NoResource { bar, address })
 }
 
+/// The memory resources of START_DEVICE's raw and translated CM_RESOURCE_LISTs, given as their bytes: the
+/// descriptors at the same index of the two lists, read in Windows' pack(4) layout (`resource_list_layout`), never
+/// through windows-sys's unpacked CM_* types, which put every descriptor 4 bytes too far.
+/// CmResourceTypeMemoryLarge (BARs past 4 GiB in length) is not handled: vhca's BARs are small.
+pub fn memory_resources(raw: &[u8], translated: &[u8]) -> Vec<MemoryResource> {
+    partial_descriptors(raw)
+        .zip(partial_descriptors(translated))
+        .filter(|(r, t)| r.kind == CM_RESOURCE_TYPE_MEMORY && t.kind == CM_RESOURCE_TYPE_MEMORY)
+        .map(|(r, t)| MemoryResource { raw_start: r.start, translated_start: t.start, length: t.length as u64 })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// START_DEVICE's list for QEMU's virtio-pci BARs as wdm.h lays it out (pack 4), byte by byte: BAR1's 4 KiB
+    /// MSI-X table then BAR4's 16 KiB at 0x1_fe000000. Read with 24-byte descriptors (windows-sys's layout) the
+    /// second start would come from the wrong bytes and BAR4 would find no resource, as vhca.sys did under QEMU.
+    fn windows_list(first: u64) -> [u8; 60] {
+        let mut b = [0u8; 60];
+        b[0] = 1;
+        b[4] = 5;
+        b[12] = 1;
+        b[14] = 1;
+        b[16] = 2;
+        b[20] = 3;
+        b[24..32].copy_from_slice(&first.to_le_bytes());
+        b[32..36].copy_from_slice(&0x1000u32.to_le_bytes());
+        b[40] = 3;
+        b[44..52].copy_from_slice(&0x1_fe00_0000u64.to_le_bytes());
+        b[52..56].copy_from_slice(&0x4000u32.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn start_device_lists_are_read_in_windows_layout() {
+        let (raw, translated) = (windows_list(0xfebf_1000), windows_list(0xfebf_1000));
+        let resources = memory_resources(&raw, &translated);
+        assert_eq!(
+            resources,
+            [
+                MemoryResource { raw_start: 0xfebf_1000, translated_start: 0xfebf_1000, length: 0x1000 },
+                MemoryResource { raw_start: 0x1_fe00_0000, translated_start: 0x1_fe00_0000, length: 0x4000 },
+            ]
+        );
+        assert_eq!(locate_bar(&config(), 4, &resources).map(|r| r.length), Ok(0x4000));
+    }
 
     /// QEMU's virtio-pci layout: BAR1 a 32-bit MSI-X table, BAR4+5 the 64-bit prefetchable virtio BAR.
     fn config() -> [u8; 256] {

@@ -87,7 +87,8 @@ fn write_testcase(w: &mut Writer<Vec<u8>>, suite: &str, run: &RunReport) -> io::
                     .with_attribute(("type", "verdict"))
                     .write_text_content(BytesText::new(&xml_safe(&body)))?;
             }
-            let mut out = format!("accelerator: {}\npath: {}\n", run.accelerator, run.path.as_str());
+            let mut out =
+                format!("accelerator: {}\npath: {}\ndriver: {}\n", run.accelerator, run.path.as_str(), run.driver);
             if let Some(dir) = &run.artifact_dir {
                 out.push_str(&format!("artifacts: {}\n", dir.display()));
             }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::expect::Expected;
 use crate::fail_points::{FaultPointSeen, InjectedFaultSeen};
-use crate::suite::{split_fail_point, ConcreteRun, Suite, VerifierMode};
+use crate::suite::{split_fail_point, ConcreteRun, DriverKind, Suite, VerifierMode};
 use crate::verdict::{Actual, Outcome, Verdict};
 
 /// How the guest was brought up for a run.
@@ -34,6 +34,8 @@ pub struct RunReport {
     pub name: String,
     pub run: String,
     pub mode: VerifierMode,
+    /// The driver personality that ran it.
+    pub driver: DriverKind,
     pub expected: Expected,
     pub actual: Actual,
     /// `actual` as one line, as the table and JUnit show it.
@@ -62,6 +64,7 @@ impl RunReport {
             name: run.name.clone(),
             run: run.run.clone(),
             mode: run.mode,
+            driver: run.guest.driver,
             expected: run.expected.clone(),
             actual_text: verdict.actual.to_string(),
             actual: verdict.actual,
@@ -84,9 +87,11 @@ impl RunReport {
 
     /// Gives a failed run its reproducer (see `reproducer`); a passed run keeps none.
     pub fn set_reproducer(&mut self, program: &str, suite_file: Option<&str>) {
+        // A vhca.sys run is repeated as one, whether the file or `--driver` made it so.
+        let driver = if self.driver == DriverKind::Sys { " --driver sys" } else { "" };
         self.reproducer = (!self.passed()).then(|| match split_fail_point(&self.name) {
-            Some((run, k)) => fail_point_reproducer(program, suite_file, run, k),
-            None => reproducer(program, suite_file, &self.name),
+            Some((run, k)) => fail_point_reproducer(program, suite_file, run, k) + driver,
+            None => reproducer(program, suite_file, &self.name) + driver,
         });
     }
 

@@ -78,6 +78,39 @@ pub struct DeviceOptions {
     pub revalidate_stale: bool,
 }
 
+/// Which build of the driver runs a scenario in the guest: the driver core compiled into the guest program, or
+/// the signed vhca.sys loaded by the guest's PE loader (`vhca.driver=sys`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverKind {
+    #[default]
+    Native,
+    Sys,
+}
+
+impl DriverKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriverKind::Native => "native",
+            DriverKind::Sys => "sys",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<DriverKind> {
+        match text {
+            "native" => Some(DriverKind::Native),
+            "sys" => Some(DriverKind::Sys),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for DriverKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the guest program runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GuestOptions {
@@ -88,6 +121,8 @@ pub struct GuestOptions {
     pub timeout_s: u32,
     /// No serial output for this long: the run is hung.
     pub silence_s: u32,
+    /// The driver personality (`driver` in the suite file, `--driver` on the command line).
+    pub driver: DriverKind,
 }
 
 /// One run as written in the suite file, validated.
@@ -106,6 +141,9 @@ pub struct SuiteRun {
     pub each_fail_point: bool,
     /// 1-based line of the run's `name` in the suite file, for messages that point back at it.
     pub line: usize,
+    /// The driver personalities it runs in, in order, never empty: its own `driver`, else the suite's
+    /// `[defaults] drivers`, else native.
+    pub drivers: Vec<DriverKind>,
 }
 
 /// The guest a suite's runs boot: the Linux guest program (built here), or a Windows image the user built from
@@ -144,7 +182,8 @@ pub struct Suite {
 /// One thing the runner executes: a run in one verifier mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConcreteRun {
-    /// `<run>/verifier-<mode>`; unique in the suite, the name filters and reports use.
+    /// `<run>/verifier-<mode>` natively, `<run>/sys/verifier-<mode>` as vhca.sys; unique in the suite, the name
+    /// filters and reports use.
     pub name: String,
     pub run: String,
     pub mode: VerifierMode,
@@ -174,6 +213,9 @@ impl ConcreteRun {
             params.push(("vhca.lock".to_string(), lock.as_str().to_string()));
         }
         params.push(("vhca.verifier".to_string(), format!("{:#x}", self.verifier_flags)));
+        if self.guest.driver == DriverKind::Sys {
+            params.push(("vhca.driver".to_string(), DriverKind::Sys.as_str().to_string()));
+        }
         params.extend(self.guest.extra.iter().map(|(k, v)| (format!("vhca.{k}"), v.clone())));
         match self.fail_point {
             Some(k) => params.push(("vhca.fail_point".to_string(), k.to_string())),
@@ -224,36 +266,49 @@ pub fn split_fail_point(name: &str) -> Option<(&str, u32)> {
     Some((base, k.parse().ok().filter(|k| *k > 0)?))
 }
 
-/// The concrete-run name for a run in a mode.
-pub fn concrete_name(run: &str, mode: VerifierMode) -> String {
-    format!("{run}/verifier-{mode}")
+/// The concrete-run name for a run in a personality and a mode.
+pub fn concrete_name(run: &str, driver: DriverKind, mode: VerifierMode) -> String {
+    match driver {
+        DriverKind::Native => format!("{run}/verifier-{mode}"),
+        DriverKind::Sys => format!("{run}/sys/verifier-{mode}"),
+    }
 }
 
 impl Suite {
-    /// Every concrete run, in file order, "off" before "on".
+    /// Every concrete run, in file order, each run's personalities in order, "off" before "on".
     pub fn expand(&self) -> Vec<ConcreteRun> {
         let mut out = Vec::new();
         for run in &self.runs {
-            for (mode, expected) in &run.expect {
-                out.push(ConcreteRun {
-                    name: concrete_name(&run.name, *mode),
-                    run: run.name.clone(),
-                    mode: *mode,
-                    verifier_flags: match mode {
-                        VerifierMode::Off => 0,
-                        VerifierMode::On => run.verifier_flags,
-                    },
-                    device: run.device.clone(),
-                    guest: run.guest.clone(),
-                    expected: expected.clone(),
-                    events: run.events.get(mode).cloned().unwrap_or_default(),
-                    records_fail_points: run.each_fail_point,
-                    fail_point: None,
-                    recorded_point: None,
-                });
+            for &driver in &run.drivers {
+                for (mode, expected) in &run.expect {
+                    out.push(ConcreteRun {
+                        name: concrete_name(&run.name, driver, *mode),
+                        run: run.name.clone(),
+                        mode: *mode,
+                        verifier_flags: match mode {
+                            VerifierMode::Off => 0,
+                            VerifierMode::On => run.verifier_flags,
+                        },
+                        device: run.device.clone(),
+                        guest: GuestOptions { driver, ..run.guest.clone() },
+                        expected: expected.clone(),
+                        events: run.events.get(mode).cloned().unwrap_or_default(),
+                        records_fail_points: run.each_fail_point,
+                        fail_point: None,
+                        recorded_point: None,
+                    });
+                }
             }
         }
         out
+    }
+
+    /// `--driver`: every run in this one personality only.
+    pub fn set_driver(&mut self, driver: DriverKind) {
+        for run in &mut self.runs {
+            run.drivers = vec![driver];
+            run.guest.driver = driver;
+        }
     }
 
     /// The concrete runs whose name matches `pattern` (a regex, searched, as `--filter` takes it).
@@ -291,13 +346,47 @@ mod tests {
                 extra: BTreeMap::from([("fragmentation".to_string(), "4".to_string())]),
                 timeout_s: 30,
                 silence_s: 10,
+                driver: DriverKind::Native,
             },
             verifier_flags: 0x80,
             expect: modes.iter().cloned().collect(),
             events: BTreeMap::from([(VerifierMode::On, vec!["map_registers_exhausted".to_string()])]),
             each_fail_point: false,
             line: 1,
+            drivers: vec![DriverKind::Native],
         }
+    }
+
+    #[test]
+    fn a_run_in_both_personalities_expands_to_both_and_driver_narrows_it() {
+        let mut both = run("a", &[(VerifierMode::Off, Expected::Pass), (VerifierMode::On, Expected::Pass)]);
+        both.drivers = vec![DriverKind::Native, DriverKind::Sys];
+        let mut suite = Suite {
+            name: "t".into(),
+            source: "t".into(),
+            runs: vec![both],
+            guest: GuestKind::Linux,
+            windows_image: None,
+        };
+        let runs = suite.expand();
+        let names: Vec<_> = runs.iter().map(|r| (r.name.as_str(), r.guest.driver)).collect();
+        assert_eq!(
+            names,
+            [
+                ("a/verifier-off", DriverKind::Native),
+                ("a/verifier-on", DriverKind::Native),
+                ("a/sys/verifier-off", DriverKind::Sys),
+                ("a/sys/verifier-on", DriverKind::Sys),
+            ]
+        );
+        assert_eq!(runs[3].guest_params().last().unwrap(), &("vhca.fragmentation".into(), "4".into()));
+        assert!(runs[3].guest_params().contains(&("vhca.driver".into(), "sys".into())));
+        suite.set_driver(DriverKind::Sys);
+        let names: Vec<_> = suite.expand().into_iter().map(|r| (r.name, r.guest.driver)).collect();
+        assert_eq!(
+            names,
+            [("a/sys/verifier-off".into(), DriverKind::Sys), ("a/sys/verifier-on".into(), DriverKind::Sys)]
+        );
     }
 
     #[test]

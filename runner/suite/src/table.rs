@@ -2,6 +2,7 @@
 //! Plain text without colour; the UI may colour it.
 
 use crate::report::SuiteReport;
+use crate::suite::DriverKind;
 
 /// Renders the table, a totals line, and one `reproduce:` line per failed run that has a reproducer.
 pub fn render_table(report: &SuiteReport) -> String {
@@ -14,7 +15,12 @@ pub fn render_table(report: &SuiteReport) -> String {
                 None => format!("ok   {}", r.actual_text),
                 Some(reason) => format!("FAIL {reason}"),
             };
-            [r.run.clone(), r.mode.to_string(), verdict, format!("{:.2}", r.seconds), r.accelerator.clone()]
+            // A vhca.sys run says so next to its name; native runs read as they always did.
+            let run = match r.driver {
+                DriverKind::Native => r.run.clone(),
+                DriverKind::Sys => format!("{} [sys]", r.run),
+            };
+            [run, r.mode.to_string(), verdict, format!("{:.2}", r.seconds), r.accelerator.clone()]
         })
         .collect();
     let mut widths = header.clone().map(|h| h.chars().count());

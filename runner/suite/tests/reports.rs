@@ -63,7 +63,8 @@ fn element(s: &quick_xml::events::BytesStart, depth: usize) -> Element {
 /// The seed suite judged against made-up observations: smoke passes everywhere, fast-mutex-create-cq/verifier-on
 /// did not bugcheck (a failure), everything else as expected where cheap to fake.
 fn sample_report() -> SuiteReport {
-    let suite = Suite::seed().unwrap();
+    let mut suite = Suite::seed().unwrap();
+    suite.set_driver(vhca_suite::DriverKind::Native);
     let runs = suite.expand().into_iter().filter(|r| r.run == "smoke" || r.run == "fast-mutex-create-cq");
     let mut reports = Vec::new();
     for (i, run) in runs.enumerate() {
@@ -279,4 +280,32 @@ fn timeline_of_a_large_pool_scales_to_the_peak() {
     assert!(((bottom - top) - 0.8 * 230.0).abs() < 0.2, "peak at {top}, floor at {bottom}");
     let title = elements.iter().find(|e| e.attrs.get("class").map(String::as_str) == Some("title")).unwrap();
     assert!(title.text.ends_with("(pool of 4096)"), "{}", title.text);
+}
+
+/// A vhca.sys run says so in every report: `[sys]` after its name in the table, `"driver": "sys"` in the JSON,
+/// `driver: sys` in JUnit's system-out, `--driver sys` in its reproducer; native runs read as before.
+#[test]
+fn the_driver_personality_shows_in_every_report() {
+    let suite = Suite::seed().unwrap();
+    let mut reports = Vec::new();
+    // The seed suite runs each scenario in both personalities: smoke natively off, as vhca.sys on.
+    let picked = ["smoke/verifier-off", "smoke/sys/verifier-on"];
+    for run in suite.expand().into_iter().filter(|r| picked.contains(&r.name.as_str())) {
+        let o = Observation { qemu_exit: ProcessExit::Exited { code: 0 }, ..Default::default() };
+        let mut r = RunReport::new(&run, judge(&run.expected, &o), 1.0, "tcg", BootPath::Snapshot);
+        r.set_reproducer("vhca-run", None);
+        reports.push(r);
+    }
+    let report = SuiteReport::new(&suite, reports, 2.0);
+    let table = render_table(&report);
+    assert!(table.lines().any(|l| l.starts_with("smoke [sys] ") && l.contains(" on ")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("smoke ") && !l.contains("[sys]") && l.contains(" off ")), "{table}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let drivers: Vec<&str> = json["runs"].as_array().unwrap().iter().map(|r| r["driver"].as_str().unwrap()).collect();
+    assert_eq!(drivers, ["native", "sys"]);
+    let junit = render_junit(&report);
+    assert_eq!(junit.matches("driver: sys").count(), 1, "{junit}");
+    assert_eq!(junit.matches("driver: native").count(), 1, "{junit}");
+    let sys = &report.runs[1];
+    assert!(sys.reproducer.as_deref().is_some_and(|r| r.ends_with(" --driver sys")), "{:?}", sys.reproducer);
 }

@@ -81,13 +81,22 @@ impl Registers for MmioBar {
     mmio!(read_u32, write_u32, u32);
 }
 
-/// Waits between polls of the device until `limit` of interrupt time has passed. Below DISPATCH_LEVEL the thread
-/// sleeps (KeDelayExecutionThread, 1 ms); at DISPATCH_LEVEL it may only stall the processor (KeStallExecutionProcessor,
-/// 10 µs), as Microsoft's pages allow at each level.
+/// Waits between polls of the device until `limit` of interrupt time has passed. For the first SPIN_BUDGET of a
+/// wait it stalls the processor in 10 µs steps (KeStallExecutionProcessor, any IRQL; Microsoft's page asks for
+/// stalls of at most 50 µs per call): a command usually completes within that, and a sleep would add at least a
+/// timer tick (1 ms here, up to 15.6 ms on Windows' default clock) to every command. After the budget, below
+/// DISPATCH_LEVEL the thread sleeps (KeDelayExecutionThread, 1 ms); at DISPATCH_LEVEL it may only keep stalling, as
+/// Microsoft's pages allow at each level.
 pub struct KernelWait {
     limit: Duration,
+    started: u64,
     deadline: u64,
 }
+
+/// How long a wait busy-polls before it sleeps between polls, in 100-ns units (200 µs).
+const SPIN_BUDGET: u64 = 2_000;
+/// One stall, in µs.
+const STALL_US: u32 = 10;
 
 /// 100-ns units, the interrupt-time clock's.
 pub fn now() -> u64 {
@@ -97,7 +106,8 @@ pub fn now() -> u64 {
 
 impl KernelWait {
     pub fn after(limit: Duration) -> KernelWait {
-        KernelWait { limit, deadline: now().saturating_add((limit.as_nanos() / 100) as u64) }
+        let started = now();
+        KernelWait { limit, started, deadline: started.saturating_add((limit.as_nanos() / 100) as u64) }
     }
 }
 
@@ -105,18 +115,19 @@ const DISPATCH_LEVEL: u8 = 2;
 
 impl PollWait for KernelWait {
     fn pause(&mut self) -> bool {
-        if now() >= self.deadline {
+        let at = now();
+        if at >= self.deadline {
             return false;
         }
         // SAFETY: any IRQL.
-        if unsafe { KeGetCurrentIrql() } < DISPATCH_LEVEL {
+        if at.saturating_sub(self.started) >= SPIN_BUDGET && unsafe { KeGetCurrentIrql() } < DISPATCH_LEVEL {
             // Relative time: negative, in 100-ns units.
             let interval: i64 = -10_000;
             // SAFETY: IRQL <= APC_LEVEL, kernel mode, not alertable (KeDelayExecutionThread's rules).
             unsafe { KeDelayExecutionThread(KernelMode as i8, false, &interval) };
         } else {
             // SAFETY: any IRQL; a short stall.
-            unsafe { KeStallExecutionProcessor(10) };
+            unsafe { KeStallExecutionProcessor(STALL_US) };
         }
         true
     }

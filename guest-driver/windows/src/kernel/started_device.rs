@@ -1,5 +1,5 @@
 //! The device while started: its BARs mapped from the translated resources, the shared virtio transport brought
-//! up over them, the three queues and the command channel in common buffers, and the WDK shim the driver core
+//! up over them, every queue the device has and the command channel in common buffers, and the WDK shim the driver core
 //! runs on. Dropping it quiesces the device (reset) before any of its memory is freed.
 
 use alloc::format;
@@ -9,9 +9,9 @@ use alloc::vec::Vec;
 use core::ffi::c_void;
 use core::time::Duration;
 
-use vhca_ntapi::{NtKernel, DEVICE_DESCRIPTION, PDEVICE_OBJECT, PDMA_ADAPTER};
+use vhca_ntapi::{resource_list_layout, NtKernel, DEVICE_DESCRIPTION, PDEVICE_OBJECT, PDMA_ADAPTER};
 use vhca_proto::{
-    DeviceConfig, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
+    DeviceConfig, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
 };
 use vhca_virtio::{
     command_with_decoding_and_mastering, parse_capabilities, RingLayout, SplitQueue, VirtioPci, F_ACCESS_PLATFORM,
@@ -19,8 +19,7 @@ use vhca_virtio::{
 };
 use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
 use windows_sys::Wdk::System::SystemServices::{
-    CmResourceTypeMemory, MmMapIoSpaceEx, MmUnmapIoSpace, CM_PARTIAL_RESOURCE_DESCRIPTOR, CM_RESOURCE_LIST,
-    PAGE_NOCACHE, PAGE_READWRITE,
+    MmMapIoSpaceEx, MmUnmapIoSpace, CM_RESOURCE_LIST, PAGE_NOCACHE, PAGE_READWRITE,
 };
 use zerocopy::FromBytes;
 
@@ -30,7 +29,7 @@ use super::device_channel::{DeviceChannel, Queue};
 use super::mmio_registers::{KernelWait, MmioBar};
 use super::scenario_services::KernelServices;
 use super::wdk_kernel::WdkKernel;
-use crate::bar_resources::{locate_bar, MemoryResource};
+use crate::bar_resources::{locate_bar, memory_resources};
 use crate::result_line::RunResult;
 use crate::scenario_run;
 use vhca_scenarios::{Scenario, ScenarioOptions};
@@ -39,6 +38,8 @@ use vhca_scenarios::{Scenario, ScenarioOptions};
 const RESET_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest transfer the channel's own adapter is described with: one page (its buffers are common buffers).
 const CHANNEL_MAX_TRANSFER: u32 = 4096;
+/// The most queues set up (the Linux guest program's bound too): vhca's device has four.
+const MAX_QUEUES: u16 = 16;
 
 /// A BAR mapped into system space; unmapped on drop.
 struct MappedBar {
@@ -59,6 +60,9 @@ pub struct StartedDevice {
     kernel: Arc<WdkKernel>,
     transport: VirtioPci<MmioBar>,
     channel: Option<DeviceChannel>,
+    /// The queues the channel does not use (queue 3), set up only because QEMU needs every queue set up; their
+    /// common buffers are freed after the reset in drop.
+    unused_queues: Vec<Queue>,
     /// The channel's own adapter (the core gets its own in Hca::open).
     adapter: PDMA_ADAPTER,
     /// Last: unmapped after everything that uses the registers.
@@ -68,39 +72,24 @@ pub struct StartedDevice {
 // SAFETY: the started device is reached only from PnP IRPs, which the PnP manager serialises per device.
 unsafe impl Send for StartedDevice {}
 
-/// The memory resources of START_DEVICE: raw and translated descriptors at the same index.
+/// START_DEVICE's list as bytes, its length read from its own counts (`resource_list_layout`); empty for a NULL
+/// list or one with no full descriptor.
 ///
 /// # Safety
-/// Both lists are START_DEVICE's, with the same layout (the PnP manager's promise).
-unsafe fn memory_resources(raw: *const CM_RESOURCE_LIST, translated: *const CM_RESOURCE_LIST) -> Vec<MemoryResource> {
-    let mut out = Vec::new();
-    if raw.is_null() || translated.is_null() {
-        return out;
+/// `list` is NULL or a CM_RESOURCE_LIST as the PnP manager lays it out (Windows' pack(4) layout), whole.
+unsafe fn list_bytes<'a>(list: *const CM_RESOURCE_LIST) -> &'a [u8] {
+    if list.is_null() {
+        return &[];
     }
-    // SAFETY: the caller's contract; a PCI device's lists have one full descriptor.
+    // SAFETY: the caller's contract: a list holds at least its header (Count and the first full descriptor's
+    // header), then as many descriptors as that header counts.
     unsafe {
-        if (*raw).Count == 0 || (*translated).Count == 0 {
-            return out;
-        }
-        let raw_list = &(*raw).List[0].PartialResourceList;
-        let translated_list = &(*translated).List[0].PartialResourceList;
-        let count = raw_list.Count.min(translated_list.Count) as usize;
-        let raw_first = core::ptr::addr_of!(raw_list.PartialDescriptors).cast::<CM_PARTIAL_RESOURCE_DESCRIPTOR>();
-        let translated_first =
-            core::ptr::addr_of!(translated_list.PartialDescriptors).cast::<CM_PARTIAL_RESOURCE_DESCRIPTOR>();
-        for i in 0..count {
-            let (r, t) = (&*raw_first.add(i), &*translated_first.add(i));
-            // CmResourceTypeMemoryLarge (BARs past 4 GiB in length) is not handled: vhca's BARs are small.
-            if r.Type as u32 == CmResourceTypeMemory && t.Type as u32 == CmResourceTypeMemory {
-                out.push(MemoryResource {
-                    raw_start: r.u.Memory.Start as u64,
-                    translated_start: t.u.Memory.Start as u64,
-                    length: t.u.Memory.Length as u64,
-                });
-            }
+        let header = core::slice::from_raw_parts(list.cast::<u8>(), resource_list_layout::FIRST_DESCRIPTOR);
+        match resource_list_layout::list_bytes(header) {
+            Some(bytes) => core::slice::from_raw_parts(list.cast::<u8>(), bytes),
+            None => &[],
         }
     }
-    out
 }
 
 fn check(what: &str, status: i32) -> Result<(), String> {
@@ -125,7 +114,7 @@ impl StartedDevice {
         check("IRP_MN_READ_CONFIG", config_space::read(pdo, 0, &mut config))?;
         let caps = parse_capabilities(&config).map_err(|e| format!("virtio capabilities: {e}"))?;
         // SAFETY: the caller's contract.
-        let resources = unsafe { memory_resources(raw, translated) };
+        let resources = unsafe { memory_resources(list_bytes(raw), list_bytes(translated)) };
         let mut bars: Vec<MappedBar> = Vec::new();
         for bar in [Some(caps.common.bar), Some(caps.notify.bar), caps.device.map(|d| d.bar)].into_iter().flatten() {
             if bars.iter().any(|b| b.index == bar) {
@@ -160,7 +149,8 @@ impl StartedDevice {
         if adapter.is_null() {
             return Err("IoGetDmaAdapter for the channel failed".into());
         }
-        let mut device = StartedDevice { pdo, kernel, transport, channel: None, adapter, _bars: bars };
+        let mut device =
+            StartedDevice { pdo, kernel, transport, channel: None, unused_queues: Vec::new(), adapter, _bars: bars };
         device.bring_up()?;
         Ok(device)
     }
@@ -191,9 +181,22 @@ impl StartedDevice {
             let notifier = t.setup_queue(index, size, ring.ring_iovas()).map_err(|e| format!("queue {index}: {e}"))?;
             Ok(Queue { ring, notifier })
         };
-        let commands = take(QUEUE_COMMAND)?;
-        let events = take(QUEUE_EVENT)?;
-        let doorbells = take(QUEUE_DOORBELL)?;
+        // Every queue the device reports is set up, not only the three the channel uses: QEMU starts a vhost-user
+        // backend (vhost-user-snd-pci, the carrier, has four queues) only once every queue is set up, and fails with
+        // "Error starting vhost-user-base: 14" otherwise. The others stay initialised and unused until the reset.
+        let num_queues = t.num_queues().map_err(|e| format!("queue count: {e}"))?;
+        if num_queues < NUM_QUEUES {
+            return Err(format!("device has {num_queues} queues, vhca needs {NUM_QUEUES}"));
+        }
+        let mut queues = Vec::new();
+        for index in 0..num_queues.min(MAX_QUEUES) {
+            queues.push(Some(take(index)?));
+        }
+        let mut channel_queue = |index: u16| queues[index as usize].take().ok_or(format!("queue {index} taken twice"));
+        let commands = channel_queue(QUEUE_COMMAND)?;
+        let events = channel_queue(QUEUE_EVENT)?;
+        let doorbells = channel_queue(QUEUE_DOORBELL)?;
+        self.unused_queues = queues.into_iter().flatten().collect();
         t.driver_ok().map_err(|e| format!("DRIVER_OK: {e}"))?;
         self.channel = Some(
             DeviceChannel::new(self.adapter, commands, events, doorbells)
@@ -225,6 +228,7 @@ impl Drop for StartedDevice {
     fn drop(&mut self) {
         let _ = self.transport.reset(&mut KernelWait::after(RESET_TIMEOUT));
         self.channel = None;
+        self.unused_queues.clear();
         // The channel's adapter, every common buffer on it freed just above; PASSIVE_LEVEL.
         self.kernel.PutDmaAdapter(self.adapter);
     }

@@ -10,7 +10,7 @@ use super::raw::{PerMode, RawExtra, RawRun, RawSuite};
 use super::Problem;
 use crate::expect::Expected;
 use crate::suite::{
-    DeviceOptions, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    DeviceOptions, DriverKind, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
     DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS, SYSTEMATIC_LOW_RESOURCES,
 };
 use crate::toml_location::line_column;
@@ -88,7 +88,7 @@ fn is_key(s: &str) -> bool {
 }
 
 /// Keys the suite sets itself from structured fields; an extra may not override them behind the file's back.
-const RESERVED_GUEST_KEYS: [&str; 5] = ["scenario", "lock", "verifier", "fail_point", "faults_systematic"];
+const RESERVED_GUEST_KEYS: [&str; 6] = ["scenario", "lock", "verifier", "fail_point", "faults_systematic", "driver"];
 
 /// Validates a parsed suite file: the suite, or every problem found in it.
 pub(super) fn check(raw: RawSuite, text: &str, file: &str) -> Result<Suite, Vec<Problem>> {
@@ -127,6 +127,10 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         .unwrap_or(DEFAULT_VERIFIER_FLAGS);
     let default_map_registers =
         defaults.map_registers.as_ref().and_then(|m| checker.positive_u32(m, "defaults.map_registers", i64::MAX));
+    let default_drivers = match &defaults.drivers {
+        Some(list) => driver_list(list, checker),
+        None => vec![DriverKind::Native],
+    };
     if raw.runs.is_empty() {
         checker.at(raw.name.span(), "run", "a suite needs at least one [[run]]");
     }
@@ -173,7 +177,8 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         let expect = expectations(&run, &modes, checker, &field);
         let events = required_events(&run, &modes, checker, &field);
         let each_fail_point = each_fail_point(&run, &modes, verifier_flags, checker, &field);
-        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, each_fail_point, line });
+        let drivers = if run.driver.is_some() { vec![guest.driver] } else { default_drivers.clone() };
+        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, each_fail_point, line, drivers });
     }
     let (guest, windows_image) = guest_kind(raw.guest.as_ref(), raw.windows_image.as_ref(), checker);
     Suite { name: raw.name.into_inner(), source: file.to_string(), runs, guest, windows_image }
@@ -237,6 +242,31 @@ fn each_fail_point(
         );
     }
     true
+}
+
+/// `[defaults] drivers`: each a known personality, once; an empty list is an error (a run must run somewhere).
+fn driver_list(list: &Spanned<Vec<Spanned<String>>>, checker: &mut Checker) -> Vec<DriverKind> {
+    let mut drivers = Vec::new();
+    for (i, d) in list.get_ref().iter().enumerate() {
+        match DriverKind::parse(d.get_ref()) {
+            Some(kind) if drivers.contains(&kind) => {
+                checker.at(d.span(), format!("defaults.drivers[{i}]"), format!("{kind} is listed twice"))
+            }
+            Some(kind) => drivers.push(kind),
+            None => checker.at(
+                d.span(),
+                format!("defaults.drivers[{i}]"),
+                format!("unknown driver {:?}: expected \"native\" or \"sys\"", d.get_ref()),
+            ),
+        }
+    }
+    if list.get_ref().is_empty() {
+        checker.at(list.span(), "defaults.drivers", "an empty list: name \"native\", \"sys\" or both");
+    }
+    if drivers.is_empty() {
+        drivers.push(DriverKind::Native);
+    }
+    drivers
 }
 
 fn run_modes(run: &RawRun, checker: &mut Checker, field: &dyn Fn(&str) -> String) -> Vec<VerifierMode> {
@@ -337,7 +367,15 @@ fn guest_options(
         let name = key.get_ref().strip_prefix("vhca.").unwrap_or(key.get_ref());
         add_extra(&mut extra, name, value, key.span(), &field(&format!("guest.extra.{name}")), checker);
     }
-    GuestOptions { scenario, lock, extra, timeout_s, silence_s }
+    let driver = match run.driver.as_ref().map(|d| (d, d.get_ref().as_str())) {
+        None | Some((_, "native")) => DriverKind::Native,
+        Some((_, "sys")) => DriverKind::Sys,
+        Some((d, other)) => {
+            checker.at(d.span(), field("driver"), format!("unknown driver {other:?}: expected \"native\" or \"sys\""));
+            DriverKind::Native
+        }
+    };
+    GuestOptions { scenario, lock, extra, timeout_s, silence_s, driver }
 }
 
 fn add_extra(

@@ -31,6 +31,8 @@ pub(super) struct RawDefaults {
     pub silence_s: Option<Spanned<i64>>,
     pub verifier_flags: Option<Spanned<toml::Value>>,
     pub map_registers: Option<Spanned<i64>>,
+    /// `drivers = ["native", "sys"]`: the personalities a run without its own `driver` runs in.
+    pub drivers: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -39,6 +41,8 @@ pub(super) struct RawRun {
     pub name: Spanned<String>,
     pub modes: Option<Spanned<Vec<Spanned<String>>>>,
     pub verifier_flags: Option<Spanned<toml::Value>>,
+    /// `driver = "native" | "sys"`: which build of the driver runs the scenario.
+    pub driver: Option<Spanned<String>>,
     #[serde(default)]
     pub device: RawDevice,
     #[serde(default)]

@@ -1,0 +1,252 @@
+//! `vhca.driver=sys`: the run's scenario by the signed vhca.sys from the initramfs instead of the driver core built
+//! into this program. The PE loader maps it over the NT model (DMA through this VFIO container, the run's verifier
+//! flags) and this module is the PCI bus driver below it: config space for IRP_MN_READ_CONFIG, the BARs as
+//! START_DEVICE's resources and MmMapIoSpaceEx's mappings. The driver's result line becomes the run's.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context};
+use vhca_loader::driver_symbols::DriverSymbols;
+use vhca_loader::io_manager::{BusDriver, IoManager};
+use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
+use vhca_loader::nt_thunks::NtThunks;
+use vhca_loader::pnp_life::run_life;
+use vhca_loader::windows_sys::Wdk::Foundation::IO_STACK_LOCATION;
+use vhca_loader::windows_sys::Wdk::System::SystemServices::{
+    IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE,
+    IRP_MN_READ_CONFIG, IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
+    IRP_MN_WRITE_CONFIG,
+};
+use vhca_loader::windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_DEVICE_DATA_ERROR, STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_SUCCESS,
+};
+use vhca_loader::{driver_fault, load};
+use vhca_ntmodel::{NtModel, NtModelConfig};
+
+use crate::bugcheck_handler::ConsoleBugcheck;
+use crate::cmdline::Options;
+use crate::nt_backend::VfioDmaBackend;
+use crate::report::{progress, Report};
+use crate::vfio::{self, Region, CONFIG_REGION};
+use crate::vfio_dma::DmaMapper;
+
+/// Where the image build puts the package (images/linux/build.sh).
+pub const DRIVER_IMAGE: &str = "/vhca/vhca.sys";
+pub const DRIVER_PDB: &str = "/vhca/vhca.pdb";
+/// The service's Parameters key, where the INF (and here the run) sets the scenario.
+const PARAMETERS_KEY: &str = "\\Registry\\Machine\\System\\CurrentControlSet\\Services\\vhca\\Parameters";
+/// PCI config space: the six BAR registers.
+const BAR0: usize = 0x10;
+
+/// One memory BAR: where it is on the bus, how long, and its VFIO region (mapped where vfio-pci allows).
+struct Bar {
+    address: u64,
+    length: u64,
+    region: Region,
+}
+
+/// The PCI bus driver for the one device, over its VFIO regions.
+struct VfioBus {
+    config: Region,
+    bars: Vec<Bar>,
+}
+
+impl VfioBus {
+    fn open(device: &vfio::Device) -> anyhow::Result<VfioBus> {
+        let config = device.region(CONFIG_REGION).context("config space")?;
+        let mut raw = [0u8; 0x28];
+        config.pread(0, &mut raw).context("config space")?;
+        let mut bars = Vec::new();
+        let mut index = 0;
+        while index < 6 {
+            let at = BAR0 + index * 4;
+            let low = u32::from_le_bytes(raw[at..at + 4].try_into().expect("4 bytes"));
+            let is_64 = low & 0x1 == 0 && (low >> 1) & 0x3 == 0x2;
+            if low & 0x1 == 0 && low != 0 {
+                let high = if is_64 { u32::from_le_bytes(raw[at + 4..at + 8].try_into().expect("4 bytes")) } else { 0 };
+                let address = ((high as u64) << 32) | (low & !0xF) as u64;
+                if let Ok(region) = device.region(index as u32) {
+                    bars.push(Bar { address, length: region.info().size, region });
+                }
+            }
+            index += if is_64 { 2 } else { 1 };
+        }
+        Ok(VfioBus { config, bars })
+    }
+}
+
+impl BusDriver for VfioBus {
+    fn pnp(&self, stack: &IO_STACK_LOCATION) -> NTSTATUS {
+        match stack.MinorFunction as u32 {
+            IRP_MN_START_DEVICE
+            | IRP_MN_STOP_DEVICE
+            | IRP_MN_SURPRISE_REMOVAL
+            | IRP_MN_REMOVE_DEVICE
+            | IRP_MN_QUERY_STOP_DEVICE
+            | IRP_MN_CANCEL_STOP_DEVICE
+            | IRP_MN_QUERY_REMOVE_DEVICE
+            | IRP_MN_CANCEL_REMOVE_DEVICE => STATUS_SUCCESS,
+            minor @ (IRP_MN_READ_CONFIG | IRP_MN_WRITE_CONFIG) => {
+                // SAFETY: a config IRP's parameters, filled by the driver (its buffer of Length bytes).
+                let (buffer, offset, length) = unsafe {
+                    let p = stack.Parameters.ReadWriteConfig;
+                    (p.Buffer as *mut u8, p.Offset as u64, p.Length as usize)
+                };
+                if buffer.is_null() {
+                    return STATUS_INVALID_PARAMETER;
+                }
+                // SAFETY: as above.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(buffer, length) };
+                let done = if minor == IRP_MN_READ_CONFIG {
+                    self.config.pread(offset, bytes)
+                } else {
+                    self.config.pwrite(offset, bytes)
+                };
+                match done {
+                    Ok(()) => STATUS_SUCCESS,
+                    Err(e) => {
+                        progress(format_args!("config space at {offset:#x}+{length}: {e}"));
+                        STATUS_DEVICE_DATA_ERROR
+                    }
+                }
+            }
+            _ => STATUS_NOT_SUPPORTED,
+        }
+    }
+
+    fn memory_resources(&self) -> Vec<(u64, u32)> {
+        self.bars.iter().map(|b| (b.address, b.length as u32)).collect()
+    }
+
+    fn map_io_space(&self, physical: u64, length: usize) -> Option<*mut u8> {
+        let bar = self.bars.iter().find(|b| physical >= b.address && physical - b.address < b.length)?;
+        let offset = physical - bar.address;
+        if offset + length as u64 > bar.length {
+            return None;
+        }
+        // SAFETY: inside the BAR's mapping (checked above).
+        bar.region.mapped_ptr().map(|p| unsafe { p.add(offset as usize) })
+    }
+}
+
+/// Windows' side of an IOMMU fault, which the driver is never told of: while vhca.sys runs, the vIOMMU's fault
+/// records about this device (DMAR lines in the kernel log) reach the NT model as the platform's report, as the
+/// native run's host reports them (with DMA checking, 0xE6/0x26 with the device object, the address and VT-d's
+/// fault reason). Windows reports asynchronously, from its fault interrupt: so does this thread, polling the log.
+struct PlatformIommuWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the kernel log is read for new DMAR faults while the driver runs.
+const IOMMU_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl PlatformIommuWatch {
+    fn start(model: Arc<NtModel>, address: Option<String>) -> PlatformIommuWatch {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            // Faults logged before the driver loaded (boot, another device) are not this run's.
+            let mut reported = crate::kmsg::dmar_faults(&crate::kmsg::iommu_lines(64), address.as_deref()).len();
+            loop {
+                let last = flag.load(std::sync::atomic::Ordering::Relaxed);
+                let faults = crate::kmsg::dmar_faults(&crate::kmsg::iommu_lines(64), address.as_deref());
+                for fault in faults.iter().skip(reported) {
+                    progress(format_args!(
+                        "IOMMU fault from the platform: address {:#x}, reason {:#x}",
+                        fault.address, fault.reason
+                    ));
+                    let pdo = kernel().io.pdo().unwrap_or(0) as u64;
+                    model.report_iommu_fault(vhca_ntapi::PDEVICE_OBJECT(pdo), fault.address, fault.reason);
+                }
+                reported = reported.max(faults.len());
+                if last {
+                    return;
+                }
+                std::thread::sleep(IOMMU_POLL);
+            }
+        });
+        PlatformIommuWatch { stop, thread: Some(thread) }
+    }
+
+    /// One last read of the log (a fault from the driver's last DMA), then the thread ends.
+    fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Loads vhca.sys and runs its PnP life on the device behind `session`, with the run's scenario and verifier.
+pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let bytes = std::fs::read(DRIVER_IMAGE).with_context(|| format!("{DRIVER_IMAGE}: not in this image"))?;
+    let bus = VfioBus::open(&session.device)?;
+    progress(format_args!(
+        "vhca.sys: {} bytes; BARs {}",
+        bytes.len(),
+        bus.bars
+            .iter()
+            .map(|b| format!("{:#x}+{:#x}{}", b.address, b.length, if b.region.is_mapped() { "" } else { " (pread)" }))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let mapper = Arc::new(DmaMapper::new(session.container.clone()));
+    let defaults = NtModelConfig::default();
+    let config = NtModelConfig {
+        verifier: options.verifier,
+        map_registers: options.map_registers.unwrap_or(defaults.map_registers),
+        max_contiguous_pages: options.fragmentation,
+        disabled_rules: options.disabled_rules.clone(),
+        double_buffering: options.double_buffering,
+        // Low resources simulation is not carried into vhca.sys yet: the loader's thunks would have to name the
+        // driver's call sites (CallSite::image) for it to fail the calls Windows would (issue 13, open).
+        ..defaults
+    };
+    report.verifier = Some(format!("{:#x}", options.verifier.0));
+    // A bugcheck prints the STOP lines and the run's result as far as it got, then powers off, as natively.
+    let sink = Arc::new(Mutex::new(report.clone()));
+    let handler = Arc::new(ConsoleBugcheck::new(sink.clone(), options.poweroff));
+    let model = Arc::new(NtModel::new(config, Arc::new(VfioDmaBackend::new(mapper)), handler));
+    let model_for_faults = model.clone();
+    let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
+    kernel_state.echo_results = false;
+    // The run's scenario and its options, as the runner's guest script sets them on Windows (Lock with the
+    // guest's vhca.lock spellings, BreakFix 0 or 1).
+    let registry = &kernel_state.registry;
+    registry.set_string(PARAMETERS_KEY, "Scenario", &options.scenario);
+    if let Some(kind) = options.lock {
+        registry.set_string(PARAMETERS_KEY, "Lock", vhca_scenarios::lock_name(kind));
+    }
+    registry.set_string(PARAMETERS_KEY, "BreakFix", if options.break_fix { "1" } else { "0" });
+    if !install(kernel_state) {
+        bail!("a driver kernel is already installed in this process");
+    }
+    let mapped = load(&bytes, &NtThunks).context("vhca.sys refused")?;
+    let symbols = DriverSymbols::load(Path::new(DRIVER_PDB), mapped.image.entry_rva);
+    driver_fault::install(mapped.base(), mapped.size(), "vhca.sys", symbols);
+    progress(format_args!("vhca.sys mapped at {:#x}, {} imports bound", mapped.base(), mapped.image.imports.len()));
+
+    let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
+    let life = run_life(&mapped, true);
+    watcher.stop();
+    // The driver's own result line is the run's: its verdict, error and details.
+    if let Some(json) = kernel().result_json() {
+        let value: serde_json::Value = serde_json::from_str(&json).context("vhca.sys's result line")?;
+        if let Some(details) = value.get("details").and_then(|d| d.as_object()) {
+            report.details = details.clone();
+        }
+        report.details.insert("driver".into(), "sys".into());
+        if let Some(error) = value.get("error").and_then(|e| e.as_str()) {
+            bail!("{error}");
+        }
+    }
+    life.map_err(|failure| anyhow::anyhow!("vhca.sys: {failure}"))?;
+    if kernel().result_json().is_none() {
+        bail!("vhca.sys printed no result line");
+    }
+    // Nothing of the driver runs after its unload; the mapping goes with this process.
+    std::mem::forget(mapped);
+    Ok(())
+}

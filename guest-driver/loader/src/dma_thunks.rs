@@ -1,0 +1,366 @@
+//! IoGetDmaAdapter and the DMA_ADAPTER it returns: a Windows-layout DMA_ADAPTER whose DMA_OPERATIONS table holds
+//! `extern "win64"` routines over the NT model's adapter, so map registers, double-buffered S/G lists under DMA
+//! checking and every 0xE6 rule are the native build's. The driver's AdapterControl and AdapterListControl routines
+//! are called back from the model's queue at DISPATCH_LEVEL, the list in Windows' SCATTER_GATHER_LIST layout.
+#![allow(non_snake_case)] // Thunks carry the names of the routines they implement.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::{offset_of, size_of};
+use std::sync::{Mutex, OnceLock};
+
+use vhca_ntapi::{
+    NtKernel, DEVICE_DESCRIPTION, HANDLE, INTERFACE_TYPE, IO_ALLOCATION_ACTION, MAP_REGISTER_BASE, PDEVICE_OBJECT,
+    PDMA_ADAPTER, PHYSICAL_ADDRESS, PSCATTER_GATHER_LIST, SCATTER_GATHER_LIST,
+};
+use windows_sys::Wdk::Foundation::MDL;
+use windows_sys::Wdk::System::SystemServices::{
+    DEVICE_DESCRIPTION as WDK_DEVICE_DESCRIPTION, DMA_ADAPTER, DMA_OPERATIONS, SCATTER_GATHER_ELEMENT,
+    SCATTER_GATHER_LIST as WDK_SG_LIST,
+};
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
+
+use crate::kernel_context::kernel;
+use crate::memory_thunks::model_va;
+
+/// DRIVER_CONTROL and DRIVER_LIST_CONTROL as the driver compiled them.
+type DriverControl = unsafe extern "win64" fn(*mut c_void, *mut c_void, *mut c_void, *mut c_void) -> i32;
+type DriverListControl = unsafe extern "win64" fn(*mut c_void, *mut c_void, *mut WDK_SG_LIST, *mut c_void);
+
+/// What the loader keeps per adapter, list and MDL-made common buffer.
+#[derive(Default)]
+pub struct DmaObjects {
+    /// Windows DMA_ADAPTER -> the model's adapter.
+    adapters: Mutex<HashMap<usize, PDMA_ADAPTER>>,
+    /// Windows SCATTER_GATHER_LIST -> (the model's list handle, the block's size).
+    lists: Mutex<HashMap<usize, (PSCATTER_GATHER_LIST, usize)>>,
+    /// (adapter, process address) of a common buffer made from an MDL -> the model's IoMapCommonBuffer handle.
+    mdl_buffers: Mutex<HashMap<(usize, usize), HANDLE>>,
+}
+
+fn adapter_of(adapter: *mut DMA_ADAPTER) -> PDMA_ADAPTER {
+    crate::lock(&kernel().dma.adapters).get(&(adapter as usize)).copied().unwrap_or(PDMA_ADAPTER(adapter as u64))
+}
+
+fn mdl_of(mdl: *const MDL) -> vhca_ntapi::PMDL {
+    kernel().mdls.model_mdl(mdl)
+}
+
+/// IoGetDmaAdapter(PhysicalDeviceObject, DeviceDescription, NumberOfMapRegisters).
+unsafe extern "win64" fn IoGetDmaAdapter(
+    pdo: *mut c_void,
+    description: *const WDK_DEVICE_DESCRIPTION,
+    map_registers: *mut u32,
+) -> *mut DMA_ADAPTER {
+    if description.is_null() || map_registers.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the driver's DEVICE_DESCRIPTION, in Windows' layout.
+    let d = unsafe { &*description };
+    let description = DEVICE_DESCRIPTION {
+        Version: d.Version,
+        Master: d.Master,
+        ScatterGather: d.ScatterGather,
+        Dma32BitAddresses: d.Dma32BitAddresses,
+        Dma64BitAddresses: d.Dma64BitAddresses,
+        // The model describes PCI bus masters only (the HCA); any other bus is the driver's mistake to find.
+        InterfaceType: INTERFACE_TYPE::PCIBus,
+        MaximumLength: d.MaximumLength,
+    };
+    let k = kernel();
+    let mut granted = 0u32;
+    let model = k.model.IoGetDmaAdapter(PDEVICE_OBJECT(pdo as u64), &description, &mut granted);
+    if model.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the driver's out parameter.
+    unsafe { *map_registers = granted };
+    let adapter = Box::into_raw(Box::new(DMA_ADAPTER {
+        Version: 3,
+        Size: size_of::<DMA_ADAPTER>() as u16,
+        DmaOperations: operations(),
+    }));
+    crate::lock(&k.dma.adapters).insert(adapter as usize, model);
+    adapter
+}
+
+/// Stores a Windows x64 routine in a windows-sys slot (typed `extern "system"`, the SysV convention on Linux): the
+/// pointer as it is, for the driver to call as Windows x64.
+///
+/// # Safety
+/// `routine` has the slot's Windows signature.
+unsafe fn store<T>(slot: &mut Option<T>, routine: usize) {
+    assert_eq!(size_of::<Option<T>>(), size_of::<usize>());
+    // SAFETY: an Option of a function pointer is one pointer-sized word (asserted), NULL for None.
+    unsafe { (slot as *mut Option<T>).cast::<usize>().write(routine) }
+}
+
+/// The one DMA_OPERATIONS table (version 3, so CreateCommonBufferFromMdl is there); routines Windows has and the
+/// model does not (GetDmaAlignment, the v2/v3 extras) stay NULL.
+fn operations() -> *mut DMA_OPERATIONS {
+    struct Table(*mut DMA_OPERATIONS);
+    // SAFETY: the table is written once, before it is shared, and never again.
+    unsafe impl Send for Table {}
+    // SAFETY: as above.
+    unsafe impl Sync for Table {}
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE
+        .get_or_init(|| {
+            // SAFETY: DMA_OPERATIONS is a Size and routine pointers: all-zero is a valid, empty table.
+            let mut t: DMA_OPERATIONS = unsafe { std::mem::zeroed() };
+            t.Size = size_of::<DMA_OPERATIONS>() as u32;
+            // SAFETY (each slot): a routine with the slot's Windows x64 signature, stored as the pointer it is.
+            unsafe {
+                store(&mut t.PutDmaAdapter, PutDmaAdapter as *const () as usize);
+                store(&mut t.AllocateCommonBuffer, AllocateCommonBuffer as *const () as usize);
+                store(&mut t.FreeCommonBuffer, FreeCommonBuffer as *const () as usize);
+                store(&mut t.AllocateAdapterChannel, AllocateAdapterChannel as *const () as usize);
+                store(&mut t.FlushAdapterBuffers, FlushAdapterBuffers as *const () as usize);
+                store(&mut t.FreeAdapterChannel, FreeAdapterChannel as *const () as usize);
+                store(&mut t.FreeMapRegisters, FreeMapRegisters as *const () as usize);
+                store(&mut t.MapTransfer, MapTransfer as *const () as usize);
+                store(&mut t.GetScatterGatherList, GetScatterGatherList as *const () as usize);
+                store(&mut t.PutScatterGatherList, PutScatterGatherList as *const () as usize);
+                store(&mut t.CreateCommonBufferFromMdl, CreateCommonBufferFromMdl as *const () as usize);
+            }
+            Table(Box::into_raw(Box::new(t)))
+        })
+        .0
+}
+
+unsafe extern "win64" fn PutDmaAdapter(adapter: *mut DMA_ADAPTER) {
+    let k = kernel();
+    let model = adapter_of(adapter);
+    k.model.PutDmaAdapter(model);
+    // The DMA_ADAPTER stays allocated: a driver using it after PutDmaAdapter is the model's to catch, not a
+    // use-after-free in the loader.
+}
+
+unsafe extern "win64" fn AllocateCommonBuffer(
+    adapter: *mut DMA_ADAPTER,
+    length: u32,
+    logical: *mut i64,
+    cache_enabled: u8,
+) -> *mut c_void {
+    let k = kernel();
+    let mut address = PHYSICAL_ADDRESS(0);
+    let va = k.model.AllocateCommonBuffer(adapter_of(adapter), length, &mut address, cache_enabled != 0);
+    if !logical.is_null() {
+        // SAFETY: the driver's out parameter.
+        unsafe { *logical = address.0 as i64 };
+    }
+    k.addresses.to_host(&k.model, va) as *mut c_void
+}
+
+unsafe extern "win64" fn FreeCommonBuffer(
+    adapter: *mut DMA_ADAPTER,
+    length: u32,
+    logical: i64,
+    va: *mut c_void,
+    cache_enabled: u8,
+) {
+    let k = kernel();
+    if let Some(handle) = crate::lock(&k.dma.mdl_buffers).remove(&(adapter as usize, va as usize)) {
+        // A common buffer CreateCommonBufferFromMdl made: the model's IoUnmapCommonBuffer ends it.
+        k.model.IoUnmapCommonBuffer(adapter_of(adapter), handle);
+        return;
+    }
+    k.model.FreeCommonBuffer(
+        adapter_of(adapter),
+        length,
+        PHYSICAL_ADDRESS(logical as u64),
+        model_va(va),
+        cache_enabled != 0,
+    );
+    k.addresses.forget(va as usize);
+}
+
+unsafe extern "win64" fn AllocateAdapterChannel(
+    adapter: *mut DMA_ADAPTER,
+    device: *mut c_void,
+    map_registers: u32,
+    routine: usize,
+    context: *mut c_void,
+) -> NTSTATUS {
+    let (device_address, context) = (device as usize, context as usize);
+    let control = Box::new(move |_device: PDEVICE_OBJECT, base: MAP_REGISTER_BASE| {
+        // SAFETY: the driver's DRIVER_CONTROL with its context, called at DISPATCH_LEVEL as Windows calls it.
+        let action = unsafe {
+            std::mem::transmute::<usize, DriverControl>(routine)(
+                device_address as *mut c_void,
+                std::ptr::null_mut(),
+                base.0 as *mut c_void,
+                context as *mut c_void,
+            )
+        };
+        match action {
+            1 => IO_ALLOCATION_ACTION::KeepObject,
+            3 => IO_ALLOCATION_ACTION::DeallocateObjectKeepRegisters,
+            _ => IO_ALLOCATION_ACTION::DeallocateObject,
+        }
+    });
+    let k = kernel();
+    k.model.AllocateAdapterChannel(adapter_of(adapter), PDEVICE_OBJECT(device as u64), map_registers, control).0
+}
+
+unsafe extern "win64" fn FlushAdapterBuffers(
+    adapter: *mut DMA_ADAPTER,
+    mdl: *const MDL,
+    base: *mut c_void,
+    current_va: *mut c_void,
+    length: u32,
+    write_to_device: u8,
+) -> u8 {
+    let k = kernel();
+    k.model.FlushAdapterBuffers(
+        adapter_of(adapter),
+        mdl_of(mdl),
+        MAP_REGISTER_BASE(base as u64),
+        model_va(current_va),
+        length,
+        write_to_device != 0,
+    ) as u8
+}
+
+unsafe extern "win64" fn FreeAdapterChannel(adapter: *mut DMA_ADAPTER) {
+    kernel().model.FreeAdapterChannel(adapter_of(adapter))
+}
+
+unsafe extern "win64" fn FreeMapRegisters(adapter: *mut DMA_ADAPTER, base: *mut c_void, count: u32) {
+    kernel().model.FreeMapRegisters(adapter_of(adapter), MAP_REGISTER_BASE(base as u64), count)
+}
+
+unsafe extern "win64" fn MapTransfer(
+    adapter: *mut DMA_ADAPTER,
+    mdl: *const MDL,
+    base: *mut c_void,
+    current_va: *mut c_void,
+    length: *mut u32,
+    write_to_device: u8,
+) -> i64 {
+    if length.is_null() {
+        return 0;
+    }
+    let k = kernel();
+    // SAFETY: the driver's in/out length.
+    let length = unsafe { &mut *length };
+    match k.model.MapTransfer(
+        adapter_of(adapter),
+        mdl_of(mdl),
+        MAP_REGISTER_BASE(base as u64),
+        model_va(current_va),
+        length,
+        write_to_device != 0,
+    ) {
+        Ok(address) => address.0 as i64,
+        // Windows' MapTransfer cannot fail; the model's refusal leaves nothing mapped: length 0 says so.
+        Err(_) => {
+            *length = 0;
+            0
+        }
+    }
+}
+
+/// A Windows-layout SCATTER_GATHER_LIST for the model's list: NumberOfElements, Reserved, then the elements.
+fn windows_list(list: &SCATTER_GATHER_LIST) -> (*mut WDK_SG_LIST, usize) {
+    let header = offset_of!(WDK_SG_LIST, Elements);
+    let bytes = header + list.Elements.len().max(1) * size_of::<SCATTER_GATHER_ELEMENT>();
+    let layout = Layout::from_size_align(bytes, 16).expect("list layout");
+    // SAFETY: a non-zero size.
+    let raw = unsafe { alloc_zeroed(layout) } as *mut WDK_SG_LIST;
+    assert!(!raw.is_null(), "out of memory for a scatter/gather list");
+    // SAFETY: a fresh block with room for every element after the header.
+    unsafe {
+        (*raw).NumberOfElements = list.Elements.len() as u32;
+        let first = (raw as *mut u8).add(header) as *mut SCATTER_GATHER_ELEMENT;
+        for (i, e) in list.Elements.iter().enumerate() {
+            first.add(i).write(SCATTER_GATHER_ELEMENT { Address: e.Address.0 as i64, Length: e.Length, Reserved: 0 });
+        }
+    }
+    (raw, bytes)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "win64" fn GetScatterGatherList(
+    adapter: *mut DMA_ADAPTER,
+    device: *mut c_void,
+    mdl: *const MDL,
+    current_va: *mut c_void,
+    length: u32,
+    routine: usize,
+    context: *mut c_void,
+    write_to_device: u8,
+) -> NTSTATUS {
+    let (device_address, context) = (device as usize, context as usize);
+    let list_control = Box::new(move |_device: PDEVICE_OBJECT, list: &SCATTER_GATHER_LIST| {
+        let (raw, bytes) = windows_list(list);
+        crate::lock(&kernel().dma.lists).insert(raw as usize, (list.Handle, bytes));
+        // SAFETY: the driver's DRIVER_LIST_CONTROL with its context, at DISPATCH_LEVEL as Windows calls it; the
+        // list is the driver's until it gives it to PutScatterGatherList.
+        unsafe {
+            std::mem::transmute::<usize, DriverListControl>(routine)(
+                device_address as *mut c_void,
+                std::ptr::null_mut(),
+                raw,
+                context as *mut c_void,
+            )
+        }
+    });
+    let k = kernel();
+    k.model
+        .GetScatterGatherList(
+            adapter_of(adapter),
+            PDEVICE_OBJECT(device as u64),
+            mdl_of(mdl),
+            model_va(current_va),
+            length,
+            list_control,
+            write_to_device != 0,
+        )
+        .0
+}
+
+unsafe extern "win64" fn PutScatterGatherList(adapter: *mut DMA_ADAPTER, list: *mut WDK_SG_LIST, write_to_device: u8) {
+    let k = kernel();
+    let entry = crate::lock(&k.dma.lists).remove(&(list as usize));
+    let Some((handle, bytes)) = entry else {
+        // Not a list this adapter delivered (or put twice): the model judges the handle it is given.
+        k.model.PutScatterGatherList(adapter_of(adapter), PSCATTER_GATHER_LIST(list as u64), write_to_device != 0);
+        return;
+    };
+    k.model.PutScatterGatherList(adapter_of(adapter), handle, write_to_device != 0);
+    // SAFETY: the block windows_list made with this size, freed once (removed from the table above).
+    unsafe { dealloc(list as *mut u8, Layout::from_size_align(bytes, 16).expect("list layout")) };
+}
+
+/// CreateCommonBufferFromMdl(DmaAdapter, Mdl, ExtendedConfigs, ExtendedConfigsCount, LogicalAddress): the MDL's
+/// pages become a common buffer, through the model's IoMapCommonBuffer (the seed's prototype, which this DDI is
+/// the shipped form of). The buffer ends with FreeCommonBuffer, as Microsoft's page says.
+unsafe extern "win64" fn CreateCommonBufferFromMdl(
+    adapter: *mut DMA_ADAPTER,
+    mdl: *const MDL,
+    _configs: *const c_void,
+    _count: u32,
+    logical: *mut i64,
+) -> NTSTATUS {
+    if mdl.is_null() || logical.is_null() {
+        return STATUS_INVALID_PARAMETER;
+    }
+    let k = kernel();
+    // SAFETY: the driver's MDL.
+    let (va, length) = unsafe { ((*mdl).StartVa as usize + (*mdl).ByteOffset as usize, (*mdl).ByteCount) };
+    match k.model.IoMapCommonBuffer(adapter_of(adapter), mdl_of(mdl), length, true) {
+        Ok((handle, list)) => {
+            crate::lock(&k.dma.mdl_buffers).insert((adapter as usize, va), handle);
+            // SAFETY: the driver's out parameter.
+            unsafe { *logical = list.Elements.first().map_or(0, |e| e.Address.0 as i64) };
+            STATUS_SUCCESS
+        }
+        Err(status) => status.0,
+    }
+}
+
+pub fn dma_thunks() -> [(&'static str, usize); 1] {
+    [("IoGetDmaAdapter", IoGetDmaAdapter as *const () as usize)]
+}

@@ -1,0 +1,123 @@
+//! A fault inside driver code ends the run with the bugcheck Windows gives, never a silent exit: SIGSEGV/SIGBUS
+//! with the instruction pointer in the image becomes 0x7E (an access violation at a user-space address such as NULL,
+//! raised as an exception no handler takes in a system thread) or 0x50 (a reference to an invalid kernel address),
+//! with a line naming the RVA and the nearest symbol. A fault outside the image is the loader's own crash and is
+//! left to the default action.
+
+use std::sync::OnceLock;
+
+use crate::driver_symbols::DriverSymbols;
+
+/// SYSTEM_THREAD_EXCEPTION_NOT_HANDLED (Microsoft, "Bug Check 0x7E"): P1 the exception code, P2 the faulting
+/// instruction, P3/P4 the exception and context records (not kept here: 0).
+pub const SYSTEM_THREAD_EXCEPTION_NOT_HANDLED: u32 = 0x7E;
+/// PAGE_FAULT_IN_NONPAGED_AREA (Microsoft, "Bug Check 0x50"): P1 the address referenced, P2 0 read / 2 write /
+/// 0x10 execute, P3 the faulting instruction, P4 the type of fault (0 here: not present).
+pub const PAGE_FAULT_IN_NONPAGED_AREA: u32 = 0x50;
+const STATUS_ACCESS_VIOLATION: u64 = 0xC000_0005;
+/// Addresses below this are the null page range Windows never maps in any process: a driver touching them is the
+/// classic NULL dereference, which Windows raises as an access violation exception (the model's assumption for
+/// the 0x7E/0x50 split; Microsoft documents both checks but not a threshold).
+const NULL_RANGE: u64 = 0x1_0000;
+
+struct Image {
+    base: usize,
+    size: usize,
+    name: String,
+    symbols: DriverSymbols,
+}
+
+static IMAGE: OnceLock<Image> = OnceLock::new();
+
+/// The bugcheck a fault at `address` by the instruction at `rip` gives, from the x86 page-fault error code.
+pub fn fault_bugcheck(address: u64, rip: u64, error_code: u64) -> (u32, [u64; 4]) {
+    if address < NULL_RANGE {
+        (SYSTEM_THREAD_EXCEPTION_NOT_HANDLED, [STATUS_ACCESS_VIOLATION, rip, 0, 0])
+    } else {
+        // Page-fault error code: bit 1 write, bit 4 instruction fetch.
+        let access = if error_code & 0x10 != 0 {
+            0x10
+        } else if error_code & 0x2 != 0 {
+            2
+        } else {
+            0
+        };
+        (PAGE_FAULT_IN_NONPAGED_AREA, [address, access, rip, 0])
+    }
+}
+
+/// Installs the handlers for the image at `base`..`base + size`. Once per process.
+pub fn install(base: usize, size: usize, name: &str, symbols: DriverSymbols) {
+    let _ = IMAGE.set(Image { base, size, name: name.to_string(), symbols });
+    // SAFETY: an alternate stack for the handler (a driver overflowing its stack still gets a verdict), then
+    // SA_SIGINFO handlers for SIGSEGV and SIGBUS; both are process-wide settings made before any driver code runs.
+    unsafe {
+        let stack_size = 64 * 1024;
+        let stack = libc::mmap(
+            std::ptr::null_mut(),
+            stack_size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if stack != libc::MAP_FAILED {
+            let ss = libc::stack_t { ss_sp: stack, ss_flags: 0, ss_size: stack_size };
+            libc::sigaltstack(&ss, std::ptr::null_mut());
+        }
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_fault as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &action, std::ptr::null_mut());
+        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+    }
+}
+
+extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: the kernel's siginfo and ucontext for this signal.
+    let (address, rip, error_code) = unsafe {
+        let ctx = &*(context as *const libc::ucontext_t);
+        (
+            (*info).si_addr() as u64,
+            ctx.uc_mcontext.gregs[libc::REG_RIP as usize] as u64,
+            ctx.uc_mcontext.gregs[libc::REG_ERR as usize] as u64,
+        )
+    };
+    let Some(image) = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size) else {
+        // Not the driver: the loader's own fault takes the default action (a core, an abnormal exit).
+        // SAFETY: restoring the default disposition; returning re-runs the faulting instruction.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+        return;
+    };
+    // Formatting allocates, which a signal handler should not; the process ends right after, so a lock the
+    // faulting driver thread could hold (none: driver code holds no loader lock) is the only risk.
+    let rva = (rip as usize - image.base) as u32;
+    let symbol = match image.symbols.nearest(rva) {
+        Some((name, offset)) => format!("{name}+{offset:#x}"),
+        None => "no symbol".to_string(),
+    };
+    println!(
+        "VHCA-LOADER: {} in {} at RVA {rva:#x} ({symbol}) touching {address:#x}",
+        if signal == libc::SIGBUS { "bus error" } else { "access violation" },
+        image.name
+    );
+    let (code, [p1, p2, p3, p4]) = fault_bugcheck(address, rip, error_code);
+    crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_is_0x7e_and_a_wild_kernel_address_is_0x50() {
+        assert_eq!(fault_bugcheck(0, 0x1000, 4).0, SYSTEM_THREAD_EXCEPTION_NOT_HANDLED);
+        assert_eq!(fault_bugcheck(0x10, 0x1000, 4).1, [STATUS_ACCESS_VIOLATION, 0x1000, 0, 0]);
+        assert_eq!(
+            fault_bugcheck(0xdead_0000, 0x2000, 0x6),
+            (PAGE_FAULT_IN_NONPAGED_AREA, [0xdead_0000, 2, 0x2000, 0])
+        );
+        assert_eq!(fault_bugcheck(0xdead_0000, 0x2000, 0x14).1[1], 0x10);
+    }
+}

@@ -1,0 +1,66 @@
+//! Names for addresses in the driver: the PDB's public symbols when the PDB is there (vhca.pdb ships beside
+//! vhca.sys), else the image's entry point, so a fault inside the driver names the routine it happened in.
+
+use std::fs::File;
+use std::path::Path;
+
+use pdb::{FallibleIterator, SymbolData, PDB};
+
+/// Sorted (rva, name) pairs.
+#[derive(Debug, Clone, Default)]
+pub struct DriverSymbols {
+    symbols: Vec<(u32, String)>,
+}
+
+impl DriverSymbols {
+    /// Only the entry point: what an image without its PDB can say.
+    pub fn entry_only(entry_rva: u32) -> DriverSymbols {
+        DriverSymbols { symbols: vec![(entry_rva, "DriverEntry (entry point)".into())] }
+    }
+
+    /// The PDB's public symbols plus the entry point; the entry point alone when the PDB cannot be read.
+    pub fn load(pdb_path: &Path, entry_rva: u32) -> DriverSymbols {
+        let mut symbols = DriverSymbols::entry_only(entry_rva);
+        if let Ok(publics) = read_publics(pdb_path) {
+            symbols.symbols.extend(publics);
+        }
+        symbols.symbols.sort();
+        symbols.symbols.dedup_by_key(|(rva, _)| *rva);
+        symbols
+    }
+
+    /// The symbol at or below `rva` and the offset into it.
+    pub fn nearest(&self, rva: u32) -> Option<(&str, u32)> {
+        let at = self.symbols.partition_point(|(r, _)| *r <= rva);
+        at.checked_sub(1).map(|i| (self.symbols[i].1.as_str(), rva - self.symbols[i].0))
+    }
+
+    /// The RVA of the first symbol whose name satisfies `pick`.
+    pub fn rva_of(&self, pick: impl Fn(&str) -> bool) -> Option<u32> {
+        self.symbols.iter().find(|(_, name)| pick(name)).map(|(rva, _)| *rva)
+    }
+
+    pub fn len(&self) -> usize {
+        self.symbols.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.symbols.is_empty()
+    }
+}
+
+fn read_publics(path: &Path) -> pdb::Result<Vec<(u32, String)>> {
+    let mut pdb = PDB::open(File::open(path)?)?;
+    let address_map = pdb.address_map()?;
+    let globals = pdb.global_symbols()?;
+    let mut out = Vec::new();
+    let mut iter = globals.iter();
+    while let Some(symbol) = iter.next()? {
+        if let Ok(SymbolData::Public(p)) = symbol.parse() {
+            if let Some(rva) = p.offset.to_rva(&address_map) {
+                out.push((rva.0, p.name.to_string().into_owned()));
+            }
+        }
+    }
+    Ok(out)
+}

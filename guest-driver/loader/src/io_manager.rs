@@ -1,0 +1,422 @@
+//! The I/O manager's side of a WDM driver's life, on windows-sys's Windows-layout objects: the DRIVER_OBJECT, the
+//! bus driver's PDO, DEVICE_OBJECTs with their extension and stack, IRPs with their stack locations, and the
+//! routines that move IRPs (IoCallDriver, IoCompleteRequest, IoForwardIrpSynchronously). Hand-written: no crate
+//! models Windows' I/O manager. Driver routines are called as `extern "win64"` (windows-sys's `extern "system"`
+//! types mean the SysV ABI on Linux, so their pointers are read raw and called through the types below).
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::Mutex;
+
+use windows_sys::Wdk::Foundation::{
+    DEVICE_OBJECT, DRIVER_EXTENSION, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE,
+};
+use windows_sys::Wdk::Storage::FileSystem::DO_DEVICE_INITIALIZING;
+use windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING,
+    STATUS_SUCCESS,
+};
+
+/// DriverEntry, AddDevice, a dispatch routine, DriverUnload and an IRP completion routine as the image calls them.
+pub type DriverEntryFn = unsafe extern "win64" fn(*mut DRIVER_OBJECT, *const c_void) -> NTSTATUS;
+pub type AddDeviceFn = unsafe extern "win64" fn(*mut DRIVER_OBJECT, *mut DEVICE_OBJECT) -> NTSTATUS;
+pub type DispatchFn = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP) -> NTSTATUS;
+pub type UnloadFn = unsafe extern "win64" fn(*mut DRIVER_OBJECT);
+type CompletionFn = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP, *mut c_void) -> NTSTATUS;
+
+/// wdm.h's object type codes (Type field), so a driver's ASSERTs on them hold.
+const IO_TYPE_DRIVER: i16 = 4;
+const IO_TYPE_DEVICE: i16 = 3;
+const IO_TYPE_IRP: i16 = 6;
+/// IO_STACK_LOCATION.Control bits (wdm.h): when a completion routine runs.
+const SL_INVOKE_ON_SUCCESS: u8 = 0x40;
+const SL_INVOKE_ON_ERROR: u8 = 0x80;
+const SL_INVOKE_ON_CANCEL: u8 = 0x20;
+const SL_PENDING_RETURNED: u8 = 0x01;
+
+/// A zeroed heap block for an object the driver sees; freed by `free_object` with the same size.
+fn alloc_object(bytes: usize) -> *mut u8 {
+    let layout = Layout::from_size_align(bytes.max(1), 16).expect("object layout");
+    // SAFETY: a non-zero size; a null result is handled by the caller (allocation failure).
+    unsafe { alloc_zeroed(layout) }
+}
+
+/// # Safety
+/// `p` came from `alloc_object(bytes)` and is freed once.
+unsafe fn free_object(p: *mut u8, bytes: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { dealloc(p, Layout::from_size_align(bytes.max(1), 16).expect("object layout")) }
+}
+
+/// The bus driver below the FDO: what the PCI driver answers for its PDO.
+pub trait BusDriver: Send + Sync {
+    /// IRP_MJ_PNP at the PDO: the status to complete it with. `stack` is the PDO's stack location.
+    fn pnp(&self, stack: &IO_STACK_LOCATION) -> NTSTATUS;
+    /// The device's memory BARs (start, length), for START_DEVICE's resource lists.
+    fn memory_resources(&self) -> Vec<(u64, u32)> {
+        Vec::new()
+    }
+    /// MmMapIoSpaceEx on one of the device's translated memory ranges: where the CPU reaches it, or None.
+    fn map_io_space(&self, _physical: u64, _length: usize) -> Option<*mut u8> {
+        None
+    }
+    /// MmUnmapIoSpace of a range `map_io_space` gave.
+    fn unmap_io_space(&self, _base: *mut u8, _length: usize) {}
+}
+
+/// Devices and IRPs the I/O manager made, with their sizes, so each is freed exactly once.
+#[derive(Default)]
+struct Objects {
+    devices: Vec<(usize, usize)>,
+    irps: Vec<(usize, usize)>,
+}
+
+pub struct IoManager {
+    objects: Mutex<Objects>,
+    bus: Box<dyn BusDriver>,
+    /// The PDO's driver object: its MajorFunction table stays empty; IoCallDriver at the PDO goes to `bus`.
+    bus_driver: *mut DRIVER_OBJECT,
+    /// The device's PDO once made: what the platform names when it reports the device (an IOMMU fault).
+    pdo: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: the raw objects are the driver's shared kernel objects, as on Windows; the tables are under a mutex.
+unsafe impl Send for IoManager {}
+// SAFETY: as above.
+unsafe impl Sync for IoManager {}
+
+impl IoManager {
+    pub fn new(bus: Box<dyn BusDriver>) -> IoManager {
+        let bus_driver = alloc_object(size_of::<DRIVER_OBJECT>()) as *mut DRIVER_OBJECT;
+        assert!(!bus_driver.is_null(), "out of memory for the bus driver object");
+        // SAFETY: a fresh zeroed DRIVER_OBJECT.
+        unsafe {
+            (*bus_driver).Type = IO_TYPE_DRIVER;
+            (*bus_driver).Size = size_of::<DRIVER_OBJECT>() as i16;
+        }
+        IoManager { objects: Mutex::new(Objects::default()), bus, bus_driver, pdo: Default::default() }
+    }
+
+    pub(crate) fn bus(&self) -> &dyn BusDriver {
+        &*self.bus
+    }
+
+    /// The DRIVER_OBJECT DriverEntry receives, with its DRIVER_EXTENSION, for an image at `start`.
+    pub(crate) fn new_driver_object(&self, start: usize, size: usize) -> *mut DRIVER_OBJECT {
+        let driver = alloc_object(size_of::<DRIVER_OBJECT>()) as *mut DRIVER_OBJECT;
+        let extension = alloc_object(size_of::<DRIVER_EXTENSION>()) as *mut DRIVER_EXTENSION;
+        assert!(!driver.is_null() && !extension.is_null(), "out of memory for the driver object");
+        // SAFETY: fresh zeroed objects, linked as the I/O manager links them.
+        unsafe {
+            (*driver).Type = IO_TYPE_DRIVER;
+            (*driver).Size = size_of::<DRIVER_OBJECT>() as i16;
+            (*driver).DriverStart = start as *mut c_void;
+            (*driver).DriverSize = size as u32;
+            (*driver).DriverExtension = extension;
+            (*extension).DriverObject = driver;
+        }
+        driver
+    }
+
+    /// The PCI bus driver's PDO for the device.
+    pub(crate) fn new_pdo(&self) -> *mut DEVICE_OBJECT {
+        let mut pdo = std::ptr::null_mut();
+        let status = self.create_device(self.bus_driver, 0, &mut pdo);
+        assert_eq!(status, STATUS_SUCCESS, "out of memory for the PDO");
+        // SAFETY: just created; a started PDO is no longer initializing.
+        unsafe { (*pdo).Flags &= !DO_DEVICE_INITIALIZING };
+        self.pdo.store(pdo as usize, std::sync::atomic::Ordering::Relaxed);
+        pdo
+    }
+
+    /// The device's PDO (its address), once the PnP life made it.
+    pub fn pdo(&self) -> Option<usize> {
+        Some(self.pdo.load(std::sync::atomic::Ordering::Relaxed)).filter(|&p| p != 0)
+    }
+
+    /// IoCreateDevice's work: a DEVICE_OBJECT with `extension_size` bytes of zeroed extension behind it, linked
+    /// into its driver's device list, DO_DEVICE_INITIALIZING until the driver clears it.
+    pub(crate) fn create_device(
+        &self,
+        driver: *mut DRIVER_OBJECT,
+        extension_size: u32,
+        out: &mut *mut DEVICE_OBJECT,
+    ) -> NTSTATUS {
+        let header = size_of::<DEVICE_OBJECT>().div_ceil(16) * 16;
+        let bytes = header + extension_size as usize;
+        let block = alloc_object(bytes);
+        if block.is_null() {
+            return STATUS_INSUFFICIENT_RESOURCES;
+        }
+        let device = block as *mut DEVICE_OBJECT;
+        // SAFETY: a fresh zeroed block holding the device object and its extension; `driver` is a live driver
+        // object (the caller's, or the bus driver's).
+        unsafe {
+            (*device).Type = IO_TYPE_DEVICE;
+            (*device).Size = bytes as u16;
+            (*device).ReferenceCount = 1;
+            (*device).DriverObject = driver;
+            (*device).DeviceExtension =
+                if extension_size > 0 { block.add(header).cast() } else { std::ptr::null_mut() };
+            (*device).StackSize = 1;
+            (*device).Flags = DO_DEVICE_INITIALIZING;
+            (*device).NextDevice = (*driver).DeviceObject;
+            (*driver).DeviceObject = device;
+        }
+        crate::lock(&self.objects).devices.push((device as usize, bytes));
+        *out = device;
+        STATUS_SUCCESS
+    }
+
+    /// IoDeleteDevice: unlinked from its driver and freed.
+    pub(crate) fn delete_device(&self, device: *mut DEVICE_OBJECT) {
+        let mut objects = crate::lock(&self.objects);
+        let Some(at) = objects.devices.iter().position(|(d, _)| *d == device as usize) else {
+            return;
+        };
+        let (_, bytes) = objects.devices.remove(at);
+        // SAFETY: a device this manager created and has not freed; its driver object outlives it.
+        unsafe {
+            let driver = (*device).DriverObject;
+            let mut link: *mut *mut DEVICE_OBJECT = &mut (*driver).DeviceObject;
+            while !(*link).is_null() {
+                if *link == device {
+                    *link = (*device).NextDevice;
+                    break;
+                }
+                link = &mut (**link).NextDevice;
+            }
+            free_object(device as *mut u8, bytes);
+        }
+    }
+
+    /// Whether `device` is a live device object of this manager (a driver passing anything else is its bug).
+    pub(crate) fn is_device(&self, device: *const DEVICE_OBJECT) -> bool {
+        crate::lock(&self.objects).devices.iter().any(|(d, _)| *d == device as usize)
+    }
+
+    /// The driver's devices still alive (DriverUnload with devices left is a driver bug the verifier reports).
+    pub(crate) fn devices_of(&self, driver: *mut DRIVER_OBJECT) -> usize {
+        // SAFETY: the device list of a live driver object, made of live devices.
+        unsafe {
+            let mut n = 0;
+            let mut d = (*driver).DeviceObject;
+            while !d.is_null() {
+                n += 1;
+                d = (*d).NextDevice;
+            }
+            n
+        }
+    }
+
+    /// IoAttachDeviceToDeviceStack: `source` goes on top of `target`'s stack; returns the device it sits on.
+    pub(crate) fn attach(&self, source: *mut DEVICE_OBJECT, target: *mut DEVICE_OBJECT) -> *mut DEVICE_OBJECT {
+        if !self.is_device(source) || !self.is_device(target) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: both live devices of this manager.
+        unsafe {
+            let top = top_of(target);
+            (*top).AttachedDevice = source;
+            (*source).StackSize = (*top).StackSize + 1;
+            (*source).AlignmentRequirement = (*top).AlignmentRequirement.max((*source).AlignmentRequirement);
+            top
+        }
+    }
+
+    /// IoDetachDevice: whatever sits on `target` comes off.
+    pub(crate) fn detach(&self, target: *mut DEVICE_OBJECT) {
+        if self.is_device(target) {
+            // SAFETY: a live device.
+            unsafe { (*target).AttachedDevice = std::ptr::null_mut() };
+        }
+    }
+
+    /// An IRP with `stack_size` stack locations, none current yet (IoAllocateIrp).
+    pub(crate) fn allocate_irp(&self, stack_size: i8) -> *mut IRP {
+        let count = stack_size.max(1) as usize;
+        let bytes = size_of::<IRP>() + count * size_of::<IO_STACK_LOCATION>();
+        let irp = alloc_object(bytes) as *mut IRP;
+        if irp.is_null() {
+            return irp;
+        }
+        // SAFETY: a fresh zeroed IRP with its stack locations right behind it, as IoAllocateIrp lays them out;
+        // the current location starts one past the last, so the first IoCallDriver makes the last current.
+        unsafe {
+            (*irp).Type = IO_TYPE_IRP;
+            (*irp).Size = bytes as u16;
+            (*irp).StackCount = count as i8;
+            (*irp).CurrentLocation = count as i8 + 1;
+            let stacks = (irp as *mut u8).add(size_of::<IRP>()) as *mut IO_STACK_LOCATION;
+            (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation = stacks.add(count);
+            (*irp).IoStatus.Anonymous.Status = STATUS_NOT_SUPPORTED;
+        }
+        crate::lock(&self.objects).irps.push((irp as usize, bytes));
+        irp
+    }
+
+    /// IoFreeIrp.
+    pub(crate) fn free_irp(&self, irp: *mut IRP) {
+        let mut objects = crate::lock(&self.objects);
+        if let Some(at) = objects.irps.iter().position(|(i, _)| *i == irp as usize) {
+            let (_, bytes) = objects.irps.remove(at);
+            // SAFETY: an IRP this manager allocated, freed once.
+            unsafe { free_object(irp as *mut u8, bytes) };
+        }
+    }
+
+    /// The stack location the next driver down will see (IoGetNextIrpStackLocation).
+    ///
+    /// # Safety
+    /// A live IRP with a location left below the current one.
+    pub(crate) unsafe fn next_stack(irp: *mut IRP) -> *mut IO_STACK_LOCATION {
+        // SAFETY: the caller's contract.
+        unsafe { (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation.sub(1) }
+    }
+
+    /// IofCallDriver: the next location becomes current and the device's driver gets the IRP. The PDO's driver is
+    /// the bus driver, answered here.
+    ///
+    /// # Safety
+    /// A live device and an IRP with a stack location left for it.
+    pub(crate) unsafe fn call_driver(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if (*irp).CurrentLocation <= 1 {
+                // Windows stops with NO_MORE_IRP_STACK_LOCATIONS (0x35).
+                crate::kernel_context::bugcheck(0x35, irp as u64, 0, 0, 0);
+            }
+            (*irp).CurrentLocation -= 1;
+            let stack = Self::next_stack(irp);
+            (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation = stack;
+            (*stack).DeviceObject = device;
+            let driver = (*device).DriverObject;
+            if driver == self.bus_driver {
+                let status = self.bus.pnp(&*stack);
+                self.complete_request(irp, status);
+                return status;
+            }
+            let routine = (*driver).MajorFunction[(*stack).MajorFunction as usize];
+            match routine {
+                // SAFETY: the driver's dispatch routine, called with the Windows x64 convention it was built for.
+                Some(f) => std::mem::transmute::<usize, DispatchFn>(f as usize)(device, irp),
+                None => {
+                    self.complete_request(irp, STATUS_NOT_SUPPORTED);
+                    STATUS_NOT_SUPPORTED
+                }
+            }
+        }
+    }
+
+    /// Completes the IRP with `status`: then IofCompleteRequest.
+    ///
+    /// # Safety
+    /// As `complete_irp`.
+    pub(crate) unsafe fn complete_request(&self, irp: *mut IRP, status: NTSTATUS) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            (*irp).IoStatus.Anonymous.Status = status;
+            self.complete_irp(irp)
+        }
+    }
+
+    /// IofCompleteRequest: the completion routines from the current location upwards, each under its
+    /// SL_INVOKE_ON_* bits; STATUS_MORE_PROCESSING_REQUIRED stops the walk (the routine's owner keeps the IRP).
+    /// Then the IRP's event and status block, for IRPs the I/O manager built.
+    ///
+    /// # Safety
+    /// A live IRP that is its holder's to complete; it is not touched after.
+    pub(crate) unsafe fn complete_irp(&self, irp: *mut IRP) {
+        // SAFETY: the caller's contract; the stack locations lie behind the IRP.
+        unsafe {
+            let count = (*irp).StackCount;
+            while (*irp).CurrentLocation <= count {
+                let stack = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
+                (*irp).PendingReturned = (*stack).Control & SL_PENDING_RETURNED != 0;
+                let routine = (*stack).CompletionRoutine;
+                let control = (*stack).Control;
+                let context = (*stack).Context;
+                (*irp).CurrentLocation += 1;
+                (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation = stack.add(1);
+                let status = (*irp).IoStatus.Anonymous.Status;
+                let wanted = if (*irp).Cancel {
+                    control & SL_INVOKE_ON_CANCEL != 0
+                } else if status >= 0 {
+                    control & SL_INVOKE_ON_SUCCESS != 0
+                } else {
+                    control & SL_INVOKE_ON_ERROR != 0
+                };
+                if let (Some(f), true) = (routine, wanted) {
+                    // The routine's device is the one of the location it was set in: the next one up.
+                    let device = if (*irp).CurrentLocation <= count {
+                        (*stack.add(1)).DeviceObject
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    // SAFETY: the driver's completion routine, called with its own convention.
+                    let r = std::mem::transmute::<usize, CompletionFn>(f as usize)(device, irp, context);
+                    if r == STATUS_MORE_PROCESSING_REQUIRED {
+                        return;
+                    }
+                }
+            }
+            let iosb = (*irp).Anonymous.UserIosb;
+            if !iosb.is_null() {
+                *iosb = (*irp).IoStatus;
+            }
+            let event = (*irp).UserEvent;
+            if !event.is_null() {
+                (*event).Header.SignalState = 1;
+            }
+            // An IRP built for a caller's event (IoBuildSynchronousFsdRequest) belongs to the I/O manager again.
+            if !event.is_null() {
+                self.free_irp(irp);
+            }
+        }
+    }
+
+    /// IoForwardIrpSynchronously: the current location copied to the next, sent down, and waited for.
+    ///
+    /// # Safety
+    /// A live IRP this driver holds and the device below it.
+    pub(crate) unsafe fn forward_synchronously(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> bool {
+        // SAFETY: the caller's contract. The copy leaves out the completion routine, as IoCopyCurrentIrpStack-
+        // LocationToNext does; a completion routine that answers MORE_PROCESSING_REQUIRED gives the IRP back here.
+        unsafe {
+            if (*irp).CurrentLocation <= 1 {
+                return false;
+            }
+            let current = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
+            let next = Self::next_stack(irp);
+            std::ptr::copy_nonoverlapping(current, next, 1);
+            (*next).CompletionRoutine =
+                std::mem::transmute::<usize, PIO_COMPLETION_ROUTINE>(forward_done as CompletionFn as usize);
+            (*next).Context = std::ptr::null_mut();
+            (*next).Control = SL_INVOKE_ON_SUCCESS | SL_INVOKE_ON_ERROR | SL_INVOKE_ON_CANCEL;
+            let status = self.call_driver(device, irp);
+            // Every IRP completes before IoCallDriver returns here (the bus driver is synchronous), so there is
+            // nothing to wait for; a lower driver answering STATUS_PENDING would need the event Windows waits on.
+            status != STATUS_PENDING || (*irp).IoStatus.Anonymous.Status != STATUS_PENDING
+        }
+    }
+}
+
+/// The completion routine IoForwardIrpSynchronously sets: the IRP stays with the forwarding driver.
+unsafe extern "win64" fn forward_done(_device: *mut DEVICE_OBJECT, _irp: *mut IRP, _context: *mut c_void) -> NTSTATUS {
+    STATUS_MORE_PROCESSING_REQUIRED
+}
+
+/// The top of the stack `device` is in.
+///
+/// # Safety
+/// A live device whose attached devices are live.
+pub unsafe fn top_of(mut device: *mut DEVICE_OBJECT) -> *mut DEVICE_OBJECT {
+    // SAFETY: the caller's contract.
+    unsafe {
+        while !(*device).AttachedDevice.is_null() {
+            device = (*device).AttachedDevice;
+        }
+    }
+    device
+}

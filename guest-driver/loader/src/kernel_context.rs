@@ -1,0 +1,75 @@
+//! The one kernel a loaded driver runs on, reachable from the `extern "win64"` thunks (which get no context
+//! argument from the driver): the NT model with its verifier, the I/O manager, the address translation between
+//! the two, the driver's MDLs, adapters and registry, and its debug output. Set once per process, as a machine has one kernel.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use vhca_ntapi::NtKernel;
+use vhca_ntmodel::NtModel;
+
+use crate::address_space::AddressSpace;
+use crate::dma_thunks::DmaObjects;
+use crate::io_manager::IoManager;
+use crate::lock_thunks::LockObjects;
+use crate::memory_thunks::MdlTable;
+use crate::registry_thunks::Registry;
+use crate::remove_lock_thunks::RemoveLocks;
+
+pub struct LoaderKernel {
+    pub model: Arc<NtModel>,
+    pub io: IoManager,
+    pub addresses: AddressSpace,
+    pub mdls: MdlTable,
+    pub dma: DmaObjects,
+    pub locks: LockObjects,
+    pub registry: Registry,
+    pub remove_locks: RemoveLocks,
+    /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
+    pub debug_lines: Mutex<Vec<String>>,
+    /// Whether the driver's own `VHCA-RESULT` lines go to stdout too; off where the caller reports the run itself
+    /// (the guest program merges the driver's result into its one result line).
+    pub echo_results: bool,
+}
+
+impl LoaderKernel {
+    pub fn new(model: Arc<NtModel>, io: IoManager) -> LoaderKernel {
+        LoaderKernel {
+            model,
+            io,
+            addresses: AddressSpace::default(),
+            mdls: MdlTable::default(),
+            dma: DmaObjects::default(),
+            locks: LockObjects::default(),
+            registry: Registry::default(),
+            remove_locks: RemoveLocks::default(),
+            debug_lines: Mutex::new(Vec::new()),
+            echo_results: true,
+        }
+    }
+
+    /// The driver's last `VHCA-RESULT` line, its JSON after the marker.
+    pub fn result_json(&self) -> Option<String> {
+        let lines = crate::lock(&self.debug_lines);
+        lines.iter().rev().find_map(|l| l.strip_prefix(RESULT_MARK).map(|j| j.trim().to_string()))
+    }
+}
+
+/// The marker of a result line, as the runner reads it.
+pub const RESULT_MARK: &str = "VHCA-RESULT ";
+
+static KERNEL: OnceLock<LoaderKernel> = OnceLock::new();
+
+/// Installs the kernel; false when one is already installed (one per process).
+pub fn install(kernel: LoaderKernel) -> bool {
+    KERNEL.set(kernel).is_ok()
+}
+
+/// The installed kernel. A thunk runs only after `install`: the loader installs before binding any import.
+pub fn kernel() -> &'static LoaderKernel {
+    KERNEL.get().expect("the loader installs its kernel before any driver code runs")
+}
+
+/// Stops the machine through the model's bugcheck handler (the STOP line, then the end of the run).
+pub fn bugcheck(code: u32, p1: u64, p2: u64, p3: u64, p4: u64) -> ! {
+    kernel().model.KeBugCheckEx(code, p1, p2, p3, p4)
+}

@@ -1,0 +1,45 @@
+//! vhca-loader: runs the signed Windows driver binary (vhca.sys) in a Linux process. The image is read and checked
+//! (`pe_image`), mapped with Windows' section protections and relocated (`image_mapping`), its ntoskrnl.exe/HAL.dll
+//! imports bound to `extern "win64"` thunks over the NT model and its verifier (`nt_thunks`), and driven through a
+//! WDM driver's PnP life on Windows-layout objects (`io_manager`, `pnp_life`); a fault in driver code is a bugcheck
+//! (`driver_fault`).
+
+pub mod address_space;
+pub mod dma_thunks;
+pub mod driver_fault;
+pub mod driver_symbols;
+pub mod image_mapping;
+pub mod io_manager;
+pub mod kernel_context;
+pub mod load_error;
+pub mod lock_thunks;
+pub mod memory_thunks;
+pub mod nt_thunks;
+pub mod pe_image;
+pub mod pnp_life;
+pub mod registry_thunks;
+pub mod remove_lock_thunks;
+pub mod start_resources;
+pub mod unbound_import_trap;
+
+use std::sync::{Mutex, MutexGuard};
+
+pub use image_mapping::{ImportResolver, MappedImage};
+pub use load_error::LoadError;
+pub use pe_image::PeImage;
+/// The Windows-layout types the loader's callers (the guest's bus driver) fill in, from the same definitions.
+pub use windows_sys;
+
+/// Exit status of `vhca-load` when the driver called an import bound to a trap (`--trap-unbound`).
+pub const EXIT_UNBOUND_IMPORT: i32 = 3;
+
+/// Locks a loader table; a panic elsewhere never leaves one half-updated (each update is one statement).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads, checks and maps a driver image, binding its imports through `resolver`.
+pub fn load(bytes: &[u8], resolver: &dyn ImportResolver) -> Result<MappedImage, LoadError> {
+    let image = PeImage::parse(bytes)?;
+    MappedImage::map(image, bytes, resolver)
+}

@@ -1,0 +1,276 @@
+//! Pool, physically contiguous memory and MDLs for a driver binary: the NT model allocates and checks (pool
+//! tracking, IRQL, the verifier's MDL rules) and the driver gets process addresses of the same pages
+//! (`address_space`). MDLs are Windows-layout MDLs (windows-sys's MDL plus its PFN array) the driver may read
+//! directly, as wdm.h's MmGetMdlVirtualAddress and MmGetMdlByteCount do, each tied to the model's MDL.
+#![allow(non_snake_case)] // Thunks carry the names of the routines they implement, as the driver imports them.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use vhca_ntapi::{
+    NtKernel, MDL_SOURCE_IS_NONPAGED_POOL, MEMORY_CACHING_TYPE, PAGE_SIZE, PHYSICAL_ADDRESS, PMDL, POOL_TYPE, PVOID,
+};
+use windows_sys::Wdk::Foundation::MDL;
+
+use crate::kernel_context::kernel;
+
+/// ExAllocatePool2's POOL_FLAGS (wdm.h): which pool.
+const POOL_FLAG_NON_PAGED: u64 = 0x40;
+const POOL_FLAG_NON_PAGED_EXECUTE: u64 = 0x80;
+const POOL_FLAG_PAGED: u64 = 0x100;
+
+/// ExAllocatePool2(Flags, NumberOfBytes, Tag): the model's pool (zeroed pages), at a process address.
+unsafe extern "win64" fn ExAllocatePool2(flags: u64, bytes: usize, tag: u32) -> *mut c_void {
+    let pool_type = if flags & POOL_FLAG_PAGED != 0 {
+        POOL_TYPE::PagedPool
+    } else if flags & POOL_FLAG_NON_PAGED_EXECUTE != 0 {
+        POOL_TYPE::NonPagedPool
+    } else {
+        let _ = POOL_FLAG_NON_PAGED;
+        POOL_TYPE::NonPagedPoolNx
+    };
+    let k = kernel();
+    let va = k.model.ExAllocatePoolWithTag(pool_type, bytes, tag);
+    k.addresses.to_host(&k.model, va) as *mut c_void
+}
+
+unsafe extern "win64" fn ExFreePoolWithTag(p: *mut c_void, tag: u32) {
+    let k = kernel();
+    let va = k.addresses.to_model(p as usize);
+    // The model checks the free (double free, a block it never gave out) and stops the machine as Windows does.
+    k.model.ExFreePoolWithTag(va, tag);
+    k.addresses.forget(p as usize);
+}
+
+unsafe extern "win64" fn MmAllocateContiguousMemorySpecifyCache(
+    bytes: usize,
+    lowest: i64,
+    highest: i64,
+    boundary: i64,
+    cache: i32,
+) -> *mut c_void {
+    let cache = match cache {
+        0 => MEMORY_CACHING_TYPE::MmNonCached,
+        2 => MEMORY_CACHING_TYPE::MmWriteCombined,
+        _ => MEMORY_CACHING_TYPE::MmCached,
+    };
+    let k = kernel();
+    let va = k.model.MmAllocateContiguousMemorySpecifyCache(
+        bytes,
+        PHYSICAL_ADDRESS(lowest as u64),
+        PHYSICAL_ADDRESS(highest as u64),
+        PHYSICAL_ADDRESS(boundary as u64),
+        cache,
+    );
+    k.addresses.to_host(&k.model, va) as *mut c_void
+}
+
+unsafe extern "win64" fn MmFreeContiguousMemory(base: *mut c_void) {
+    let k = kernel();
+    k.model.MmFreeContiguousMemory(k.addresses.to_model(base as usize));
+    k.addresses.forget(base as usize);
+}
+
+/// Windows-layout MDLs and the model's MDL behind each, with the block's size for freeing.
+#[derive(Default)]
+pub struct MdlTable {
+    mdls: Mutex<HashMap<usize, (PMDL, usize)>>,
+}
+
+impl MdlTable {
+    /// The model's MDL behind the driver's; an MDL the loader never made goes to the model as is (it refuses it).
+    pub fn model_mdl(&self, mdl: *const MDL) -> PMDL {
+        crate::lock(&self.mdls).get(&(mdl as usize)).map_or(PMDL(mdl as u64), |(m, _)| *m)
+    }
+}
+
+/// IoAllocateMdl(VirtualAddress, Length, SecondaryBuffer, ChargeQuota, Irp): an MDL for `length` bytes at `va`,
+/// its PFN array room for every page spanned, as Windows sizes it (MmSizeOfMdl).
+unsafe extern "win64" fn IoAllocateMdl(
+    va: *mut c_void,
+    length: u32,
+    secondary: u8,
+    charge_quota: u8,
+    _irp: *mut c_void,
+) -> *mut MDL {
+    let k = kernel();
+    let model_va = k.addresses.to_model(va as usize);
+    let model_mdl = k.model.IoAllocateMdl(model_va, length, secondary != 0, charge_quota != 0);
+    if model_mdl.is_null() {
+        return std::ptr::null_mut();
+    }
+    let offset = va as usize % PAGE_SIZE as usize;
+    let pages = (offset + length as usize).div_ceil(PAGE_SIZE as usize);
+    let bytes = std::mem::size_of::<MDL>() + pages * 8;
+    let layout = Layout::from_size_align(bytes, 16).expect("MDL layout");
+    // SAFETY: a non-zero size.
+    let mdl = unsafe { alloc_zeroed(layout) } as *mut MDL;
+    if mdl.is_null() {
+        k.model.IoFreeMdl(model_mdl);
+        return mdl;
+    }
+    // SAFETY: a fresh zeroed block sized for the MDL and its PFN array.
+    unsafe {
+        (*mdl).Size = bytes as i16;
+        (*mdl).StartVa = (va as usize - offset) as *mut c_void;
+        (*mdl).ByteOffset = offset as u32;
+        (*mdl).ByteCount = length;
+    }
+    crate::lock(&k.mdls.mdls).insert(mdl as usize, (model_mdl, bytes));
+    mdl
+}
+
+unsafe extern "win64" fn IoFreeMdl(mdl: *mut MDL) {
+    let k = kernel();
+    let Some((model_mdl, bytes)) = crate::lock(&k.mdls.mdls).remove(&(mdl as usize)) else {
+        // Not an MDL of this kernel: the model sees the address and says what Windows would.
+        k.model.IoFreeMdl(PMDL(mdl as u64));
+        return;
+    };
+    k.model.IoFreeMdl(model_mdl);
+    // SAFETY: the block IoAllocateMdl made with this size, freed once (removed from the table above).
+    unsafe { dealloc(mdl as *mut u8, Layout::from_size_align(bytes, 16).expect("MDL layout")) };
+}
+
+/// MmBuildMdlForNonPagedPool: the model checks and locks; the MDL says it is mapped and non-paged, its PFN array
+/// holds the pages' frame numbers as this process sees them (a driver must not hand those to a device: it gets
+/// device addresses from the DMA routines, as on Windows with DMA remapping).
+unsafe extern "win64" fn MmBuildMdlForNonPagedPool(mdl: *mut MDL) {
+    let k = kernel();
+    k.model.MmBuildMdlForNonPagedPool(k.mdls.model_mdl(mdl));
+    // SAFETY: the driver's MDL, sized by IoAllocateMdl for its pages.
+    unsafe {
+        let va = (*mdl).StartVa as usize + (*mdl).ByteOffset as usize;
+        (*mdl).MappedSystemVa = va as *mut c_void;
+        (*mdl).MdlFlags |= MDL_SOURCE_IS_NONPAGED_POOL as i16;
+        fill_pfns(mdl);
+    }
+}
+
+/// ZwAllocateVirtualMemory(ProcessHandle, BaseAddress, ZeroBits, RegionSize, AllocationType, Protect) in the
+/// current process: the model's user-mode memory (pageable until MmProbeAndLockPages locks it), at a process
+/// address. Only fresh allocations (BaseAddress NULL) are modelled, which is what a driver asks for.
+unsafe extern "win64" fn ZwAllocateVirtualMemory(
+    _process: *mut c_void,
+    base: *mut *mut c_void,
+    _zero_bits: usize,
+    size: *mut usize,
+    _allocation_type: u32,
+    _protect: u32,
+) -> i32 {
+    const STATUS_INVALID_PARAMETER: i32 = 0xC000_000Du32 as i32;
+    const STATUS_NO_MEMORY: i32 = 0xC000_0017u32 as i32;
+    // SAFETY: the driver's in/out parameters.
+    let (wanted, bytes) = unsafe {
+        if base.is_null() || size.is_null() {
+            return STATUS_INVALID_PARAMETER;
+        }
+        (*base, *size)
+    };
+    if !wanted.is_null() || bytes == 0 {
+        return STATUS_INVALID_PARAMETER;
+    }
+    let k = kernel();
+    let va = k.model.alloc_user_buffer(bytes as u64, 0);
+    if va.is_null() {
+        return STATUS_NO_MEMORY;
+    }
+    // SAFETY: as above; the region is whole pages.
+    unsafe {
+        *base = k.addresses.to_host(&k.model, va) as *mut c_void;
+        *size = bytes.div_ceil(PAGE_SIZE as usize) * PAGE_SIZE as usize;
+    }
+    0
+}
+
+/// ZwFreeVirtualMemory(ProcessHandle, BaseAddress, RegionSize, FreeType): MEM_RELEASE of a whole allocation.
+unsafe extern "win64" fn ZwFreeVirtualMemory(
+    _process: *mut c_void,
+    base: *mut *mut c_void,
+    _size: *mut usize,
+    _free_type: u32,
+) -> i32 {
+    if base.is_null() {
+        return 0xC000_000Du32 as i32;
+    }
+    let k = kernel();
+    // SAFETY: the driver's in parameter.
+    let host = unsafe { *base } as usize;
+    k.model.free_user_buffer(k.addresses.to_model(host));
+    k.addresses.forget(host);
+    0
+}
+
+/// MmProbeAndLockPages(Mdl, AccessMode, Operation). Windows raises an exception when the pages cannot be locked;
+/// a driver binary without a handler for it gets what an unhandled exception in a system thread gives, 0x7E with
+/// the status, which is what this does. On success the MDL says its pages are locked, with their frame numbers.
+unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation: i32) {
+    use vhca_ntapi::{KPROCESSOR_MODE, LOCK_OPERATION, MDL_PAGES_LOCKED};
+    let mode = if mode == 0 { KPROCESSOR_MODE::KernelMode } else { KPROCESSOR_MODE::UserMode };
+    let operation = match operation {
+        0 => LOCK_OPERATION::IoReadAccess,
+        1 => LOCK_OPERATION::IoWriteAccess,
+        _ => LOCK_OPERATION::IoModifyAccess,
+    };
+    let k = kernel();
+    let status = k.model.MmProbeAndLockPages(k.mdls.model_mdl(mdl), mode, operation);
+    if status.0 < 0 {
+        crate::kernel_context::bugcheck(
+            crate::driver_fault::SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+            status.0 as u32 as u64,
+            0,
+            0,
+            0,
+        );
+    }
+    // SAFETY: the driver's MDL, sized by IoAllocateMdl for its pages.
+    unsafe {
+        (*mdl).MdlFlags |= MDL_PAGES_LOCKED as i16;
+        fill_pfns(mdl);
+    }
+}
+
+unsafe extern "win64" fn MmUnlockPages(mdl: *mut MDL) {
+    let k = kernel();
+    k.model.MmUnlockPages(k.mdls.model_mdl(mdl));
+    // SAFETY: the driver's MDL.
+    unsafe { (*mdl).MdlFlags &= !(vhca_ntapi::MDL_PAGES_LOCKED as i16) };
+}
+
+/// The PFN array after the MDL: the pages' frame numbers as this process sees them.
+///
+/// # Safety
+/// `mdl` is an MDL IoAllocateMdl made (room for every page it spans).
+unsafe fn fill_pfns(mdl: *mut MDL) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let pages = ((*mdl).ByteOffset as usize + (*mdl).ByteCount as usize).div_ceil(PAGE_SIZE as usize);
+        let pfns = (mdl as *mut u8).add(std::mem::size_of::<MDL>()) as *mut u64;
+        for i in 0..pages {
+            *pfns.add(i) = ((*mdl).StartVa as u64 / PAGE_SIZE) + i as u64;
+        }
+    }
+}
+
+/// The model address `va` stands for (MDL current VAs, common buffer addresses).
+pub fn model_va(host: *const c_void) -> PVOID {
+    kernel().addresses.to_model(host as usize)
+}
+
+pub fn memory_thunks() -> [(&'static str, usize); 11] {
+    [
+        ("ExAllocatePool2", ExAllocatePool2 as *const () as usize),
+        ("ExFreePoolWithTag", ExFreePoolWithTag as *const () as usize),
+        ("MmAllocateContiguousMemorySpecifyCache", MmAllocateContiguousMemorySpecifyCache as *const () as usize),
+        ("MmFreeContiguousMemory", MmFreeContiguousMemory as *const () as usize),
+        ("IoAllocateMdl", IoAllocateMdl as *const () as usize),
+        ("IoFreeMdl", IoFreeMdl as *const () as usize),
+        ("MmBuildMdlForNonPagedPool", MmBuildMdlForNonPagedPool as *const () as usize),
+        ("ZwAllocateVirtualMemory", ZwAllocateVirtualMemory as *const () as usize),
+        ("ZwFreeVirtualMemory", ZwFreeVirtualMemory as *const () as usize),
+        ("MmProbeAndLockPages", MmProbeAndLockPages as *const () as usize),
+        ("MmUnlockPages", MmUnlockPages as *const () as usize),
+    ]
+}

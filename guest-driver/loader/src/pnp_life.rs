@@ -1,0 +1,174 @@
+//! The life the PnP manager gives a WDM function driver, on Windows-layout objects: DriverEntry, AddDevice with the
+//! bus driver's PDO, START_DEVICE (when a device is there to start), REMOVE_DEVICE, DriverUnload, then the unload
+//! checks: no device left, then the NT model's own (pool under pool tracking, adapters under DMA checking).
+
+use std::ffi::c_void;
+
+use vhca_ntapi::{NtKernel, DRIVER_VERIFIER_DETECTED_VIOLATION, PASSIVE_LEVEL};
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};
+use windows_sys::Wdk::System::SystemServices::{IRP_MJ_PNP, IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE};
+use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
+
+use crate::image_mapping::MappedImage;
+use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager, UnloadFn};
+use crate::kernel_context::{bugcheck, kernel};
+use crate::start_resources::ResourceList;
+use vhca_ntmodel::VerifierFlags;
+
+/// How the life ended short of a clean unload. Devices left behind are not a bugcheck on Windows (the I/O manager
+/// does not unload a driver that still has device objects); here that is a failed step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LifeFailure {
+    /// DriverEntry returned an error status: Windows unloads the image without calling anything else.
+    DriverEntry(NTSTATUS),
+    /// DriverEntry set no AddDevice routine: a PnP driver cannot get its devices.
+    NoAddDevice,
+    AddDevice(NTSTATUS),
+    StartDevice(NTSTATUS),
+    RemoveDevice(NTSTATUS),
+    /// DriverUnload was reached with devices still alive.
+    DevicesLeft(usize),
+}
+
+impl std::fmt::Display for LifeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LifeFailure::DriverEntry(s) => write!(f, "DriverEntry failed with status {:#010x}", *s as u32),
+            LifeFailure::NoAddDevice => write!(f, "DriverEntry set no AddDevice routine"),
+            LifeFailure::AddDevice(s) => write!(f, "AddDevice failed with status {:#010x}", *s as u32),
+            LifeFailure::StartDevice(s) => write!(f, "IRP_MN_START_DEVICE failed with status {:#010x}", *s as u32),
+            LifeFailure::RemoveDevice(s) => write!(f, "IRP_MN_REMOVE_DEVICE failed with status {:#010x}", *s as u32),
+            LifeFailure::DevicesLeft(n) => write!(f, "{n} device object(s) left at DriverUnload"),
+        }
+    }
+}
+
+/// The step of the life running now, for the hang verdict.
+pub static STEP: std::sync::Mutex<&'static str> = std::sync::Mutex::new("loading");
+
+fn step(name: &'static str) {
+    *crate::lock(&STEP) = name;
+}
+
+/// Runs the driver's life. `start` sends START_DEVICE (only where the bus driver has a device behind it).
+pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
+    let k = kernel();
+    let io = &k.io;
+    let driver = io.new_driver_object(image.base(), image.size());
+    let pdo = io.new_pdo();
+    let registry_path = UNICODE_STRING::default();
+
+    step("DriverEntry");
+    let entry: DriverEntryFn = {
+        // SAFETY: the image's entry point, checked to lie in its code section; the Windows x64 convention.
+        unsafe { std::mem::transmute::<usize, DriverEntryFn>(image.at(image.image.entry_rva)) }
+    };
+    // SAFETY: PASSIVE_LEVEL, a fresh driver object and its registry path, as the I/O manager calls DriverEntry.
+    let status = unsafe { entry(driver, &registry_path as *const UNICODE_STRING as *const c_void) };
+    back_at_passive("DriverEntry");
+    if status < 0 {
+        return Err(LifeFailure::DriverEntry(status));
+    }
+
+    step("AddDevice");
+    // SAFETY: the driver extension the I/O manager made; DriverEntry filled in AddDevice.
+    let add_device = unsafe { (*(*driver).DriverExtension).AddDevice };
+    let Some(add_device) = add_device else {
+        unload(driver);
+        return Err(LifeFailure::NoAddDevice);
+    };
+    // SAFETY: the driver's AddDevice, with its driver object and the PDO, at PASSIVE_LEVEL.
+    let status = unsafe { std::mem::transmute::<usize, AddDeviceFn>(add_device as usize)(driver, pdo) };
+    back_at_passive("AddDevice");
+    if status < 0 {
+        unload(driver);
+        return Err(LifeFailure::AddDevice(status));
+    }
+
+    if start {
+        step("IRP_MN_START_DEVICE");
+        let ranges = io.bus().memory_resources();
+        let (raw, translated) = (ResourceList::memory(&ranges), ResourceList::memory(&ranges));
+        let status = pnp_irp(io, pdo, IRP_MN_START_DEVICE, Some((&raw, &translated)));
+        if status < 0 {
+            // Windows sends REMOVE_DEVICE to a stack whose start failed; the driver frees there.
+            pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE, None);
+            unload(driver);
+            return Err(LifeFailure::StartDevice(status));
+        }
+    }
+
+    step("IRP_MN_REMOVE_DEVICE");
+    let status = pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE, None);
+    if status < 0 {
+        return Err(LifeFailure::RemoveDevice(status));
+    }
+    // Only the PDO is left on the bus driver's side; the driver's own devices must be gone.
+    let left = io.devices_of(driver);
+    if left > 0 {
+        return Err(LifeFailure::DevicesLeft(left));
+    }
+    unload(driver);
+    io.delete_device(pdo);
+    Ok(())
+}
+
+/// A PnP IRP from the PnP manager to the top of the PDO's stack, as Windows sends it: status preset to
+/// STATUS_NOT_SUPPORTED, the IRP back with its final status.
+fn pnp_irp(
+    io: &IoManager,
+    pdo: *mut DEVICE_OBJECT,
+    minor: u32,
+    resources: Option<(&ResourceList, &ResourceList)>,
+) -> NTSTATUS {
+    // SAFETY: the live stack above the PDO.
+    let top = unsafe { top_of(pdo) };
+    // SAFETY: a live device.
+    let irp: *mut IRP = io.allocate_irp(unsafe { (*top).StackSize });
+    assert!(!irp.is_null(), "out of memory for a PnP IRP");
+    // SAFETY: a fresh IRP; its next location is the top driver's.
+    let status = unsafe {
+        let stack = IoManager::next_stack(irp);
+        (*stack).MajorFunction = IRP_MJ_PNP as u8;
+        (*stack).MinorFunction = minor as u8;
+        if let Some((raw, translated)) = resources {
+            (*stack).Parameters.StartDevice.AllocatedResources = raw.as_ptr();
+            (*stack).Parameters.StartDevice.AllocatedResourcesTranslated = translated.as_ptr();
+        }
+        io.call_driver(top, irp);
+        (*irp).IoStatus.Anonymous.Status
+    };
+    back_at_passive("a PnP IRP");
+    io.free_irp(irp);
+    status
+}
+
+/// DriverUnload, then the verifier's unload checks.
+fn unload(driver: *mut DRIVER_OBJECT) {
+    step("DriverUnload");
+    let k = kernel();
+    // SAFETY: the driver object DriverEntry filled in.
+    if let Some(f) = unsafe { (*driver).DriverUnload } {
+        // SAFETY: the driver's unload routine, at PASSIVE_LEVEL, every device of its gone.
+        unsafe { std::mem::transmute::<usize, UnloadFn>(f as usize)(driver) };
+        back_at_passive("DriverUnload");
+    }
+    // The model's unload checks: pool left under pool tracking (0xC4/0x60), adapters under DMA checking.
+    step("unload checks");
+    k.model.unload_driver();
+}
+
+/// A driver routine returns at PASSIVE_LEVEL, as it was called; anything else is the verifier's IRQL check
+/// (0xC4 with the IRQL it returned at) when IRQL checking is on, and is put right otherwise as Windows' I/O
+/// manager does not.
+fn back_at_passive(routine: &str) {
+    let k = kernel();
+    let irql = k.model.KeGetCurrentIrql();
+    if irql != PASSIVE_LEVEL {
+        println!("VHCA-LOADER: {routine} returned at IRQL {irql}");
+        if k.model.verifier().contains(VerifierFlags::IRQL_CHECKING) {
+            // 0xC4/0x3A... Windows has no one subcode for every routine; 0x0 with the IRQLs is the model's choice.
+            bugcheck(DRIVER_VERIFIER_DETECTED_VIOLATION, 0x0, irql as u64, PASSIVE_LEVEL as u64, 0);
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! What the in-process thunk tests share: a bus driver with no device, and a bound routine as the driver calls it.
+
+use vhca_loader::io_manager::BusDriver;
+use vhca_loader::nt_thunks::NtThunks;
+use vhca_loader::windows_sys::Wdk::Foundation::IO_STACK_LOCATION;
+use vhca_loader::windows_sys::Win32::Foundation::{NTSTATUS, STATUS_NOT_SUPPORTED};
+use vhca_loader::ImportResolver;
+
+/// No device behind the PDO: every PnP IRP is not supported.
+pub struct NoBus;
+
+impl BusDriver for NoBus {
+    fn pnp(&self, _stack: &IO_STACK_LOCATION) -> NTSTATUS {
+        STATUS_NOT_SUPPORTED
+    }
+}
+
+/// The thunk bound to ntoskrnl.exe's `name`, as the driver's IAT would hold it, typed as its Windows signature F.
+pub fn routine<F: Copy>(name: &str) -> F {
+    let address = NtThunks.resolve("ntoskrnl.exe", name).unwrap_or_else(|| panic!("{name} is bound"));
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
+    // SAFETY: F is the routine's extern "win64" signature, as the driver declares it.
+    unsafe { std::mem::transmute_copy::<usize, F>(&address) }
+}
