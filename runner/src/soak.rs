@@ -71,7 +71,11 @@ pub fn soak_runs() -> Vec<ConcreteRun> {
     // Both suites are constants this crate's tests parse: a parse error is a bug here or in seed.toml.
     let seed = Suite::seed().map(|s| s.expand()).unwrap_or_default();
     let mut runs: Vec<ConcreteRun> =
-        seed.into_iter().filter(|r| FROM_SEED.iter().any(|name| r.name.split('/').next() == Some(name))).collect();
+        // The native personality only: the sys twins of these runs are the parity test's (sys_parity.rs).
+        seed.into_iter()
+            .filter(|r| r.guest.driver == vhca_suite::DriverKind::Native)
+            .filter(|r| FROM_SEED.iter().any(|name| r.name.split('/').next() == Some(name)))
+            .collect();
     runs.extend(Suite::parse(RIG_FAULTS_SUITE, "<soak>").map(|s| s.expand()).unwrap_or_default());
     runs
 }

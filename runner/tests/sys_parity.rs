@@ -90,6 +90,9 @@ fn native_and_sys_give_identical_verdicts() {
     let (sys, native): (Vec<_>, Vec<_>) =
         verdicts(&run_seed_suite()).into_iter().partition(|(name, _)| name.contains("/sys/"));
     let sys: Vec<_> = sys.into_iter().map(|(name, verdict)| (name.replace("/sys/", "/"), verdict)).collect();
+    // Runs the suite keeps native only (the low-resources entries: the loader does not carry the simulation yet)
+    // have no twin; every other native run must have one.
+    let native: Vec<_> = native.into_iter().filter(|(name, _)| !name.starts_with("low-resources-")).collect();
     assert!(native.len() >= 22, "the seed suite has 11 runs in two modes: {native:?}");
     assert_eq!(native, sys, "native and vhca.sys disagree");
 }
