@@ -21,14 +21,16 @@ pub fn begin(root: &Path) {
 /// business, not the run's: they are returned for the caller to log.
 pub fn record(root: &Path, report: &RunReport) -> io::Result<()> {
     fs::create_dir_all(root)?;
+    // The run's own report first, the line last: a line in FINISHED_RUNS means everything of that run is on disk,
+    // even when the runner is killed right after (the next run's guest is already loaded by then).
+    if let Some(dir) = &report.artifact_dir {
+        fs::write(dir.join(RUN_REPORT), serde_json::to_string_pretty(report).map_err(io::Error::other)?)?;
+    }
     let mut line = serde_json::to_string(report).map_err(io::Error::other)?;
     line.push('\n');
     // One write of one whole line with O_APPEND: parallel workers' lines never interleave.
     let mut file = OpenOptions::new().create(true).append(true).open(root.join(FINISHED_RUNS))?;
     file.write_all(line.as_bytes())?;
     file.sync_data()?;
-    if let Some(dir) = &report.artifact_dir {
-        fs::write(dir.join(RUN_REPORT), serde_json::to_string_pretty(report).map_err(io::Error::other)?)?;
-    }
     Ok(())
 }
