@@ -161,8 +161,15 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
         Err(err) => return Err(err).with_context(|| format!("cannot remove {}", cli.socket_path.display())),
     }
-    let listener = UnixListener::bind(&cli.socket_path)
-        .with_context(|| format!("cannot listen on {}", cli.socket_path.display()))?;
+    // Bound and listening under a staging name, then renamed into place: the socket path appears only once a
+    // connect to it is accepted. (UnixListener::bind makes the file at bind(), before listen(): a front-end that
+    // connects in between is refused, which QEMU's chardev-add right after the file appeared hit.)
+    let staging = PathBuf::from(format!("{}.{}.binding", cli.socket_path.display(), std::process::id()));
+    let listener = UnixListener::bind(&staging).with_context(|| format!("cannot listen on {}", staging.display()))?;
+    if let Err(err) = std::fs::rename(&staging, &cli.socket_path) {
+        let _ = std::fs::remove_file(&staging);
+        return Err(err).with_context(|| format!("cannot move the socket to {}", cli.socket_path.display()));
+    }
     let _socket_file = SocketFile(&cli.socket_path);
     if cli.no_sandbox {
         tracing::warn!("sandbox off (--no-sandbox): no seccomp filter, capabilities kept");
