@@ -4,24 +4,16 @@
 //! disk gone and no process left. This exercises the plumbing only; no Windows boots.
 //! Prerequisites missing: the test fails under CI=true, is skipped elsewhere.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-const RUNNER: &str = env!("CARGO_BIN_EXE_vhca-run");
+mod common;
 
+use common::RUNNER;
+
+/// The Linux runs' prerequisites (common.rs), plus what a Windows machine needs: qemu-img and OVMF.
 fn prerequisites() -> Result<(), String> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let device = std::env::var_os("VHCA_DEVICE_BIN").map(PathBuf::from).unwrap_or(target.join("release/vhca-device"));
-    let guest = std::env::var_os("VHCA_GUEST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or(target.join("x86_64-unknown-linux-gnu/release/vhca-guest"));
-    for (what, path) in [("vhca-device", &device), ("vhca-guest", &guest)] {
-        if !path.is_file() {
-            return Err(format!("{what} not built at {} (run ci/test.sh)", path.display()));
-        }
-    }
+    common::prerequisites()?;
     for tool in ["qemu-system-x86_64", "qemu-img"] {
         if Command::new(tool).arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
             return Err(format!("{tool} missing (ci/setup-host.sh installs it)"));
