@@ -77,7 +77,11 @@ impl Shared {
     pub fn set_backend(&self, channel: BackendChannel, reply_ack: bool) {
         let mut backend = lock(&self.backend);
         let reader = reply_ack.then(|| channel.reader()).and_then(|reader| {
-            reader.map_err(|err| tracing::error!("backend channel: cannot read replies ({err}); misses wait")).ok()
+            reader
+                .map_err(|err| {
+                    tracing::error!("backend channel: cannot read replies ({err}); misses wait for the timeout")
+                })
+                .ok()
         });
         self.miss_replies.attach(reader);
         *backend = Some(channel);
