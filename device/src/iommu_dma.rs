@@ -54,6 +54,10 @@ impl<'a> QueueDma<'a> {
             if fault.kind == FaultKind::Permission {
                 return Err(fault_event(self.shared, self.queue, fault.iova, FaultCause::IommuPermission));
             }
+            // QEMU replied to our miss that its vIOMMU has no mapping: no UPDATE is coming (crate::miss_replies).
+            if asked == Some(fault.iova) && self.shared.miss_refused(fault.iova, access) {
+                return Err(fault_event(self.shared, self.queue, fault.iova, FaultCause::IommuUnmapped));
+            }
             let may_wait = Instant::now() < deadline
                 && !self.shared.stopping()
                 && !self.shared.control_pending.load(Ordering::Acquire);

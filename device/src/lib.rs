@@ -6,6 +6,7 @@ pub mod event_log;
 pub mod iommu;
 pub mod iommu_dma;
 pub mod memory;
+pub mod miss_replies;
 pub mod queue_worker;
 pub mod sandbox;
 pub mod shared;
@@ -46,6 +47,8 @@ pub enum ServeError {
     Protocol(#[from] ProtocolError),
     #[error("cannot start the queue worker: {0}")]
     Worker(std::io::Error),
+    #[error("cannot start the backend channel's reply reader: {0}")]
+    Reader(std::io::Error),
     #[error("cannot lock the device down: {0}")]
     Lockdown(String),
 }
@@ -65,7 +68,15 @@ pub fn serve_locked_down(
     lockdown: impl FnOnce() -> Result<(), String>,
 ) -> Result<(), ServeError> {
     let (shared, hca, config) = device_parts(&events, options)?;
-    let worker = Worker::spawn(Arc::clone(&shared), hca).map_err(ServeError::Worker)?;
+    // Both threads start before the lockdown: the sandbox forbids starting one.
+    let reader = miss_replies::spawn_reader(Arc::clone(&shared)).map_err(ServeError::Reader)?;
+    let worker = match Worker::spawn(Arc::clone(&shared), hca) {
+        Ok(worker) => worker,
+        Err(err) => {
+            miss_replies::stop_reader(&shared, reader);
+            return Err(ServeError::Worker(err));
+        }
+    };
 
     let result = match lockdown() {
         Ok(()) => Ok(Frontend::new(stream, Arc::clone(&shared), config).serve()),
@@ -78,6 +89,7 @@ pub fn serve_locked_down(
     if worker.join().is_err() {
         tracing::error!("queue worker panicked");
     }
+    miss_replies::stop_reader(&shared, reader);
     connection_ended(&events, result?)
 }
 

@@ -360,7 +360,9 @@ impl Worker {
         let now = Instant::now();
         if let Some(parked) = vring.parked {
             if parked.iova == fault.iova && parked.access == fault.access {
-                if now.duration_since(parked.since) < shared.miss_timeout {
+                // Still waiting, unless QEMU replied that no mapping exists (crate::miss_replies).
+                let refused = shared.miss_refused(fault.iova, fault.access);
+                if !refused && now.duration_since(parked.since) < shared.miss_timeout {
                     return true;
                 }
                 vring.parked = None;

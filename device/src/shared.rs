@@ -11,6 +11,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::event_log::{perm_name, EventLog, TransportEvent};
 use crate::iommu::DeviceIommu;
 use crate::memory::GuestMem;
+use crate::miss_replies::{Miss, MissReplies};
 use crate::vhost_user::backend::BackendChannel;
 use crate::vring::VringState;
 
@@ -24,6 +25,8 @@ pub struct Shared {
     pub iommu: Arc<DeviceIommu>,
     pub events: Arc<EventLog>,
     backend: Mutex<Option<BackendChannel>>,
+    /// QEMU's replies to the misses sent on `backend` (read by their own thread, `crate::miss_replies`).
+    pub miss_replies: MissReplies,
     /// Wakes the worker: kick fds changed, an IOTLB update arrived, or shutdown.
     pub wake: EventFd,
     pub kicks_changed: AtomicBool,
@@ -49,6 +52,7 @@ impl Shared {
             iommu,
             events,
             backend: Mutex::new(None),
+            miss_replies: MissReplies::new(),
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             kicks_changed: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -68,8 +72,30 @@ impl Shared {
         *mem = Arc::new(mem.with_replaced_backend(backend));
     }
 
-    pub fn set_backend(&self, channel: BackendChannel) {
-        *lock(&self.backend) = Some(channel);
+    /// A new backend channel; with `reply_ack` negotiated, misses on it are sent with NEED_REPLY and QEMU's replies
+    /// read (vhost-user allows NEED_REPLY only with REPLY_ACK, which QEMU requires for iommu_platform anyway).
+    pub fn set_backend(&self, channel: BackendChannel, reply_ack: bool) {
+        let mut backend = lock(&self.backend);
+        let reader = reply_ack.then(|| channel.reader()).and_then(|reader| {
+            reader
+                .map_err(|err| {
+                    tracing::error!("backend channel: cannot read replies ({err}); misses wait for the timeout")
+                })
+                .ok()
+        });
+        self.miss_replies.attach(reader);
+        *backend = Some(channel);
+    }
+
+    /// Closes backend channel `epoch` (QEMU sent something that is no reply to a miss), unless a newer one replaced
+    /// it: a miss can no longer be asked, so the next one is an IOMMU fault at once, as without a channel.
+    pub fn close_backend(&self, epoch: u64) {
+        let mut backend = lock(&self.backend);
+        if self.miss_replies.lost(epoch) {
+            if let Some(channel) = backend.take() {
+                channel.close();
+            }
+        }
     }
 
     pub fn has_backend(&self) -> bool {
@@ -83,13 +109,24 @@ impl Shared {
             return false;
         };
         self.events.record(&TransportEvent::IotlbMiss { iova, perm: perm_name(access) });
-        match channel.send_miss(iova, access) {
+        let miss = Miss { iova, access };
+        let need_reply = self.miss_replies.ask(miss);
+        match channel.send_miss(iova, access, need_reply) {
             Ok(()) => true,
             Err(err) => {
+                if need_reply {
+                    self.miss_replies.unask(miss);
+                }
                 tracing::error!("backend channel: sending IOTLB miss for {iova:#x} failed: {err}");
                 false
             }
         }
+    }
+
+    /// Whether QEMU refused the latest miss sent for `iova` and `access` (its vIOMMU has no mapping): the access is an
+    /// IOMMU fault now rather than at the miss timeout. Takes the refusal.
+    pub fn miss_refused(&self, iova: u64, access: Permissions) -> bool {
+        self.miss_replies.take_refusal(Miss { iova, access })
     }
 
     pub fn wake_worker(&self) {

@@ -252,7 +252,8 @@ impl Frontend {
             FrontendReq::SET_BACKEND_REQ_FD => {
                 expect_empty_payload(request, &msg)?;
                 let fd = single_fd(request, msg)?;
-                self.shared.set_backend(BackendChannel::new(UnixStream::from(fd)));
+                let reply_ack = self.acked_protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+                self.shared.set_backend(BackendChannel::new(UnixStream::from(fd)), reply_ack);
                 tracing::info!("backend channel established");
                 Ok(Reply::Ack(0))
             }

@@ -540,15 +540,11 @@ impl Session {
         unsafe { libc::poll(&mut fd, 1, 0) == 1 && fd.revents & libc::POLLIN != 0 }
     }
 
-    /// Reads one backend-channel message and checks it is an IOTLB MISS without need_reply.
+    /// Reads one backend-channel message and checks it is an IOTLB MISS (left unanswered: an older front-end).
     pub fn read_miss(&mut self) -> (u64, u8) {
-        let mut msg = [0u8; 12 + 32];
+        let mut msg = [0u8; MISS_MESSAGE_SIZE];
         self.backend.read_exact(&mut msg).expect("backend message");
-        assert_eq!(u32::from_ne_bytes(msg[0..4].try_into().unwrap()), 1, "BACKEND_IOTLB_MSG");
-        assert_eq!(u32::from_ne_bytes(msg[4..8].try_into().unwrap()), 0x1, "version 1, no need_reply");
-        assert_eq!(u32::from_ne_bytes(msg[8..12].try_into().unwrap()), 32);
-        assert_eq!(msg[12 + 25], IOTLB_MISS);
-        (u64::from_ne_bytes(msg[12..20].try_into().unwrap()), msg[12 + 24])
+        parse_miss(&msg)
     }
 
     fn take_slot(&mut self, q: u16) -> u16 {
@@ -716,6 +712,18 @@ impl Session {
         drop(ram);
         result
     }
+}
+
+/// Header and `vhost_iotlb_msg` of a miss on the backend channel.
+pub const MISS_MESSAGE_SIZE: usize = 12 + 32;
+
+/// (iova, perm) of a miss, checked as such: BACKEND_IOTLB_MSG asking for a reply (the session negotiates REPLY_ACK).
+pub fn parse_miss(msg: &[u8; MISS_MESSAGE_SIZE]) -> (u64, u8) {
+    assert_eq!(u32::from_ne_bytes(msg[0..4].try_into().unwrap()), 1, "BACKEND_IOTLB_MSG");
+    assert_eq!(u32::from_ne_bytes(msg[4..8].try_into().unwrap()), 0x1 | NEED_REPLY, "version 1 and need_reply");
+    assert_eq!(u32::from_ne_bytes(msg[8..12].try_into().unwrap()), 32);
+    assert_eq!(msg[12 + 25], IOTLB_MISS);
+    (u64::from_ne_bytes(msg[12..20].try_into().unwrap()), msg[12 + 24])
 }
 
 pub fn write_all(stream: &mut UnixStream, bytes: &[u8]) {
