@@ -56,17 +56,12 @@ pub fn find(wanted: &[PciId]) -> Result<PciDevice, PciError> {
 
 /// Finds the device, waiting up to `patience` for it: a hot-plugged device appears after the run request, and the PCI
 /// core may still be probing it (vfio-pci claims it by id) when it does. Zero patience is one look.
-pub fn wait_for(
-    wanted: &[PciId],
-    patience: Duration,
-    timing: &mut Vec<(&'static str, f64)>,
-) -> Result<PciDevice, PciError> {
-    let started = Instant::now();
-    let deadline = started + patience;
+pub fn wait_for(wanted: &[PciId], patience: Duration) -> Result<PciDevice, PciError> {
+    let deadline = Instant::now() + patience;
     if !patience.is_zero() && find(wanted).is_err() {
         // A device hot-plugged while the guest was paused is in config space already; a rescan enumerates it now
         // instead of when the guest's ACPI interpreter gets to the hot-plug event (0.1-0.5 s under TCG). Only the
-        // empty buses behind root ports are rescanned: the whole hierarchy costs ~50 ms more of config cycles.
+        // empty buses behind root ports are rescanned: nothing else can have a new device.
         if !rescan_empty_buses(Path::new(PCI_BUSES), Path::new(DEVICES)) {
             let _ = fs::write("/sys/bus/pci/rescan", "1");
         }
