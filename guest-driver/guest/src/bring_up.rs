@@ -80,7 +80,10 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
             PciId { vendor: PCI_VENDOR_VIRTIO, device: vhca_proto::PCI_DEVICE_RDMA },
         ],
     };
+    let hotplug = Instant::now();
     let device = pci::wait_for(&wanted, patience)?;
+    // On the snapshot path this is the hot-plugged device's enumeration and vfio-pci's probe.
+    report.phases_ms.push(("hotplug", hotplug.elapsed().as_secs_f64() * 1000.0));
     report.device = Some(device.id.to_string());
     report.pci_address = Some(device.address.clone());
     let personality = if device.id.device == PCI_DEVICE_RNG { Personality::Rng } else { Personality::Vhca };

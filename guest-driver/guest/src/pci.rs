@@ -60,8 +60,11 @@ pub fn wait_for(wanted: &[PciId], patience: Duration) -> Result<PciDevice, PciEr
     let deadline = Instant::now() + patience;
     if !patience.is_zero() && find(wanted).is_err() {
         // A device hot-plugged while the guest was paused is in config space already; a rescan enumerates it now
-        // instead of when the guest's ACPI interpreter gets to the hot-plug event (0.1-0.5 s under TCG).
-        let _ = fs::write("/sys/bus/pci/rescan", "1");
+        // instead of when the guest's ACPI interpreter gets to the hot-plug event (0.1-0.5 s under TCG). Only the
+        // empty buses behind root ports are rescanned: nothing else can have a new device.
+        if !rescan_empty_buses(Path::new(PCI_BUSES), Path::new(DEVICES)) {
+            let _ = fs::write("/sys/bus/pci/rescan", "1");
+        }
     }
     let device = loop {
         match find(wanted) {
@@ -76,6 +79,30 @@ pub fn wait_for(wanted: &[PciId], patience: Duration) -> Result<PciDevice, PciEr
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok(device)
+}
+
+const PCI_BUSES: &str = "/sys/class/pci_bus";
+
+/// Rescans every bus but the root bus that has no device on it (where a hot-plugged device appears: the secondary
+/// bus of an empty root port). False when there was none or a rescan failed, so the caller rescans everything.
+fn rescan_empty_buses(buses: &Path, devices: &Path) -> bool {
+    let Ok(buses) = fs::read_dir(buses) else { return false };
+    let Ok(devices) = fs::read_dir(devices) else { return false };
+    let occupied: Vec<String> =
+        devices.filter_map(|d| d.ok()).map(|d| d.file_name().to_string_lossy().into_owned()).collect();
+    let mut rescanned = 0;
+    for bus in buses.filter_map(|b| b.ok()) {
+        let name = bus.file_name().to_string_lossy().into_owned();
+        // "0000:00" is the root bus; a device address is "<bus>:<slot>.<function>".
+        if name.ends_with(":00") || occupied.iter().any(|d| d.starts_with(&format!("{name}:"))) {
+            continue;
+        }
+        if fs::write(bus.path().join("rescan"), "1").is_err() {
+            return false;
+        }
+        rescanned += 1;
+    }
+    rescanned > 0
 }
 
 /// How long a found device may stay without a driver before `bind_vfio` binds it itself.
@@ -164,6 +191,24 @@ mod tests {
         let found = find_in(root.path(), &wanted).unwrap();
         assert_eq!(found.address, "0000:01:00.0");
         assert_eq!(found.id, wanted[1]);
+    }
+
+    #[test]
+    fn only_empty_buses_other_than_the_root_are_rescanned() {
+        let root = tempfile::tempdir().unwrap();
+        let (buses, devices) = (root.path().join("buses"), root.path().join("devices"));
+        for bus in ["0000:00", "0000:01", "0000:02"] {
+            fs::create_dir_all(buses.join(bus)).unwrap();
+        }
+        fake_device(&devices, "0000:00:01.0", "0x8086", "0x29c0");
+        fake_device(&devices, "0000:02:00.0", "0x1af4", "0x1044");
+        assert!(rescan_empty_buses(&buses, &devices));
+        assert!(buses.join("0000:01/rescan").exists());
+        assert!(!buses.join("0000:00/rescan").exists() && !buses.join("0000:02/rescan").exists());
+        // Nothing empty: the caller must rescan everything.
+        fake_device(&devices, "0000:01:00.0", "0x1af4", "0x1059");
+        fs::remove_file(buses.join("0000:01/rescan")).unwrap();
+        assert!(!rescan_empty_buses(&buses, &devices));
     }
 
     #[test]
