@@ -1,5 +1,7 @@
-//! Names for addresses in the driver: the PDB's public symbols when the PDB is there (vhca.pdb ships beside
-//! vhca.sys), else the image's entry point, so a fault inside the driver names the routine it happened in.
+//! Names for addresses in the driver: the PDB's public symbols and its modules' procedures when the PDB is there
+//! (vhca.pdb ships beside vhca.sys), else the image's entry point, so a fault inside the driver names the routine
+//! it happened in. Procedures matter: a routine the linker keeps private (a callback only reached through a pointer,
+//! such as AddDevice) has no public symbol.
 
 use std::fs::File;
 use std::path::Path;
@@ -18,11 +20,15 @@ impl DriverSymbols {
         DriverSymbols { symbols: vec![(entry_rva, "DriverEntry (entry point)".into())] }
     }
 
-    /// The PDB's public symbols plus the entry point; the entry point alone when the PDB cannot be read.
+    /// The PDB's public symbols and procedures plus the entry point; the entry point alone when the PDB cannot
+    /// be read.
     pub fn load(pdb_path: &Path, entry_rva: u32) -> DriverSymbols {
         let mut symbols = DriverSymbols::entry_only(entry_rva);
         if let Ok(publics) = read_publics(pdb_path) {
             symbols.symbols.extend(publics);
+        }
+        if let Ok(procedures) = read_procedures(pdb_path) {
+            symbols.symbols.extend(procedures);
         }
         symbols.symbols.sort();
         symbols.symbols.dedup_by_key(|(rva, _)| *rva);
@@ -59,6 +65,27 @@ fn read_publics(path: &Path) -> pdb::Result<Vec<(u32, String)>> {
         if let Ok(SymbolData::Public(p)) = symbol.parse() {
             if let Some(rva) = p.offset.to_rva(&address_map) {
                 out.push((rva.0, p.name.to_string().into_owned()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every module's procedure symbols (S_GPROC32 / S_LPROC32), by their names as the compiler wrote them.
+fn read_procedures(path: &Path) -> pdb::Result<Vec<(u32, String)>> {
+    let mut pdb = PDB::open(File::open(path)?)?;
+    let address_map = pdb.address_map()?;
+    let info = pdb.debug_information()?;
+    let mut modules = info.modules()?;
+    let mut out = Vec::new();
+    while let Some(module) = modules.next()? {
+        let Some(module_info) = pdb.module_info(&module)? else { continue };
+        let mut symbols = module_info.symbols()?;
+        while let Some(symbol) = symbols.next()? {
+            if let Ok(SymbolData::Procedure(p)) = symbol.parse() {
+                if let Some(rva) = p.offset.to_rva(&address_map) {
+                    out.push((rva.0, p.name.to_string().into_owned()));
+                }
             }
         }
     }
