@@ -149,7 +149,8 @@ fn native_and_sys_give_identical_verdicts() {
     let sys: Vec<_> = sys.into_iter().map(|(name, verdict)| (name.replace("/sys/", "/"), verdict)).collect();
     // low-resources-user-buffer runs native only: vhca.sys cannot survive its MmProbeAndLockPages failure point
     // (Windows raises an exception there and Rust cannot catch one: 0x7E), which the test below pins down.
-    let native: Vec<_> = native.into_iter().filter(|(name, _)| !name.starts_with("low-resources-user-buffer")).collect();
+    let native: Vec<_> =
+        native.into_iter().filter(|(name, _)| !name.starts_with("low-resources-user-buffer")).collect();
     assert!(native.len() >= 25, "the seed suite has 11 runs in two modes and 3 low-resources runs: {native:?}");
     assert_eq!(native, sys, "native and vhca.sys disagree");
 

@@ -4,54 +4,64 @@
 //! such as AddDevice) has no public symbol.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use pdb::{FallibleIterator, SymbolData, PDB};
 
-/// Sorted (rva, name) pairs.
-#[derive(Debug, Clone, Default)]
+/// Sorted (rva, name) pairs, read from the PDB the first time a name is asked for: parsing vhca.pdb (7 MB) takes
+/// 10-30 ms on the host and several times that in a TCG guest, and a run needs a name only when the driver faults
+/// (issue 13's speed target; docs/bench.md).
+#[derive(Debug, Default)]
 pub struct DriverSymbols {
-    symbols: Vec<(u32, String)>,
+    entry_rva: u32,
+    pdb: Option<PathBuf>,
+    symbols: OnceLock<Vec<(u32, String)>>,
 }
 
 impl DriverSymbols {
     /// Only the entry point: what an image without its PDB can say.
     pub fn entry_only(entry_rva: u32) -> DriverSymbols {
-        DriverSymbols { symbols: vec![(entry_rva, "DriverEntry (entry point)".into())] }
+        DriverSymbols { entry_rva, pdb: None, symbols: OnceLock::new() }
     }
 
-    /// The PDB's public symbols and procedures plus the entry point; the entry point alone when the PDB cannot
-    /// be read.
+    /// The PDB's public symbols and procedures plus the entry point, read when first needed; the entry point alone
+    /// when the PDB cannot be read.
     pub fn load(pdb_path: &Path, entry_rva: u32) -> DriverSymbols {
-        let mut symbols = DriverSymbols::entry_only(entry_rva);
-        if let Ok(publics) = read_publics(pdb_path) {
-            symbols.symbols.extend(publics);
-        }
-        if let Ok(procedures) = read_procedures(pdb_path) {
-            symbols.symbols.extend(procedures);
-        }
-        symbols.symbols.sort();
-        symbols.symbols.dedup_by_key(|(rva, _)| *rva);
-        symbols
+        DriverSymbols { entry_rva, pdb: Some(pdb_path.to_path_buf()), symbols: OnceLock::new() }
+    }
+
+    fn symbols(&self) -> &[(u32, String)] {
+        self.symbols.get_or_init(|| {
+            let mut symbols = vec![(self.entry_rva, "DriverEntry (entry point)".to_string())];
+            if let Some(path) = &self.pdb {
+                symbols.extend(read_publics(path).unwrap_or_default());
+                symbols.extend(read_procedures(path).unwrap_or_default());
+            }
+            symbols.sort();
+            symbols.dedup_by_key(|(rva, _)| *rva);
+            symbols
+        })
     }
 
     /// The symbol at or below `rva` and the offset into it.
     pub fn nearest(&self, rva: u32) -> Option<(&str, u32)> {
-        let at = self.symbols.partition_point(|(r, _)| *r <= rva);
-        at.checked_sub(1).map(|i| (self.symbols[i].1.as_str(), rva - self.symbols[i].0))
+        let symbols = self.symbols();
+        let at = symbols.partition_point(|(r, _)| *r <= rva);
+        at.checked_sub(1).map(|i| (symbols[i].1.as_str(), rva - symbols[i].0))
     }
 
     /// The RVA of the first symbol whose name satisfies `pick`.
     pub fn rva_of(&self, pick: impl Fn(&str) -> bool) -> Option<u32> {
-        self.symbols.iter().find(|(_, name)| pick(name)).map(|(rva, _)| *rva)
+        self.symbols().iter().find(|(_, name)| pick(name)).map(|(rva, _)| *rva)
     }
 
     pub fn len(&self) -> usize {
-        self.symbols.len()
+        self.symbols().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.symbols.is_empty()
+        self.symbols().is_empty()
     }
 }
 

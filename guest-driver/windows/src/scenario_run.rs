@@ -114,4 +114,3 @@ pub fn run<S: DriverServices>(
     }
     result
 }
-

@@ -74,7 +74,11 @@ fn seed_suite_parses_and_expands() {
     let recordings: Vec<&str> = runs.iter().filter(|r| r.records_fail_points).map(|r| r.name.as_str()).collect();
     assert_eq!(
         recordings,
-        ["low-resources-verbs/verifier-on", "low-resources-verbs/sys/verifier-on", "low-resources-user-buffer/verifier-on"]
+        [
+            "low-resources-verbs/verifier-on",
+            "low-resources-verbs/sys/verifier-on",
+            "low-resources-user-buffer/verifier-on"
+        ]
     );
     assert!(runs.iter().filter(|r| r.run.starts_with("low-resources")).all(|r| r.mode == VerifierMode::On));
     for run in suite.runs.iter().filter(|r| !r.name.starts_with("low-resources")) {

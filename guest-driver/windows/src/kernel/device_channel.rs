@@ -49,10 +49,11 @@ fn note(message: core::fmt::Arguments<'_>) {
     print_line(&alloc::format!("vhca: {message}"));
 }
 
-/// The channel's own common buffers (request, response, event slots, doorbell records), allocated before any queue
-/// is given to the device: a failure then has nothing live to undo. Found by the low resources simulation through
-/// the PE loader: allocating them after DRIVER_OK freed the three rings on failure while the device still used them
-/// (0xE6/0x26, the device's DMA to an unmapped ring).
+/// The channel's own common buffers (request, response, event slots, doorbell records), allocated while the
+/// bring-up still owns every queue, so a failure resets the device before a ring it knows is freed. Found by the low
+/// resources simulation through the PE loader: allocated inside `DeviceChannel::new`, after DRIVER_OK, a failure
+/// freed the three rings it had been handed while the device still used them (0xE6/0x26, the device's DMA to an
+/// unmapped ring).
 pub struct ChannelBuffers {
     request: CommonBuffer,
     response: CommonBuffer,

@@ -43,8 +43,11 @@ struct DriverHeap {
 // SAFETY: `heap` and `block` are touched only under `lock`, a kernel spin lock.
 unsafe impl Sync for DriverHeap {}
 
-static HEAP: DriverHeap =
-    DriverHeap { lock: UnsafeCell::new(0), heap: UnsafeCell::new(Heap::empty()), block: UnsafeCell::new(core::ptr::null_mut()) };
+static HEAP: DriverHeap = DriverHeap {
+    lock: UnsafeCell::new(0),
+    heap: UnsafeCell::new(Heap::empty()),
+    block: UnsafeCell::new(core::ptr::null_mut()),
+};
 
 impl DriverHeap {
     /// Runs `f` on the heap with the spin lock held (DISPATCH_LEVEL).

@@ -168,8 +168,6 @@ impl StartedDevice {
             Some(c) if c.magic.get() == CONFIG_MAGIC => {}
             _ => return Err("device config magic is not \"VHCA\": not a vhca device".into()),
         }
-        // The channel's buffers before any queue goes to the device (device_channel.rs says why).
-        let buffers = ChannelBuffers::allocate(self.adapter).ok_or("command channel: no common buffer for its buffers")?;
         let take = |index: u16| -> Result<Queue, String> {
             let max = t.queue_max_size(index).map_err(|e| format!("queue {index}: {e}"))?;
             if max == 0 {
@@ -198,14 +196,19 @@ impl StartedDevice {
         for index in 0..num_queues.min(MAX_QUEUES) {
             queues.push(Some(take(index)?));
         }
+        // The channel's buffers before DRIVER_OK and before any queue could be handed on: a failure here returns
+        // through `reset` with every queue still owned by this function (device_channel.rs says why).
+        let buffers =
+            ChannelBuffers::allocate(self.adapter).ok_or("command channel: no common buffer for its buffers")?;
+        t.driver_ok().map_err(|e| format!("DRIVER_OK: {e}"))?;
         let mut channel_queue = |index: u16| queues[index as usize].take().ok_or(format!("queue {index} taken twice"));
         let commands = channel_queue(QUEUE_COMMAND)?;
         let events = channel_queue(QUEUE_EVENT)?;
         let doorbells = channel_queue(QUEUE_DOORBELL)?;
         self.unused_queues = queues.into_iter().flatten().collect();
-        t.driver_ok().map_err(|e| format!("DRIVER_OK: {e}"))?;
-        self.channel =
-            Some(DeviceChannel::new(buffers, commands, events, doorbells).ok_or("command channel: event posting failed")?);
+        self.channel = Some(
+            DeviceChannel::new(buffers, commands, events, doorbells).ok_or("command channel: event posting failed")?,
+        );
         reset.armed = false;
         Ok(())
     }
