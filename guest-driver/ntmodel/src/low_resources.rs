@@ -199,7 +199,8 @@ enum Entry {
 }
 
 thread_local! {
-    /// The call site of the kernel routine running on this thread, set by the outermost entry into the model.
+    /// The call site of the kernel routine running on this thread: a named site (the innermost), else the outermost
+    /// native entry into the model.
     static CURRENT_SITE: RefCell<Option<Entry>> = const { RefCell::new(None) };
 }
 
