@@ -194,17 +194,15 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
             .join(", ")
     ));
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
-    let defaults = NtModelConfig::default();
     let config = NtModelConfig {
         verifier: options.verifier,
-        map_registers: options.map_registers.unwrap_or(defaults.map_registers),
+        map_registers: options.map_registers.unwrap_or(NtModelConfig::default().map_registers),
         max_contiguous_pages: options.fragmentation,
         disabled_rules: options.disabled_rules.clone(),
         double_buffering: options.double_buffering,
         // The low-resources simulation as natively: the loader's faultable imports name vhca.sys's call sites
         // (its part of the stack as RVAs, vhca_loader::driver_stack), so systematic mode and fail point k work.
         low_resources: fault_injection::config(options),
-        ..defaults
     };
     report.verifier = Some(format!("{:#x}", options.verifier.0));
     // A bugcheck prints the STOP lines and the run's result as far as it got, then powers off, as natively.

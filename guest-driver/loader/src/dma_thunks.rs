@@ -361,7 +361,10 @@ unsafe extern "win64" fn CreateCommonBufferFromMdl(
     // Microsoft's page: "The MDL must represent a page-aligned region and be a multiple of PAGE_SIZE"; an
     // incompatible MDL is STATUS_INVALID_PARAMETER (a returned status: no 0xE6 rule names it). The model's
     // IoMapCommonBuffer, the seed's prototype, takes any buffer, so the DDI's rule is checked here.
-    if va % vhca_ntapi::PAGE_SIZE as usize != 0 || length == 0 || length as u64 % vhca_ntapi::PAGE_SIZE != 0 {
+    if !va.is_multiple_of(vhca_ntapi::PAGE_SIZE as usize)
+        || length == 0
+        || !(length as u64).is_multiple_of(vhca_ntapi::PAGE_SIZE)
+    {
         return STATUS_INVALID_PARAMETER;
     }
     match k.model.IoMapCommonBuffer(adapter_of(adapter), mdl_of(mdl), length, true) {

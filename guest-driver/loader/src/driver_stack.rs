@@ -93,7 +93,7 @@ impl UnwindState for Registers {
 
     fn read_stack(&mut self, addr: u64) -> Option<u64> {
         let (low, high) = self.stack;
-        if addr < low || addr.checked_add(8).is_none_or(|end| end > high) || addr % 8 != 0 {
+        if addr < low || addr.checked_add(8).is_none_or(|end| end > high) || !addr.is_multiple_of(8) {
             return None;
         }
         // SAFETY: an aligned word inside this thread's own stack, above the live frame of the import's caller.
@@ -184,10 +184,13 @@ fn thread_stack_top() -> Option<u64> {
 
 /// Called by every entry stub before its thunk, on the driver's stack: records the driver's call site for the thunk
 /// when the low-resources simulation is on (the walk costs a few microseconds; with the simulation off, nothing).
-pub extern "win64" fn capture(entry: *const EntryRegisters) {
+///
+/// # Safety
+/// `entry` is the block an entry stub pushed on this thread's stack, below the driver's live frames.
+pub unsafe extern "win64" fn capture(entry: *const EntryRegisters) {
     let wanted = crate::kernel_context::installed().is_some_and(|k| k.model.injection_mode() != InjectionMode::Off);
     let site = wanted.then(|| {
-        // SAFETY: the stub passes the block it just pushed on this thread's stack.
+        // SAFETY: the caller's contract.
         let entry = unsafe { &*entry };
         match driver_frames(entry, stack_top()) {
             (Some((name, base, size)), frames) => Some(CallSite::image(&name, base, size, &frames)),
