@@ -11,7 +11,7 @@ use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::io_manager::{BusDriver, IoManager};
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::nt_thunks::NtThunks;
-use vhca_loader::pnp_life::run_life;
+use vhca_loader::pnp_life::{run_life, LifeFailure};
 use vhca_loader::windows_sys::Wdk::Foundation::IO_STACK_LOCATION;
 use vhca_loader::windows_sys::Wdk::System::SystemServices::{
     IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE,
@@ -21,11 +21,12 @@ use vhca_loader::windows_sys::Wdk::System::SystemServices::{
 use vhca_loader::windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_DEVICE_DATA_ERROR, STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_SUCCESS,
 };
-use vhca_loader::{driver_fault, load};
-use vhca_ntmodel::{NtModel, NtModelConfig};
+use vhca_loader::{driver_fault, driver_stack, load};
+use vhca_ntmodel::{InjectionMode, NtModel, NtModelConfig};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::Options;
+use crate::fault_injection;
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
 use crate::vfio::{self, Region, CONFIG_REGION};
@@ -193,22 +194,22 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
             .join(", ")
     ));
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
-    let defaults = NtModelConfig::default();
     let config = NtModelConfig {
         verifier: options.verifier,
-        map_registers: options.map_registers.unwrap_or(defaults.map_registers),
+        map_registers: options.map_registers.unwrap_or(NtModelConfig::default().map_registers),
         max_contiguous_pages: options.fragmentation,
         disabled_rules: options.disabled_rules.clone(),
         double_buffering: options.double_buffering,
-        // Low resources simulation is not carried into vhca.sys yet: the loader's thunks would have to name the
-        // driver's call sites (CallSite::image) for it to fail the calls Windows would (issue 13, open).
-        ..defaults
+        // The low-resources simulation as natively: the loader's faultable imports name vhca.sys's call sites
+        // (its part of the stack as RVAs, vhca_loader::driver_stack), so systematic mode and fail point k work.
+        low_resources: fault_injection::config(options),
     };
     report.verifier = Some(format!("{:#x}", options.verifier.0));
     // A bugcheck prints the STOP lines and the run's result as far as it got, then powers off, as natively.
     let sink = Arc::new(Mutex::new(report.clone()));
     let handler = Arc::new(ConsoleBugcheck::new(sink.clone(), options.poweroff));
-    let model = Arc::new(NtModel::new(config, Arc::new(VfioDmaBackend::new(mapper)), handler));
+    let model = Arc::new(NtModel::new(config.clone(), Arc::new(VfioDmaBackend::new(mapper)), handler));
+    fault_injection::start(&model, &config.low_resources, &sink);
     let model_for_faults = model.clone();
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
@@ -226,23 +227,66 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let mapped = load(&bytes, &NtThunks).context("vhca.sys refused")?;
     let symbols = DriverSymbols::load(Path::new(DRIVER_PDB), mapped.image.entry_rva);
     driver_fault::install(mapped.base(), mapped.size(), "vhca.sys", symbols);
+    driver_stack::register(&mapped, "vhca.sys");
     progress(format_args!("vhca.sys mapped at {:#x}, {} imports bound", mapped.base(), mapped.image.imports.len()));
 
     let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
     let life = run_life(&mapped, true);
     watcher.stop();
+    let model = kernel().model.clone();
+    // The simulation's log, as natively: the failure points and every failure injected (the runner expands a
+    // recording into fail-point runs from these).
+    fault_injection::record_points(&model, &sink);
+    let simulation = sink.lock().unwrap_or_else(|e| e.into_inner()).details.clone();
+    // After an injected failure, vhca.sys refusing the load (DriverEntry) or the start (START_DEVICE) with an error
+    // status is its error path, as a scenario stopped by a shortage is natively (driver_run.rs, error_path): the run
+    // is judged on what the driver left behind (the unload checks already ran, the leak census below).
+    let injected = !model.injected_faults().is_empty();
+    let mut error_path = None;
+    let mut scenario_error = None;
     // The driver's own result line is the run's: its verdict, error and details.
     if let Some(json) = kernel().result_json() {
         let value: serde_json::Value = serde_json::from_str(&json).context("vhca.sys's result line")?;
         if let Some(details) = value.get("details").and_then(|d| d.as_object()) {
             report.details = details.clone();
         }
-        report.details.insert("driver".into(), "sys".into());
-        if let Some(error) = value.get("error").and_then(|e| e.as_str()) {
-            bail!("{error}");
+        match value.get("error").and_then(|e| e.as_str()) {
+            Some(error) if injected && error.starts_with("START_DEVICE:") => error_path = Some(error.to_string()),
+            Some(error) => scenario_error = Some(error.to_string()),
+            None => {}
         }
     }
-    life.map_err(|failure| anyhow::anyhow!("vhca.sys: {failure}"))?;
+    // Whether or not the driver got as far as a result line.
+    report.details.insert("driver".into(), "sys".into());
+    for key in ["low_resources", "fault_points", "injected_faults"] {
+        if let Some(value) = simulation.get(key) {
+            report.details.insert(key.into(), value.clone());
+        }
+    }
+    if let Some(error) = scenario_error {
+        bail!("{error}");
+    }
+    match life {
+        Err(failure @ (LifeFailure::DriverEntry(_) | LifeFailure::StartDevice(_))) if injected => {
+            error_path = Some(format!("{}{failure}", error_path.map_or(String::new(), |e| format!("{e}; "))));
+        }
+        Err(failure) => bail!("vhca.sys: {failure}"),
+        Ok(()) => {}
+    }
+    if let Some(why) = &error_path {
+        progress(format_args!("vhca.sys stopped on the error path ({why}); judged on what it left behind"));
+        report.details.insert("error_path".into(), why.clone().into());
+    }
+    // Under the simulation, what the verifier's unload checks do not see (contiguous memory, MDLs, locked pages)
+    // fails the run too, as natively (driver_run.rs, driver_closed).
+    if model.injection_mode() != InjectionMode::Off {
+        let leaks = model.unreleased_resources();
+        anyhow::ensure!(leaks.is_empty(), "the driver never released: {}", leaks.join("; "));
+    }
+    if error_path.is_some() {
+        std::mem::forget(mapped);
+        return Ok(());
+    }
     if kernel().result_json().is_none() {
         bail!("vhca.sys printed no result line");
     }

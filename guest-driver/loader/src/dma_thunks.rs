@@ -21,6 +21,7 @@ use windows_sys::Wdk::System::SystemServices::{
 };
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
 
+use crate::driver_stack::{at_driver_site, site_entry};
 use crate::kernel_context::kernel;
 use crate::memory_thunks::model_va;
 
@@ -96,6 +97,11 @@ unsafe fn store<T>(slot: &mut Option<T>, routine: usize) {
     unsafe { (slot as *mut Option<T>).cast::<usize>().write(routine) }
 }
 
+// The routines the low-resources simulation can fail (with `faults_dma`) enter through a stub that finds the
+// driver's call site first.
+site_entry!(AllocateCommonBuffer_entry => AllocateCommonBuffer);
+site_entry!(GetScatterGatherList_entry => GetScatterGatherList);
+
 /// The one DMA_OPERATIONS table (version 3, so CreateCommonBufferFromMdl is there); routines Windows has and the
 /// model does not (GetDmaAlignment, the v2/v3 extras) stay NULL.
 fn operations() -> *mut DMA_OPERATIONS {
@@ -113,14 +119,14 @@ fn operations() -> *mut DMA_OPERATIONS {
             // SAFETY (each slot): a routine with the slot's Windows x64 signature, stored as the pointer it is.
             unsafe {
                 store(&mut t.PutDmaAdapter, PutDmaAdapter as *const () as usize);
-                store(&mut t.AllocateCommonBuffer, AllocateCommonBuffer as *const () as usize);
+                store(&mut t.AllocateCommonBuffer, AllocateCommonBuffer_entry as *const () as usize);
                 store(&mut t.FreeCommonBuffer, FreeCommonBuffer as *const () as usize);
                 store(&mut t.AllocateAdapterChannel, AllocateAdapterChannel as *const () as usize);
                 store(&mut t.FlushAdapterBuffers, FlushAdapterBuffers as *const () as usize);
                 store(&mut t.FreeAdapterChannel, FreeAdapterChannel as *const () as usize);
                 store(&mut t.FreeMapRegisters, FreeMapRegisters as *const () as usize);
                 store(&mut t.MapTransfer, MapTransfer as *const () as usize);
-                store(&mut t.GetScatterGatherList, GetScatterGatherList as *const () as usize);
+                store(&mut t.GetScatterGatherList, GetScatterGatherList_entry as *const () as usize);
                 store(&mut t.PutScatterGatherList, PutScatterGatherList as *const () as usize);
                 store(&mut t.CreateCommonBufferFromMdl, CreateCommonBufferFromMdl as *const () as usize);
             }
@@ -145,7 +151,8 @@ unsafe extern "win64" fn AllocateCommonBuffer(
 ) -> *mut c_void {
     let k = kernel();
     let mut address = PHYSICAL_ADDRESS(0);
-    let va = k.model.AllocateCommonBuffer(adapter_of(adapter), length, &mut address, cache_enabled != 0);
+    let va =
+        at_driver_site(|| k.model.AllocateCommonBuffer(adapter_of(adapter), length, &mut address, cache_enabled != 0));
     if !logical.is_null() {
         // SAFETY: the driver's out parameter.
         unsafe { *logical = address.0 as i64 };
@@ -308,8 +315,8 @@ unsafe extern "win64" fn GetScatterGatherList(
         }
     });
     let k = kernel();
-    k.model
-        .GetScatterGatherList(
+    at_driver_site(|| {
+        k.model.GetScatterGatherList(
             adapter_of(adapter),
             PDEVICE_OBJECT(device as u64),
             mdl_of(mdl),
@@ -318,7 +325,8 @@ unsafe extern "win64" fn GetScatterGatherList(
             list_control,
             write_to_device != 0,
         )
-        .0
+    })
+    .0
 }
 
 unsafe extern "win64" fn PutScatterGatherList(adapter: *mut DMA_ADAPTER, list: *mut WDK_SG_LIST, write_to_device: u8) {
@@ -350,6 +358,15 @@ unsafe extern "win64" fn CreateCommonBufferFromMdl(
     let k = kernel();
     // SAFETY: the driver's MDL.
     let (va, length) = unsafe { ((*mdl).StartVa as usize + (*mdl).ByteOffset as usize, (*mdl).ByteCount) };
+    // Microsoft's page: "The MDL must represent a page-aligned region and be a multiple of PAGE_SIZE"; an
+    // incompatible MDL is STATUS_INVALID_PARAMETER (a returned status: no 0xE6 rule names it). The model's
+    // IoMapCommonBuffer, the seed's prototype, takes any buffer, so the DDI's rule is checked here.
+    if !va.is_multiple_of(vhca_ntapi::PAGE_SIZE as usize)
+        || length == 0
+        || !(length as u64).is_multiple_of(vhca_ntapi::PAGE_SIZE)
+    {
+        return STATUS_INVALID_PARAMETER;
+    }
     match k.model.IoMapCommonBuffer(adapter_of(adapter), mdl_of(mdl), length, true) {
         Ok((handle, list)) => {
             crate::lock(&k.dma.mdl_buffers).insert((adapter as usize, va), handle);

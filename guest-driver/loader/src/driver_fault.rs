@@ -93,6 +93,8 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
     // Formatting allocates, which a signal handler should not; the process ends right after, so a lock the
     // faulting driver thread could hold (none: driver code holds no loader lock) is the only risk.
     let rva = (rip as usize - image.base) as u32;
+    // The PDB is read here, on the first fault (DriverSymbols reads it lazily): the faulting thread is in driver
+    // code, which holds none of this process's locks, and the run ends with this fault anyway.
     let symbol = match image.symbols.nearest(rva) {
         Some((name, offset)) => format!("{name}+{offset:#x}"),
         None => "no symbol".to_string(),

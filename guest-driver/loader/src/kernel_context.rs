@@ -69,6 +69,11 @@ pub fn kernel() -> &'static LoaderKernel {
     KERNEL.get().expect("the loader installs its kernel before any driver code runs")
 }
 
+/// The installed kernel, if any (code that may run before `install`, or in a process that never installs one).
+pub fn installed() -> Option<&'static LoaderKernel> {
+    KERNEL.get()
+}
+
 /// Stops the machine through the model's bugcheck handler (the STOP line, then the end of the run).
 pub fn bugcheck(code: u32, p1: u64, p2: u64, p3: u64, p4: u64) -> ! {
     kernel().model.KeBugCheckEx(code, p1, p2, p3, p4)

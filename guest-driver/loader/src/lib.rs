@@ -7,6 +7,7 @@
 pub mod address_space;
 pub mod dma_thunks;
 pub mod driver_fault;
+pub mod driver_stack;
 pub mod driver_symbols;
 pub mod image_mapping;
 pub mod io_manager;

@@ -14,7 +14,14 @@ use vhca_ntapi::{
 };
 use windows_sys::Wdk::Foundation::MDL;
 
+use crate::driver_stack::{at_driver_site, site_entry};
 use crate::kernel_context::kernel;
+
+// The routines the low-resources simulation can fail enter through a stub that finds the driver's call site first.
+site_entry!(ExAllocatePool2_entry => ExAllocatePool2);
+site_entry!(MmAllocateContiguousMemorySpecifyCache_entry => MmAllocateContiguousMemorySpecifyCache);
+site_entry!(IoAllocateMdl_entry => IoAllocateMdl);
+site_entry!(MmProbeAndLockPages_entry => MmProbeAndLockPages);
 
 /// ExAllocatePool2's POOL_FLAGS (wdm.h): which pool.
 const POOL_FLAG_NON_PAGED: u64 = 0x40;
@@ -32,7 +39,7 @@ unsafe extern "win64" fn ExAllocatePool2(flags: u64, bytes: usize, tag: u32) -> 
         POOL_TYPE::NonPagedPoolNx
     };
     let k = kernel();
-    let va = k.model.ExAllocatePoolWithTag(pool_type, bytes, tag);
+    let va = at_driver_site(|| k.model.ExAllocatePoolWithTag(pool_type, bytes, tag));
     k.addresses.to_host(&k.model, va) as *mut c_void
 }
 
@@ -57,13 +64,15 @@ unsafe extern "win64" fn MmAllocateContiguousMemorySpecifyCache(
         _ => MEMORY_CACHING_TYPE::MmCached,
     };
     let k = kernel();
-    let va = k.model.MmAllocateContiguousMemorySpecifyCache(
-        bytes,
-        PHYSICAL_ADDRESS(lowest as u64),
-        PHYSICAL_ADDRESS(highest as u64),
-        PHYSICAL_ADDRESS(boundary as u64),
-        cache,
-    );
+    let va = at_driver_site(|| {
+        k.model.MmAllocateContiguousMemorySpecifyCache(
+            bytes,
+            PHYSICAL_ADDRESS(lowest as u64),
+            PHYSICAL_ADDRESS(highest as u64),
+            PHYSICAL_ADDRESS(boundary as u64),
+            cache,
+        )
+    });
     k.addresses.to_host(&k.model, va) as *mut c_void
 }
 
@@ -97,7 +106,7 @@ unsafe extern "win64" fn IoAllocateMdl(
 ) -> *mut MDL {
     let k = kernel();
     let model_va = k.addresses.to_model(va as usize);
-    let model_mdl = k.model.IoAllocateMdl(model_va, length, secondary != 0, charge_quota != 0);
+    let model_mdl = at_driver_site(|| k.model.IoAllocateMdl(model_va, length, secondary != 0, charge_quota != 0));
     if model_mdl.is_null() {
         return std::ptr::null_mut();
     }
@@ -215,7 +224,7 @@ unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation:
         _ => LOCK_OPERATION::IoModifyAccess,
     };
     let k = kernel();
-    let status = k.model.MmProbeAndLockPages(k.mdls.model_mdl(mdl), mode, operation);
+    let status = at_driver_site(|| k.model.MmProbeAndLockPages(k.mdls.model_mdl(mdl), mode, operation));
     if status.0 < 0 {
         crate::kernel_context::bugcheck(
             crate::driver_fault::SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
@@ -261,16 +270,16 @@ pub fn model_va(host: *const c_void) -> PVOID {
 
 pub fn memory_thunks() -> [(&'static str, usize); 11] {
     [
-        ("ExAllocatePool2", ExAllocatePool2 as *const () as usize),
+        ("ExAllocatePool2", ExAllocatePool2_entry as *const () as usize),
         ("ExFreePoolWithTag", ExFreePoolWithTag as *const () as usize),
-        ("MmAllocateContiguousMemorySpecifyCache", MmAllocateContiguousMemorySpecifyCache as *const () as usize),
+        ("MmAllocateContiguousMemorySpecifyCache", MmAllocateContiguousMemorySpecifyCache_entry as *const () as usize),
         ("MmFreeContiguousMemory", MmFreeContiguousMemory as *const () as usize),
-        ("IoAllocateMdl", IoAllocateMdl as *const () as usize),
+        ("IoAllocateMdl", IoAllocateMdl_entry as *const () as usize),
         ("IoFreeMdl", IoFreeMdl as *const () as usize),
         ("MmBuildMdlForNonPagedPool", MmBuildMdlForNonPagedPool as *const () as usize),
         ("ZwAllocateVirtualMemory", ZwAllocateVirtualMemory as *const () as usize),
         ("ZwFreeVirtualMemory", ZwFreeVirtualMemory as *const () as usize),
-        ("MmProbeAndLockPages", MmProbeAndLockPages as *const () as usize),
+        ("MmProbeAndLockPages", MmProbeAndLockPages_entry as *const () as usize),
         ("MmUnlockPages", MmUnlockPages as *const () as usize),
     ]
 }

@@ -54,6 +54,9 @@ pub struct PeImage {
     /// RVAs of the IMAGE_REL_BASED_DIR64 fix-ups (8 bytes each, inside the image).
     pub relocations: Vec<u32>,
     pub imports: Vec<ImportSlot>,
+    /// The exception directory (.pdata: RUNTIME_FUNCTION entries), RVA and size, when the image has one: what an
+    /// x64 stack walk through the image unwinds with (`driver_stack`).
+    pub exception_directory: Option<(u32, u32)>,
 }
 
 /// Page size the protections are applied with; section RVAs must be page-aligned for that (they are in every image
@@ -85,6 +88,10 @@ impl PeImage {
         }
         let relocations = relocations(&file, bytes, size_of_image)?;
         let imports = imports(&file, size_of_image)?;
+        let exception_directory = file
+            .data_directory(pe::IMAGE_DIRECTORY_ENTRY_EXCEPTION)
+            .map(|d| (d.virtual_address.get(LE), d.size.get(LE)))
+            .filter(|(rva, size)| *size > 0 && rva.checked_add(*size).is_some_and(|end| end <= size_of_image));
         Ok(PeImage {
             image_base: optional.image_base.get(LE),
             size_of_image,
@@ -93,6 +100,7 @@ impl PeImage {
             sections,
             relocations,
             imports,
+            exception_directory,
         })
     }
 }

@@ -18,6 +18,13 @@ use windows_sys::Wdk::System::SystemServices::{
 };
 use windows_sys::Win32::Foundation::NTSTATUS;
 
+/// IoFreeMdl, as the driver calls it.
+unsafe fn free_mdl_now(mdl: *mut MDL) {
+    let free: unsafe extern "win64" fn(*mut MDL) = routine("IoFreeMdl");
+    // SAFETY: an MDL IoAllocateMdl made, freed once.
+    unsafe { free(mdl) }
+}
+
 /// A DMA_OPERATIONS slot as the routine the driver calls.
 fn slot<T: Copy, F: Copy>(entry: Option<T>) -> F {
     let routine = entry.expect("the table has the routine");
@@ -134,6 +141,34 @@ fn common_buffers_and_scatter_gather_lists_reach_the_device() {
         put_sg(adapter, list as *mut SCATTER_GATHER_LIST, 1);
         lower(old);
         assert!(backend.device_read(elements[0].0 as u64, &mut [0u8; 1]).is_err(), "unmapped after the put");
+
+        // CreateCommonBufferFromMdl refuses an MDL that is not page-aligned whole pages (Microsoft's page:
+        // STATUS_INVALID_PARAMETER for an incompatible MDL), and takes one that is.
+        type FromMdl = unsafe extern "win64" fn(*mut DMA_ADAPTER, *mut MDL, *const c_void, u32, *mut i64) -> NTSTATUS;
+        let from_mdl: FromMdl = slot(ops.CreateCommonBufferFromMdl);
+        let mut from_mdl_logical = 0i64;
+        let unaligned = allocate_mdl(data.add(0x230), 4096, 0, 0, std::ptr::null_mut());
+        assert_ne!((data as usize + 0x230) % 4096, 0);
+        build(unaligned);
+        let status = from_mdl(adapter, unaligned, std::ptr::null(), 0, &mut from_mdl_logical);
+        assert_eq!(status as u32, 0xC000_000D, "an MDL starting 0x230 into its page is refused");
+        free_mdl_now(unaligned);
+        let partial = allocate_mdl(data, 4000, 0, 0, std::ptr::null_mut());
+        build(partial);
+        let status = from_mdl(adapter, partial, std::ptr::null(), 0, &mut from_mdl_logical);
+        assert_eq!(status as u32, 0xC000_000D, "an MDL of 4000 bytes (not whole pages) is refused");
+        free_mdl_now(partial);
+        let block = pool(0x40, 3 * 4096, u32::from_le_bytes(*b"vhca"));
+        let pages = block.add(block.align_offset(4096));
+        let whole = allocate_mdl(pages, 8192, 0, 0, std::ptr::null_mut());
+        build(whole);
+        assert_eq!(from_mdl(adapter, whole, std::ptr::null(), 0, &mut from_mdl_logical), 0, "two whole pages");
+        let free_common_mdl: unsafe extern "win64" fn(*mut DMA_ADAPTER, u32, i64, *mut u8, u8) =
+            slot(ops.FreeCommonBuffer);
+        free_common_mdl(adapter, 8192, from_mdl_logical, pages, 1);
+        free_mdl_now(whole);
+        let free_block: unsafe extern "win64" fn(*mut u8, u32) = routine("ExFreePoolWithTag");
+        free_block(block, u32::from_le_bytes(*b"vhca"));
 
         let free_mdl: unsafe extern "win64" fn(*mut MDL) = routine("IoFreeMdl");
         let free_pool: unsafe extern "win64" fn(*mut u8, u32) = routine("ExFreePoolWithTag");

@@ -199,36 +199,38 @@ enum Entry {
 }
 
 thread_local! {
-    /// The call site of the kernel routine running on this thread, set by the outermost entry into the model.
+    /// The call site of the kernel routine running on this thread: a named site (the innermost), else the outermost
+    /// native entry into the model.
     static CURRENT_SITE: RefCell<Option<Entry>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` (a call into the model's kernel routines) as called from `site`. The outermost caller wins: a PE
-/// loader's thunk names the vhca.sys frames first, and the `#[track_caller]` location of its own call into the
-/// model is then ignored. A bugcheck unwinding through `f` still clears the site.
+/// Runs `f` (a call into the model's kernel routines) as called from `site`. A site the caller names wins over the
+/// `#[track_caller]` location of the model routine it then calls (a PE loader's thunk names the vhca.sys frames
+/// first), and over an outer named site: a driver routine the model calls back inside a kernel call (an
+/// AdapterListControl inside GetScatterGatherList) that calls the kernel again is its own call site, as a stack walk
+/// from that inner call sees it. The outer site is back when `f` returns, or a bugcheck unwinds through it.
 pub fn with_call_site<T>(site: CallSite, f: impl FnOnce() -> T) -> T {
     entered(Entry::Given(site), f)
 }
 
 fn entered<T>(entry: Entry, f: impl FnOnce() -> T) -> T {
-    struct Reset;
-    impl Drop for Reset {
+    struct Restore(Option<Entry>);
+    impl Drop for Restore {
         fn drop(&mut self) {
-            CURRENT_SITE.with(|s| *s.borrow_mut() = None);
+            let previous = self.0.take();
+            CURRENT_SITE.with(|s| *s.borrow_mut() = previous);
         }
     }
-    let outermost = CURRENT_SITE.with(|s| {
+    // A native location under an outer site is the model calling itself (or a thunk's own call): the outer wins.
+    let previous = CURRENT_SITE.with(|s| {
         let mut s = s.borrow_mut();
-        if s.is_some() {
-            return false;
+        if s.is_some() && matches!(entry, Entry::Native(_)) {
+            return None;
         }
-        *s = Some(entry);
-        true
+        Some(s.replace(entry))
     });
-    if !outermost {
-        return f();
-    }
-    let _reset = Reset;
+    let Some(previous) = previous else { return f() };
+    let _restore = Restore(previous);
     f()
 }
 

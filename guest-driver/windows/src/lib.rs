@@ -7,7 +7,6 @@
 extern crate alloc;
 
 pub mod bar_resources;
-pub mod pool_layout;
 pub mod result_line;
 pub mod scenario_choice;
 pub mod scenario_run;

@@ -33,6 +33,9 @@ pub trait DriverServices {
     /// Pageable memory in the current process's user address space, `in_page_offset` bytes into its first page.
     fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID;
     fn free_user_buffer(&self, va: PVOID);
+    /// Whether the kernel refused the driver a resource so far (an allocation returned NULL, a routine returned
+    /// STATUS_INSUFFICIENT_RESOURCES).
+    fn resources_refused(&self) -> bool;
 }
 
 /// The scenario's host in vhca.sys: details and the lock go into the run's result as they come, progress to the
@@ -82,6 +85,15 @@ impl<S: DriverServices> ScenarioHost for DriverHost<'_, S> {
 
     fn dma_checking(&self) -> Option<bool> {
         None
+    }
+
+    /// A scenario the kernel refused resources to (an allocation that returned NULL, a routine that returned
+    /// STATUS_INSUFFICIENT_RESOURCES: what Windows gives under low memory and Driver Verifier's low resources
+    /// simulation) stopped on the driver's error path, which must come out clean: what the scenario held goes back,
+    /// the HCA closes, and the unload is what the run is judged on. Any other failure leaves the driver open as
+    /// evidence (vhca_scenarios::run). The driver knows only what its kernel calls returned, as on Windows.
+    fn error_path(&self, _error: &anyhow::Error) -> bool {
+        self.services.resources_refused()
     }
 }
 

@@ -39,6 +39,9 @@ impl DriverServices for ModelServices {
     fn free_user_buffer(&self, va: PVOID) {
         self.kernel.free_user_buffer(va)
     }
+    fn resources_refused(&self) -> bool {
+        !self.kernel.injected_faults().is_empty()
+    }
 }
 
 fn run_on_model(scenario: Scenario, flags: u32, options: &ScenarioOptions) -> (RunResult, Arc<ModelServices>) {

@@ -49,18 +49,39 @@ fn note(message: core::fmt::Arguments<'_>) {
     print_line(&alloc::format!("vhca: {message}"));
 }
 
-impl DeviceChannel {
-    /// Takes the three queues (set up and enabled) and allocates the buffers from `adapter`. PASSIVE_LEVEL.
-    pub fn new(adapter: PDMA_ADAPTER, commands: Queue, events: Queue, doorbells: Queue) -> Option<DeviceChannel> {
+/// The channel's own common buffers (request, response, event slots, doorbell records), allocated while the
+/// bring-up still owns every queue, so a failure resets the device before a ring it knows is freed. Found by the low
+/// resources simulation through the PE loader: allocated inside `DeviceChannel::new`, after DRIVER_OK, a failure
+/// freed the three rings it had been handed while the device still used them (0xE6/0x26, the device's DMA to an
+/// unmapped ring).
+pub struct ChannelBuffers {
+    request: CommonBuffer,
+    response: CommonBuffer,
+    slots: CommonBuffer,
+    doorbell: CommonBuffer,
+}
+
+impl ChannelBuffers {
+    /// PASSIVE_LEVEL. None when the adapter refused one (each allocated one is freed as it drops).
+    pub fn allocate(adapter: PDMA_ADAPTER) -> Option<ChannelBuffers> {
         let page = PAGE_SIZE as u32;
-        let request = CommonBuffer::allocate(adapter, MAX_REQUEST_SIZE as u32)?;
-        let response = CommonBuffer::allocate(adapter, page)?;
+        Some(ChannelBuffers {
+            request: CommonBuffer::allocate(adapter, MAX_REQUEST_SIZE as u32)?,
+            response: CommonBuffer::allocate(adapter, page)?,
+            slots: CommonBuffer::allocate(adapter, (EVENT_BUFFERS * EVENT_SIZE) as u32)?,
+            doorbell: CommonBuffer::allocate(adapter, page)?,
+        })
+    }
+}
+
+impl DeviceChannel {
+    /// Takes the three queues (set up and enabled) and the buffers. PASSIVE_LEVEL.
+    pub fn new(buffers: ChannelBuffers, commands: Queue, events: Queue, doorbells: Queue) -> Option<DeviceChannel> {
+        let ChannelBuffers { request, response, slots, doorbell } = buffers;
         let commands = CommandQueue::new(commands.ring, commands.notifier, request, response, CompletionWait);
         let count = EVENT_BUFFERS.min(events.ring.size() as usize);
-        let slots = CommonBuffer::allocate(adapter, (count * EVENT_SIZE) as u32)?;
         let events = EventQueue::new(events.ring, events.notifier, slots, count).ok()?;
-        let buffer = CommonBuffer::allocate(adapter, page)?;
-        let doorbells = DoorbellQueue::new(doorbells.ring, doorbells.notifier, buffer, CompletionWait);
+        let doorbells = DoorbellQueue::new(doorbells.ring, doorbells.notifier, doorbell, CompletionWait);
         Some(DeviceChannel { queues: RefCell::new(ChannelQueues { commands, doorbells, events }) })
     }
 }

@@ -28,7 +28,9 @@ use windows_sys::Wdk::System::SystemServices::IO_REMOVE_LOCK;
 use windows_sys::Wdk::System::SystemServices::{
     IoAttachDeviceToDeviceStack, IoCreateDevice, IoDeleteDevice, IRP_MJ_PNP, IRP_MJ_POWER,
 };
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_NO_SUCH_DEVICE, STATUS_SUCCESS, UNICODE_STRING};
+use windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_NO_SUCH_DEVICE, STATUS_SUCCESS, UNICODE_STRING,
+};
 use windows_sys::Win32::System::Ioctl::FILE_DEVICE_UNKNOWN;
 
 use fdo::{fdo, Fdo};
@@ -42,6 +44,10 @@ const FILE_DEVICE_SECURE_OPEN: u32 = 0x100;
 /// # Safety
 /// `driver` is the I/O manager's driver object for this image, as DriverEntry receives it.
 pub unsafe fn driver_entry(driver: *mut DRIVER_OBJECT, _registry_path: *const UNICODE_STRING) -> NTSTATUS {
+    // The Rust heap first: nothing of the driver allocates before it, and without it the driver cannot load.
+    if !pool_allocator::reserve() {
+        return STATUS_INSUFFICIENT_RESOURCES;
+    }
     // SAFETY: the driver object is ours to fill in during DriverEntry.
     unsafe {
         let d = &mut *driver;
@@ -110,5 +116,8 @@ unsafe extern "system" fn dispatch_pass_down(device: *const DEVICE_OBJECT, irp: 
     }
 }
 
-/// DriverUnload: every FDO was deleted at REMOVE_DEVICE before the I/O manager calls this; nothing is left.
-unsafe extern "system" fn driver_unload(_driver: *const DRIVER_OBJECT) {}
+/// DriverUnload: every FDO was deleted at REMOVE_DEVICE before the I/O manager calls this; only the Rust heap is
+/// left, given back here.
+unsafe extern "system" fn driver_unload(_driver: *const DRIVER_OBJECT) {
+    pool_allocator::release();
+}

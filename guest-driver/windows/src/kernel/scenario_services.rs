@@ -24,11 +24,14 @@ const PAGE_READWRITE: u32 = 0x04;
 const PAGE: u64 = 4096;
 
 /// The services for one run on one started device's channel (the lifetime is the channel's borrow).
-pub struct KernelServices<'a>(PhantomData<&'a DeviceChannel>);
+pub struct KernelServices<'a> {
+    kernel: &'a WdkKernel,
+    _channel: PhantomData<&'a DeviceChannel>,
+}
 
 impl<'a> KernelServices<'a> {
-    pub fn new(_channel: &'a DeviceChannel) -> Self {
-        KernelServices(PhantomData)
+    pub fn new(_channel: &'a DeviceChannel, kernel: &'a WdkKernel) -> Self {
+        KernelServices { kernel, _channel: PhantomData }
     }
 }
 
@@ -42,6 +45,10 @@ impl<'a> DriverServices for KernelServices<'a> {
 
     fn now(&self) -> Duration {
         Duration::from_nanos(mmio_registers::now().saturating_mul(100))
+    }
+
+    fn resources_refused(&self) -> bool {
+        self.kernel.refusals() > 0
     }
 
     fn sleep(&self, duration: Duration) {

@@ -25,7 +25,7 @@ use zerocopy::FromBytes;
 
 use super::common_buffer::CommonBuffer;
 use super::config_space;
-use super::device_channel::{DeviceChannel, Queue};
+use super::device_channel::{ChannelBuffers, DeviceChannel, Queue};
 use super::mmio_registers::{KernelWait, MmioBar};
 use super::scenario_services::KernelServices;
 use super::wdk_kernel::WdkKernel;
@@ -189,19 +189,27 @@ impl StartedDevice {
             return Err(format!("device has {num_queues} queues, vhca needs {NUM_QUEUES}"));
         }
         let mut queues = Vec::new();
+        // Declared after `queues`, so dropped before them: on an error return the device is reset before a ring it
+        // was told of is freed (freeing first lets the device DMA to an unmapped ring: 0xE6/0x26, found by the low
+        // resources simulation failing the fourth queue's ring).
+        let mut reset = ResetOnError { transport: t, armed: true };
         for index in 0..num_queues.min(MAX_QUEUES) {
             queues.push(Some(take(index)?));
         }
+        // The channel's buffers before DRIVER_OK and before any queue could be handed on: a failure here returns
+        // through `reset` with every queue still owned by this function (device_channel.rs says why).
+        let buffers =
+            ChannelBuffers::allocate(self.adapter).ok_or("command channel: no common buffer for its buffers")?;
+        t.driver_ok().map_err(|e| format!("DRIVER_OK: {e}"))?;
         let mut channel_queue = |index: u16| queues[index as usize].take().ok_or(format!("queue {index} taken twice"));
         let commands = channel_queue(QUEUE_COMMAND)?;
         let events = channel_queue(QUEUE_EVENT)?;
         let doorbells = channel_queue(QUEUE_DOORBELL)?;
         self.unused_queues = queues.into_iter().flatten().collect();
-        t.driver_ok().map_err(|e| format!("DRIVER_OK: {e}"))?;
         self.channel = Some(
-            DeviceChannel::new(self.adapter, commands, events, doorbells)
-                .ok_or("command channel: buffers or event posting failed")?,
+            DeviceChannel::new(buffers, commands, events, doorbells).ok_or("command channel: event posting failed")?,
         );
+        reset.armed = false;
         Ok(())
     }
 
@@ -209,7 +217,7 @@ impl StartedDevice {
     pub fn run_scenario(&self, scenario: Scenario, options: &ScenarioOptions) -> RunResult {
         match &self.channel {
             Some(channel) => {
-                let services = KernelServices::new(channel);
+                let services = KernelServices::new(channel, &self.kernel);
                 let pdo = PDEVICE_OBJECT(self.pdo as u64);
                 scenario_run::run(scenario, &services, self.kernel.clone(), channel, pdo, options)
             }
@@ -218,6 +226,20 @@ impl StartedDevice {
                 result.fail("the device has no command channel");
                 result
             }
+        }
+    }
+}
+
+/// Resets the device when dropped armed: a failed bring-up's queues are freed only after the device let go of them.
+struct ResetOnError<'a> {
+    transport: &'a VirtioPci<MmioBar>,
+    armed: bool,
+}
+
+impl Drop for ResetOnError<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.transport.reset(&mut KernelWait::after(RESET_TIMEOUT));
         }
     }
 }

@@ -7,6 +7,7 @@
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ffi::c_void;
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use vhca_ntapi::*;
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, ERESOURCE, FAST_MUTEX, KMUTANT, MDL};
@@ -36,6 +37,9 @@ unsafe impl Send for Owned {}
 /// The NT kernel as vhca-driver sees it, over ntoskrnl.exe and HAL.dll.
 pub struct WdkKernel {
     owned: SpinLocked<Vec<Owned>>,
+    /// How many resources the kernel refused this driver (NULL allocations, STATUS_INSUFFICIENT_RESOURCES): what
+    /// tells the scenario host a failure is the error path of a shortage (scenario_run.rs, error_path).
+    refused: AtomicU32,
 }
 
 fn zeroed_box<T>() -> Box<T> {
@@ -45,8 +49,21 @@ fn zeroed_box<T>() -> Box<T> {
 }
 
 impl WdkKernel {
+    /// How many resources the kernel refused so far.
+    pub fn refusals(&self) -> u32 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Counts a refusal when `refused`, and passes `value` through.
+    fn noting<T>(&self, value: T, refused: bool) -> T {
+        if refused {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        value
+    }
+
     pub fn new() -> WdkKernel {
-        WdkKernel { owned: SpinLocked::new(Vec::new()) }
+        WdkKernel { owned: SpinLocked::new(Vec::new()), refused: AtomicU32::new(0) }
     }
 
     fn keep(&self, object: Owned) {
@@ -249,7 +266,8 @@ impl NtKernel for WdkKernel {
         // ExAllocatePool2 is what Microsoft asks new code to call (ExAllocatePoolWithTag is deprecated since
         // Windows 10 2004); it zeroes the block, which the older routine did not.
         // SAFETY: paged pool at IRQL <= APC_LEVEL, non-paged at <= DISPATCH_LEVEL: the caller's IRQL.
-        PVOID(unsafe { wdk::ExAllocatePool2(pool_flags(pool_type), number_of_bytes, tag) } as u64)
+        let p = PVOID(unsafe { wdk::ExAllocatePool2(pool_flags(pool_type), number_of_bytes, tag) } as u64);
+        self.noting(p, p.is_null())
     }
 
     fn ExFreePoolWithTag(&self, p: PVOID, tag: u32) {
@@ -279,7 +297,7 @@ impl NtKernel for WdkKernel {
                 core::ptr::null_mut(),
             )
         };
-        PMDL(mdl as u64)
+        self.noting(PMDL(mdl as u64), mdl.is_null())
     }
 
     fn IoFreeMdl(&self, mdl: PMDL) {
@@ -327,7 +345,7 @@ impl NtKernel for WdkKernel {
         cache_type: MEMORY_CACHING_TYPE,
     ) -> PVOID {
         // SAFETY: IRQL <= DISPATCH_LEVEL.
-        PVOID(unsafe {
+        let va = PVOID(unsafe {
             wdk::MmAllocateContiguousMemorySpecifyCache(
                 number_of_bytes,
                 lowest_acceptable_address.0 as i64,
@@ -335,7 +353,8 @@ impl NtKernel for WdkKernel {
                 boundary_address_multiple.0 as i64,
                 cache_type as i32,
             )
-        } as u64)
+        } as u64);
+        self.noting(va, va.is_null())
     }
 
     fn MmFreeContiguousMemory(&self, base_address: PVOID) {
@@ -395,7 +414,8 @@ impl NtKernel for WdkKernel {
         cache_enabled: bool,
     ) -> PVOID {
         // SAFETY: PASSIVE_LEVEL (the caller's), live adapter.
-        unsafe { dma::allocate_common_buffer(adapter, length, logical_address, cache_enabled) }
+        let va = unsafe { dma::allocate_common_buffer(adapter, length, logical_address, cache_enabled) };
+        self.noting(va, va.is_null())
     }
 
     fn FreeCommonBuffer(
@@ -421,7 +441,7 @@ impl NtKernel for WdkKernel {
         write_to_device: bool,
     ) -> NTSTATUS {
         // SAFETY: DISPATCH_LEVEL (the core raises; Microsoft's rule), live objects from the core.
-        unsafe {
+        let status = unsafe {
             dma::get_scatter_gather_list(
                 adapter,
                 device_object,
@@ -431,7 +451,8 @@ impl NtKernel for WdkKernel {
                 execution_routine,
                 write_to_device,
             )
-        }
+        };
+        self.noting(status, status == STATUS_INSUFFICIENT_RESOURCES)
     }
 
     fn PutScatterGatherList(&self, adapter: PDMA_ADAPTER, list: PSCATTER_GATHER_LIST, write_to_device: bool) {
