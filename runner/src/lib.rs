@@ -11,6 +11,8 @@ pub mod finished_runs;
 pub mod image;
 pub mod leftovers;
 pub mod paths;
+pub mod phase_hook;
+pub mod proc_usage;
 pub mod qemu_cmd;
 pub mod qmp;
 pub mod restore;

@@ -618,35 +618,50 @@ fn real_main(cli: Cli) -> Result<bool> {
                 expand_fail_points: false,
             };
             println!(
-                "{:>4}  {:<36} {:>7} {:>8} {:>11} {:>4} {:>15} {:>5}",
-                "run", "name", "verdict", "seconds", "runner KiB", "fds", "child peak KiB", "dirs"
+                "{:>4}  {:<36} {:>7} {:>6} {:>10} {:>4} {:>10} {:>4} {:>10} {:>4} {:>5}",
+                "run", "name", "verdict", "s", "runner KiB", "fds", "device KiB", "fds", "QEMU KiB", "fds", "left"
             );
             let report = soak::soak(&ctx, runs, &opts, &mut |s| {
                 let verdict = if s.passed { "ok" } else { "WRONG" };
+                let usage = |u: Option<vhca_run::proc_usage::ProcUsage>| {
+                    u.map_or(("-".to_string(), "-".to_string()), |u| (u.rss_kib.to_string(), u.fds.to_string()))
+                };
+                let ((dk, df), (qk, qf)) = (usage(s.device), usage(s.qemu));
                 println!(
-                    "{:>4}  {:<36} {:>7} {:>8.1} {:>11} {:>4} {:>15} {:>5}",
+                    "{:>4}  {:<36} {:>7} {:>6.1} {:>10} {:>4} {:>10} {:>4} {:>10} {:>4} {:>5}",
                     s.index,
                     s.run,
                     verdict,
                     s.seconds,
                     s.runner_rss_kib,
                     s.runner_fds,
-                    s.children_peak_rss_kib,
-                    s.work_dirs_left
+                    dk,
+                    df,
+                    qk,
+                    qf,
+                    s.work_dirs_left + s.processes_left.len()
                 );
             })?;
             if let Some(path) = json {
                 write_file(&path, &serde_json::to_string_pretty(&report)?)?;
             }
+            for g in &report.growth {
+                println!(
+                    "{}: first {} last {}; median above its run kind's: first quarter {}, last quarter {} (tolerance {})",
+                    g.what, g.first, g.last, g.early, g.late, g.tolerance
+                );
+            }
             for problem in &report.problems {
                 println!("PROBLEM: {problem}");
             }
             println!(
-                "soak: {} runs, {} with a wrong verdict, runner fds {} before and {} after, {}",
+                "soak: {} runs, {} with a wrong verdict, runner fds {} before and {} after, locks {} before and {} after, {}",
                 report.samples.len(),
                 report.failed_runs,
                 report.fds_before,
                 report.samples.last().map_or(report.fds_before, |s| s.runner_fds),
+                report.locks_before,
+                report.samples.last().map_or(report.locks_before, |s| s.runner_locks),
                 if report.passed() { "passed" } else { "FAILED" }
             );
             Ok(report.passed())

@@ -16,6 +16,8 @@ use crate::device::{self, DeviceConfig, DeviceError};
 use crate::evidence::{self, Evidence};
 use crate::image::Image;
 use crate::paths::Binaries;
+use crate::phase_hook::{self, Phase, Pids};
+use crate::proc_usage::{self, ChildrenUsage};
 use crate::qemu_cmd::{shell_line, Accel, Carrier, GdbStub, QemuConfig, VhostUserDevice};
 use crate::qmp::Qmp;
 use crate::restore::{self, RestoreError};
@@ -539,6 +541,17 @@ impl Watch<'_> {
         let timeout = Duration::from_secs(u64::from(self.run.guest.timeout_s));
         let test_panic = std::env::var_os(TEST_PANIC_ENV).is_some();
         let mut quit_sent = false;
+        let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
+        let mut mid_run = false;
+        // Both children's memory and fds, once, while the run is live: at its result or crash, else (a hang, a
+        // killed child) as the wait ends, before either is told to stop.
+        let mut sampled = false;
+        let (device_pid, qemu_pid) = (device.pid(), qemu.pid());
+        let sample = |sampled: &mut bool| {
+            if !std::mem::replace(sampled, true) {
+                proc_usage::record(ChildrenUsage::sample(device_pid, qemu_pid));
+            }
+        };
 
         let end = loop {
             for line in serial.poll().unwrap_or_default() {
@@ -561,6 +574,14 @@ impl Watch<'_> {
             if test_panic && last_offset > 0 {
                 panic!("{TEST_PANIC_ENV} is set: the runner panics mid-run, with QEMU and the device running");
             }
+            if !mid_run && last_offset > 0 {
+                mid_run = true;
+                if phase_hook::armed() {
+                    // The soak's hook may kill a child here: the run's sample is of both, just before.
+                    sample(&mut sampled);
+                }
+                phase_hook::at(Phase::MidRun, pids);
+            }
             if let Some(status) = qemu.try_status()? {
                 self.watched.qemu_exit = exit_of(status);
                 break End::QemuExited;
@@ -570,6 +591,7 @@ impl Watch<'_> {
                 break End::DeviceExited;
             }
             if let Some((at, grace)) = settled {
+                sample(&mut sampled);
                 if grace == AFTER_RESULT && !quit_sent {
                     // The result line is the guest's last word (its teardown is done and checked by then): QEMU is
                     // told to quit instead of waiting for the guest's power-off.
@@ -591,6 +613,7 @@ impl Watch<'_> {
             }
             pause()?;
         };
+        sample(&mut sampled);
         self.watched.silent_for_s = Some(last_output.elapsed().as_secs_f64());
         match end {
             End::Silence | End::Timeout => {
