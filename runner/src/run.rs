@@ -357,18 +357,25 @@ fn attempt(
     match device::launch(&device_cfg, &files.device_log(), DEVICE_START) {
         Ok(mut device) => {
             let mut never_started = false;
-            let (qemu, qmp, port) = match (snapshot, loading) {
+            let started = match (snapshot, loading) {
                 (Some(s), Some(loading)) => {
                     stage(on, format!("continuing the restored guest ({})", ctx.accel.name()));
                     // Any failure here drops both guards (device and QEMU killed and reaped) with the work dir.
-                    match continue_restored(&files, loading, s, &hca, &request, device_started) {
-                        Ok(Loaded { qemu, qmp, port, .. }) => {
+                    match continue_restored(&files, loading, s, &hca, &request, device_started, &mut device)? {
+                        Restored::Continued(Loaded { qemu, qmp, port, .. }) => {
                             // The next run's guest loads while this one runs.
                             warm_guest::load_next(s);
-                            (qemu, Some(qmp), Some(port))
+                            Some((qemu, Some(qmp), Some(port)))
                         }
-                        Err(RestoreError::Process(e)) => return Err(e.into()),
-                        Err(why) => return Ok(Attempt::Fallback(why)),
+                        Restored::Fallback(why) => return Ok(Attempt::Fallback(why)),
+                        // The device died under the restore (killed, or it crashed on the hot-plug's vhost-user
+                        // messages): that is the run's verdict, not a reason to boot cold and hide it.
+                        Restored::DeviceDied(status, why) => {
+                            watched.device_exit = exit_of(status);
+                            watched.qemu_exit = ProcessExit::KilledByRunner;
+                            watched.rig_problems.push(format!("vhca-device ended during the restore ({why})"));
+                            None
+                        }
                     }
                 }
                 _ => {
@@ -407,12 +414,12 @@ fn attempt(
                             never_started = true;
                         }
                     }
-                    (qemu, qmp, port)
+                    (!never_started).then_some((qemu, qmp, port))
                 }
             };
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
             let crash_grace = if windows.is_some() { run_boot::DUMP_GRACE } else { AFTER_CRASH };
-            if !never_started {
+            if let Some((qemu, qmp, port)) = started {
                 let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
                 w.run(device, qemu, qmp, port)?;
             }
@@ -437,8 +444,23 @@ fn attempt(
     Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
 }
 
+/// How a restore ended.
+enum Restored {
+    Continued(Loaded),
+    /// It failed before the guest ran anything, the device still up or gone with QEMU: the run can boot cold.
+    Fallback(RestoreError),
+    /// The device died while QEMU lived: the run's own verdict.
+    DeviceDied(std::process::ExitStatus, RestoreError),
+}
+
+/// How long a failed hot-plug waits to see whether QEMU or the device died under it (a socket closes a moment before
+/// the kernel has its process reaped); spent only on a restore that failed.
+const DIED_UNDER_RESTORE: Duration = Duration::from_millis(500);
+/// Once the device is seen gone: QEMU dying first (the device then leaves because QEMU hung up) shows within this.
+const QEMU_BEFORE_DEVICE: Duration = Duration::from_millis(200);
+
 /// Takes the loaded guest, hot-plugs the HCA and continues it with the run's request; the step timings go to the
-/// run's files.
+/// run's files. Err only for the runner's own trouble (an interrupt).
 fn continue_restored(
     files: &RunFiles,
     loading: Loading,
@@ -446,13 +468,40 @@ fn continue_restored(
     hca: &VhostUserDevice,
     request: &str,
     device_started: Instant,
-) -> Result<Loaded, RestoreError> {
+    device: &mut Supervised,
+) -> Result<Restored, SuperviseError> {
     let waiting = Instant::now();
-    let mut loaded = loading.ready()?;
+    let mut loaded = match loading.ready() {
+        Ok(loaded) => loaded,
+        Err(RestoreError::Process(e)) => return Err(e),
+        // A QEMU that died while it loaded (its own restore's, or the one loaded ahead) never reached the device.
+        Err(why) => return Ok(Restored::Fallback(why)),
+    };
     let waited = waiting.elapsed().as_secs_f64();
     let mut timings = loaded.timings.clone();
     timings.steps.push(("waited for the load (0 when loaded ahead)", waited));
-    timings.steps.extend(restore::plug_and_continue(&mut loaded.qmp, &mut loaded.port, hca, request)?.steps);
+    let pids = Pids { qemu: Some(loaded.qemu.pid()), device: Some(device.pid()) };
+    match restore::plug_and_continue(&mut loaded.qmp, &mut loaded.port, hca, request, pids) {
+        Ok(plugged) => timings.steps.extend(plugged.steps),
+        Err(RestoreError::Process(e)) => return Err(e),
+        Err(RestoreError::Failed { step, why, snapshot_bad }) => {
+            let failed = |why: String| RestoreError::Failed { step, why, snapshot_bad };
+            let end = Instant::now() + DIED_UNDER_RESTORE;
+            while Instant::now() < end {
+                if let Some(status) = loaded.qemu.try_status()? {
+                    return Ok(Restored::Fallback(failed(format!("{why}; QEMU {}", exit_of(status).describe()))));
+                }
+                if let Some(status) = device.try_status()? {
+                    return Ok(match loaded.qemu.wait_timeout(QEMU_BEFORE_DEVICE)? {
+                        Some(q) => Restored::Fallback(failed(format!("{why}; QEMU {}", exit_of(q).describe()))),
+                        None => Restored::DeviceDied(status, failed(why)),
+                    });
+                }
+                pause()?;
+            }
+            return Ok(Restored::Fallback(failed(why)));
+        }
+    }
     let _ = fs::write(
         files.restore_log(),
         format!(
@@ -462,7 +511,7 @@ fn continue_restored(
             device_started.elapsed().as_secs_f64()
         ),
     );
-    Ok(loaded)
+    Ok(Restored::Continued(loaded))
 }
 
 /// One `WATCH_POLL`, failing if an interrupt arrived.

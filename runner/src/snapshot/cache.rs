@@ -13,6 +13,7 @@ use super::save::{build, logs_tail, BuildError};
 use super::state_digest::state_digest;
 use super::{key_of, qemu_version, SavedMachine, Snapshot, STATE_FILE};
 use crate::image::{CacheLock, ImageError};
+use crate::phase_hook::{self, Phase, Pids};
 use crate::supervise::SuperviseError;
 
 const META_FILE: &str = "snapshot.json";
@@ -75,6 +76,7 @@ pub fn prepare(
         return Ok(match verify(&dir) {
             Ok(()) => {
                 touch(&dir);
+                phase_hook::at(Phase::SnapshotChecked, Pids::default());
                 Some(snapshot(None, Some(started.elapsed().as_secs_f64())))
             }
             Err(why) => {
@@ -129,6 +131,7 @@ pub fn prepare(
             let _ = work.keep();
             log(&format!("snapshot {key} saved in {seconds:.1} s ({} MB on disk)", bytes >> 20));
             prune(root, &key);
+            phase_hook::at(Phase::SnapshotChecked, Pids::default());
             Ok(Some(snapshot(Some(seconds), None)))
         }
         Err(e) => {
