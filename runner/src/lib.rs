@@ -4,6 +4,7 @@
 pub mod accel;
 pub mod artifacts;
 pub mod bench;
+pub mod cache_in_use;
 pub mod debug_instructions;
 pub mod device;
 pub mod evidence;

@@ -459,3 +459,50 @@ fn device_killed_during_the_hot_plug_is_a_device_failure() {
     });
     first_run_lost_its_device(&s, &end);
 }
+
+#[test]
+fn a_runner_pruning_a_shared_cache_skips_the_snapshot_another_runner_uses() {
+    if !ready("a_runner_pruning_a_shared_cache_skips_the_snapshot_another_runner_uses") {
+        return;
+    }
+    let snapshots = tempfile::tempdir().unwrap();
+    let (a, b) = (Scratch::new(), Scratch::new());
+    let mut pruner = None;
+    let mut in_use = None;
+    // Runner A restores from its snapshot and is held at its first run's first output while B, whose guest options
+    // differ (another snapshot key), builds its own snapshot and prunes the cache.
+    let end = smoke_suite_pausing_at(&a, snapshots.path(), "mid-run", |_, n, _| {
+        if n != 1 {
+            return true;
+        }
+        let used = entries(snapshots.path(), "").into_iter().find(|p| p.join("state.img").is_file()).unwrap();
+        // Two newer snapshots of other machines: A's is now the oldest, the one a plain LRU prune removes.
+        let later = std::time::SystemTime::now() + Duration::from_secs(3600);
+        for (i, name) in ["other-1", "other-2"].iter().enumerate() {
+            let dir = snapshots.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            let meta = std::fs::File::create(dir.join("snapshot.json")).unwrap();
+            meta.set_modified(later + Duration::from_secs(i as u64)).unwrap();
+        }
+        let suite = suite_file("runner.toml");
+        let mut cmd = b.command(&["suite", suite.to_str().unwrap(), "--filter", "^smoke/verifier-off$"]);
+        cmd.env("VHCA_SNAPSHOT_DIR", snapshots.path()).env("VHCA_GUEST_APPEND", "no_timer_check");
+        pruner = Some(cmd.output().expect("run the second vhca-run"));
+        in_use = Some(used);
+        true
+    });
+    let pruner = pruner.expect("A reached its first run");
+    assert!(pruner.status.success(), "the pruning runner:\n{}", show(&pruner));
+    assert!(String::from_utf8_lossy(&pruner.stderr).contains(" saved in "), "B built (and pruned):\n{}", show(&pruner));
+    let in_use = in_use.unwrap();
+    assert!(in_use.join("state.img").is_file(), "the snapshot A uses was pruned");
+    assert!(!snapshots.path().join("other-1").exists(), "the next oldest goes in its place");
+    assert!(snapshots.path().join("other-2").exists());
+    assert_eq!(end.code, Some(0), "{}", end.show());
+    let runs = finished_reports(&a);
+    let paths: Vec<&str> = runs.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["snapshot", "snapshot"], "A's second run restores the same snapshot:\n{}", end.show());
+    no_build_dir_or_lock_held(snapshots.path());
+    a.assert_nothing_left("runner A");
+    b.assert_nothing_left("runner B");
+}
