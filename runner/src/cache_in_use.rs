@@ -21,8 +21,8 @@ fn open(path: &Path) -> io::Result<File> {
     OpenOptions::new().create(true).truncate(false).write(true).open(path)
 }
 
-/// true if taken, false if someone holds a conflicting lock.
-fn flock(file: &File, how: libc::c_int) -> io::Result<bool> {
+/// Non-blocking flock (`how`: LOCK_SH or LOCK_EX): true if taken, false if someone holds a conflicting lock.
+pub(crate) fn try_flock(file: &File, how: libc::c_int) -> io::Result<bool> {
     // SAFETY: flock on a descriptor the caller owns for the duration of the call; it touches no memory.
     if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
         return Ok(true);
@@ -54,7 +54,7 @@ impl InUse {
     pub fn acquire(path: &Path) -> Result<InUse, InUseError> {
         let io_err = |source| InUseError::Io { path: path.display().to_string(), source };
         let file = open(path).map_err(io_err)?;
-        while !flock(&file, libc::LOCK_SH).map_err(io_err)? {
+        while !try_flock(&file, libc::LOCK_SH).map_err(io_err)? {
             tick()?;
         }
         Ok(InUse { _file: file })
@@ -64,7 +64,7 @@ impl InUse {
 /// For a pruner: the exclusive lock on `path` if nobody uses the entry, held until the returned file drops.
 pub fn unused(path: &Path) -> Option<File> {
     let file = open(path).ok()?;
-    matches!(flock(&file, libc::LOCK_EX), Ok(true)).then_some(file)
+    matches!(try_flock(&file, libc::LOCK_EX), Ok(true)).then_some(file)
 }
 
 #[cfg(test)]
@@ -83,8 +83,8 @@ mod tests {
         let pruning = unused(&path).expect("nobody uses it now");
         // While a pruner looks at the entry, a new user is not let in (flock wait is what `acquire` does).
         let file = open(&path).unwrap();
-        assert!(!flock(&file, libc::LOCK_SH).unwrap());
+        assert!(!try_flock(&file, libc::LOCK_SH).unwrap());
         drop(pruning);
-        assert!(flock(&file, libc::LOCK_SH).unwrap());
+        assert!(try_flock(&file, libc::LOCK_SH).unwrap());
     }
 }

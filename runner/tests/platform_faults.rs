@@ -305,6 +305,29 @@ fn finished_reports(s: &Scratch) -> Vec<serde_json::Value> {
     runs
 }
 
+/// The smoke suite with `which` ("qemu" or "device", from the pause's pids) SIGKILLed at the first pause at `phase`.
+fn kill_at_first(s: &Scratch, phase: &str, which: &str) -> Finished {
+    smoke_suite_pausing_at(s, shared_snapshots(), phase, |_, n, pids| {
+        if n == 1 {
+            kill_pid(pids, which);
+        }
+        true
+    })
+}
+
+/// The first run's restore failed and it booted cold, its note containing `words`; the second run restored.
+fn first_run_booted_cold(s: &Scratch, end: &Finished, words: &[&str]) {
+    assert_eq!(end.code, Some(0), "{}", end.show());
+    let runs = finished_reports(s);
+    assert_eq!(runs[0]["path"], "cold", "{}", end.show());
+    let first = notes(&runs[0]);
+    assert!(words.iter().all(|w| first.contains(w)), "{words:?} not in the note:\n{}", end.show());
+    assert!(!first.contains("removed"), "a killed QEMU says nothing about the file:\n{}", end.show());
+    assert_eq!(runs[1]["path"], "snapshot", "the snapshot stays in use:\n{}", end.show());
+    no_build_dir_or_lock_held(shared_snapshots());
+    s.assert_nothing_left(words[0]);
+}
+
 fn notes(run: &serde_json::Value) -> String {
     run["notes"]
         .as_array()
@@ -360,19 +383,8 @@ fn qemu_killed_while_it_loads_the_snapshot_its_own_or_ahead_boots_that_run_cold(
     }
     // The first run's own restore.
     let s = Scratch::new();
-    let end = smoke_suite_pausing_at(&s, shared_snapshots(), "load", |_, n, pids| {
-        if n == 1 {
-            kill_pid(pids, "qemu");
-        }
-        true
-    });
-    assert_eq!(end.code, Some(0), "{}", end.show());
-    let runs = finished_reports(&s);
-    assert_eq!(runs[0]["path"], "cold", "{}", end.show());
-    assert!(notes(&runs[0]).contains("QEMU killed by signal 9 while loading"), "{}", end.show());
-    assert!(!notes(&runs[0]).contains("removed"), "a killed QEMU says nothing about the file:\n{}", end.show());
-    assert_eq!(runs[1]["path"], "snapshot", "the snapshot stays in use:\n{}", end.show());
-    s.assert_nothing_left("QEMU killed in its own load");
+    let end = kill_at_first(&s, "load", "qemu");
+    first_run_booted_cold(&s, &end, &["QEMU killed by signal 9 while loading"]);
 
     // The second run's guest, loaded ahead while the first run is held at its first output.
     let s = Scratch::new();
@@ -429,20 +441,8 @@ fn qemu_killed_during_the_hot_plug_boots_that_run_cold() {
         return;
     }
     let s = Scratch::new();
-    let end = smoke_suite_pausing_at(&s, shared_snapshots(), "hot-plug", |_, n, pids| {
-        if n == 1 {
-            kill_pid(pids, "qemu");
-        }
-        true
-    });
-    assert_eq!(end.code, Some(0), "{}", end.show());
-    let runs = finished_reports(&s);
-    assert_eq!(runs[0]["path"], "cold", "{}", end.show());
-    let first = notes(&runs[0]);
-    assert!(first.contains("device_add") && first.contains("QEMU killed by signal 9 (SIGKILL)"), "{}", end.show());
-    assert_eq!(runs[1]["path"], "snapshot", "{}", end.show());
-    no_build_dir_or_lock_held(shared_snapshots());
-    s.assert_nothing_left("QEMU killed in the hot-plug");
+    let end = kill_at_first(&s, "hot-plug", "qemu");
+    first_run_booted_cold(&s, &end, &["QEMU killed by signal 9 (SIGKILL)", "device_add"]);
 }
 
 #[test]
@@ -451,12 +451,7 @@ fn device_killed_during_the_hot_plug_is_a_device_failure() {
         return;
     }
     let s = Scratch::new();
-    let end = smoke_suite_pausing_at(&s, shared_snapshots(), "hot-plug", |_, n, pids| {
-        if n == 1 {
-            kill_pid(pids, "device");
-        }
-        true
-    });
+    let end = kill_at_first(&s, "hot-plug", "device");
     first_run_lost_its_device(&s, &end);
 }
 
