@@ -592,12 +592,14 @@ impl Watch<'_> {
         let mut quit_sent = false;
         let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
         let mut mid_run = false;
-        // Both children's memory and fds, once, while the run is live: at its result or crash, else (a hang, a
-        // killed child) as the wait ends, before either is told to stop.
+        // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live, at its
+        // first output and again at its result or crash, else (a hang) as the wait ends before either is told to
+        // stop; a later reading of a process replaces an earlier one only if the process was still live.
+        let collect = proc_usage::collecting();
         let mut sampled = false;
         let (device_pid, qemu_pid) = (device.pid(), qemu.pid());
         let sample = |sampled: &mut bool| {
-            if !std::mem::replace(sampled, true) {
+            if collect && !std::mem::replace(sampled, true) {
                 proc_usage::record(ChildrenUsage::sample(device_pid, qemu_pid));
             }
         };
@@ -625,10 +627,9 @@ impl Watch<'_> {
             }
             if !mid_run && last_offset > 0 {
                 mid_run = true;
-                if phase_hook::armed() {
-                    // The soak's hook may kill a child here: the run's sample is of both, just before.
-                    sample(&mut sampled);
-                }
+                // Both children surely live (a guest that ends at once may be gone by its result line), and just
+                // before the soak's hook may kill one.
+                sample(&mut false);
                 phase_hook::at(Phase::MidRun, pids);
             }
             if let Some(status) = qemu.try_status()? {

@@ -203,6 +203,7 @@ pub fn soak(
     let locks_before = locks_held();
     let mut samples = Vec::with_capacity(n);
     let mut quiet = |_: Progress| {};
+    proc_usage::collect(true);
     for (index, run) in runs.iter().cycle().take(n).enumerate() {
         let killed = KILLED.iter().find(|(name, _, _)| *name == run.name);
         let armed = killed.map(|(_, victim, _)| KillAtMidRun::arm(*victim));
