@@ -618,27 +618,41 @@ fn real_main(cli: Cli) -> Result<bool> {
                 expand_fail_points: false,
             };
             println!(
-                "{:>4}  {:<36} {:>7} {:>6} {:>10} {:>4} {:>10} {:>4} {:>10} {:>4} {:>5}",
-                "run", "name", "verdict", "s", "runner KiB", "fds", "device KiB", "fds", "QEMU KiB", "fds", "left"
+                "{:>4}  {:<36} {:>7} {:>6} {:>10} {:>4} {:>15} {:>7} {:>17} {:>7} {:>5}",
+                "run",
+                "name",
+                "verdict",
+                "s",
+                "runner KiB",
+                "fds",
+                "device KiB 1st/end",
+                "fds",
+                "QEMU KiB 1st/end",
+                "fds",
+                "left"
             );
             let report = soak::soak(&ctx, runs, &opts, &mut |s| {
                 let verdict = if s.passed { "ok" } else { "WRONG" };
-                let usage = |u: Option<vhca_run::proc_usage::ProcUsage>| {
-                    u.map_or(("-".to_string(), "-".to_string()), |u| (u.rss_kib.to_string(), u.fds.to_string()))
+                // At the first output / at the end ("-": exiting by then).
+                let both = |a: Option<vhca_run::proc_usage::ProcUsage>,
+                            b: Option<vhca_run::proc_usage::ProcUsage>,
+                            f: fn(vhca_run::proc_usage::ProcUsage) -> String| {
+                    let one = |u: Option<_>| u.map_or("-".to_string(), f);
+                    format!("{}/{}", one(a), one(b))
                 };
-                let ((dk, df), (qk, qf)) = (usage(s.device), usage(s.qemu));
+                let (first, end) = (s.at_first_output, s.at_end);
                 println!(
-                    "{:>4}  {:<36} {:>7} {:>6.1} {:>10} {:>4} {:>10} {:>4} {:>10} {:>4} {:>5}",
+                    "{:>4}  {:<36} {:>7} {:>6.1} {:>10} {:>4} {:>15} {:>7} {:>17} {:>7} {:>5}",
                     s.index,
                     s.run,
                     verdict,
                     s.seconds,
                     s.runner_rss_kib,
                     s.runner_fds,
-                    dk,
-                    df,
-                    qk,
-                    qf,
+                    both(first.device, end.device, |u| u.rss_kib.to_string()),
+                    both(first.device, end.device, |u| u.fds.to_string()),
+                    both(first.qemu, end.qemu, |u| u.rss_kib.to_string()),
+                    both(first.qemu, end.qemu, |u| u.fds.to_string()),
                     s.work_dirs_left + s.processes_left.len()
                 );
             })?;

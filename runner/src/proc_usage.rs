@@ -21,34 +21,45 @@ pub fn of(pid: &str) -> Option<ProcUsage> {
     (fds > 0).then_some(ProcUsage { rss_kib, fds })
 }
 
-/// A run's two children, sampled together while the run was live.
+/// A run's two children read together; None for one exiting or gone by then.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ChildrenUsage {
+pub struct Pair {
     pub device: Option<ProcUsage>,
     pub qemu: Option<ProcUsage>,
-    /// Their pids, for the check that they are gone after the run.
-    pub device_pid: Option<u32>,
-    pub qemu_pid: Option<u32>,
 }
 
-impl ChildrenUsage {
-    pub fn sample(device_pid: u32, qemu_pid: u32) -> ChildrenUsage {
-        ChildrenUsage {
-            device: of(&device_pid.to_string()),
-            qemu: of(&qemu_pid.to_string()),
-            device_pid: Some(device_pid),
-            qemu_pid: Some(qemu_pid),
-        }
+impl Pair {
+    pub fn read(device_pid: u32, qemu_pid: u32) -> Pair {
+        Pair { device: of(&device_pid.to_string()), qemu: of(&qemu_pid.to_string()) }
     }
 }
 
+/// Where in a run its children are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
+    /// The guest's first console output: both surely live, whatever the run comes to.
+    FirstOutput,
+    /// Its result or crash line, else (a hang, a killed child) the end of its wait, before either is told to stop.
+    /// A guest that powers off at once may leave both exiting by then: those read None.
+    End,
+}
+
+/// A run's children at both points, and their pids for the check that they are gone after the run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ChildrenUsage {
+    pub device_pid: Option<u32>,
+    pub qemu_pid: Option<u32>,
+    pub first_output: Pair,
+    pub end: Pair,
+}
+
 thread_local! {
-    /// The last run's sample on this thread: runs execute on their worker's thread from start to end.
+    /// The last run's readings on this thread: runs execute on their worker's thread from start to end.
     static LAST: RefCell<Option<ChildrenUsage>> = const { RefCell::new(None) };
     static COLLECT: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether runs on this thread sample their children (the soak turns it on; suites leave it off and pay nothing).
+/// Whether runs on this thread read their children (the soak turns it on; suites leave it off and pay nothing).
 pub fn collect(on: bool) {
     COLLECT.with(|c| c.set(on));
 }
@@ -57,22 +68,25 @@ pub fn collecting() -> bool {
     COLLECT.with(Cell::get)
 }
 
-/// Records a sample of the run's children. A later sample of the same two processes keeps, for each, the earlier
-/// reading where the later one found the process exiting or gone.
-pub fn record(usage: ChildrenUsage) {
+/// Reads the run's two children at `point`; readings of other processes (an earlier run's) are dropped.
+pub fn record(point: Point, device_pid: u32, qemu_pid: u32) {
+    let pair = Pair::read(device_pid, qemu_pid);
+    let pids = (Some(device_pid), Some(qemu_pid));
     LAST.with(|l| {
         let mut last = l.borrow_mut();
-        let merged = match *last {
-            Some(before) if (before.device_pid, before.qemu_pid) == (usage.device_pid, usage.qemu_pid) => {
-                ChildrenUsage { device: usage.device.or(before.device), qemu: usage.qemu.or(before.qemu), ..usage }
-            }
-            _ => usage,
+        let mut usage = match *last {
+            Some(before) if (before.device_pid, before.qemu_pid) == pids => before,
+            _ => ChildrenUsage { device_pid: pids.0, qemu_pid: pids.1, ..ChildrenUsage::default() },
         };
-        *last = Some(merged);
+        match point {
+            Point::FirstOutput => usage.first_output = pair,
+            Point::End => usage.end = pair,
+        }
+        *last = Some(usage);
     });
 }
 
-/// The sample of the last run on this thread, if it was taken (a run that never got both children going has none).
+/// The readings of the last run on this thread, if any were taken (a run that never got both children going has none).
 pub fn take_last() -> Option<ChildrenUsage> {
     LAST.with(|l| l.borrow_mut().take())
 }
@@ -82,17 +96,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_later_sample_keeps_the_earlier_reading_of_a_process_gone_since() {
-        let live = |rss_kib| Some(ProcUsage { rss_kib, fds: 20 });
-        let at = |device, qemu| ChildrenUsage { device, qemu, device_pid: Some(1), qemu_pid: Some(2) };
+    fn both_points_are_kept_for_the_same_run_and_dropped_for_another() {
+        let me = std::process::id();
         let _ = take_last();
-        record(at(live(100), live(200)));
-        record(at(live(110), None));
-        assert_eq!(take_last(), Some(at(live(110), live(200))));
-        // Another run's processes: nothing carried over.
-        record(at(live(100), live(200)));
-        record(ChildrenUsage { device_pid: Some(3), ..at(None, None) });
-        assert_eq!(take_last().unwrap().qemu, None);
+        record(Point::FirstOutput, me, me);
+        record(Point::End, me, me);
+        let usage = take_last().expect("recorded");
+        assert!(usage.first_output.device.is_some() && usage.end.qemu.is_some(), "{usage:?}");
+        // Another pair of pids is another run: its first reading starts afresh.
+        record(Point::FirstOutput, me, me);
+        record(Point::End, u32::MAX, u32::MAX);
+        let usage = take_last().expect("recorded");
+        assert_eq!((usage.first_output, usage.end), (Pair::default(), Pair::default()));
     }
 
     #[test]

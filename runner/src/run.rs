@@ -17,7 +17,7 @@ use crate::evidence::{self, Evidence};
 use crate::image::Image;
 use crate::paths::Binaries;
 use crate::phase_hook::{self, Phase, Pids};
-use crate::proc_usage::{self, ChildrenUsage};
+use crate::proc_usage::{self, Point};
 use crate::qemu_cmd::{shell_line, Accel, Carrier, GdbStub, QemuConfig, VhostUserDevice};
 use crate::qmp::Qmp;
 use crate::restore::{self, RestoreError};
@@ -592,15 +592,13 @@ impl Watch<'_> {
         let mut quit_sent = false;
         let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
         let mut mid_run = false;
-        // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live, at its
-        // first output and again at its result or crash, else (a hang) as the wait ends before either is told to
-        // stop; a later reading of a process replaces an earlier one only if the process was still live.
+        // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live.
         let collect = proc_usage::collecting();
         let mut sampled = false;
         let (device_pid, qemu_pid) = (device.pid(), qemu.pid());
-        let sample = |sampled: &mut bool| {
+        let sample = |point, sampled: &mut bool| {
             if collect && !std::mem::replace(sampled, true) {
-                proc_usage::record(ChildrenUsage::sample(device_pid, qemu_pid));
+                proc_usage::record(point, device_pid, qemu_pid);
             }
         };
 
@@ -627,9 +625,8 @@ impl Watch<'_> {
             }
             if !mid_run && last_offset > 0 {
                 mid_run = true;
-                // Both children surely live (a guest that ends at once may be gone by its result line), and just
-                // before the soak's hook may kill one.
-                sample(&mut false);
+                // Both children surely live, and just before the soak's hook may kill one.
+                sample(Point::FirstOutput, &mut false);
                 phase_hook::at(Phase::MidRun, pids);
             }
             if let Some(status) = qemu.try_status()? {
@@ -641,7 +638,7 @@ impl Watch<'_> {
                 break End::DeviceExited;
             }
             if let Some((at, grace)) = settled {
-                sample(&mut sampled);
+                sample(Point::End, &mut sampled);
                 if grace == AFTER_RESULT && !quit_sent {
                     // The result line is the guest's last word (its teardown is done and checked by then): QEMU is
                     // told to quit instead of waiting for the guest's power-off.
@@ -663,7 +660,7 @@ impl Watch<'_> {
             }
             pause()?;
         };
-        sample(&mut sampled);
+        sample(Point::End, &mut sampled);
         self.watched.silent_for_s = Some(last_output.elapsed().as_secs_f64());
         match end {
             End::Silence | End::Timeout => {
