@@ -7,11 +7,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::cache_in_use::{self, use_file, InUse, InUseError};
 use crate::supervise::{tick, SuperviseError, Supervised};
 
 /// The recipe is compiled in, so the runner builds the image it was built with, wherever it is run from.
@@ -57,6 +59,9 @@ pub struct Image {
     pub kernel_package: String,
     /// False when the image came from the cache.
     pub built: bool,
+    /// Keeps another runner sharing the cache from pruning this image while this session boots it (`cache_in_use`).
+    #[serde(skip)]
+    pub in_use: Option<Arc<InUse>>,
 }
 
 fn cache_err(path: &Path) -> impl FnOnce(io::Error) -> ImageError + '_ {
@@ -116,7 +121,7 @@ pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Res
     let kernel_package = format!("{pkg} {ver}");
     if let Some(image) = complete_image(&dir, &key, &kernel_package, false) {
         touch(&dir);
-        return Ok(image);
+        return mark_in_use(image, &images);
     }
 
     on_build(&format!("building guest image {key} ({kernel_package})"));
@@ -144,7 +149,19 @@ pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Res
     let _ = fs::remove_dir_all(&dir);
     fs::rename(&out, &dir).map_err(cache_err(&dir))?;
     prune(&images, &key);
-    complete_image(&dir, &key, &kernel_package, true).ok_or_else(|| ImageError::Incomplete(dir.display().to_string()))
+    let image = complete_image(&dir, &key, &kernel_package, true)
+        .ok_or_else(|| ImageError::Incomplete(dir.display().to_string()))?;
+    mark_in_use(image, &images)
+}
+
+/// Marked in use under the cache lock `ensure` is called with, which every pruner holds too.
+fn mark_in_use(mut image: Image, images: &Path) -> Result<Image, ImageError> {
+    let in_use = InUse::acquire(&use_file(images, &image.key)).map_err(|e| match e {
+        InUseError::Process(e) => ImageError::Process(e),
+        InUseError::Io { source, .. } => ImageError::Cache { path: images.display().to_string(), source },
+    })?;
+    image.in_use = Some(Arc::new(in_use));
+    Ok(image)
 }
 
 /// `build.sh resolve` costs seconds of apt-cache; its answer only changes with the apt lists, so it is remembered
@@ -226,6 +243,7 @@ fn complete_image(dir: &Path, key: &str, kernel_package: &str, built: bool) -> O
         initrd,
         kernel_package: kernel_package.to_string(),
         built,
+        in_use: None,
     })
 }
 
@@ -290,9 +308,17 @@ fn prune(images: &Path, keep_key: &str) {
         })
         .collect();
     dirs.sort();
-    let excess = (dirs.len() + 1).saturating_sub(KEEP_IMAGES);
-    for (_, dir) in dirs.into_iter().take(excess) {
-        let _ = fs::remove_dir_all(dir);
+    let mut excess = (dirs.len() + 1).saturating_sub(KEEP_IMAGES);
+    for (_, dir) in dirs {
+        if excess == 0 {
+            break;
+        }
+        // An image another runner boots its guests from is skipped; the next older one goes in its place.
+        let key = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let unused = cache_in_use::unused(&use_file(images, &key));
+        if unused.is_some() && fs::remove_dir_all(&dir).is_ok() {
+            excess -= 1;
+        }
     }
 }
 
@@ -308,6 +334,24 @@ mod tests {
         assert_ne!(base, image_key("linux-image-6.1.0-57-amd64", "6.1.193-1", b"guest"));
         assert_ne!(base, image_key("linux-image-6.1.0-57-amd64", "6.1.192-3", b"guest2"));
         assert_eq!(base.len(), 24);
+    }
+
+    #[test]
+    fn prune_skips_an_image_another_runner_uses() {
+        let images = tempfile::tempdir().unwrap();
+        let keys = ["new", "a", "b", "c", "d"];
+        for (i, key) in keys.iter().enumerate() {
+            let dir = images.path().join(key);
+            fs::create_dir(&dir).unwrap();
+            let used = File::create(dir.join(USED)).unwrap();
+            used.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1000 + i as u64)).unwrap();
+        }
+        // Another runner boots from a, the oldest.
+        let _using_a = InUse::acquire(&use_file(images.path(), "a")).unwrap();
+        prune(images.path(), "new");
+        let left: Vec<bool> = keys.iter().map(|k| images.path().join(k).exists()).collect();
+        // One must go (4 others + the new one, 4 kept): a is in use, so b goes.
+        assert_eq!(left, [true, true, false, true, true]);
     }
 
     #[test]

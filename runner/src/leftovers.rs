@@ -5,7 +5,6 @@
 
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// In every claimed work dir; locked by its runner while it runs.
@@ -30,17 +29,7 @@ impl Drop for WorkDirClaim {
 
 /// Exclusive, non-blocking flock: true if taken, false if someone holds it.
 fn try_lock(file: &File) -> io::Result<bool> {
-    // SAFETY: flock on a descriptor the caller owns for the duration of the call.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    if err.kind() == io::ErrorKind::WouldBlock {
-        Ok(false)
-    } else {
-        Err(err)
-    }
+    crate::cache_in_use::try_flock(file, libc::LOCK_EX)
 }
 
 /// Claims `dir` for this process. The file is locked under another name and renamed into place, so a sweeper never

@@ -4,6 +4,7 @@
 pub mod accel;
 pub mod artifacts;
 pub mod bench;
+pub mod cache_in_use;
 pub mod debug_instructions;
 pub mod device;
 pub mod evidence;
@@ -11,6 +12,8 @@ pub mod finished_runs;
 pub mod image;
 pub mod leftovers;
 pub mod paths;
+pub mod phase_hook;
+pub mod proc_usage;
 pub mod qemu_cmd;
 pub mod qmp;
 pub mod restore;

@@ -618,35 +618,64 @@ fn real_main(cli: Cli) -> Result<bool> {
                 expand_fail_points: false,
             };
             println!(
-                "{:>4}  {:<36} {:>7} {:>8} {:>11} {:>4} {:>15} {:>5}",
-                "run", "name", "verdict", "seconds", "runner KiB", "fds", "child peak KiB", "dirs"
+                "{:>4}  {:<36} {:>7} {:>6} {:>10} {:>4} {:>15} {:>7} {:>17} {:>7} {:>5}",
+                "run",
+                "name",
+                "verdict",
+                "s",
+                "runner KiB",
+                "fds",
+                "device KiB 1st/end",
+                "fds",
+                "QEMU KiB 1st/end",
+                "fds",
+                "left"
             );
             let report = soak::soak(&ctx, runs, &opts, &mut |s| {
                 let verdict = if s.passed { "ok" } else { "WRONG" };
+                // At the first output / at the end ("-": exiting by then).
+                let both = |a: Option<vhca_run::proc_usage::ProcUsage>,
+                            b: Option<vhca_run::proc_usage::ProcUsage>,
+                            f: fn(vhca_run::proc_usage::ProcUsage) -> String| {
+                    let one = |u: Option<_>| u.map_or("-".to_string(), f);
+                    format!("{}/{}", one(a), one(b))
+                };
+                let (first, end) = (s.at_first_output, s.at_end);
                 println!(
-                    "{:>4}  {:<36} {:>7} {:>8.1} {:>11} {:>4} {:>15} {:>5}",
+                    "{:>4}  {:<36} {:>7} {:>6.1} {:>10} {:>4} {:>15} {:>7} {:>17} {:>7} {:>5}",
                     s.index,
                     s.run,
                     verdict,
                     s.seconds,
                     s.runner_rss_kib,
                     s.runner_fds,
-                    s.children_peak_rss_kib,
-                    s.work_dirs_left
+                    both(first.device, end.device, |u| u.rss_kib.to_string()),
+                    both(first.device, end.device, |u| u.fds.to_string()),
+                    both(first.qemu, end.qemu, |u| u.rss_kib.to_string()),
+                    both(first.qemu, end.qemu, |u| u.fds.to_string()),
+                    s.work_dirs_left + s.processes_left.len()
                 );
             })?;
             if let Some(path) = json {
                 write_file(&path, &serde_json::to_string_pretty(&report)?)?;
             }
+            for g in &report.growth {
+                println!(
+                    "{}: first {} last {}; median above its run kind's: first quarter {}, last quarter {} (tolerance {})",
+                    g.what, g.first, g.last, g.early, g.late, g.tolerance
+                );
+            }
             for problem in &report.problems {
                 println!("PROBLEM: {problem}");
             }
             println!(
-                "soak: {} runs, {} with a wrong verdict, runner fds {} before and {} after, {}",
+                "soak: {} runs, {} with a wrong verdict, runner fds {} before and {} after, locks {} before and {} after, {}",
                 report.samples.len(),
                 report.failed_runs,
                 report.fds_before,
                 report.samples.last().map_or(report.fds_before, |s| s.runner_fds),
+                report.locks_before,
+                report.samples.last().map_or(report.locks_before, |s| s.runner_locks),
                 if report.passed() { "passed" } else { "FAILED" }
             );
             Ok(report.passed())

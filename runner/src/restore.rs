@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::phase_hook::{self, Phase, Pids};
 use crate::qemu_cmd::VhostUserDevice;
 use crate::qmp::{Qmp, QmpError};
 use crate::serial_capture::ConsolePort;
@@ -61,16 +62,19 @@ pub fn load(qmp: &mut Qmp, qemu: &mut Supervised, state: &Path, qemu_log: &Path)
     let uri = format!("file:{}", state.display());
     qmp.execute("migrate-incoming", Some(json!({ "uri": uri })), QMP_TIMEOUT)
         .map_err(failed("migrate-incoming", true))?;
+    phase_hook::at(Phase::Load, Pids { qemu: Some(qemu.pid()), device: None });
     wait_loaded(qmp, qemu, qemu_log)?;
     Ok(Timings { steps: vec![("load", started.elapsed().as_secs_f64())] })
 }
 
 /// The second half: the run's HCA hot-plugged into the empty root port, the guest continued, its request sent.
+/// `pids`: the run's QEMU and device, for the hot-plug's `phase_hook` point.
 pub fn plug_and_continue(
     qmp: &mut Qmp,
     port: &mut ConsolePort,
     hca: &VhostUserDevice,
     request: &str,
+    pids: Pids,
 ) -> Result<Timings, RestoreError> {
     let mut timings = Timings::default();
     let mut at = Instant::now();
@@ -79,6 +83,7 @@ pub fn plug_and_continue(
         at = Instant::now();
     };
     qmp.execute("chardev-add", Some(hca.qmp_chardev_add()), QMP_TIMEOUT).map_err(failed("chardev-add", false))?;
+    phase_hook::at(Phase::HotPlug, pids);
     qmp.execute("device_add", Some(hca.qmp_device_add()), QMP_TIMEOUT).map_err(failed("device_add", false))?;
     mark(&mut timings, "hot-plug");
     qmp.execute("cont", None, QMP_TIMEOUT).map_err(failed("cont", false))?;
@@ -96,8 +101,14 @@ pub fn plug_and_continue(
 fn wait_loaded(qmp: &mut Qmp, qemu: &mut Supervised, qemu_log: &Path) -> Result<(), RestoreError> {
     let end = Instant::now() + LOAD_TIMEOUT;
     let bad = |why: String| RestoreError::Failed { step: "loading the snapshot", why, snapshot_bad: true };
-    // QEMU gives up on a file it cannot load by exiting: its last words say why.
+    // QEMU gives up on a file it cannot load by exiting: its last words say why. Killed by a signal (the OOM killer,
+    // a person, a test), it says nothing about the file, which stays in use.
     let ended = |status: std::process::ExitStatus| {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            let why = format!("QEMU killed by signal {signal} while loading");
+            return RestoreError::Failed { step: "loading the snapshot", why, snapshot_bad: false };
+        }
         let log = std::fs::read_to_string(qemu_log).unwrap_or_default();
         let last = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no message)").trim().to_string();
         bad(format!("QEMU ended ({status}) while loading: {last}"))

@@ -16,6 +16,8 @@ use crate::device::{self, DeviceConfig, DeviceError};
 use crate::evidence::{self, Evidence};
 use crate::image::Image;
 use crate::paths::Binaries;
+use crate::phase_hook::{self, Phase, Pids};
+use crate::proc_usage::{self, Point};
 use crate::qemu_cmd::{shell_line, Accel, Carrier, GdbStub, QemuConfig, VhostUserDevice};
 use crate::qmp::Qmp;
 use crate::restore::{self, RestoreError};
@@ -355,18 +357,25 @@ fn attempt(
     match device::launch(&device_cfg, &files.device_log(), DEVICE_START) {
         Ok(mut device) => {
             let mut never_started = false;
-            let (qemu, qmp, port) = match (snapshot, loading) {
+            let started = match (snapshot, loading) {
                 (Some(s), Some(loading)) => {
                     stage(on, format!("continuing the restored guest ({})", ctx.accel.name()));
                     // Any failure here drops both guards (device and QEMU killed and reaped) with the work dir.
-                    match continue_restored(&files, loading, s, &hca, &request, device_started) {
-                        Ok(Loaded { qemu, qmp, port, .. }) => {
+                    match continue_restored(&files, loading, s, &hca, &request, device_started, &mut device)? {
+                        Restored::Continued(Loaded { qemu, qmp, port, .. }) => {
                             // The next run's guest loads while this one runs.
                             warm_guest::load_next(s);
-                            (qemu, Some(qmp), Some(port))
+                            Some((qemu, Some(qmp), Some(port)))
                         }
-                        Err(RestoreError::Process(e)) => return Err(e.into()),
-                        Err(why) => return Ok(Attempt::Fallback(why)),
+                        Restored::Fallback(why) => return Ok(Attempt::Fallback(why)),
+                        // The device died under the restore (killed, or it crashed on the hot-plug's vhost-user
+                        // messages): that is the run's verdict, not a reason to boot cold and hide it.
+                        Restored::DeviceDied(status, why) => {
+                            watched.device_exit = exit_of(status);
+                            watched.qemu_exit = ProcessExit::KilledByRunner;
+                            watched.rig_problems.push(format!("vhca-device ended during the restore ({why})"));
+                            None
+                        }
                     }
                 }
                 _ => {
@@ -405,12 +414,12 @@ fn attempt(
                             never_started = true;
                         }
                     }
-                    (qemu, qmp, port)
+                    (!never_started).then_some((qemu, qmp, port))
                 }
             };
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
             let crash_grace = if windows.is_some() { run_boot::DUMP_GRACE } else { AFTER_CRASH };
-            if !never_started {
+            if let Some((qemu, qmp, port)) = started {
                 let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
                 w.run(device, qemu, qmp, port)?;
             }
@@ -435,8 +444,23 @@ fn attempt(
     Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
 }
 
+/// How a restore ended.
+enum Restored {
+    Continued(Loaded),
+    /// It failed before the guest ran anything, the device still up or gone with QEMU: the run can boot cold.
+    Fallback(RestoreError),
+    /// The device died while QEMU lived: the run's own verdict.
+    DeviceDied(std::process::ExitStatus, RestoreError),
+}
+
+/// How long a failed hot-plug waits to see whether QEMU or the device died under it (a socket closes a moment before
+/// the kernel has its process reaped); spent only on a restore that failed.
+const DIED_UNDER_RESTORE: Duration = Duration::from_millis(500);
+/// Once the device is seen gone: QEMU dying first (the device then leaves because QEMU hung up) shows within this.
+const QEMU_BEFORE_DEVICE: Duration = Duration::from_millis(200);
+
 /// Takes the loaded guest, hot-plugs the HCA and continues it with the run's request; the step timings go to the
-/// run's files.
+/// run's files. Err only for the runner's own trouble (an interrupt).
 fn continue_restored(
     files: &RunFiles,
     loading: Loading,
@@ -444,13 +468,40 @@ fn continue_restored(
     hca: &VhostUserDevice,
     request: &str,
     device_started: Instant,
-) -> Result<Loaded, RestoreError> {
+    device: &mut Supervised,
+) -> Result<Restored, SuperviseError> {
     let waiting = Instant::now();
-    let mut loaded = loading.ready()?;
+    let mut loaded = match loading.ready() {
+        Ok(loaded) => loaded,
+        Err(RestoreError::Process(e)) => return Err(e),
+        // A QEMU that died while it loaded (its own restore's, or the one loaded ahead) never reached the device.
+        Err(why) => return Ok(Restored::Fallback(why)),
+    };
     let waited = waiting.elapsed().as_secs_f64();
     let mut timings = loaded.timings.clone();
     timings.steps.push(("waited for the load (0 when loaded ahead)", waited));
-    timings.steps.extend(restore::plug_and_continue(&mut loaded.qmp, &mut loaded.port, hca, request)?.steps);
+    let pids = Pids { qemu: Some(loaded.qemu.pid()), device: Some(device.pid()) };
+    match restore::plug_and_continue(&mut loaded.qmp, &mut loaded.port, hca, request, pids) {
+        Ok(plugged) => timings.steps.extend(plugged.steps),
+        Err(RestoreError::Process(e)) => return Err(e),
+        Err(RestoreError::Failed { step, why, snapshot_bad }) => {
+            let failed = |why: String| RestoreError::Failed { step, why, snapshot_bad };
+            let end = Instant::now() + DIED_UNDER_RESTORE;
+            while Instant::now() < end {
+                if let Some(status) = loaded.qemu.try_status()? {
+                    return Ok(Restored::Fallback(failed(format!("{why}; QEMU {}", exit_of(status).describe()))));
+                }
+                if let Some(status) = device.try_status()? {
+                    return Ok(match loaded.qemu.wait_timeout(QEMU_BEFORE_DEVICE)? {
+                        Some(q) => Restored::Fallback(failed(format!("{why}; QEMU {}", exit_of(q).describe()))),
+                        None => Restored::DeviceDied(status, failed(why)),
+                    });
+                }
+                pause()?;
+            }
+            return Ok(Restored::Fallback(failed(why)));
+        }
+    }
     let _ = fs::write(
         files.restore_log(),
         format!(
@@ -460,7 +511,7 @@ fn continue_restored(
             device_started.elapsed().as_secs_f64()
         ),
     );
-    Ok(loaded)
+    Ok(Restored::Continued(loaded))
 }
 
 /// One `WATCH_POLL`, failing if an interrupt arrived.
@@ -539,6 +590,17 @@ impl Watch<'_> {
         let timeout = Duration::from_secs(u64::from(self.run.guest.timeout_s));
         let test_panic = std::env::var_os(TEST_PANIC_ENV).is_some();
         let mut quit_sent = false;
+        let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
+        let mut mid_run = false;
+        // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live.
+        let collect = proc_usage::collecting();
+        let mut sampled = false;
+        let (device_pid, qemu_pid) = (device.pid(), qemu.pid());
+        let sample = |point, sampled: &mut bool| {
+            if collect && !std::mem::replace(sampled, true) {
+                proc_usage::record(point, device_pid, qemu_pid);
+            }
+        };
 
         let end = loop {
             for line in serial.poll().unwrap_or_default() {
@@ -561,6 +623,12 @@ impl Watch<'_> {
             if test_panic && last_offset > 0 {
                 panic!("{TEST_PANIC_ENV} is set: the runner panics mid-run, with QEMU and the device running");
             }
+            if !mid_run && last_offset > 0 {
+                mid_run = true;
+                // Both children surely live, and just before the soak's hook may kill one.
+                sample(Point::FirstOutput, &mut false);
+                phase_hook::at(Phase::MidRun, pids);
+            }
             if let Some(status) = qemu.try_status()? {
                 self.watched.qemu_exit = exit_of(status);
                 break End::QemuExited;
@@ -570,6 +638,7 @@ impl Watch<'_> {
                 break End::DeviceExited;
             }
             if let Some((at, grace)) = settled {
+                sample(Point::End, &mut sampled);
                 if grace == AFTER_RESULT && !quit_sent {
                     // The result line is the guest's last word (its teardown is done and checked by then): QEMU is
                     // told to quit instead of waiting for the guest's power-off.
@@ -591,6 +660,7 @@ impl Watch<'_> {
             }
             pause()?;
         };
+        sample(Point::End, &mut sampled);
         self.watched.silent_for_s = Some(last_output.elapsed().as_secs_f64());
         match end {
             End::Silence | End::Timeout => {

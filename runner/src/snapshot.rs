@@ -16,6 +16,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
+use crate::cache_in_use::InUse;
 use crate::qemu_cmd::{Accel, QemuConfig};
 
 pub use cache::prepare;
@@ -147,6 +148,8 @@ pub struct Snapshot {
     /// Found stored, with how long checking it against its record took.
     pub checked: Option<f64>,
     broken: AtomicBool,
+    /// Keeps another runner sharing the cache from pruning this snapshot while this session restores from it.
+    _in_use: Option<InUse>,
 }
 
 impl Snapshot {

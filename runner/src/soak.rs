@@ -1,21 +1,28 @@
 //! `vhca-run soak -n N`: N back-to-back runs through the same machinery a suite uses, cycling through passes,
-//! bugchecks, a device fault, a hang and a guest panic, with the runner's own memory and fds sampled after every run
-//! and its children's peak memory alongside. It passes when every verdict is as expected, the runner's fds end where
-//! they began, its memory stops growing, and no work dir is left in the temp dir.
+//! bugchecks, a device fault, a hang, a guest panic, and runs whose QEMU or device the soak kills mid-run. After every
+//! run it samples the runner's own memory, fds and locks, and every run samples its vhca-device's and QEMU's memory
+//! and fds while it is live (`proc_usage`). It passes when every verdict is as expected, the runner's fds and locks end
+//! where they began, no child, work dir or socket outlives its run, and no one's memory or fds grow over the soak.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
-use vhca_suite::{ConcreteRun, Suite};
+use vhca_suite::{Actual, ConcreteRun, Suite};
 
+use crate::phase_hook::{self, Phase};
+use crate::proc_usage::{self, Pair};
 use crate::run::{Progress, RunContext, RunError};
 use crate::suite_run::{one_run, SuiteOptions};
+use crate::supervise::process_alive;
 
 /// The seed runs in the mix, both verifier modes: a pass, two bugchecks and a device fault. Their expectations come
 /// from the built-in seed suite, the one place the seed verdicts are written.
 const FROM_SEED: [&str; 3] = ["smoke", "fast-mutex-create-cq", "use-after-unmap"];
 
-/// The rest of the mix: the runner's own test modes, a hang and a guest panic.
+/// The rest of the mix: the runner's own test modes, a hang and a guest panic, and two hung guests whose QEMU or device
+/// the soak kills mid-run (`KILLED`: their suite expectation is replaced by the device failure the kill must give;
+/// the long silence limit keeps the hang from coming first).
 pub const RIG_FAULTS_SUITE: &str = r#"
 name = "soak"
 [defaults]
@@ -32,21 +39,58 @@ name = "panic"
 modes = ["off"]
 guest = { scenario = "smoke", extra = { init = "panic" } }
 expect = "guest-panic"
+
+[[run]]
+name = "qemu-killed"
+modes = ["off"]
+guest = { scenario = "smoke", silence_s = 30, extra = { init = "hang" } }
+expect = "hang"
+
+[[run]]
+name = "device-killed"
+modes = ["off"]
+guest = { scenario = "smoke", silence_s = 30, extra = { init = "hang" } }
+expect = "hang"
 "#;
 
-/// One run of the soak, and the runner as it stood after it.
+/// Which child of a run the soak kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Victim {
+    Qemu,
+    Device,
+}
+
+/// The runs whose child is SIGKILLed at the run's first console output, and the device failure each must then be
+/// judged (the verdict's words, as `ProcessExit::describe` writes them).
+const KILLED: [(&str, Victim, &str); 2] = [
+    ("qemu-killed/verifier-off", Victim::Qemu, "QEMU killed by signal 9 (SIGKILL)"),
+    ("device-killed/verifier-off", Victim::Device, "vhca-device killed by signal 9 (SIGKILL)"),
+];
+
+/// One run of the soak, and the runner and the run's children as they stood.
 #[derive(Debug, Clone, Serialize)]
 pub struct SoakSample {
     pub index: usize,
     pub run: String,
+    /// What the soak expected: the suite's expectation, or for a killed run the device failure naming the victim.
+    pub expected: String,
+    pub actual: String,
     pub passed: bool,
     pub seconds: f64,
     /// The runner's resident memory (VmRSS) after the run, KiB.
     pub runner_rss_kib: u64,
     /// The runner's open fds after the run.
     pub runner_fds: usize,
+    /// Locks the runner holds after the run (/proc/locks lines with its pid).
+    pub runner_locks: usize,
+    /// The run's vhca-device and QEMU at the guest's first console output (both live; for a killed run, just before
+    /// the kill) and at its result or crash line, else when its wait ended (None for a process already exiting).
+    pub at_first_output: Pair,
+    pub at_end: Pair,
     /// Peak resident memory of the largest child reaped so far (QEMU or vhca-device), KiB: flat if no run grows.
     pub children_peak_rss_kib: u64,
+    /// The runner's children still there after the run (alive or unreaped), and the run's own device or QEMU if alive.
+    pub processes_left: Vec<u32>,
     /// Work dirs (`vhca-run-*`) in the temp dir after the run.
     pub work_dirs_left: usize,
 }
@@ -55,8 +99,11 @@ pub struct SoakSample {
 pub struct SoakReport {
     pub samples: Vec<SoakSample>,
     pub failed_runs: usize,
-    /// The runner's fds before the first run.
+    /// The runner's fds and locks before the first run.
     pub fds_before: usize,
+    pub locks_before: usize,
+    /// The device's and QEMU's memory and fds over the soak (`growth`).
+    pub growth: Vec<Growth>,
     /// Why the soak failed, if it did.
     pub problems: Vec<String>,
 }
@@ -80,19 +127,6 @@ pub fn soak_runs() -> Vec<ConcreteRun> {
     runs
 }
 
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
-
 fn children_peak_rss_kib() -> u64 {
     // SAFETY: getrusage fills the zeroed struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -109,6 +143,53 @@ fn work_dirs(temp: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// The runner's children, zombies included: between runs it has none.
+fn children() -> Vec<u32> {
+    let me = std::process::id().to_string();
+    let Ok(proc) = std::fs::read_dir("/proc") else { return Vec::new() };
+    proc.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // After the parenthesised name: state, then ppid.
+            stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)).is_some_and(|ppid| ppid == me)
+        })
+        .collect()
+}
+
+/// Locks held by this process: /proc/locks names the owner's pid in its fifth column.
+fn locks_held() -> usize {
+    let me = std::process::id().to_string();
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks.lines().filter(|l| l.split_whitespace().nth(4) == Some(me.as_str())).count()
+}
+
+/// Kills the victim at the run's first console output: removed again when dropped, whatever the run came to.
+struct KillAtMidRun;
+
+impl KillAtMidRun {
+    fn arm(victim: Victim) -> KillAtMidRun {
+        phase_hook::set(Some(Arc::new(move |phase, pids| {
+            let pid = match victim {
+                Victim::Qemu => pids.qemu,
+                Victim::Device => pids.device,
+            };
+            if let (Phase::MidRun, Some(pid)) = (phase, pid.and_then(|p| libc::pid_t::try_from(p).ok())) {
+                // SAFETY: kill(2) on a child of this runner that is not reaped yet (the run holds its guard), so the
+                // pid is still that child's; it touches no memory.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        })));
+        KillAtMidRun
+    }
+}
+
+impl Drop for KillAtMidRun {
+    fn drop(&mut self) {
+        phase_hook::set(None);
+    }
+}
+
 /// Runs `n` runs one after the other, calling `on` with each sample as it is taken. Err only for an interrupt.
 pub fn soak(
     ctx: &RunContext,
@@ -118,42 +199,84 @@ pub fn soak(
 ) -> Result<SoakReport, RunError> {
     let runs = soak_runs();
     let temp = std::env::temp_dir();
-    let fds_before = open_fds();
+    let fds_before = proc_usage::of("self").map_or(0, |u| u.fds);
+    let locks_before = locks_held();
     let mut samples = Vec::with_capacity(n);
     let mut quiet = |_: Progress| {};
+    proc_usage::collect(true);
     for (index, run) in runs.iter().cycle().take(n).enumerate() {
+        let killed = KILLED.iter().find(|(name, _, _)| *name == run.name);
+        let armed = killed.map(|(_, victim, _)| KillAtMidRun::arm(*victim));
+        let _ = proc_usage::take_last();
         let report = one_run(ctx, run, opts, &mut quiet)?;
+        drop(armed);
+        let children_usage = proc_usage::take_last().unwrap_or_default();
+        let (expected, passed) = match killed {
+            Some((_, _, words)) => (
+                format!("device-failure: {words}"),
+                matches!(&report.actual, Actual::DeviceFailure { detail } if detail.contains(words)),
+            ),
+            None => (report.expected.to_string(), report.passed()),
+        };
+        let mut processes_left = children();
+        for pid in [children_usage.device_pid, children_usage.qemu_pid].into_iter().flatten() {
+            if process_alive(pid) && !processes_left.contains(&pid) {
+                processes_left.push(pid);
+            }
+        }
+        let me = proc_usage::of("self");
         let sample = SoakSample {
             index,
             run: run.name.clone(),
-            passed: report.passed(),
+            expected,
+            actual: report.actual_text.clone(),
+            passed,
             seconds: report.seconds,
-            runner_rss_kib: rss_kib(),
-            runner_fds: open_fds(),
+            runner_rss_kib: me.map_or(0, |u| u.rss_kib),
+            runner_fds: me.map_or(0, |u| u.fds),
+            runner_locks: locks_held(),
+            at_first_output: children_usage.first_output,
+            at_end: children_usage.end,
             children_peak_rss_kib: children_peak_rss_kib(),
+            processes_left,
             work_dirs_left: work_dirs(&temp),
         };
         on(&sample);
         samples.push(sample);
     }
-    let problems = judge(&samples, fds_before);
+    let growth = children_growth(&samples);
+    let mut problems = judge(&samples, fds_before, locks_before);
+    problems.extend(growth.iter().filter_map(Growth::problem));
     let failed_runs = samples.iter().filter(|s| !s.passed).count();
-    Ok(SoakReport { samples, failed_runs, fds_before, problems })
+    Ok(SoakReport { samples, failed_runs, fds_before, locks_before, growth, problems })
 }
 
-/// What makes a soak fail: a wrong verdict, an fd or work dir left after a run, or memory that keeps growing (the
-/// last tenth of the runs above the first tenth, after the first run's warm-up, by more than 8 MiB).
-pub fn judge(samples: &[SoakSample], fds_before: usize) -> Vec<String> {
+/// What makes a soak fail: a wrong verdict; an fd, lock, process or work dir left after a run; runner memory that
+/// keeps growing (the last tenth of the runs above the first tenth, after the first run's warm-up, by more than
+/// 8 MiB). The children's growth is `children_growth`'s.
+pub fn judge(samples: &[SoakSample], fds_before: usize, locks_before: usize) -> Vec<String> {
     let mut problems = Vec::new();
     for s in samples {
         if !s.passed {
-            problems.push(format!("run {} ({}) did not get its expected verdict", s.index, s.run));
+            problems.push(format!(
+                "run {} ({}) did not get its expected verdict: expected {}, got {}",
+                s.index, s.run, s.expected, s.actual
+            ));
         }
         if s.runner_fds != fds_before {
             problems.push(format!(
                 "after run {} the runner has {} fds, {} before the soak",
                 s.index, s.runner_fds, fds_before
             ));
+        }
+        if s.runner_locks != locks_before {
+            problems.push(format!(
+                "after run {} the runner holds {} locks, {} before the soak",
+                s.index, s.runner_locks, locks_before
+            ));
+        }
+        if !s.processes_left.is_empty() {
+            problems.push(format!("after run {}: processes left {:?}", s.index, s.processes_left));
         }
         if s.work_dirs_left != 0 {
             problems.push(format!("after run {}: {} work dirs left in the temp dir", s.index, s.work_dirs_left));
@@ -170,9 +293,105 @@ pub fn judge(samples: &[SoakSample], fds_before: usize) -> Vec<String> {
     problems
 }
 
+/// One child metric over the soak. Each run has its own vhca-device and QEMU, so "does not grow" means the per-run
+/// values show no upward trend: every value is taken relative to the median of its run kind (a bugcheck run's QEMU
+/// is not a hang run's), and the median of those deviations over the last quarter of the sampled runs must not exceed
+/// the first quarter's by more than the tolerance. Medians, so a single slow or early-sampled run moves nothing.
+#[derive(Debug, Clone, Serialize)]
+pub struct Growth {
+    pub what: &'static str,
+    pub samples: usize,
+    /// First and last sampled values, as they were.
+    pub first: u64,
+    pub last: u64,
+    /// Median deviation from the run kind's median, first and last quarter.
+    pub early: i64,
+    pub late: i64,
+    pub tolerance: i64,
+}
+
+impl Growth {
+    fn problem(&self) -> Option<String> {
+        (self.late - self.early > self.tolerance).then(|| {
+            format!(
+                "{} grew over the soak: {} above its run kind's median in the last quarter, {} in the first (tolerance {})",
+                self.what, self.late, self.early, self.tolerance
+            )
+        })
+    }
+}
+
+/// RSS tolerances. A leak a run leaves to the next (an fd inherited, a file that grows) adds up run after run; runs of
+/// one kind spread by the guest's timing at the reading. Measured in the 200-run soak (docs/fuzz.md): the device is
+/// about 4.1 MiB with runs of one kind within 0.4 MiB, QEMU 137 to 165 MiB with runs of one kind, at one point,
+/// within a few MiB. The tolerances are about 2.5 times the device's spread and one QEMU spread, compared between
+/// medians, which move far less (under 0.1 MiB in that soak).
+const DEVICE_RSS_TOLERANCE_KIB: i64 = 1024;
+const QEMU_RSS_TOLERANCE_KIB: i64 = 8 * 1024;
+/// fds: a run's children open the same files every run, but a QEMU or device read while it sets up or tears down a
+/// vhost-user queue has a few more or fewer; 2 absorbs a median moved by one such reading.
+const FD_TOLERANCE: i64 = 2;
+
+/// The device's and QEMU's memory and fds at both reading points over the soak; at least 8 readings of a metric are
+/// needed to judge it.
+pub fn children_growth(samples: &[SoakSample]) -> Vec<Growth> {
+    type Pick = fn(&SoakSample) -> Option<u64>;
+    let metrics: [(&'static str, Pick, i64); 8] = [
+        (
+            "vhca-device RSS at first output (KiB)",
+            |s| s.at_first_output.device.map(|u| u.rss_kib),
+            DEVICE_RSS_TOLERANCE_KIB,
+        ),
+        ("vhca-device fds at first output", |s| s.at_first_output.device.map(|u| u.fds as u64), FD_TOLERANCE),
+        ("QEMU RSS at first output (KiB)", |s| s.at_first_output.qemu.map(|u| u.rss_kib), QEMU_RSS_TOLERANCE_KIB),
+        ("QEMU fds at first output", |s| s.at_first_output.qemu.map(|u| u.fds as u64), FD_TOLERANCE),
+        ("vhca-device RSS at the end (KiB)", |s| s.at_end.device.map(|u| u.rss_kib), DEVICE_RSS_TOLERANCE_KIB),
+        ("vhca-device fds at the end", |s| s.at_end.device.map(|u| u.fds as u64), FD_TOLERANCE),
+        ("QEMU RSS at the end (KiB)", |s| s.at_end.qemu.map(|u| u.rss_kib), QEMU_RSS_TOLERANCE_KIB),
+        ("QEMU fds at the end", |s| s.at_end.qemu.map(|u| u.fds as u64), FD_TOLERANCE),
+    ];
+    metrics.into_iter().filter_map(|(what, pick, tolerance)| growth(samples, what, pick, tolerance)).collect()
+}
+
+fn median(values: &mut [i64]) -> i64 {
+    values.sort_unstable();
+    values[values.len() / 2]
+}
+
+fn growth(
+    samples: &[SoakSample],
+    what: &'static str,
+    pick: fn(&SoakSample) -> Option<u64>,
+    tolerance: i64,
+) -> Option<Growth> {
+    let taken: Vec<(&str, i64)> =
+        samples.iter().filter_map(|s| Some((s.run.as_str(), i64::try_from(pick(s)?).ok()?))).collect();
+    if taken.len() < 8 {
+        return None;
+    }
+    let mut kinds: std::collections::BTreeMap<&str, Vec<i64>> = std::collections::BTreeMap::new();
+    for (run, v) in &taken {
+        kinds.entry(run).or_default().push(*v);
+    }
+    let medians: std::collections::BTreeMap<&str, i64> =
+        kinds.into_iter().map(|(run, mut values)| (run, median(&mut values))).collect();
+    let deviations: Vec<i64> = taken.iter().map(|(run, v)| v - medians[run]).collect();
+    let quarter = deviations.len() / 4;
+    Some(Growth {
+        what,
+        samples: taken.len(),
+        first: taken[0].1 as u64,
+        last: taken[taken.len() - 1].1 as u64,
+        early: median(&mut deviations[..quarter].to_vec()),
+        late: median(&mut deviations[deviations.len() - quarter..].to_vec()),
+        tolerance,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proc_usage::ProcUsage;
 
     fn sample(index: usize, rss: u64, fds: usize) -> SoakSample {
         SoakSample {
@@ -180,9 +399,18 @@ mod tests {
             run: "smoke/verifier-off".into(),
             passed: true,
             seconds: 1.0,
+            expected: "pass".into(),
+            actual: "pass".into(),
             runner_rss_kib: rss,
             runner_fds: fds,
+            runner_locks: 1,
+            at_first_output: Pair {
+                device: Some(ProcUsage { rss_kib: 9000, fds: 20 }),
+                qemu: Some(ProcUsage { rss_kib: 300_000, fds: 40 }),
+            },
+            at_end: Pair::default(),
             children_peak_rss_kib: 0,
+            processes_left: vec![],
             work_dirs_left: 0,
         }
     }
@@ -190,25 +418,65 @@ mod tests {
     #[test]
     fn the_mix_parses_and_covers_every_verdict_kind() {
         let runs = soak_runs();
-        assert_eq!(runs.len(), 8);
+        assert_eq!(runs.len(), 10);
         let kinds: std::collections::BTreeSet<String> =
             runs.iter().map(|r| r.expected.to_string().split(' ').next().unwrap().to_string()).collect();
         let want: std::collections::BTreeSet<String> =
             ["pass", "bugcheck", "device-fault", "hang", "guest-panic"].iter().map(|s| s.to_string()).collect();
         assert_eq!(kinds, want);
+        for (name, _, _) in KILLED {
+            assert!(runs.iter().any(|r| r.name == name), "{name} is not in the mix");
+        }
+    }
+
+    #[test]
+    fn a_child_that_grows_from_run_to_run_fails_the_soak_and_kinds_do_not_count_as_growth() {
+        // Ten kinds in the mix, each with its own size; flat over time: no growth.
+        let kind = |i: usize| format!("kind-{}", i % 10);
+        let mut flat: Vec<SoakSample> = (0..60).map(|i| sample(i, 20_000, 5)).collect();
+        for (i, s) in flat.iter_mut().enumerate() {
+            s.run = kind(i);
+            s.at_first_output.qemu = Some(ProcUsage { rss_kib: 200_000 + 50_000 * (i % 10) as u64, fds: 40 + i % 10 });
+        }
+        let growth = children_growth(&flat);
+        // Nothing read at the end in these samples: only the four first-output metrics are judged.
+        assert_eq!(growth.len(), 4);
+        assert!(growth.iter().all(|g| g.problem().is_none()), "{growth:?}");
+        // One fd more for every run, in QEMU: the last quarter is far above the first.
+        let mut leaking = flat.clone();
+        for (i, s) in leaking.iter_mut().enumerate() {
+            s.at_first_output.qemu = s.at_first_output.qemu.map(|u| ProcUsage { fds: u.fds + i, ..u });
+        }
+        let problems: Vec<String> = children_growth(&leaking).iter().filter_map(Growth::problem).collect();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("QEMU fds at first output grew"), "{problems:?}");
+        // 1 MiB more device memory every run.
+        let mut growing = flat;
+        for (i, s) in growing.iter_mut().enumerate() {
+            s.at_first_output.device =
+                s.at_first_output.device.map(|u| ProcUsage { rss_kib: u.rss_kib + 1024 * i as u64, ..u });
+        }
+        let problems: Vec<String> = children_growth(&growing).iter().filter_map(Growth::problem).collect();
+        assert!(problems.len() == 1 && problems[0].starts_with("vhca-device RSS at first output"), "{problems:?}");
     }
 
     #[test]
     fn growth_leaks_and_failures_fail_the_soak() {
         let flat: Vec<SoakSample> = (0..30).map(|i| sample(i, 20_000, 5)).collect();
-        assert!(judge(&flat, 5).is_empty());
+        assert!(judge(&flat, 5, 1).is_empty());
         let growing: Vec<SoakSample> = (0..30).map(|i| sample(i, 20_000 + 1024 * i as u64, 5)).collect();
-        assert!(judge(&growing, 5).iter().any(|p| p.contains("memory grew")));
+        assert!(judge(&growing, 5, 1).iter().any(|p| p.contains("memory grew")));
         let mut leaking = flat.clone();
         leaking[7].runner_fds = 6;
-        assert!(judge(&leaking, 5).iter().any(|p| p.contains("after run 7")));
-        let mut failing = flat;
+        assert!(judge(&leaking, 5, 1).iter().any(|p| p.contains("after run 7")));
+        let mut failing = flat.clone();
         failing[3].passed = false;
-        assert!(judge(&failing, 5).iter().any(|p| p.contains("run 3")));
+        assert!(judge(&failing, 5, 1).iter().any(|p| p.contains("run 3")));
+        let mut locked = flat.clone();
+        locked[4].runner_locks = 2;
+        assert!(judge(&locked, 5, 1).iter().any(|p| p.contains("after run 4 the runner holds 2 locks")));
+        let mut orphan = flat;
+        orphan[5].processes_left = vec![4242];
+        assert!(judge(&orphan, 5, 1).iter().any(|p| p.contains("after run 5: processes left [4242]")));
     }
 }

@@ -107,12 +107,10 @@ thread_local! {
     static MORE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Tells this worker's next `load_next` whether a run may follow; with none, the guest loaded ahead is dropped.
+/// Tells this worker's next `load_next` whether a run may follow the one it is about to start. A guest already
+/// loaded ahead is for that run and stays; the worker's end (`discard`) drops one no run took.
 pub fn expect_more_runs(more: bool) {
     MORE.with(|m| m.set(more));
-    if !more {
-        discard();
-    }
 }
 
 /// The guest for this worker's run: the one loaded ahead for `snapshot`, or one started now.

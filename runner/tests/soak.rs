@@ -1,5 +1,6 @@
-//! The soak in the test command: `vhca-run soak -n 30` (every verdict kind, back to back) must give every run its
-//! verdict with the runner's fds flat, its memory not growing, and no process, work dir or socket left after.
+//! The soak in the test command: `vhca-run soak -n 30` (every verdict kind, and QEMU and the device each killed
+//! mid-run, back to back) must give every run its verdict with the runner's fds and locks flat, its memory not
+//! growing, every run's device and QEMU sampled live and not growing, and no process, work dir or socket left after.
 //! `vhca-run soak -n 200` is the long form (docs/fuzz.md). Prerequisites missing: fails under CI=true.
 
 mod common;
@@ -22,6 +23,34 @@ fn thirty_back_to_back_runs_leak_nothing() {
     assert!(report["problems"].as_array().unwrap().is_empty(), "{report}");
     let fds: Vec<u64> = samples.iter().map(|s| s["runner_fds"].as_u64().unwrap()).collect();
     assert!(fds.iter().all(|f| *f == fds[0]), "the runner's fds moved: {fds:?}");
+    let locks: Vec<u64> = samples.iter().map(|s| s["runner_locks"].as_u64().unwrap()).collect();
+    assert!(
+        locks.iter().all(|l| *l == report["locks_before"].as_u64().unwrap()),
+        "the runner's locks moved: {locks:?}"
+    );
+    for s in samples {
+        assert!(s["processes_left"].as_array().unwrap().is_empty(), "{s}");
+        let run = s["run"].as_str().unwrap();
+        // Each killed run got the device failure naming its victim; every other run had both children sampled live.
+        match run {
+            "qemu-killed/verifier-off" => {
+                assert!(s["actual"].as_str().unwrap().contains("QEMU killed by signal 9"), "{s}")
+            }
+            "device-killed/verifier-off" => {
+                assert!(s["actual"].as_str().unwrap().contains("vhca-device killed by signal 9"), "{s}")
+            }
+            _ => {}
+        }
+        for child in ["device", "qemu"] {
+            let usage = &s["at_first_output"][child];
+            let live =
+                usage["rss_kib"].as_u64().is_some_and(|k| k > 1024) && usage["fds"].as_u64().is_some_and(|f| f >= 3);
+            assert!(live, "{run}: {child} not read live at the first output: {s}");
+        }
+    }
+    let growth = report["growth"].as_array().unwrap();
+    // Device and QEMU, RSS and fds, at the first output (every run) and at the end (enough runs: a hang's are live).
+    assert_eq!(growth.len(), 8, "{report}");
     println!("{}", String::from_utf8_lossy(&out.stdout));
     s.assert_nothing_left("after the soak");
 }

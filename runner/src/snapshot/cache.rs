@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use super::save::{build, logs_tail, BuildError};
 use super::state_digest::state_digest;
 use super::{key_of, qemu_version, SavedMachine, Snapshot, STATE_FILE};
+use crate::cache_in_use::{self, use_file, InUse, InUseError};
 use crate::image::{CacheLock, ImageError};
+use crate::phase_hook::{self, Phase, Pids};
 use crate::supervise::SuperviseError;
 
 const META_FILE: &str = "snapshot.json";
@@ -62,20 +64,35 @@ pub fn prepare(
     };
     let dir = root.join(&key);
     let state = dir.join(STATE_FILE);
-    let snapshot = |built, checked| Snapshot {
-        key: key.clone(),
-        state: state.clone(),
-        machine: machine.clone(),
-        built,
-        checked,
-        broken: AtomicBool::new(false),
+    // Marked in use while the build lock is still held: a pruner, which takes that lock too, cannot slip in between
+    // the check and the mark.
+    let snapshot = |built, checked, log: &mut dyn FnMut(&str)| {
+        let in_use = match InUse::acquire(&use_file(root, &key)) {
+            Ok(in_use) => Some(in_use),
+            Err(InUseError::Process(e)) => return Err(e),
+            Err(e) => {
+                log(&format!("{e}: another runner sharing the cache may prune snapshot {key} while this one uses it"));
+                None
+            }
+        };
+        Ok(Snapshot {
+            key: key.clone(),
+            state: state.clone(),
+            machine: machine.clone(),
+            built,
+            checked,
+            broken: AtomicBool::new(false),
+            _in_use: in_use,
+        })
     };
     if dir.exists() {
         let started = Instant::now();
         return Ok(match verify(&dir) {
             Ok(()) => {
                 touch(&dir);
-                Some(snapshot(None, Some(started.elapsed().as_secs_f64())))
+                let snapshot = snapshot(None, Some(started.elapsed().as_secs_f64()), log)?;
+                phase_hook::at(Phase::SnapshotChecked, Pids::default());
+                Some(snapshot)
             }
             Err(why) => {
                 let _ = fs::remove_dir_all(&dir);
@@ -128,8 +145,10 @@ pub fn prepare(
             // The rename moved the temp dir away: nothing is left for its guard to remove.
             let _ = work.keep();
             log(&format!("snapshot {key} saved in {seconds:.1} s ({} MB on disk)", bytes >> 20));
+            let snapshot = snapshot(Some(seconds), None, log)?;
             prune(root, &key);
-            Ok(Some(snapshot(Some(seconds), None)))
+            phase_hook::at(Phase::SnapshotChecked, Pids::default());
+            Ok(Some(snapshot))
         }
         Err(e) => {
             log(&format!("cold boot: storing the snapshot in {}: {e}", dir.display()));
@@ -177,8 +196,9 @@ fn other_snapshots(root: &Path, key: &str) -> Vec<String> {
     keys
 }
 
-/// Keeps the `KEEP` most recently used snapshots and removes build dirs a killed runner left behind. A session still
-/// restoring from a pruned snapshot sees its restores fail and boots cold.
+/// Keeps the `KEEP` most recently used snapshots and removes build dirs a killed runner left behind. A snapshot
+/// another runner uses (its use file shared-locked, `cache_in_use`) or is checking or building (its build lock held)
+/// is skipped, and the next older one goes in its place.
 fn prune(root: &Path, keep_key: &str) {
     let Ok(entries) = fs::read_dir(root) else { return };
     let mut snapshots = Vec::new();
@@ -196,9 +216,18 @@ fn prune(root: &Path, keep_key: &str) {
         }
     }
     snapshots.sort();
-    let excess = (snapshots.len() + 1).saturating_sub(KEEP);
-    for (_, path) in snapshots.into_iter().take(excess) {
-        let _ = fs::remove_dir_all(path);
+    let mut excess = (snapshots.len() + 1).saturating_sub(KEEP);
+    for (_, path) in snapshots {
+        if excess == 0 {
+            break;
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // Both held while removing: no runner can start checking or using it meanwhile.
+        let free = cache_in_use::unused(&root.join(format!("{name}.lock")))
+            .and_then(|build| Some((build, cache_in_use::unused(&use_file(root, &name))?)));
+        if free.is_some() && fs::remove_dir_all(&path).is_ok() {
+            excess -= 1;
+        }
     }
 }
 
@@ -244,7 +273,26 @@ mod tests {
         let mut left: Vec<String> =
             fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         left.sort();
-        assert_eq!(left, ["a", "a.lock", "c", "d"]);
+        // The pruner leaves the lock files it took (removing a lock file others may open races with them).
+        assert_eq!(left, ["a", "a.lock", "b.lock", "b.use", "c", "d"]);
         assert_eq!(other_snapshots(root.path(), "a"), ["c", "d"]);
+    }
+
+    #[test]
+    fn prune_skips_what_another_runner_uses_or_checks_and_takes_the_next_oldest() {
+        let root = tempfile::tempdir().unwrap();
+        for (i, key) in ["new", "b", "c", "d", "e"].iter().enumerate() {
+            let dir = root.path().join(key);
+            fs::create_dir(&dir).unwrap();
+            let f = File::create(dir.join(META_FILE)).unwrap();
+            f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1000 + i as u64)).unwrap();
+        }
+        // Another runner restores from b (its use file shared-locked) and checks c (its build lock held).
+        let _using_b = InUse::acquire(&use_file(root.path(), "b")).unwrap();
+        let _checking_c = CacheLock::acquire_file(&root.path().join("c.lock")).unwrap();
+        prune(root.path(), "new");
+        let left: Vec<bool> = ["new", "b", "c", "d", "e"].iter().map(|k| root.path().join(k).exists()).collect();
+        // Two must go (4 others + the new one, 3 kept): b and c are skipped, d and e go in their place.
+        assert_eq!(left, [true, true, true, false, false]);
     }
 }
