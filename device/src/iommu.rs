@@ -1,12 +1,16 @@
 //! The device IOTLB: IOVA → QEMU virtual address entries that QEMU sends, behind vm-memory's `Iommu` trait.
 //! Every refused translation is recorded, because virtio-queue's descriptor walk swallows the error.
 
-use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
+use vhca_proto::{NUM_QUEUES, PAGE_SIZE};
 use vhost::VhostAccess;
 use vm_memory::iommu::{IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
+
+use crate::translation_cache::TranslationCache;
 
 /// Why a translation was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,15 +61,46 @@ pub fn perm_to_vhost(perm: Permissions) -> u8 {
     }
 }
 
-/// The IOTLB plus the bookkeeping the transport needs around it: the last refusal, and a generation counter the
-/// worker can wait on while QEMU answers a miss. The IOTLB has its own lock so the front-end thread can apply an
-/// UPDATE while the worker is busy.
-#[derive(Debug, Default)]
+/// The IOTLB plus the bookkeeping the transport needs around it: the last refusal, a generation counter the
+/// worker can wait on while QEMU answers a miss, and one translation cache per queue for the DMA path. The IOTLB
+/// has its own lock so the front-end thread can apply an UPDATE while the worker is busy.
+#[derive(Debug)]
 pub struct DeviceIommu {
     iotlb: RwLock<Iotlb>,
+    /// Bumped by every change of the IOTLB, while its write lock is held: the tag of every cached translation.
+    iotlb_generation: AtomicU64,
+    caches: Box<[Mutex<QueueTranslations>]>,
     fault: Mutex<Option<TranslationFault>>,
     generation: Mutex<u64>,
     changed: Condvar,
+}
+
+impl Default for DeviceIommu {
+    fn default() -> Self {
+        DeviceIommu {
+            iotlb: RwLock::default(),
+            iotlb_generation: AtomicU64::new(0),
+            caches: (0..NUM_QUEUES).map(|_| Mutex::default()).collect(),
+            fault: Mutex::default(),
+            generation: Mutex::default(),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+/// A piece of a translated range that is contiguous in QEMU's address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRun {
+    pub uaddr: u64,
+    pub len: usize,
+}
+
+/// One queue's translation cache and the run lists its DMA translates into (kept, so a DMA allocates nothing).
+#[derive(Debug, Default)]
+pub struct QueueTranslations {
+    pub pages: TranslationCache,
+    pub from: Vec<HostRun>,
+    pub to: Vec<HostRun>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,6 +116,71 @@ impl DeviceIommu {
         self.iotlb.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The IOTLB for a change; the caller bumps `iotlb_generation` before letting go of it, so no translation
+    /// cached before the change can be taken for one made after it.
+    fn write_iotlb(&self) -> RwLockWriteGuard<'_, Iotlb> {
+        self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn changed_under(&self, _iotlb: &RwLockWriteGuard<'_, Iotlb>) {
+        self.iotlb_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The translation cache of `queue`, held for one DMA.
+    pub fn cache(&self, queue: u16) -> MutexGuard<'_, QueueTranslations> {
+        lock(&self.caches[usize::from(queue) % self.caches.len()])
+    }
+
+    /// Translates [iova, iova + len) for `access` page by page through `cache` into `out`, as runs contiguous in
+    /// QEMU's address space. A page the cache does not hold is looked up in the IOTLB and cached if one entry
+    /// allows `access` on all of it. False if any page is not so translated (unmapped, refused, a partial entry, a
+    /// range that wraps): the caller then takes the uncached path, which records the fault or asks QEMU. Records
+    /// nothing itself.
+    pub fn translate_cached(
+        &self,
+        cache: &mut TranslationCache,
+        iova: u64,
+        len: usize,
+        access: Permissions,
+        out: &mut Vec<HostRun>,
+    ) -> bool {
+        out.clear();
+        let Some(end) = u64::try_from(len).ok().and_then(|len| iova.checked_add(len)) else { return false };
+        // Read before any lookup below: an entry filled from an IOTLB that changed meanwhile carries the old tag.
+        let generation = self.iotlb_generation.load(Ordering::Acquire);
+        let mut pos = iova;
+        while pos < end {
+            let page = pos & !(PAGE_SIZE - 1);
+            let Some(page_uaddr) =
+                cache.lookup(page, access, generation).or_else(|| self.fill(cache, page, access, generation))
+            else {
+                return false;
+            };
+            let within = pos - page;
+            let n = (PAGE_SIZE - within).min(end - pos);
+            // The fill saw one IOTLB entry map the whole page, and entries never wrap (`update`).
+            let uaddr = page_uaddr + within;
+            match out.last_mut() {
+                Some(last) if last.uaddr.checked_add(last.len as u64) == Some(uaddr) => last.len += n as usize,
+                _ => out.push(HostRun { uaddr, len: n as usize }),
+            }
+            pos += n;
+        }
+        true
+    }
+
+    /// Looks `page` up in the IOTLB and caches it if one entry maps all of it with `access`.
+    fn fill(&self, cache: &mut TranslationCache, page: u64, access: Permissions, generation: u64) -> Option<u64> {
+        page.checked_add(PAGE_SIZE)?;
+        let mut ranges = Iotlb::lookup(self.read_iotlb(), GuestAddress(page), PAGE_SIZE as usize, access).ok()?;
+        let first = ranges.next()?;
+        if first.length as u64 != PAGE_SIZE || ranges.next().is_some() {
+            return None;
+        }
+        cache.fill(page, first.base.0, access, generation);
+        Some(first.base.0)
+    }
+
     /// Maps [iova, iova + size) to QEMU address `uaddr` with `perm`, replacing what was there.
     pub fn update(&self, iova: u64, size: u64, uaddr: u64, perm: Permissions) -> Result<(), IotlbError> {
         if size == 0 {
@@ -90,11 +190,12 @@ impl DeviceIommu {
             return Err(IotlbError::Overflow { iova, size });
         }
         let len = usize::try_from(size).map_err(|_| IotlbError::TooLarge { iova, size })?;
-        let mut iotlb = self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut iotlb = self.write_iotlb();
         // set_mapping only fails for ranges we already refused above.
         if iotlb.set_mapping(GuestAddress(iova), GuestAddress(uaddr), len, perm).is_err() {
             return Err(IotlbError::Overflow { iova, size });
         }
+        self.changed_under(&iotlb);
         drop(iotlb);
         self.bump();
         Ok(())
@@ -103,19 +204,23 @@ impl DeviceIommu {
     /// Drops entries in [iova, iova + size). A size that runs past the end of the address space (QEMU's
     /// whole-domain flushes) drops everything from `iova` up.
     pub fn invalidate(&self, iova: u64, size: u64) {
-        let mut iotlb = self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut iotlb = self.write_iotlb();
         let end = iova.checked_add(size).filter(|_| size != 0).unwrap_or(u64::MAX);
         if end > iova {
             // usize is 64 bits on every host this device runs on; clamp anyway rather than truncate silently.
             let len = usize::try_from(end - iova).unwrap_or(usize::MAX);
             iotlb.invalidate_mapping(GuestAddress(iova), len);
         }
+        self.changed_under(&iotlb);
         drop(iotlb);
         self.bump();
     }
 
     pub fn invalidate_all(&self) {
-        self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner()).invalidate_all();
+        let mut iotlb = self.write_iotlb();
+        iotlb.invalidate_all();
+        self.changed_under(&iotlb);
+        drop(iotlb);
         self.bump();
     }
 

@@ -9,6 +9,7 @@ pub mod memory;
 pub mod queue_worker;
 pub mod sandbox;
 pub mod shared;
+pub mod translation_cache;
 pub mod vhost_user;
 pub mod vring;
 

@@ -1,0 +1,99 @@
+//! The DMA path's translation cache: IOVA page → QEMU address of that page, with the permissions already checked
+//! against the IOTLB, so a hit costs an array index instead of vm-memory's three range-map walks. Every entry is
+//! tagged with the IOTLB generation it was filled at (`DeviceIommu::iotlb_generation`), which every update and
+//! invalidation bumps: after any change every entry is stale at once, and a stale entry is never used.
+//!
+//! Hand-written: vm-memory's `Iotlb` has no cache of its own, and its `IotlbIterator` cannot be built outside it.
+
+use vhca_proto::PAGE_SIZE;
+use vm_memory::Permissions;
+
+/// Entries per cache, direct-mapped by IOVA page number: a 1 MiB transfer's source and destination pages (512)
+/// fit without evicting each other when their pages are contiguous in IOVA space.
+const ENTRIES: usize = 1024;
+
+/// An entry never filled carries this generation, which the IOTLB's counter (starting at 0, +1 per change) never
+/// reaches.
+const NEVER: u64 = u64::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    iova_page: u64,
+    /// QEMU's address of the page's first byte: one IOTLB entry covered the whole page, contiguously.
+    uaddr: u64,
+    /// The accesses the IOTLB allowed on this page at `generation` (`Permissions` as bits).
+    allowed: u8,
+    generation: u64,
+}
+
+/// One queue's cache; the DMA path holds it (under its lock) for the length of one `Dma` call.
+#[derive(Debug)]
+pub struct TranslationCache {
+    entries: Box<[Entry]>,
+    hits: u64,
+    fills: u64,
+}
+
+impl Default for TranslationCache {
+    fn default() -> Self {
+        let empty = Entry { iova_page: 0, uaddr: 0, allowed: 0, generation: NEVER };
+        TranslationCache { entries: vec![empty; ENTRIES].into_boxed_slice(), hits: 0, fills: 0 }
+    }
+}
+
+fn slot(iova_page: u64) -> usize {
+    ((iova_page / PAGE_SIZE) as usize) % ENTRIES
+}
+
+impl TranslationCache {
+    /// QEMU's address of `iova_page` (page-aligned) if an entry filled at `generation` allowed `access` there.
+    #[inline]
+    pub fn lookup(&mut self, iova_page: u64, access: Permissions, generation: u64) -> Option<u64> {
+        let e = &self.entries[slot(iova_page)];
+        let want = access as u8;
+        if e.generation == generation && e.iova_page == iova_page && e.allowed & want == want {
+            self.hits += 1;
+            return Some(e.uaddr);
+        }
+        None
+    }
+
+    /// Records that the IOTLB, at `generation`, mapped all of `iova_page` to `uaddr..uaddr + PAGE_SIZE` for
+    /// `access`. Rights checked at the same generation for the same mapping add up.
+    pub fn fill(&mut self, iova_page: u64, uaddr: u64, access: Permissions, generation: u64) {
+        let e = &mut self.entries[slot(iova_page)];
+        let same = e.generation == generation && e.iova_page == iova_page && e.uaddr == uaddr;
+        let allowed = if same { e.allowed | access as u8 } else { access as u8 };
+        *e = Entry { iova_page, uaddr, allowed, generation };
+        self.fills += 1;
+    }
+
+    /// Hits and fills so far (for tests and diagnostics).
+    pub fn stats(&self) -> (u64, u64) {
+        (self.hits, self.fills)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hit_needs_the_same_page_generation_and_rights() {
+        let mut cache = TranslationCache::default();
+        assert_eq!(cache.lookup(0x1000, Permissions::Read, 0), None, "nothing filled yet");
+        cache.fill(0x1000, 0x7000_0000, Permissions::Read, 3);
+        assert_eq!(cache.lookup(0x1000, Permissions::Read, 3), Some(0x7000_0000));
+        assert_eq!(cache.lookup(0x1000, Permissions::Write, 3), None, "write was never checked");
+        assert_eq!(cache.lookup(0x1000, Permissions::Read, 4), None, "the IOTLB changed since");
+        let aliased = 0x1000 + ENTRIES as u64 * PAGE_SIZE;
+        assert_eq!(cache.lookup(aliased, Permissions::Read, 3), None, "same slot, other page");
+        cache.fill(0x1000, 0x7000_0000, Permissions::Write, 3);
+        assert_eq!(cache.lookup(0x1000, Permissions::ReadWrite, 3), Some(0x7000_0000), "rights add up");
+        cache.fill(0x1000, 0x9000_0000, Permissions::Write, 3);
+        assert_eq!(cache.lookup(0x1000, Permissions::Read, 3), None, "a new mapping does not inherit rights");
+        cache.fill(aliased, 0x8000_0000, Permissions::Read, 3);
+        assert_eq!(cache.lookup(0x1000, Permissions::Write, 3), None, "evicted by the page sharing its slot");
+        assert_eq!(cache.stats(), (2, 4));
+    }
+}
