@@ -126,16 +126,26 @@ impl DeviceIommu {
         self.iotlb_generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The translation cache of `queue`, held for one DMA.
+    /// The translation cache of `queue`.
     pub fn cache(&self, queue: u16) -> MutexGuard<'_, QueueTranslations> {
         lock(&self.caches[usize::from(queue) % self.caches.len()])
     }
 
-    /// Translates [iova, iova + len) for `access` page by page through `cache` into `out`, as runs contiguous in
-    /// QEMU's address space. A page the cache does not hold is looked up in the IOTLB and cached if one entry
-    /// allows `access` on all of it. False if any page is not so translated (unmapped, refused, a partial entry, a
-    /// range that wraps): the caller then takes the uncached path, which records the fault or asks QEMU. Records
-    /// nothing itself.
+    /// The translation cache of `queue`, unless someone holds it now (the DMA path then goes uncached rather than
+    /// wait, so two holders on one thread cannot deadlock).
+    pub fn try_cache(&self, queue: u16) -> Option<MutexGuard<'_, QueueTranslations>> {
+        match self.caches[usize::from(queue) % self.caches.len()].try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Translates [iova, iova + len) for `access` through `cache` into `out`, as runs contiguous in QEMU's address
+    /// space: one cache entry per contiguous mapping met. A page the cache does not hold is looked up in the
+    /// IOTLB and cached if the IOTLB maps all of it (and how far on contiguously) with `access`. False if any page
+    /// is not so translated (unmapped, refused, a partial entry, a range that wraps): the caller then takes the
+    /// uncached path, which records the fault or asks QEMU. Records nothing itself.
     pub fn translate_cached(
         &self,
         cache: &mut TranslationCache,
@@ -151,14 +161,14 @@ impl DeviceIommu {
         let mut pos = iova;
         while pos < end {
             let page = pos & !(PAGE_SIZE - 1);
-            let Some(page_uaddr) =
-                cache.lookup(page, access, generation).or_else(|| self.fill(cache, page, access, generation))
-            else {
-                return false;
+            let hit = match cache.lookup(page, access, generation) {
+                Some(hit) => Some(hit),
+                None => self.fill(cache, page, end - page, access, generation),
             };
+            let Some((page_uaddr, extent)) = hit else { return false };
             let within = pos - page;
-            let n = (PAGE_SIZE - within).min(end - pos);
-            // The fill saw one IOTLB entry map the whole page, and entries never wrap (`update`).
+            let n = (extent - within).min(end - pos);
+            // The fill saw the IOTLB map the whole extent from page_uaddr, and entries never wrap (`update`).
             let uaddr = page_uaddr + within;
             match out.last_mut() {
                 Some(last) if last.uaddr.checked_add(last.len as u64) == Some(uaddr) => last.len += n as usize,
@@ -169,16 +179,29 @@ impl DeviceIommu {
         true
     }
 
-    /// Looks `page` up in the IOTLB and caches it if one entry maps all of it with `access`.
-    fn fill(&self, cache: &mut TranslationCache, page: u64, access: Permissions, generation: u64) -> Option<u64> {
-        page.checked_add(PAGE_SIZE)?;
-        let mut ranges = Iotlb::lookup(self.read_iotlb(), GuestAddress(page), PAGE_SIZE as usize, access).ok()?;
-        let first = ranges.next()?;
-        if first.length as u64 != PAGE_SIZE || ranges.next().is_some() {
+    /// Looks `page` up in the IOTLB, for the `wanted` bytes from there the access needs (the whole page at least),
+    /// and caches the page with the whole pages mapped contiguously from it if `access` is allowed on them.
+    fn fill(
+        &self,
+        cache: &mut TranslationCache,
+        page: u64,
+        wanted: u64,
+        access: Permissions,
+        generation: u64,
+    ) -> Option<(u64, u64)> {
+        let span = wanted.checked_next_multiple_of(PAGE_SIZE)?.max(PAGE_SIZE);
+        page.checked_add(span)?;
+        // All of `span` first (one entry for a whole transfer); if some later page refuses, the page alone.
+        let first = [span, PAGE_SIZE].into_iter().find_map(|len| {
+            let mut ranges = Iotlb::lookup(self.read_iotlb(), GuestAddress(page), usize::try_from(len).ok()?, access);
+            ranges.as_mut().ok()?.next()
+        })?;
+        let extent = first.length as u64 / PAGE_SIZE * PAGE_SIZE;
+        if extent == 0 {
             return None;
         }
-        cache.fill(page, first.base.0, access, generation);
-        Some(first.base.0)
+        cache.fill(page, first.base.0, extent, access, generation);
+        Some((first.base.0, extent))
     }
 
     /// Maps [iova, iova + size) to QEMU address `uaddr` with `perm`, replacing what was there.
@@ -399,6 +422,41 @@ mod tests {
         });
         assert!(iommu.wait_for_change(seen, Instant::now() + Duration::from_secs(5)));
         t.join().unwrap();
+    }
+
+    #[test]
+    fn cached_translation_takes_whole_contiguous_extents_and_drops_them_on_any_change() {
+        let iommu = DeviceIommu::new();
+        // Four IOVA pages onto four contiguous QEMU pages, then one elsewhere.
+        iommu.update(0x10000, 0x4000, 0x7f00_0000_0000, Permissions::ReadWrite).unwrap();
+        iommu.update(0x14000, 0x1000, 0x7f00_0009_0000, Permissions::Read).unwrap();
+        let mut cache = iommu.cache(0);
+        let QueueTranslations { pages, from, .. } = &mut *cache;
+        assert!(iommu.translate_cached(pages, 0x10010, 0x4ff0, Permissions::Read, from));
+        assert_eq!(
+            from.as_slice(),
+            [HostRun { uaddr: 0x7f00_0000_0010, len: 0x3ff0 }, HostRun { uaddr: 0x7f00_0009_0000, len: 0x1000 }]
+        );
+        let (hits, fills) = pages.stats();
+        assert!(iommu.translate_cached(pages, 0x10000, 0x4000, Permissions::Read, from));
+        assert_eq!(pages.stats(), (hits + 1, fills), "one entry served the whole contiguous extent");
+        assert!(!iommu.translate_cached(pages, 0x14000, 8, Permissions::Write, from), "read-only page");
+        assert!(!iommu.translate_cached(pages, 0x15000, 8, Permissions::Read, from), "unmapped page");
+        assert!(!iommu.translate_cached(pages, u64::MAX - 4, 8, Permissions::Read, from), "wraps");
+        assert_eq!(iommu.take_fault(), None, "the cached path records nothing; the uncached path reports");
+
+        iommu.invalidate(0x12000, 0x1000);
+        assert!(!iommu.translate_cached(pages, 0x10000, 0x4000, Permissions::Read, from), "a hole now");
+        assert!(iommu.translate_cached(pages, 0x10000, 0x2000, Permissions::Read, from));
+        assert!(iommu.translate_cached(pages, 0x13000, 0x1000, Permissions::Read, from));
+        iommu.update(0x13000, 0x1000, 0x7f00_0005_0000, Permissions::Read).unwrap();
+        assert!(iommu.translate_cached(pages, 0x13000, 0x10, Permissions::Read, from));
+        assert_eq!(from.as_slice(), [HostRun { uaddr: 0x7f00_0005_0000, len: 0x10 }], "the new mapping");
+        iommu.invalidate_all();
+        assert!(!iommu.translate_cached(pages, 0x10000, 0x10, Permissions::Read, from));
+        // A mapping smaller than a page is never cached (the uncached path serves it).
+        iommu.update(0x20000, 0x800, 0x7f00_0001_0000, Permissions::Read).unwrap();
+        assert!(!iommu.translate_cached(pages, 0x20000, 0x10, Permissions::Read, from));
     }
 
     #[test]

@@ -81,11 +81,11 @@ const FIRST_QPN: u32 = 0x10;
 
 impl Hca {
     pub fn new(config: HcaConfig, events: Arc<dyn EventSink>) -> Hca {
-        let engine = DmaEngine {
-            pool: MapRegisterPool::new(config.map_registers),
-            injector: Injector::new(config.injection.clone()),
-            revalidate_stale: config.revalidate_stale,
-        };
+        let engine = DmaEngine::new(
+            MapRegisterPool::new(config.map_registers),
+            Injector::new(config.injection.clone()),
+            config.revalidate_stale,
+        );
         Hca {
             out: Notifier::new(events),
             engine,
