@@ -22,7 +22,7 @@ use vhca_device::shared::Shared;
 use vhca_hca::{Dma, EventSink, Hca, HcaConfig, NullSink};
 use vhca_proto::status::WcStatus;
 use vhca_proto::*;
-use vm_memory::{Bytes, GuestAddress, Iommu, Permissions};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, Iommu, Permissions};
 use zerocopy::IntoBytes;
 
 const PAGE: u64 = PAGE_SIZE;
@@ -129,16 +129,37 @@ impl Setup {
         verbs::rdma_write_wqe(1, SRC_ADDR + src, self.keys.0, len as u32, DST_ADDR + dst, self.keys.1)
     }
 
-    /// Posts the WQE, rings the SQ doorbell, and polls its CQE: one RDMA_WRITE as a driver sees it.
+    /// Posts the WQE, rings the SQ doorbell, and polls its CQE: one RDMA_WRITE as a driver sees it. The driver's
+    /// side is what a guest's CPU does: stores into its SQ ring, one 16-byte doorbell record, loads from its CQ ring
+    /// (guest RAM straight through QEMU's mapping, no IOMMU, no allocation).
     fn one_write(&mut self, wqe: &Wqe) -> WcStatus {
         let index = self.posted;
         self.posted = self.posted.wrapping_add(1);
-        self.cpu_write(SQ_OFF + u64::from(index % WQ_ENTRIES) * WQE_SIZE as u64, wqe.as_bytes());
+        self.cpu_store(SQ_OFF + u64::from(index % WQ_ENTRIES) * WQE_SIZE as u64, wqe.as_bytes());
+        let db = Doorbell {
+            kind: (DoorbellKind::SendQueue as u32).into(),
+            handle: self.qpn.into(),
+            index: self.posted.into(),
+            flags: 0.into(),
+        };
         let dma = QueueDma::new(&self.shared, &self.mem, QUEUE_DOORBELL);
-        self.hca.doorbell(&dma, &verbs::doorbell(DoorbellKind::SendQueue, self.qpn, self.posted, 0));
-        let raw = self.cpu_read(CQ_OFF + u64::from(index % CQ_ENTRIES) * CQE_SIZE as u64, CQE_SIZE);
+        self.hca.doorbell(&dma, db.as_bytes());
+        drop(dma);
+        let mut raw = [0u8; CQE_SIZE];
+        self.cpu_load(CQ_OFF + u64::from(index % CQ_ENTRIES) * CQE_SIZE as u64, &mut raw);
         let cqe = verbs::valid_cqe(&raw, index, CQ_ENTRIES).expect("the write completed");
         verbs::cqe_status(black_box(&cqe))
+    }
+
+    /// The guest CPU's stores and loads to its own RAM.
+    fn cpu_store(&self, off: u64, bytes: &[u8]) {
+        let ram = self.mem.get_backend().get_slice(GuestAddress(UADDR + off), bytes.len()).expect("guest RAM");
+        ram.copy_from(bytes);
+    }
+
+    fn cpu_load(&self, off: u64, out: &mut [u8]) {
+        let ram = self.mem.get_backend().get_slice(GuestAddress(UADDR + off), out.len()).expect("guest RAM");
+        ram.copy_to(out);
     }
 
     /// Checks that a write of `len` bytes at these offsets moves exactly the right bytes, so a broken data path

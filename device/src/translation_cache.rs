@@ -67,7 +67,7 @@ impl TranslationCache {
     /// contiguously to `uaddr..` and allowed `access` on all of them. Rights checked at the same generation for the
     /// same mapping add up, over the part both checks covered.
     pub fn fill(&mut self, iova_page: u64, uaddr: u64, extent: u64, access: Permissions, generation: u64) {
-        debug_assert!(extent >= PAGE_SIZE && extent % PAGE_SIZE == 0);
+        debug_assert!(extent >= PAGE_SIZE && extent.is_multiple_of(PAGE_SIZE));
         let e = &mut self.entries[slot(iova_page)];
         let same = e.generation == generation && e.iova_page == iova_page && e.uaddr == uaddr;
         let (allowed, extent) =

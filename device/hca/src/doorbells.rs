@@ -12,6 +12,7 @@ use crate::{Dma, Hca};
 impl Hca {
     pub(crate) fn ring_doorbells(&mut self, dma: &dyn Dma, records: &[u8]) {
         for chunk in records.chunks(DOORBELL_SIZE) {
+            self.out.request_started();
             self.in_doorbell = true;
             self.one_doorbell(dma, chunk);
             self.in_doorbell = false;

@@ -102,6 +102,10 @@ pub enum HcaEvent {
 
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: HcaEvent);
+
+    /// The HCA starts on a new request (a command, a doorbell record, an IOTLB invalidation): a sink that stamps
+    /// events with a time may read its clock here once and stamp the request's events with it.
+    fn request_started(&self) {}
 }
 
 /// A sink that throws events away (benchmarks, callers that do not log).
