@@ -1,12 +1,16 @@
 //! The device IOTLB: IOVA → QEMU virtual address entries that QEMU sends, behind vm-memory's `Iommu` trait.
 //! Every refused translation is recorded, because virtio-queue's descriptor walk swallows the error.
 
-use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
+use vhca_proto::{NUM_QUEUES, PAGE_SIZE};
 use vhost::VhostAccess;
 use vm_memory::iommu::{IotlbIterator, IovaRange};
 use vm_memory::{GuestAddress, Iommu, Iotlb, Permissions};
+
+use crate::translation_cache::TranslationCache;
 
 /// Why a translation was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,15 +61,46 @@ pub fn perm_to_vhost(perm: Permissions) -> u8 {
     }
 }
 
-/// The IOTLB plus the bookkeeping the transport needs around it: the last refusal, and a generation counter the
-/// worker can wait on while QEMU answers a miss. The IOTLB has its own lock so the front-end thread can apply an
-/// UPDATE while the worker is busy.
-#[derive(Debug, Default)]
+/// The IOTLB plus the bookkeeping the transport needs around it: the last refusal, a generation counter the
+/// worker can wait on while QEMU answers a miss, and one translation cache per queue for the DMA path. The IOTLB
+/// has its own lock so the front-end thread can apply an UPDATE while the worker is busy.
+#[derive(Debug)]
 pub struct DeviceIommu {
     iotlb: RwLock<Iotlb>,
+    /// Bumped by every change of the IOTLB, while its write lock is held: the tag of every cached translation.
+    iotlb_generation: AtomicU64,
+    caches: Box<[Mutex<QueueTranslations>]>,
     fault: Mutex<Option<TranslationFault>>,
     generation: Mutex<u64>,
     changed: Condvar,
+}
+
+impl Default for DeviceIommu {
+    fn default() -> Self {
+        DeviceIommu {
+            iotlb: RwLock::default(),
+            iotlb_generation: AtomicU64::new(0),
+            caches: (0..NUM_QUEUES).map(|_| Mutex::default()).collect(),
+            fault: Mutex::default(),
+            generation: Mutex::default(),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+/// A piece of a translated range that is contiguous in QEMU's address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRun {
+    pub uaddr: u64,
+    pub len: usize,
+}
+
+/// One queue's translation cache and the run lists its DMA translates into (kept, so a DMA allocates nothing).
+#[derive(Debug, Default)]
+pub struct QueueTranslations {
+    pub pages: TranslationCache,
+    pub from: Vec<HostRun>,
+    pub to: Vec<HostRun>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,6 +116,94 @@ impl DeviceIommu {
         self.iotlb.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The IOTLB for a change; the caller bumps `iotlb_generation` before letting go of it, so no translation
+    /// cached before the change can be taken for one made after it.
+    fn write_iotlb(&self) -> RwLockWriteGuard<'_, Iotlb> {
+        self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn changed_under(&self, _iotlb: &RwLockWriteGuard<'_, Iotlb>) {
+        self.iotlb_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The translation cache of `queue`.
+    pub fn cache(&self, queue: u16) -> MutexGuard<'_, QueueTranslations> {
+        lock(&self.caches[usize::from(queue) % self.caches.len()])
+    }
+
+    /// The translation cache of `queue`, unless someone holds it now (the DMA path then goes uncached rather than
+    /// wait, so two holders on one thread cannot deadlock).
+    pub fn try_cache(&self, queue: u16) -> Option<MutexGuard<'_, QueueTranslations>> {
+        match self.caches[usize::from(queue) % self.caches.len()].try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Translates [iova, iova + len) for `access` through `cache` into `out`, as runs contiguous in QEMU's address
+    /// space: one cache entry per contiguous mapping met. A page the cache does not hold is looked up in the
+    /// IOTLB and cached if the IOTLB maps all of it (and how far on contiguously) with `access`. False if any page
+    /// is not so translated (unmapped, refused, a partial entry, a range that wraps): the caller then takes the
+    /// uncached path, which records the fault or asks QEMU. Records nothing itself.
+    pub fn translate_cached(
+        &self,
+        cache: &mut TranslationCache,
+        iova: u64,
+        len: usize,
+        access: Permissions,
+        out: &mut Vec<HostRun>,
+    ) -> bool {
+        out.clear();
+        let Some(end) = u64::try_from(len).ok().and_then(|len| iova.checked_add(len)) else { return false };
+        // Read before any lookup below: an entry filled from an IOTLB that changed meanwhile carries the old tag.
+        let generation = self.iotlb_generation.load(Ordering::Acquire);
+        let mut pos = iova;
+        while pos < end {
+            let page = pos & !(PAGE_SIZE - 1);
+            let hit = match cache.lookup(page, access, generation) {
+                Some(hit) => Some(hit),
+                None => self.fill(cache, page, end - page, access, generation),
+            };
+            let Some((page_uaddr, extent)) = hit else { return false };
+            let within = pos - page;
+            let n = (extent - within).min(end - pos);
+            // The fill saw the IOTLB map the whole extent from page_uaddr, and entries never wrap (`update`).
+            let uaddr = page_uaddr + within;
+            match out.last_mut() {
+                Some(last) if last.uaddr.checked_add(last.len as u64) == Some(uaddr) => last.len += n as usize,
+                _ => out.push(HostRun { uaddr, len: n as usize }),
+            }
+            pos += n;
+        }
+        true
+    }
+
+    /// Looks `page` up in the IOTLB, for the `wanted` bytes from there the access needs (the whole page at least),
+    /// and caches the page with the whole pages mapped contiguously from it if `access` is allowed on them.
+    fn fill(
+        &self,
+        cache: &mut TranslationCache,
+        page: u64,
+        wanted: u64,
+        access: Permissions,
+        generation: u64,
+    ) -> Option<(u64, u64)> {
+        let span = wanted.checked_next_multiple_of(PAGE_SIZE)?.max(PAGE_SIZE);
+        page.checked_add(span)?;
+        // All of `span` first (one entry for a whole transfer); if some later page refuses, the page alone.
+        let first = [span, PAGE_SIZE].into_iter().find_map(|len| {
+            let mut ranges = Iotlb::lookup(self.read_iotlb(), GuestAddress(page), usize::try_from(len).ok()?, access);
+            ranges.as_mut().ok()?.next()
+        })?;
+        let extent = first.length as u64 / PAGE_SIZE * PAGE_SIZE;
+        if extent == 0 {
+            return None;
+        }
+        cache.fill(page, first.base.0, extent, access, generation);
+        Some((first.base.0, extent))
+    }
+
     /// Maps [iova, iova + size) to QEMU address `uaddr` with `perm`, replacing what was there.
     pub fn update(&self, iova: u64, size: u64, uaddr: u64, perm: Permissions) -> Result<(), IotlbError> {
         if size == 0 {
@@ -90,11 +213,12 @@ impl DeviceIommu {
             return Err(IotlbError::Overflow { iova, size });
         }
         let len = usize::try_from(size).map_err(|_| IotlbError::TooLarge { iova, size })?;
-        let mut iotlb = self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut iotlb = self.write_iotlb();
         // set_mapping only fails for ranges we already refused above.
         if iotlb.set_mapping(GuestAddress(iova), GuestAddress(uaddr), len, perm).is_err() {
             return Err(IotlbError::Overflow { iova, size });
         }
+        self.changed_under(&iotlb);
         drop(iotlb);
         self.bump();
         Ok(())
@@ -103,19 +227,23 @@ impl DeviceIommu {
     /// Drops entries in [iova, iova + size). A size that runs past the end of the address space (QEMU's
     /// whole-domain flushes) drops everything from `iova` up.
     pub fn invalidate(&self, iova: u64, size: u64) {
-        let mut iotlb = self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut iotlb = self.write_iotlb();
         let end = iova.checked_add(size).filter(|_| size != 0).unwrap_or(u64::MAX);
         if end > iova {
             // usize is 64 bits on every host this device runs on; clamp anyway rather than truncate silently.
             let len = usize::try_from(end - iova).unwrap_or(usize::MAX);
             iotlb.invalidate_mapping(GuestAddress(iova), len);
         }
+        self.changed_under(&iotlb);
         drop(iotlb);
         self.bump();
     }
 
     pub fn invalidate_all(&self) {
-        self.iotlb.write().unwrap_or_else(|poisoned| poisoned.into_inner()).invalidate_all();
+        let mut iotlb = self.write_iotlb();
+        iotlb.invalidate_all();
+        self.changed_under(&iotlb);
+        drop(iotlb);
         self.bump();
     }
 
@@ -294,6 +422,41 @@ mod tests {
         });
         assert!(iommu.wait_for_change(seen, Instant::now() + Duration::from_secs(5)));
         t.join().unwrap();
+    }
+
+    #[test]
+    fn cached_translation_takes_whole_contiguous_extents_and_drops_them_on_any_change() {
+        let iommu = DeviceIommu::new();
+        // Four IOVA pages onto four contiguous QEMU pages, then one elsewhere.
+        iommu.update(0x10000, 0x4000, 0x7f00_0000_0000, Permissions::ReadWrite).unwrap();
+        iommu.update(0x14000, 0x1000, 0x7f00_0009_0000, Permissions::Read).unwrap();
+        let mut cache = iommu.cache(0);
+        let QueueTranslations { pages, from, .. } = &mut *cache;
+        assert!(iommu.translate_cached(pages, 0x10010, 0x4ff0, Permissions::Read, from));
+        assert_eq!(
+            from.as_slice(),
+            [HostRun { uaddr: 0x7f00_0000_0010, len: 0x3ff0 }, HostRun { uaddr: 0x7f00_0009_0000, len: 0x1000 }]
+        );
+        let (hits, fills) = pages.stats();
+        assert!(iommu.translate_cached(pages, 0x10000, 0x4000, Permissions::Read, from));
+        assert_eq!(pages.stats(), (hits + 1, fills), "one entry served the whole contiguous extent");
+        assert!(!iommu.translate_cached(pages, 0x14000, 8, Permissions::Write, from), "read-only page");
+        assert!(!iommu.translate_cached(pages, 0x15000, 8, Permissions::Read, from), "unmapped page");
+        assert!(!iommu.translate_cached(pages, u64::MAX - 4, 8, Permissions::Read, from), "wraps");
+        assert_eq!(iommu.take_fault(), None, "the cached path records nothing; the uncached path reports");
+
+        iommu.invalidate(0x12000, 0x1000);
+        assert!(!iommu.translate_cached(pages, 0x10000, 0x4000, Permissions::Read, from), "a hole now");
+        assert!(iommu.translate_cached(pages, 0x10000, 0x2000, Permissions::Read, from));
+        assert!(iommu.translate_cached(pages, 0x13000, 0x1000, Permissions::Read, from));
+        iommu.update(0x13000, 0x1000, 0x7f00_0005_0000, Permissions::Read).unwrap();
+        assert!(iommu.translate_cached(pages, 0x13000, 0x10, Permissions::Read, from));
+        assert_eq!(from.as_slice(), [HostRun { uaddr: 0x7f00_0005_0000, len: 0x10 }], "the new mapping");
+        iommu.invalidate_all();
+        assert!(!iommu.translate_cached(pages, 0x10000, 0x10, Permissions::Read, from));
+        // A mapping smaller than a page is never cached (the uncached path serves it).
+        iommu.update(0x20000, 0x800, 0x7f00_0001_0000, Permissions::Read).unwrap();
+        assert!(!iommu.translate_cached(pages, 0x20000, 0x10, Permissions::Read, from));
     }
 
     #[test]

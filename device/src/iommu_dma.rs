@@ -1,28 +1,44 @@
-//! The HCA's view of guest memory: `vhca_hca::Dma` over the IOMMU-translated memory. A miss is asked of QEMU and
-//! waited for (on the worker thread, bounded); what stays refused becomes a `DmaError` and a `dma_fault` line.
+//! The HCA's view of guest memory: `vhca_hca::Dma` over the IOMMU-translated memory. Each access is first
+//! translated through the queue's translation cache (page-granular, dropped whole by any IOTLB change); whatever
+//! that cannot translate takes vm-memory's path, where a miss is asked of QEMU and waited for (on the worker
+//! thread, bounded) and what stays refused becomes a `DmaError` and a `dma_fault` line.
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 use vhca_hca::{CopyEnd, Dma, DmaError};
 use vhca_proto::FaultCause;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions, VolatileSlice};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, Permissions, VolatileSlice};
 
 use crate::event_log::TransportEvent;
-use crate::iommu::FaultKind;
+use crate::iommu::{FaultKind, HostRun, QueueTranslations};
 use crate::memory::GuestMem;
 use crate::shared::Shared;
 
-/// DMA on behalf of one queue's request; `queue` only labels the fault lines.
+/// DMA on behalf of one queue's request; `queue` picks the translation cache and labels the fault lines.
 pub struct QueueDma<'a> {
     shared: &'a Shared,
     mem: &'a GuestMem,
     queue: u16,
+    /// The queue's translation cache, taken at the first DMA and held until this request is done (one lock per
+    /// request, not per DMA). `None` inside while another holder has it: then every DMA takes the uncached path.
+    cache: RefCell<Option<MutexGuard<'a, QueueTranslations>>>,
 }
 
 impl<'a> QueueDma<'a> {
     pub fn new(shared: &'a Shared, mem: &'a GuestMem, queue: u16) -> QueueDma<'a> {
-        QueueDma { shared, mem, queue }
+        QueueDma { shared, mem, queue, cache: RefCell::new(None) }
+    }
+
+    /// Runs `f` on the queue's translation cache, or returns None if another `QueueDma` of the same queue holds it.
+    fn with_cache<R>(&self, f: impl FnOnce(&mut QueueTranslations) -> R) -> Option<R> {
+        let mut held = self.cache.try_borrow_mut().ok()?;
+        if held.is_none() {
+            *held = self.shared.iommu.try_cache(self.queue);
+        }
+        held.as_deref_mut().map(f)
     }
 
     fn access<T>(
@@ -94,11 +110,93 @@ fn slices<'a>(
     mem.get_slices(GuestAddress(iova), len, access)?.collect()
 }
 
+/// Every run as a host slice of guest RAM, or false if one is not (wholly) inside one region of the mem table.
+fn all_in_memory(mem: &GuestMem, runs: &[HostRun]) -> bool {
+    runs.iter().all(|run| mem.get_backend().get_slice(GuestAddress(run.uaddr), run.len).is_ok())
+}
+
+/// The host slice of one run; the caller has checked (`all_in_memory`) that it lies inside one region.
+fn host_slice(mem: &GuestMem, run: HostRun) -> Option<VolatileSlice<'_, ()>> {
+    mem.get_backend().get_slice(GuestAddress(run.uaddr), run.len).ok()
+}
+
+impl<'a> QueueDma<'a> {
+    /// `copy` through the queue's translation cache: both ends translated (and every run checked against the mem
+    /// table) before any byte moves. False, having moved nothing, when anything needs the uncached path.
+    fn copy_cached(&self, src: u64, dst: u64, len: usize) -> bool {
+        let iommu = &self.shared.iommu;
+        let mem = self.mem;
+        self.with_cache(|caches| {
+            if !iommu.translate_cached(&mut caches.pages, src, len, Permissions::Read, &mut caches.from)
+                || !iommu.translate_cached(&mut caches.pages, dst, len, Permissions::Write, &mut caches.to)
+            {
+                return false;
+            }
+            if let ([from], [to]) = (caches.from.as_slice(), caches.to.as_slice()) {
+                // One run each (every contiguous transfer): both slices in hand is both ends checked.
+                let (Some(from), Some(to)) = (host_slice(mem, *from), host_slice(mem, *to)) else { return false };
+                from.copy_to_volatile_slice(to);
+                return true;
+            }
+            if !all_in_memory(mem, &caches.from) || !all_in_memory(mem, &caches.to) {
+                return false;
+            }
+            let (mut a, mut b) = (caches.from.iter().copied(), caches.to.iter().copied());
+            let (mut x, mut y) = (a.next(), b.next());
+            while let (Some(s), Some(d)) = (x, y) {
+                let n = s.len.min(d.len);
+                let (s_n, d_n) = (HostRun { len: n, ..s }, HostRun { len: n, ..d });
+                // Both runs lie inside one region (checked above), so neither slice can fail.
+                let (Some(from), Some(to)) = (host_slice(mem, s_n), host_slice(mem, d_n)) else { break };
+                from.copy_to_volatile_slice(to);
+                x = if n == s.len { a.next() } else { Some(HostRun { uaddr: s.uaddr + n as u64, len: s.len - n }) };
+                y = if n == d.len { b.next() } else { Some(HostRun { uaddr: d.uaddr + n as u64, len: d.len - n }) };
+            }
+            true
+        })
+        .unwrap_or(false)
+    }
+
+    /// Runs `op` on each host slice [iova, iova + len) translates to through the cache, with the offset of the
+    /// slice in the access. False, having run nothing, when anything needs the uncached path.
+    fn each_cached(
+        &self,
+        iova: u64,
+        len: usize,
+        access: Permissions,
+        mut op: impl FnMut(usize, VolatileSlice<'a, ()>),
+    ) -> bool {
+        let iommu = &self.shared.iommu;
+        let mem = self.mem;
+        self.with_cache(|caches| {
+            if !iommu.translate_cached(&mut caches.pages, iova, len, access, &mut caches.from) {
+                return false;
+            }
+            if let [run] = caches.from.as_slice() {
+                let Some(slice) = host_slice(mem, *run) else { return false };
+                op(0, slice);
+                return true;
+            }
+            if !all_in_memory(mem, &caches.from) {
+                return false;
+            }
+            let mut done = 0;
+            for run in &caches.from {
+                let Some(slice) = host_slice(mem, *run) else { break };
+                op(done, slice);
+                done += run.len;
+            }
+            true
+        })
+        .unwrap_or(false)
+    }
+}
+
 impl Dma for QueueDma<'_> {
     /// One copy, host slice to host slice: both ends are translated (and checked) before any byte moves, so a
     /// refused end leaves the destination untouched unless the IOTLB changes in between.
     fn copy(&self, src: u64, dst: u64, len: usize) -> Result<(), (CopyEnd, DmaError)> {
-        if len == 0 {
+        if len == 0 || self.copy_cached(src, dst, len) {
             return Ok(());
         }
         let from = self.access(src, Permissions::Read, |mem| slices(mem, src, len, Permissions::Read));
@@ -122,11 +220,24 @@ impl Dma for QueueDma<'_> {
         if buf.is_empty() {
             return Ok(());
         }
+        let len = buf.len();
+        let cached = self.each_cached(iova, len, Permissions::Read, |at, slice| {
+            slice.copy_to(&mut buf[at..at + slice.len()]);
+        });
+        if cached {
+            return Ok(());
+        }
         self.access(iova, Permissions::Read, |mem| mem.read_slice(buf, GuestAddress(iova)))
     }
 
     fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
         if buf.is_empty() {
+            return Ok(());
+        }
+        let cached = self.each_cached(iova, buf.len(), Permissions::Write, |at, slice| {
+            slice.copy_from(&buf[at..at + slice.len()]);
+        });
+        if cached {
             return Ok(());
         }
         self.access(iova, Permissions::Write, |mem| mem.write_slice(buf, GuestAddress(iova)))
@@ -199,5 +310,44 @@ mod tests {
         assert_eq!(src_write_only.0, CopyEnd::Source, "the source needs read permission");
         assert_eq!(ram(&mem, 6, 0, PAGE as usize), before, "a refused copy wrote nothing");
         assert_eq!(ram(&mem, 7, 0, 16), vec![0u8; 16]);
+    }
+
+    #[test]
+    fn the_translation_cache_never_outlives_an_iotlb_change_or_the_mem_table() {
+        use Permissions::{Read, ReadWrite};
+        let shared = shared_with(&[(0x10000, Some(1), ReadWrite), (0x20000, Some(2), ReadWrite)]);
+        let mem = shared.mem();
+        // One request each (a request holds its queue's cache until it is done).
+        let dma = || QueueDma::new(&shared, &mem, 2);
+        dma().write(0x10000, b"abcd").unwrap();
+        dma().copy(0x10000, 0x20000, 4).unwrap();
+        let hits = || shared.iommu.cache(2).pages.stats().0;
+        let before = hits();
+        dma().copy(0x10000, 0x20010, 4).unwrap();
+        assert_eq!(hits(), before + 2, "both ends served from the cache");
+        assert_eq!(ram(&mem, 2, 0x10, 4), b"abcd");
+
+        shared.iommu.invalidate(0x20000, PAGE);
+        let unmapped = dma().copy(0x10000, 0x20000, 4).unwrap_err();
+        assert_eq!((unmapped.0, unmapped.1.cause), (CopyEnd::Destination, FaultCause::IommuUnmapped));
+        shared.iommu.update(0x20000, PAGE, UADDR + 2 * PAGE, Read).unwrap();
+        assert_eq!(dma().write(0x20000, b"x").unwrap_err().cause, FaultCause::IommuPermission, "now read-only");
+        let mut byte = [0u8; 1];
+        dma().read(0x20010, &mut byte).unwrap();
+        assert_eq!(&byte, b"a");
+        shared.iommu.update(0x20000, PAGE, UADDR + 4 * PAGE, ReadWrite).unwrap();
+        dma().copy(0x10000, 0x20000, 4).unwrap();
+        assert_eq!(ram(&mem, 4, 0, 4), b"abcd", "lands where the new entry points");
+
+        // A new mem table without the old QEMU addresses: the cached translation is not a way back into them.
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[0u8; PAGE as usize]).unwrap();
+        let elsewhere = RegionDesc { guest_phys_addr: 0, memory_size: PAGE, userspace_addr: 0x10_0000, mmap_offset: 0 };
+        shared.replace_memory(map_regions(&[elsewhere], vec![file]).unwrap());
+        let new_mem = shared.mem();
+        let dma = || QueueDma::new(&shared, &new_mem, 2);
+        let outside = dma().copy(0x10000, 0x20000, 4).unwrap_err();
+        assert_eq!((outside.0, outside.1.cause), (CopyEnd::Source, FaultCause::IommuUnmapped));
+        assert_eq!(dma().read(0x10000, &mut byte).unwrap_err().cause, FaultCause::IommuUnmapped);
     }
 }

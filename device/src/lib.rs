@@ -10,6 +10,7 @@ pub mod miss_replies;
 pub mod queue_worker;
 pub mod sandbox;
 pub mod shared;
+pub mod translation_cache;
 pub mod vhost_user;
 pub mod vring;
 

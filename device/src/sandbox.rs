@@ -48,8 +48,9 @@ pub fn drop_capabilities() -> Result<(), SandboxError> {
 }
 
 /// What serving an established connection calls: socket I/O with fds (recvmsg), mapping the memfds of
-/// SET_MEM_TABLE, epoll for the kick fds, futexes between the two threads, the event log, and the exit path
-/// (closing, unmapping, removing the socket file). No socket, open, exec, fork, ptrace or kill.
+/// SET_MEM_TABLE, epoll for the kick fds, futexes between the threads, the event log (its writer thread is started
+/// before the filter and needs only write, futex and the clock from then on), and the exit path (closing, unmapping,
+/// removing the socket file). No socket, open, exec, fork, ptrace or kill.
 fn allowed_syscalls() -> Vec<i64> {
     let mut calls = vec![
         libc::SYS_read,

@@ -60,6 +60,9 @@ impl Hca {
 
     /// Writes completions whose delay has run out, in the order they were held.
     pub(crate) fn release_delayed(&mut self, dma: &dyn Dma) {
+        if self.delayed.is_empty() {
+            return;
+        }
         let now = self.doorbells_done;
         let (due, waiting): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.delayed).into_iter().partition(|d| d.release_after <= now);

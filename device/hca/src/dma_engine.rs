@@ -56,9 +56,16 @@ pub struct DmaEngine {
     pub injector: Injector,
     /// HcaConfig::revalidate_stale: a stale register is re-validated on use instead of refused.
     pub revalidate_stale: bool,
+    /// Run lists of the transfer in progress (source, destination), kept so a DMA allocates nothing.
+    src_runs: Vec<Run>,
+    dst_runs: Vec<Run>,
 }
 
 impl DmaEngine {
+    pub fn new(pool: MapRegisterPool, injector: Injector, revalidate_stale: bool) -> DmaEngine {
+        DmaEngine { pool, injector, revalidate_stale, src_runs: Vec::new(), dst_runs: Vec::new() }
+    }
+
     /// Reads `buf.len()` bytes starting `offset` bytes into the pages `registers` translate.
     pub fn read(
         &mut self,
@@ -114,18 +121,18 @@ impl DmaEngine {
     ) -> Result<(), (CopyEnd, DmaFault)> {
         let total = len as u64;
         let (n_read, src_iova) = self.begin(src.registers, src.offset, out);
-        let src_runs = match self.runs(src.registers, src.offset, len) {
-            Ok(runs) => runs,
-            Err(fault) => {
-                Self::finish(n_read, "read", src_iova, total, &src.ctx, &Err(fault), out);
-                return Err((CopyEnd::Source, fault));
-            }
-        };
+        let (mut src_runs, mut dst_runs) = (std::mem::take(&mut self.src_runs), std::mem::take(&mut self.dst_runs));
+        if let Err(fault) = self.runs(src.registers, src.offset, len, &mut src_runs) {
+            self.src_runs = src_runs;
+            Self::finish(n_read, "read", src_iova, total, &src.ctx, &Err(fault), out);
+            return Err((CopyEnd::Source, fault));
+        }
         let (n_write, dst_iova) = self.begin(dst.registers, dst.offset, out);
-        let moved = match self.runs(dst.registers, dst.offset, len) {
-            Ok(dst_runs) => copy_runs(dma, &src_runs, &dst_runs),
+        let moved = match self.runs(dst.registers, dst.offset, len, &mut dst_runs) {
+            Ok(()) => copy_runs(dma, &src_runs, &dst_runs),
             Err(fault) => Err((CopyEnd::Destination, fault)),
         };
+        (self.src_runs, self.dst_runs) = (src_runs, dst_runs);
         let read_result = match moved {
             Err((CopyEnd::Source, fault)) => Err(fault),
             _ => Ok(()),
@@ -215,28 +222,39 @@ impl DmaEngine {
         offset: u64,
         data: &mut Transfer<'_>,
     ) -> Result<(), DmaFault> {
-        let mut done = 0usize;
-        for run in self.runs(registers, offset, data.len())? {
-            let range = done..done + run.len;
-            let moved = match data {
-                Transfer::Read(buf) => dma.read(run.iova, &mut buf[range]),
-                Transfer::Write(buf) => dma.write(run.iova, &buf[range]),
-            };
-            moved.map_err(platform_fault)?;
-            done += run.len;
-        }
-        Ok(())
+        let mut runs = std::mem::take(&mut self.src_runs);
+        let result = self.runs(registers, offset, data.len(), &mut runs).and_then(|()| {
+            let mut done = 0usize;
+            for run in &runs {
+                let range = done..done + run.len;
+                let moved = match data {
+                    Transfer::Read(buf) => dma.read(run.iova, &mut buf[range]),
+                    Transfer::Write(buf) => dma.write(run.iova, &buf[range]),
+                };
+                moved.map_err(platform_fault)?;
+                done += run.len;
+            }
+            Ok(())
+        });
+        self.src_runs = runs;
+        result
     }
 
     /// The IOVA runs `len` bytes from `offset` cover: bytes up to the end of the first page, then whole pages while
-    /// their IOVAs stay contiguous (capped under the split policy). Translates every register on the way.
-    fn runs(&mut self, registers: &[RegisterRef], offset: u64, len: usize) -> Result<Vec<Run>, DmaFault> {
+    /// their IOVAs stay contiguous (capped under the split policy), into `runs`. Translates every register on the way.
+    fn runs(
+        &mut self,
+        registers: &[RegisterRef],
+        offset: u64,
+        len: usize,
+        runs: &mut Vec<Run>,
+    ) -> Result<(), DmaFault> {
         let total = len as u64;
         let burst_cap = match (self.injector.config.contiguous_policy, self.injector.config.max_contiguous_pages) {
             (ContiguousPolicy::Split, Some(cap)) => u64::from(cap.max(1)),
             _ => u64::MAX,
         };
-        let mut runs = Vec::new();
+        runs.clear();
         let mut done = 0u64;
         while done < total {
             let pos = offset.checked_add(done).ok_or(outside(None))?;
@@ -259,7 +277,7 @@ impl DmaEngine {
             runs.push(Run { iova, len: burst as usize });
             done += burst;
         }
-        Ok(runs)
+        Ok(())
     }
 
     fn translate(&mut self, registers: &[RegisterRef], page: u64) -> Result<u64, DmaFault> {

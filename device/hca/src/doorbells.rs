@@ -1,6 +1,8 @@
 //! The doorbell queue (queue 2): 16-byte records that move an SQ or RQ producer index or arm a CQ. Each record is
 //! checked (known kind, live handle, index not behind the device nor more than a ring ahead) before it acts.
 
+use std::borrow::Cow;
+
 use vhca_proto::{Doorbell, DoorbellKind, QpState, DOORBELL_SIZE};
 use zerocopy::FromBytes;
 
@@ -10,6 +12,7 @@ use crate::{Dma, Hca};
 impl Hca {
     pub(crate) fn ring_doorbells(&mut self, dma: &dyn Dma, records: &[u8]) {
         for chunk in records.chunks(DOORBELL_SIZE) {
+            self.out.request_started();
             self.in_doorbell = true;
             self.one_doorbell(dma, chunk);
             self.in_doorbell = false;
@@ -43,7 +46,8 @@ impl Hca {
                 None => Err(format!("no CQ {handle}")),
             },
         };
-        let name = DoorbellKind::from_u32(db.kind.get()).map_or_else(|| db.kind.to_string(), |k| kind_name(k).into());
+        let name = DoorbellKind::from_u32(db.kind.get())
+            .map_or_else(|| Cow::Owned(db.kind.to_string()), |k| Cow::Borrowed(kind_name(k)));
         let ok = refused.is_ok();
         self.out.emit(HcaEvent::Doorbell { db: name, handle, index, ok, detail: refused.err() });
         if ok {

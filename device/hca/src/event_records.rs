@@ -1,6 +1,8 @@
 //! What the HCA reports for the event log (schema: docs/events.md, version `EVENT_SCHEMA_VERSION`).
 //! The HCA only builds these; the transport decides where the lines go and adds "seq" and "t_us".
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 /// Version of the event-log schema in docs/events.md. Bumped when a kind or field changes meaning or goes away.
@@ -83,7 +85,9 @@ pub enum HcaEvent {
     Injected { what: &'static str, n: u64, detail: String },
     /// A doorbell record was accepted (`ok`) or refused, with why.
     Doorbell {
-        db: String,
+        /// The kind's name ("sq", "rq", "cq_arm"), or its number when unknown: borrowed for the known kinds, so a
+        /// doorbell costs no allocation.
+        db: Cow<'static, str>,
         handle: u32,
         index: u32,
         ok: bool,
@@ -98,6 +102,10 @@ pub enum HcaEvent {
 
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: HcaEvent);
+
+    /// The HCA starts on a new request (a command, a doorbell record, an IOTLB invalidation): a sink that stamps
+    /// events with a time may read its clock here once and stamp the request's events with it.
+    fn request_started(&self) {}
 }
 
 /// A sink that throws events away (benchmarks, callers that do not log).

@@ -81,11 +81,11 @@ const FIRST_QPN: u32 = 0x10;
 
 impl Hca {
     pub fn new(config: HcaConfig, events: Arc<dyn EventSink>) -> Hca {
-        let engine = DmaEngine {
-            pool: MapRegisterPool::new(config.map_registers),
-            injector: Injector::new(config.injection.clone()),
-            revalidate_stale: config.revalidate_stale,
-        };
+        let engine = DmaEngine::new(
+            MapRegisterPool::new(config.map_registers),
+            Injector::new(config.injection.clone()),
+            config.revalidate_stale,
+        );
         Hca {
             out: Notifier::new(events),
             engine,
@@ -115,6 +115,7 @@ impl Hca {
     /// Executes one command: `request` is the device-readable part of the chain (header + body + page list).
     /// Returns the response (header + body) for the device-writable part. Never fails: refusals are statuses.
     pub fn execute(&mut self, dma: &dyn Dma, request: &[u8]) -> Vec<u8> {
+        self.out.request_started();
         self.execute_command(dma, request)
     }
 
@@ -133,6 +134,7 @@ impl Hca {
     /// QEMU invalidated IOTLB entries covering [iova, iova + size): map registers whose page meets the range are
     /// stale from now on, and their next use is refused as StaleTranslation (unless `revalidate_stale`).
     pub fn iotlb_invalidated(&mut self, iova: u64, size: u64) {
+        self.out.request_started();
         let registers = self.engine.pool.invalidate(iova, size);
         if registers > 0 {
             self.out.emit(HcaEvent::TranslationsStale { iova, size, registers, injected: false });

@@ -25,6 +25,11 @@ impl Notifier {
         self.sink.emit(event);
     }
 
+    /// See `EventSink::request_started`.
+    pub fn request_started(&self) {
+        self.sink.request_started();
+    }
+
     pub fn push_async(&mut self, kind: EventKind, handle: u32, cause: FaultCause, detail: u32, addr: u64) {
         let queued = self.pending.len() < ASYNC_QUEUE_LIMIT;
         self.emit(HcaEvent::AsyncEvent { event: kind_name(kind), handle, cause: cause.name(), detail, queued });

@@ -211,7 +211,8 @@ impl Hca {
         });
     }
 
-    /// Checks every SGE against its MR (key, PD, range, rights) before any byte moves.
+    /// Checks every SGE against its MR (key, PD, range, rights) before any byte moves; returns the bytes they name,
+    /// in order, as spans of their MRs' registers (at most `MAX_SGE`, so no allocation per work request).
     fn check_sges(
         &self,
         wr: Wr,
@@ -220,12 +221,15 @@ impl Hca {
         need: u32,
         dir: &'static str,
         purpose: &'static str,
-    ) -> Result<Vec<(MrAccess, usize)>, FaultCause> {
-        let mut out = Vec::with_capacity(sges.len());
-        for sge in sges {
+    ) -> Result<SgePieces, FaultCause> {
+        let mut out = SgePieces::default();
+        for (slot, sge) in out.items.iter_mut().zip(sges) {
             let (key, addr, len) = (sge.lkey.get(), sge.addr.get(), sge.length.get());
             match check_access(&self.mrs, key, pd, addr, u64::from(len), need) {
-                Ok(access) => out.push((access, len as usize)),
+                Ok(MrAccess { key, offset }) => {
+                    *slot = Piece { key, offset, len: len as usize, ctx: wr.ctx(purpose) };
+                    out.count += 1;
+                }
                 Err(cause) => {
                     self.fault_event(wr, cause, dir, purpose, (key, addr));
                     return Err(cause);
@@ -233,18 +237,6 @@ impl Hca {
             }
         }
         Ok(out)
-    }
-
-    /// The bytes the local SGEs name, in order, as spans of their MRs' registers. MRs are the requester's; the
-    /// checks were made by `check_sges`.
-    fn sge_spans(&self, wr: Wr, pieces: &[(MrAccess, usize)], purpose: &'static str) -> Result<Vec<Piece>, FaultCause> {
-        pieces
-            .iter()
-            .map(|(access, len)| {
-                self.mrs.get(access.key).ok_or(FaultCause::FreedMapRegister)?;
-                Ok(Piece { key: access.key, offset: access.offset, len: *len, ctx: wr.ctx(purpose) })
-            })
-            .collect()
     }
 
     /// Copies `src` pieces onto `dst` pieces in order, once, until the shorter list ends; returns the bytes moved.
@@ -305,12 +297,11 @@ impl Hca {
     fn do_rdma_write(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
         let pd = self.pd_of(wr.qpn);
         let local = |c| (local_status(c), c);
-        let pieces = self.check_sges(wr, pd, sges, 0, "read", "rdma_write_local").map_err(local)?;
-        let len: usize = pieces.iter().map(|p| p.1).sum();
+        let src = self.check_sges(wr, pd, sges, 0, "read", "rdma_write_local").map_err(local)?;
+        let len = src.total_len();
         let (_, target) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_WRITE, "rdma_write_remote")?;
-        let src = self.sge_spans(wr, &pieces, "rdma_write_local").map_err(local)?;
         let dst = [Piece { key: target.key, offset: target.offset, len, ctx: wr.ctx("rdma_write_remote") }];
-        self.copy_pieces(dma, &src, &dst).map_err(|(end, cause)| match end {
+        self.copy_pieces(dma, src.as_slice(), &dst).map_err(|(end, cause)| match end {
             CopyEnd::Source => local(cause),
             CopyEnd::Destination => (WcStatus::RemAccessErr, cause),
         })?;
@@ -322,12 +313,11 @@ impl Hca {
         let pd = self.pd_of(wr.qpn);
         let local = |c| (local_status(c), c);
         // The local side is checked first so no remote byte is read for a request that cannot land.
-        let pieces = self.check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "rdma_read_local").map_err(local)?;
-        let len: usize = pieces.iter().map(|p| p.1).sum();
+        let dst = self.check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "rdma_read_local").map_err(local)?;
+        let len = dst.total_len();
         let (_, source) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_READ, "rdma_read_remote")?;
         let src = [Piece { key: source.key, offset: source.offset, len, ctx: wr.ctx("rdma_read_remote") }];
-        let dst = self.sge_spans(wr, &pieces, "rdma_read_local").map_err(local)?;
-        self.copy_pieces(dma, &src, &dst).map_err(|(end, cause)| match end {
+        self.copy_pieces(dma, &src, dst.as_slice()).map_err(|(end, cause)| match end {
             CopyEnd::Source => (WcStatus::RemAccessErr, cause),
             CopyEnd::Destination => local(cause),
         })?;
@@ -340,9 +330,8 @@ impl Hca {
     fn do_send(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
         let pd = self.pd_of(wr.qpn);
         let local = |c| (local_status(c), c);
-        let pieces = self.check_sges(wr, pd, sges, 0, "read", "send_payload").map_err(local)?;
-        let len: usize = pieces.iter().map(|p| p.1).sum();
-        let src = self.sge_spans(wr, &pieces, "send_payload").map_err(local)?;
+        let src = self.check_sges(wr, pd, sges, 0, "read", "send_payload").map_err(local)?;
+        let len = src.total_len();
         let peer = self.peer_of(wr.qpn).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
         let Some((peer_pd, recv_cq, posted)) = self.qps.get(&peer).map(|p| (p.pd, p.recv_cq, p.rq.pending())) else {
             return Err((WcStatus::RnrRetryExcErr, FaultCause::None));
@@ -358,7 +347,7 @@ impl Hca {
             Ok(r) => match usize::try_from(r.num_sge.get()) {
                 Ok(n) if n <= MAX_SGE => {
                     let recv_sges = r.sge;
-                    match self.receive(dma, recv_wr, peer_pd, &recv_sges[..n], &src, len) {
+                    match self.receive(dma, recv_wr, peer_pd, &recv_sges[..n], src.as_slice(), len) {
                         Err(Refused::Sender(cause)) => {
                             // The message never arrived: the RECV stays posted for the next SEND.
                             if let Some(qp) = self.qps.get_mut(&peer) {
@@ -410,14 +399,11 @@ impl Hca {
         len: usize,
     ) -> Result<(), Refused> {
         let receiver = |c| Refused::Receiver((local_status(c), c));
-        let pieces =
-            self.check_sges(recv_wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "recv_payload").map_err(receiver)?;
-        let capacity: usize = pieces.iter().map(|p| p.1).sum();
-        if len > capacity {
+        let dst = self.check_sges(recv_wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "recv_payload").map_err(receiver)?;
+        if len > dst.total_len() {
             return Err(Refused::Receiver((WcStatus::LocLenErr, FaultCause::None)));
         }
-        let dst = self.sge_spans(recv_wr, &pieces, "recv_payload").map_err(receiver)?;
-        self.copy_pieces(dma, src, &dst).map(|_| ()).map_err(|(end, cause)| match end {
+        self.copy_pieces(dma, src, dst.as_slice()).map(|_| ()).map_err(|(end, cause)| match end {
             CopyEnd::Source => Refused::Sender(cause),
             CopyEnd::Destination => receiver(cause),
         })
@@ -425,12 +411,29 @@ impl Hca {
 }
 
 /// One SGE's bytes as a span of its MR.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Piece {
     key: u32,
     offset: u64,
     len: usize,
     ctx: DmaContext,
+}
+
+/// The checked SGEs of one work request, in order.
+#[derive(Default)]
+struct SgePieces {
+    items: [Piece; MAX_SGE],
+    count: usize,
+}
+
+impl SgePieces {
+    fn as_slice(&self) -> &[Piece] {
+        &self.items[..self.count]
+    }
+
+    fn total_len(&self) -> usize {
+        self.as_slice().iter().map(|p| p.len).sum()
+    }
 }
 
 /// Which side of a SEND refused its bytes.

@@ -4,8 +4,10 @@
 mod common;
 
 use common::*;
+use vhca_hca::HcaEvent;
 use vhca_proto::status::WcStatus;
 use vhca_proto::*;
+use zerocopy::IntoBytes;
 
 #[test]
 fn rdma_write_moves_every_byte() {
@@ -96,6 +98,40 @@ fn send_recv_moves_every_byte() {
     assert_eq!(rig.mem.peek(dst.iova, 1000), data[..1000]);
     assert_eq!(rig.mem.peek(dst.iova + 2 * PAGE_SIZE, len - 1000), data[1000..]);
     assert_eq!(rig.mem.peek(dst.iova + 1000, 16), vec![0u8; 16], "gap between SGEs untouched");
+}
+
+/// The event log stamps the HCA's lines with the time their request began: every command and every doorbell record
+/// must start one, before its first line.
+#[test]
+fn every_command_and_doorbell_record_starts_a_request_before_its_lines() {
+    let mut rig = Rig::with_registers(64);
+    let starts = |rig: &Rig| rig.events.1.lock().unwrap().clone();
+    let pd = rig.alloc_pd();
+    assert_eq!(starts(&rig), vec![0], "the command started one request, before its lines");
+    let mut cq = rig.create_cq(16);
+    let mut a = rig.create_qp(pd, cq.handle, cq.handle);
+    rig.bring_up(a.qpn, a.qpn, ACCESS_ALL);
+    let mr = rig.reg_mr(pd, ACCESS_ALL, 64);
+    let commands = starts(&rig).len();
+    for id in [1, 2] {
+        rig.write_send_wqe(&mut a, &wqe(id, WrOpcode::RdmaWrite, WR_SIGNALED, mr.addr, mr.key, &[sge(&mr, 0, 8)]));
+    }
+    let record = |index: u32| Doorbell {
+        kind: (DoorbellKind::SendQueue as u32).into(),
+        handle: a.qpn.into(),
+        index: index.into(),
+        flags: 0.into(),
+    };
+    let records = [record(1).as_bytes(), record(2).as_bytes()].concat();
+    rig.hca.doorbell(&rig.mem, &records);
+    assert_eq!(rig.poll(&mut cq).len(), 2);
+    let starts = starts(&rig);
+    assert_eq!(starts.len(), commands + 2, "one request per doorbell record");
+    let events = rig.events.0.lock().unwrap();
+    let doorbells: Vec<usize> =
+        events.iter().enumerate().filter(|(_, e)| matches!(e, HcaEvent::Doorbell { .. })).map(|(i, _)| i).collect();
+    let (first, second) = (starts[commands], starts[commands + 1]);
+    assert_eq!(doorbells[doorbells.len() - 2..], [first, second], "each record's lines start with its own request");
 }
 
 #[test]

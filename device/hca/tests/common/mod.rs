@@ -137,12 +137,18 @@ impl Dma for FakeIommu {
     }
 }
 
+/// The HCA's events, and where each request began (the number of events before it).
 #[derive(Default)]
-pub struct Recorder(pub Mutex<Vec<HcaEvent>>);
+pub struct Recorder(pub Mutex<Vec<HcaEvent>>, pub Mutex<Vec<usize>>);
 
 impl EventSink for Recorder {
     fn emit(&self, event: HcaEvent) {
         self.0.lock().unwrap().push(event);
+    }
+
+    fn request_started(&self) {
+        let before = self.0.lock().unwrap().len();
+        self.1.lock().unwrap().push(before);
     }
 }
 
