@@ -6,6 +6,7 @@ pub mod event_log;
 pub mod iommu;
 pub mod iommu_dma;
 pub mod memory;
+pub mod queue_polling;
 pub mod queue_worker;
 pub mod sandbox;
 pub mod shared;
@@ -32,13 +33,22 @@ pub struct DeviceOptions {
     pub hca: HcaConfig,
     /// How long an IOTLB miss may stay unanswered before the access is an IOMMU fault.
     pub miss_timeout: Duration,
+    /// How long the queue worker busy-polls after its last work, kicks suppressed (`queue_polling`); zero: never.
+    pub poll_window: Duration,
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { hca: HcaConfig::default(), miss_timeout: Duration::from_millis(1000) }
+        DeviceOptions {
+            hca: HcaConfig::default(),
+            miss_timeout: Duration::from_millis(1000),
+            poll_window: Duration::from_micros(DEFAULT_POLL_WINDOW_US),
+        }
     }
 }
+
+/// `vhca-device --poll-window-us` unless given (docs/bench.md section 5 has the measurement that chose it).
+pub const DEFAULT_POLL_WINDOW_US: u64 = 50;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -65,7 +75,7 @@ pub fn serve_locked_down(
     lockdown: impl FnOnce() -> Result<(), String>,
 ) -> Result<(), ServeError> {
     let (shared, hca, config) = device_parts(&events, options)?;
-    let worker = Worker::spawn(Arc::clone(&shared), hca).map_err(ServeError::Worker)?;
+    let worker = Worker::spawn(Arc::clone(&shared), hca, options.poll_window).map_err(ServeError::Worker)?;
 
     let result = match lockdown() {
         Ok(()) => Ok(Frontend::new(stream, Arc::clone(&shared), config).serve()),

@@ -446,9 +446,21 @@ mod tests {
         q.add_chain(&chain).unwrap();
         assert!(q.notification_needed(), "polling ended: the kick is required again");
         let mut kicks = 0;
-        assert_eq!(q.kick(|| -> Result<(), ()> { Ok(kicks += 1) }), Ok(true));
+        assert_eq!(
+            q.kick(|| -> Result<(), ()> {
+                kicks += 1;
+                Ok(())
+            }),
+            Ok(true)
+        );
         dev.suppress_kicks(q.memory(), true);
-        assert_eq!(q.kick(|| -> Result<(), ()> { Ok(kicks += 1) }), Ok(false));
+        assert_eq!(
+            q.kick(|| -> Result<(), ()> {
+                kicks += 1;
+                Ok(())
+            }),
+            Ok(false)
+        );
         assert_eq!(kicks, 1, "the doorbell is written only while the flag is clear");
         dev.suppress_kicks(q.memory(), false);
         assert_eq!(q.kick(|| Err("gone")), Err("gone"), "a failed doorbell write is the caller's error");
