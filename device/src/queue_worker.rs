@@ -152,6 +152,8 @@ impl Worker {
             let served = self.serve_pass();
             serve_now = match window.after_pass(served, Instant::now(), &mut RequestRings(&self.shared)) {
                 Next::Poll => {
+                    // Give the core to any thread waiting for it (QEMU's vCPU or main loop on a small host): the
+                    // window is spent on otherwise idle CPU, and a request is still seen within one yield.
                     std::hint::spin_loop();
                     false
                 }
