@@ -154,7 +154,7 @@ impl Worker {
                 Next::Poll => {
                     // Give the core to any thread waiting for it (QEMU's vCPU or main loop on a small host): the
                     // window is spent on otherwise idle CPU, and a request is still seen within one yield.
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                     false
                 }
                 Next::Serve => true,
