@@ -6,8 +6,8 @@ use core::time::Duration;
 /// Polls `SplitQueue::wait_used` makes back to back, with a spin hint between them, before its first `pause`, unless
 /// a `PollWait` says otherwise. A device that answers within a few microseconds (one that is busy-polling its avail
 /// ring, docs/protocol.md "Kicks and polling") is seen without a sleep's wake-up latency; one that takes longer costs
-/// this many polls of CPU time first. Measured in the guest under TCG here (docs/bench.md section 5): about 0.3 µs
-/// per poll, so some 60 µs of spinning at most.
+/// this many polls of CPU time first. Measured in the guest under TCG on this 2-core host (docs/bench.md section 5):
+/// 130–400 ns per poll by load, so 25–80 µs of spinning at most, about one to three MMIO exits' worth.
 pub const DEFAULT_SPIN_POLLS: u32 = 200;
 
 pub trait PollWait {
