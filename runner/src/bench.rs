@@ -202,11 +202,12 @@ pub fn render_roundtrip(measured: &serde_json::Value) -> String {
         ratio("p99_us")
     );
     if let Some(ns) = measured["spin_poll_ns"].as_f64() {
-        let polls = measured["spin_polls"].as_u64().unwrap_or(0);
+        let spin = measured["spin_us"].as_f64().unwrap_or(0.0);
         let _ = writeln!(
             t,
-            "one spin poll of the used ring: {ns:.0} ns; wait_used spins {polls} of them (~{:.0} µs) before sleeping",
-            ns * polls as f64 / 1000.0
+            "one spin poll of the used ring: {ns:.0} ns; the guest's wait spins {spin:.0} µs (~{:.0} polls) before \
+             sleeping",
+            spin * 1000.0 / ns.max(1.0)
         );
     }
     t
@@ -240,12 +241,12 @@ mod tests {
         let m: serde_json::Value = serde_json::json!({
             "vhca_query_device": {"samples": 3, "median_us": 50.0, "p99_us": 90.0, "min_us": 1.0, "max_us": 99.0},
             "rng_read": {"samples": 3, "median_us": 100.0, "p99_us": 90.0, "min_us": 1.0, "max_us": 99.0},
-            "spin_poll_ns": 250.0, "spin_polls": 200,
+            "spin_poll_ns": 250.0, "spin_us": 50.0,
         });
         let table = render_roundtrip(&m);
         assert!(table.contains("median 0.50x, p99 1.00x"), "{table}");
         assert!(
-            table.contains("one spin poll of the used ring: 250 ns; wait_used spins 200 of them (~50 µs)"),
+            table.contains("one spin poll of the used ring: 250 ns; the guest's wait spins 50 µs (~200 polls)"),
             "{table}"
         );
     }

@@ -64,8 +64,8 @@ pub struct RoundTrip {
     pub vhca_query_device_back_to_back: Series,
     /// One poll of an empty used ring with its spin hint, in nanoseconds (mean of 100 000).
     pub spin_poll_ns: f64,
-    /// `vhca_virtio::DEFAULT_SPIN_POLLS`: the polls `wait_used` spins before its first sleep.
-    pub spin_polls: u32,
+    /// How long this program's wait (`Deadline`) spins on the used ring before its first sleep, in microseconds.
+    pub spin_us: f64,
 }
 
 /// The guest's wait without the spin before the first sleep.
@@ -78,8 +78,8 @@ impl PollWait for SleepsOnly {
     fn limit(&self) -> Duration {
         self.0.limit()
     }
-    fn spin_polls(&self) -> u32 {
-        0
+    fn keep_spinning(&mut self, _polls: u32) -> bool {
+        false
     }
 }
 
@@ -166,7 +166,7 @@ pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -
         kick: Series::of(kicks),
         vhca_query_device_back_to_back: Series::of(back_to_back),
         spin_poll_ns: spin_poll_ns(queue)?,
-        spin_polls: vhca_virtio::DEFAULT_SPIN_POLLS,
+        spin_us: crate::virtio_pci::SPIN_BEFORE_SLEEP.as_secs_f64() * 1e6,
     })
 }
 

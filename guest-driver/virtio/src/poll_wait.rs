@@ -3,11 +3,11 @@
 
 use core::time::Duration;
 
-/// Polls `SplitQueue::wait_used` makes back to back, with a spin hint between them, before its first `pause`, unless
-/// a `PollWait` says otherwise. A device that answers within a few microseconds (one that is busy-polling its avail
-/// ring, docs/protocol.md "Kicks and polling") is seen without a sleep's wake-up latency; one that takes longer costs
-/// this many polls of CPU time first. Measured in the guest under TCG on this 2-core host (docs/bench.md section 5):
-/// 130–400 ns per poll by load, so 25–80 µs of spinning at most, about one to three MMIO exits' worth.
+/// Polls `SplitQueue::wait_used` makes back to back, with a spin hint between them, before its first `pause`, for a
+/// `PollWait` that keeps the default `keep_spinning` (vhca.sys's; the Linux guest bounds its spin by time). A device
+/// that answers within a few microseconds (one busy-polling its avail ring, docs/protocol.md "Kicks and polling") is
+/// seen without a sleep's wake-up latency; one that takes longer costs this many polls of CPU time first. One poll
+/// measured in the Linux guest under TCG on this 2-core host (docs/bench.md section 5): 130–650 ns by load.
 pub const DEFAULT_SPIN_POLLS: u32 = 200;
 
 pub trait PollWait {
@@ -15,8 +15,10 @@ pub trait PollWait {
     fn pause(&mut self) -> bool;
     /// The limit, for the error that reports giving up.
     fn limit(&self) -> Duration;
-    /// How many polls to make back to back before the first pause (0: pause after the first poll, as before).
-    fn spin_polls(&self) -> u32 {
-        DEFAULT_SPIN_POLLS
+    /// Whether `SplitQueue::wait_used` polls again at once, with only a spin hint, after `polls` empty polls and
+    /// before its first pause. The default spins `DEFAULT_SPIN_POLLS` polls; a waiter with a clock bounds the spin by
+    /// time instead (the cost of one poll varies 5-fold under TCG with the host's load); false: pause at once.
+    fn keep_spinning(&mut self, polls: u32) -> bool {
+        polls < DEFAULT_SPIN_POLLS
     }
 }

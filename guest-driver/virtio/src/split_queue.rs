@@ -249,14 +249,19 @@ impl<M: DmaMemory> SplitQueue<M> {
     }
 
     /// Polls until a completion arrives or `wait` gives up; `wait` decides how to pause between polls (a sleeping
-    /// thread in the Linux guest, a delay or a stall by IRQL in vhca.sys). The first `wait.spin_polls()` polls are
-    /// made back to back: a busy-polling device answers within them, and a sleep would add its own wake-up latency
-    /// (under TCG a timer sleep overshoots by tens of microseconds).
+    /// thread in the Linux guest, a delay or a stall by IRQL in vhca.sys). Polls are made back to back while
+    /// `wait.keep_spinning` says so: a busy-polling device answers within them, and a sleep would add its own
+    /// wake-up latency (under TCG a timer sleep overshoots by tens of microseconds).
     pub fn wait_used(&mut self, wait: &mut impl PollWait) -> Result<Used, QueueError> {
-        for _ in 0..wait.spin_polls() {
+        let mut polls = 0;
+        loop {
             if let Some(used) = self.poll_used()? {
                 return Ok(used);
             }
+            if !wait.keep_spinning(polls) {
+                break;
+            }
+            polls = polls.saturating_add(1);
             core::hint::spin_loop();
         }
         loop {
@@ -483,8 +488,8 @@ mod tests {
         fn limit(&self) -> Duration {
             Duration::ZERO
         }
-        fn spin_polls(&self) -> u32 {
-            self.spins
+        fn keep_spinning(&mut self, polls: u32) -> bool {
+            polls < self.spins
         }
     }
 
