@@ -47,8 +47,10 @@ impl Default for DeviceOptions {
     }
 }
 
-/// `vhca-device --poll-window-us` unless given (docs/bench.md section 5 has the measurement that chose it).
-pub const DEFAULT_POLL_WINDOW_US: u64 = 50;
+/// `vhca-device --poll-window-us` unless given: off. On the 2-core hosts this was measured on (docs/bench.md section
+/// 5) a polling worker competes with QEMU's threads, and once preempted mid-window it leaves kicks suppressed with
+/// nobody polling: the median round trip got worse, not better. Polling pays on a host with a core to spare.
+pub const DEFAULT_POLL_WINDOW_US: u64 = 0;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -40,7 +40,8 @@ struct Cli {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=MAX_MISS_TIMEOUT_MS))]
     miss_timeout_ms: u64,
     /// Microseconds the queue worker keeps polling the request queues after its last work, with the driver's kicks
-    /// suppressed (VRING_USED_F_NO_NOTIFY); 0: never poll, every request is kicked (docs/protocol.md).
+    /// suppressed (VRING_USED_F_NO_NOTIFY); 0 (the default): never poll, every request is kicked. Worth it only with
+    /// a host core to spare (docs/protocol.md, docs/bench.md section 5).
     #[arg(long, default_value_t = vhca_device::DEFAULT_POLL_WINDOW_US,
           value_parser = clap::value_parser!(u64).range(0..=MAX_POLL_WINDOW_US))]
     poll_window_us: u64,

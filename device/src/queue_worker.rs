@@ -152,9 +152,9 @@ impl Worker {
             let served = self.serve_pass();
             serve_now = match window.after_pass(served, Instant::now(), &mut RequestRings(&self.shared)) {
                 Next::Poll => {
-                    // Give the core to any thread waiting for it (QEMU's vCPU or main loop on a small host): the
-                    // window is spent on otherwise idle CPU, and a request is still seen within one yield.
-                    std::thread::yield_now();
+                    // No sched_yield here: on a loaded host a yielding worker lost its core for milliseconds, could
+                    // not close its window, and the driver skipped kicks all that time (docs/bench.md section 5).
+                    std::hint::spin_loop();
                     false
                 }
                 Next::Serve => true,
