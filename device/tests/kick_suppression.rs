@@ -152,3 +152,20 @@ fn window_zero_never_suppresses_a_kick() {
     let (status, stderr, _) = driver.session.close();
     assert!(status.success(), "{stderr}");
 }
+
+#[test]
+fn a_window_past_the_bound_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vhca-device"))
+        .arg("--socket-path")
+        .arg(dir.path().join("vhca.sock"))
+        .arg("--event-log")
+        .arg(dir.path().join("events.jsonl"))
+        .args(["--poll-window-us", "10001"])
+        .output()
+        .expect("run vhca-device");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--poll-window-us") && stderr.contains("10001"), "{stderr}");
+    assert!(!dir.path().join("events.jsonl").exists(), "nothing created before the arguments are checked");
+}
