@@ -7,7 +7,7 @@ use core::time::Duration;
 /// `PollWait` that keeps the default `keep_spinning` (vhca.sys's; the Linux guest bounds its spin by time). A device
 /// that answers within a few microseconds (one busy-polling its avail ring, docs/protocol.md "Kicks and polling") is
 /// seen without a sleep's wake-up latency; one that takes longer costs this many polls of CPU time first. One poll
-/// measured in the Linux guest under TCG on this 2-core host (docs/bench.md section 5): 130–650 ns by load.
+/// measured in the Linux guest under TCG on this 2-core host (docs/bench.md section 5): 130–1470 ns by load.
 pub const DEFAULT_SPIN_POLLS: u32 = 200;
 
 pub trait PollWait {
@@ -17,7 +17,7 @@ pub trait PollWait {
     fn limit(&self) -> Duration;
     /// Whether `SplitQueue::wait_used` polls again at once, with only a spin hint, after `polls` empty polls and
     /// before its first pause. The default spins `DEFAULT_SPIN_POLLS` polls; a waiter with a clock bounds the spin by
-    /// time instead (the cost of one poll varies 5-fold under TCG with the host's load); false: pause at once.
+    /// time instead (the cost of one poll varies 10-fold under TCG with the host's load); false: pause at once.
     fn keep_spinning(&mut self, polls: u32) -> bool {
         polls < DEFAULT_SPIN_POLLS
     }
