@@ -7,6 +7,7 @@ pub mod iommu;
 pub mod iommu_dma;
 pub mod memory;
 pub mod miss_replies;
+pub mod queue_polling;
 pub mod queue_worker;
 pub mod sandbox;
 pub mod shared;
@@ -34,13 +35,24 @@ pub struct DeviceOptions {
     pub hca: HcaConfig,
     /// How long an IOTLB miss may stay unanswered before the access is an IOMMU fault.
     pub miss_timeout: Duration,
+    /// How long the queue worker busy-polls after its last work, kicks suppressed (`queue_polling`); zero: never.
+    pub poll_window: Duration,
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { hca: HcaConfig::default(), miss_timeout: Duration::from_millis(1000) }
+        DeviceOptions {
+            hca: HcaConfig::default(),
+            miss_timeout: Duration::from_millis(1000),
+            poll_window: Duration::from_micros(DEFAULT_POLL_WINDOW_US),
+        }
     }
 }
+
+/// `vhca-device --poll-window-us` unless given: off. On the 2-core hosts this was measured on (docs/bench.md section
+/// 5) a polling worker competes with QEMU's threads, and once preempted mid-window it leaves kicks suppressed with
+/// nobody polling: the median round trip got worse, not better. Polling pays on a host with a core to spare.
+pub const DEFAULT_POLL_WINDOW_US: u64 = 0;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -71,7 +83,7 @@ pub fn serve_locked_down(
     let (shared, hca, config) = device_parts(&events, options)?;
     // Both threads start before the lockdown: the sandbox forbids starting one.
     let reader = miss_replies::spawn_reader(Arc::clone(&shared)).map_err(ServeError::Reader)?;
-    let worker = match Worker::spawn(Arc::clone(&shared), hca) {
+    let worker = match Worker::spawn(Arc::clone(&shared), hca, options.poll_window) {
         Ok(worker) => worker,
         Err(err) => {
             miss_replies::stop_reader(&shared, reader);

@@ -21,6 +21,8 @@ use vhca_device::{serve_locked_down, DeviceOptions};
 const MAX_MAP_REGISTERS: i64 = 1 << 20;
 /// Longest `--miss-timeout-ms`: an hour is already far past any QEMU answer.
 const MAX_MISS_TIMEOUT_MS: u64 = vhca_device::shared::MAX_MISS_TIMEOUT.as_secs() * 1000;
+/// Longest `--poll-window-us`.
+const MAX_POLL_WINDOW_US: u64 = vhca_device::queue_polling::MAX_POLL_WINDOW.as_micros() as u64;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "vhost-user backend emulating an RDMA HCA behind QEMU's intel-iommu")]
@@ -37,6 +39,12 @@ struct Cli {
     /// Milliseconds an IOTLB miss may stay unanswered before the access counts as an IOMMU fault.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=MAX_MISS_TIMEOUT_MS))]
     miss_timeout_ms: u64,
+    /// Microseconds the queue worker keeps polling the request queues after its last work, with the driver's kicks
+    /// suppressed (VRING_USED_F_NO_NOTIFY); 0 (the default): never poll, every request is kicked. Worth it only with
+    /// a host core to spare (docs/protocol.md, docs/bench.md section 5).
+    #[arg(long, default_value_t = vhca_device::DEFAULT_POLL_WINDOW_US,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_POLL_WINDOW_US))]
+    poll_window_us: u64,
     /// Fault injection, KEY=VALUE (repeatable; a later one wins): fail_reg_mr=N, fail_ring_map=N,
     /// drop_completion=N, delay_completion=N, delay_doorbells=K, max_contiguous_pages=P,
     /// contiguous_policy=refuse|split, invalidate_at_dma=N, invalidate_iova=A, invalidate_size=S (docs/protocol.md).
@@ -86,7 +94,11 @@ impl Cli {
             inject: self.inject.clone(),
         };
         match choices.to_config() {
-            Ok(hca) => DeviceOptions { hca, miss_timeout: Duration::from_millis(self.miss_timeout_ms) },
+            Ok(hca) => DeviceOptions {
+                hca,
+                miss_timeout: Duration::from_millis(self.miss_timeout_ms),
+                poll_window: Duration::from_micros(self.poll_window_us),
+            },
             Err(err) => Cli::command().error(clap::error::ErrorKind::ValueValidation, err).exit(),
         }
     }
@@ -130,11 +142,12 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
         tracing::info!("fault injection: {}", injection.to_kv().join(" "));
     }
     tracing::info!(
-        "map registers {}, probe_pages {}, revalidate_stale {}, miss timeout {} ms",
+        "map registers {}, probe_pages {}, revalidate_stale {}, miss timeout {} ms, poll window {} µs",
         hca.map_registers,
         hca.probe_pages,
         hca.revalidate_stale,
-        cli.miss_timeout_ms
+        cli.miss_timeout_ms,
+        cli.poll_window_us
     );
     let events = Arc::new(
         EventLog::create(&cli.event_log)

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vhca_hca::Hca;
 use vhca_proto::{
@@ -23,10 +23,14 @@ use crate::event_log::TransportEvent;
 use crate::iommu::{FaultKind, TranslationFault};
 use crate::iommu_dma::{fault_event, QueueDma};
 use crate::memory::GuestMem;
+use crate::queue_polling::{allow_kicks, suppress_kicks, KickSuppression, Next, PollWindow};
 use crate::shared::{lock, Shared};
 use crate::vring::{Parked, VringState};
 
 const WAKE_TOKEN: u64 = u64::MAX;
+/// The queues that carry requests, and so are busy-polled. The event queue holds posted buffers that wait for
+/// events, so its avail index always runs ahead of the device: it is neither polled nor has its kicks suppressed.
+const REQUEST_QUEUES: [u16; 2] = [QUEUE_COMMAND, QUEUE_DOORBELL];
 
 /// What became of one popped chain.
 enum Outcome {
@@ -62,33 +66,54 @@ pub struct Worker {
     desc_log: Vec<TransportEvent>,
     /// Head of the chain being served, for log lines written deep inside it.
     head: u16,
+    /// How long the thread keeps polling after the last work (`queue_polling`); zero: it only sleeps.
+    poll_window: Duration,
 }
 
 impl Worker {
     pub fn new(shared: Arc<Shared>, hca: Hca) -> io::Result<Worker> {
         let epoll = Epoll::new()?;
-        let mut worker =
-            Worker { shared, hca, epoll, kicks: Vec::new(), pending_event: None, desc_log: Vec::new(), head: 0 };
+        let mut worker = Worker {
+            shared,
+            hca,
+            epoll,
+            kicks: Vec::new(),
+            pending_event: None,
+            desc_log: Vec::new(),
+            head: 0,
+            poll_window: Duration::ZERO,
+        };
         worker.rebuild_epoll()?;
         Ok(worker)
     }
 
-    pub fn spawn(shared: Arc<Shared>, hca: Hca) -> io::Result<JoinHandle<()>> {
-        let worker = Worker::new(shared, hca)?;
+    /// The worker thread; it busy-polls for `poll_window` after each piece of work (zero: never).
+    pub fn spawn(shared: Arc<Shared>, hca: Hca, poll_window: Duration) -> io::Result<JoinHandle<()>> {
+        let mut worker = Worker::new(shared, hca)?;
+        worker.poll_window = poll_window;
         std::thread::Builder::new().name("vhca-queues".into()).spawn(move || worker.run())
     }
 
     /// One pass over every queue, as the thread makes after each wake-up. For single-threaded drivers of the
     /// device (the fuzzer), which interleave it with the connection's requests deterministically.
     pub fn serve_queues(&mut self) {
+        self.serve_pass();
+    }
+
+    /// `serve_queues`; true when a chain was returned to a used ring.
+    fn serve_pass(&mut self) -> bool {
         self.tell_hca_invalidations();
+        let mut served = false;
         for queue in [QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_RESERVED, QUEUE_EVENT] {
-            self.process_queue(queue);
+            served |= self.process_queue(queue);
         }
+        served
     }
 
     fn run(mut self) {
         let mut events = vec![EpollEvent::default(); 16];
+        let mut window = PollWindow::new(self.poll_window);
+        let mut serve_now = false;
         loop {
             if self.shared.stopping() {
                 break;
@@ -98,8 +123,14 @@ impl Worker {
                     tracing::error!("queue worker: cannot watch kick fds: {err}");
                     break;
                 }
+                // A ring (re)started: one that stopped mid-window may still carry this device's flag.
+                window.close(&mut RequestRings(&self.shared));
+            } else if !window.is_open() {
+                // A ring stopped with the flag set and enabled again since: clear it before sleeping on its kicks.
+                RequestRings(&self.shared).allow();
             }
-            let count = match self.epoll.wait(self.timeout_ms(), &mut events) {
+            let timeout = if window.is_open() || serve_now { 0 } else { self.timeout_ms() };
+            let count = match self.epoll.wait(timeout, &mut events) {
                 Ok(count) => count,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => 0,
                 Err(err) => {
@@ -118,8 +149,20 @@ impl Worker {
             if self.shared.stopping() {
                 break;
             }
-            self.serve_queues();
+            let served = self.serve_pass();
+            serve_now = match window.after_pass(served, Instant::now(), &mut RequestRings(&self.shared)) {
+                Next::Poll => {
+                    // No sched_yield here: on a loaded host a yielding worker lost its core for milliseconds, could
+                    // not close its window, and the driver skipped kicks all that time (docs/bench.md section 5).
+                    std::hint::spin_loop();
+                    false
+                }
+                Next::Serve => true,
+                Next::Sleep => false,
+            };
         }
+        // Whatever the driver sees of this device from now on, it must kick.
+        RequestRings(&self.shared).allow();
         tracing::info!("queue worker stopped");
     }
 
@@ -181,13 +224,14 @@ impl Worker {
         }
     }
 
-    fn process_queue(&mut self, queue: u16) {
+    /// Serves one queue until it is empty or parked; true when a chain went back to the used ring.
+    fn process_queue(&mut self, queue: u16) -> bool {
         let shared = Arc::clone(&self.shared);
-        let Some(vring) = shared.vrings.get(usize::from(queue)) else { return };
+        let Some(vring) = shared.vrings.get(usize::from(queue)) else { return false };
         let mem = shared.mem();
         let mut vring = lock(vring);
         if !vring.runnable() {
-            return;
+            return false;
         }
         let mut used = false;
         while !shared.stopping() && !shared.control_pending.load(Ordering::Acquire) {
@@ -210,6 +254,7 @@ impl Worker {
                 Err(err) => tracing::error!("queue {queue}: cannot decide on notification: {err}"),
             }
         }
+        used
     }
 
     fn next_chain(&mut self, shared: &Shared, mem: &GuestMem, queue: u16, vring: &mut VringState) -> Step {
@@ -511,6 +556,31 @@ impl Worker {
         }
         // written <= bytes.len(), which the HCA bounds far below u32::MAX.
         Outcome::Used(u32::try_from(written).unwrap_or(u32::MAX))
+    }
+}
+
+/// The request queues as the poll window sees them.
+struct RequestRings<'a>(&'a Shared);
+
+impl KickSuppression for RequestRings<'_> {
+    fn suppress(&mut self) {
+        let mem = self.0.mem();
+        for queue in REQUEST_QUEUES {
+            if let Some(vring) = self.0.vrings.get(usize::from(queue)) {
+                suppress_kicks(queue, &mut lock(vring), &mem);
+            }
+        }
+    }
+
+    fn allow(&mut self) -> bool {
+        let mem = self.0.mem();
+        let mut pending = false;
+        for queue in REQUEST_QUEUES {
+            if let Some(vring) = self.0.vrings.get(usize::from(queue)) {
+                pending |= allow_kicks(queue, &mut lock(vring), &mem);
+            }
+        }
+        pending
     }
 }
 

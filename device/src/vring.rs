@@ -29,6 +29,9 @@ pub struct VringState {
     /// Between SET_VRING_KICK and GET_VRING_BASE.
     pub started: bool,
     pub parked: Option<Parked>,
+    /// This device set VRING_USED_F_NO_NOTIFY in the used ring (busy-polling, `queue_polling`) and has not cleared
+    /// it yet. Kept across a stop, so a ring restarted over the same memory gets its flag cleared.
+    pub kicks_suppressed: bool,
 }
 
 impl Default for VringState {
@@ -41,7 +44,16 @@ impl VringState {
     pub fn new() -> VringState {
         // MAX_QUEUE_SIZE is a non-zero power of two, the only thing Queue::new checks.
         let queue = Queue::new(MAX_QUEUE_SIZE).unwrap_or_else(|_| unreachable!("1024 is a valid queue size"));
-        VringState { queue, kick: None, call: None, err: None, enabled: false, started: false, parked: None }
+        VringState {
+            queue,
+            kick: None,
+            call: None,
+            err: None,
+            enabled: false,
+            started: false,
+            parked: None,
+            kicks_suppressed: false,
+        }
     }
 
     pub fn start(&mut self) {

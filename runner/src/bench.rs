@@ -186,8 +186,10 @@ pub fn render_roundtrip(measured: &serde_json::Value) -> String {
     let mut t = String::from("| what | samples | median (µs) | p99 (µs) | min–max (µs) |\n|---|---|---|---|---|\n");
     t.push_str(&row("vhca_query_device", "QUERY_DEVICE via vhca (vIOMMU, vhost-user)"));
     t.push_str(&row("rng_read", "64-byte read, QEMU's virtio-rng (in-process)"));
+    t.push_str(&row("rng_read_sleeping", "the same read, sleeps only (no spin first)"));
     t.push_str(&row("rng_read_spinning", "the same read, spinning on the used ring"));
     t.push_str(&row("kick", "the kick alone (one notify write)"));
+    t.push_str(&row("vhca_query_device_back_to_back", "QUERY_DEVICE via vhca, back to back"));
     let ratio = |q: &str| {
         let a = measured["vhca_query_device"][q].as_f64().unwrap_or(f64::NAN);
         let b = measured["rng_read"][q].as_f64().unwrap_or(f64::NAN);
@@ -199,6 +201,15 @@ pub fn render_roundtrip(measured: &serde_json::Value) -> String {
         ratio("median_us"),
         ratio("p99_us")
     );
+    if let Some(ns) = measured["spin_poll_ns"].as_f64() {
+        let spin = measured["spin_us"].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            t,
+            "one spin poll of the used ring: {ns:.0} ns; the guest's wait spins {spin:.0} µs (~{:.0} polls) before \
+             sleeping",
+            spin * 1000.0 / ns.max(1.0)
+        );
+    }
     t
 }
 
@@ -230,8 +241,14 @@ mod tests {
         let m: serde_json::Value = serde_json::json!({
             "vhca_query_device": {"samples": 3, "median_us": 50.0, "p99_us": 90.0, "min_us": 1.0, "max_us": 99.0},
             "rng_read": {"samples": 3, "median_us": 100.0, "p99_us": 90.0, "min_us": 1.0, "max_us": 99.0},
+            "spin_poll_ns": 250.0, "spin_us": 50.0,
         });
-        assert!(render_roundtrip(&m).contains("median 0.50x, p99 1.00x"), "{}", render_roundtrip(&m));
+        let table = render_roundtrip(&m);
+        assert!(table.contains("median 0.50x, p99 1.00x"), "{table}");
+        assert!(
+            table.contains("one spin poll of the used ring: 250 ns; the guest's wait spins 50 µs (~200 polls)"),
+            "{table}"
+        );
     }
 
     #[test]

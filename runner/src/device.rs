@@ -17,8 +17,18 @@ pub struct DeviceConfig {
     pub run_args: Vec<String>,
 }
 
+/// Extra vhca-device flags for every run, from `$VHCA_DEVICE_APPEND` (words split on whitespace), e.g.
+/// `--poll-window-us 0` to measure the device without busy-polling (docs/bench.md section 5).
+pub const DEVICE_APPEND_ENV: &str = "VHCA_DEVICE_APPEND";
+
 impl DeviceConfig {
+    /// The command line: socket, event log, the run's flags, then `$VHCA_DEVICE_APPEND`'s words.
     pub fn args(&self) -> Vec<String> {
+        let appended = std::env::var(DEVICE_APPEND_ENV).unwrap_or_default();
+        self.args_with(appended.split_whitespace())
+    }
+
+    fn args_with<'a>(&self, appended: impl Iterator<Item = &'a str>) -> Vec<String> {
         let mut a = vec![
             "--socket-path".to_string(),
             self.socket.display().to_string(),
@@ -26,6 +36,7 @@ impl DeviceConfig {
             self.event_log.display().to_string(),
         ];
         a.extend(self.run_args.iter().cloned());
+        a.extend(appended.map(String::from));
         a
     }
 
@@ -82,19 +93,21 @@ mod tests {
             event_log: "/r/events.jsonl".into(),
             run_args: vec!["--map-registers".into(), "64".into(), "--inject".into(), "fail_reg_mr=3".into()],
         };
-        assert_eq!(
-            c.args(),
-            [
-                "--socket-path",
-                "/r/dev.sock",
-                "--event-log",
-                "/r/events.jsonl",
-                "--map-registers",
-                "64",
-                "--inject",
-                "fail_reg_mr=3"
-            ]
-        );
+        let expected = [
+            "--socket-path",
+            "/r/dev.sock",
+            "--event-log",
+            "/r/events.jsonl",
+            "--map-registers",
+            "64",
+            "--inject",
+            "fail_reg_mr=3",
+        ];
+        assert_eq!(c.args_with(std::iter::empty()), expected);
+        // $VHCA_DEVICE_APPEND's words come last, after the run's own flags.
+        let appended = c.args_with(" --poll-window-us\t0 ".split_whitespace());
+        assert_eq!(appended[..expected.len()], expected);
+        assert_eq!(appended[expected.len()..], ["--poll-window-us", "0"]);
     }
 
     #[test]

@@ -170,7 +170,7 @@ impl<M: DmaMemory, N: Notify, W: WaitSource> CommandQueue<M, N, W> {
             Buffer { iova: self.request.iova(), len: request_len as u32, device_writes: false },
             Buffer { iova: response_iova, len: room as u32, device_writes: true },
         ])?;
-        self.notifier.notify().map_err(RingError::Notify)?;
+        self.queue.kick(|| self.notifier.notify()).map_err(RingError::Notify)?;
         let used = self.queue.wait_used(&mut self.waits.wait())?;
         if used.head != head {
             return Err(CommandError::WrongHead { opcode: name, got: used.head, expected: head });

@@ -27,7 +27,7 @@ impl<M: DmaMemory, N: Notify, W: WaitSource> DoorbellQueue<M, N, W> {
         self.buffer.write_bytes(0, records).map_err(|_| ChannelError::Transport(1))?;
         let chain = [Buffer { iova: self.buffer.iova(), len: records.len() as u32, device_writes: false }];
         let head = self.queue.add_chain(&chain).map_err(|e| queue_error(e, note))?;
-        self.notifier.notify().map_err(|_| ChannelError::DeviceGone)?;
+        self.queue.kick(|| self.notifier.notify()).map_err(|_| ChannelError::DeviceGone)?;
         let used = self.queue.wait_used(&mut self.waits.wait()).map_err(|e| queue_error(e, note))?;
         if used.head != head {
             note(format_args!("doorbell queue: completion for head {}, expected {head}", used.head));

@@ -27,7 +27,7 @@ impl<M: DmaMemory, N: Notify> EventQueue<M, N> {
         for slot in 0..count {
             events.post(slot)?;
         }
-        events.notifier.notify().map_err(RingError::Notify)?;
+        events.queue.kick(|| events.notifier.notify()).map_err(RingError::Notify)?;
         Ok(events)
     }
 
@@ -56,7 +56,9 @@ impl<M: DmaMemory, N: Notify> EventQueue<M, N> {
             let slot = self.slot_of_head.get_mut(used.head as usize)?.take()?;
             let mut raw = [0u8; EVENT_SIZE];
             let read = self.slots.read_bytes(slot * EVENT_SIZE, &mut raw);
-            let reposted = self.post(slot).and_then(|()| self.notifier.notify().map_err(RingError::Notify));
+            let reposted = self
+                .post(slot)
+                .and_then(|()| self.queue.kick(|| self.notifier.notify()).map(drop).map_err(RingError::Notify));
             if let Err(e) = reposted {
                 note(format_args!("event queue: cannot repost buffer {slot}: {e}"));
             }

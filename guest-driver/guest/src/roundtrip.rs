@@ -1,23 +1,27 @@
 //! The guest-visible round trip of one command (`vhca.scenario=roundtrip`): QUERY_DEVICE on vhca's command queue —
 //! guest → vIOMMU → vhost-user → vhca-device → guest — against one 64-byte read from QEMU's in-process virtio-rng
 //! behind the same vIOMMU, in the same guest and run, `samples` of each, interleaved. Both complete through the same
-//! polling (`SplitQueue::wait_used`); the rng is also timed spinning on the used ring (the polling's own cost) and
-//! the doorbell write alone (the kick: an MMIO write that exits to QEMU). The runner's `bench --roundtrip` prints
-//! what this reports.
+//! wait (`SplitQueue::wait_used`: a bounded spin, then sleeps); the rng is also timed with sleeps only (the wait as
+//! it was before the spin), spinning on the used ring only, and the doorbell write alone (the kick: an MMIO write
+//! that exits to QEMU). QUERY_DEVICE is timed once more back to back, where a busy-polling device is still polling
+//! when the next request comes (no kick), and one poll of the used ring is timed (the spin's unit of cost). The
+//! runner's `bench --roundtrip` prints what this reports.
 
+use std::ops::DerefMut;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use serde::Serialize;
+use vhca_virtio::PollWait;
 
 use crate::bring_up::{setup_queue, Queue};
 use crate::cmdline::PciId;
 use crate::pci;
 use crate::rng::ENTROPY_BYTES;
 use crate::vfio::{self, DmaAccess};
-use crate::vfio_dma::{DmaMapper, DmaMemory};
+use crate::vfio_dma::{DmaMapper, DmaMemory, DmaRegion};
 use crate::virtio_channel::CommandQueue;
-use crate::virtio_pci::{VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
+use crate::virtio_pci::{Deadline, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
 use crate::virtqueue::Buffer;
 
 /// QEMU's virtio-rng (modern id); the runner adds it behind its own root port for this scenario.
@@ -48,12 +52,35 @@ impl Series {
 pub struct RoundTrip {
     /// QUERY_DEVICE through vhca: request written, chain added, kick, device, used ring polled, response checked.
     pub vhca_query_device: Series,
-    /// One 64-byte read from virtio-rng through the same polling.
+    /// One 64-byte read from virtio-rng through the same wait.
     pub rng_read: Series,
-    /// The same read, spinning on the used ring instead of the sleeping poll.
+    /// The same read, waited for by sleeps only (no spin before the first sleep: the wait as it was before).
+    pub rng_read_sleeping: Series,
+    /// The same read, spinning on the used ring only.
     pub rng_read_spinning: Series,
     /// The kick alone: one doorbell write to virtio-rng's notify register.
     pub kick: Series,
+    /// QUERY_DEVICE again, `samples` back to back after the interleaved ones.
+    pub vhca_query_device_back_to_back: Series,
+    /// One poll of an empty used ring with its spin hint, in nanoseconds (mean of 100 000).
+    pub spin_poll_ns: f64,
+    /// How long this program's wait (`Deadline`) spins on the used ring before its first sleep, in microseconds.
+    pub spin_us: f64,
+}
+
+/// The guest's wait without the spin before the first sleep.
+struct SleepsOnly(Deadline);
+
+impl PollWait for SleepsOnly {
+    fn pause(&mut self) -> bool {
+        self.0.pause()
+    }
+    fn limit(&self) -> Duration {
+        self.0.limit()
+    }
+    fn keep_spinning(&mut self, _polls: u32) -> bool {
+        false
+    }
 }
 
 /// QEMU's virtio-rng opened through VFIO with its request queue, ready for reads.
@@ -86,6 +113,7 @@ pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -
     let chain = [Buffer { iova: buffer.iova(), len: ENTROPY_BYTES as u32, device_writes: true }];
     let (queue, notifier) = &mut rng.queue;
     let (mut vhca, mut polled, mut spun, mut kicks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut slept = Vec::new();
     for _ in 0..samples {
         let t = Instant::now();
         commands.query_device()?;
@@ -96,6 +124,13 @@ pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -
         notifier.notify()?;
         let used = queue.wait_used(timeout)?;
         polled.push(t.elapsed().as_secs_f64() * 1e6);
+        ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
+
+        let t = Instant::now();
+        let head = queue.add_chain(&chain)?;
+        notifier.notify()?;
+        let used = queue.deref_mut().wait_used(&mut SleepsOnly(Deadline::after(timeout)))?;
+        slept.push(t.elapsed().as_secs_f64() * 1e6);
         ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
 
         let t = Instant::now();
@@ -114,15 +149,36 @@ pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -
         spun.push(t.elapsed().as_secs_f64() * 1e6);
         ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
     }
+    let mut back_to_back = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t = Instant::now();
+        commands.query_device()?;
+        back_to_back.push(t.elapsed().as_secs_f64() * 1e6);
+    }
     let mut bytes = [0u8; ENTROPY_BYTES];
     buffer.read_bytes(0, &mut bytes)?;
     ensure!(bytes.iter().any(|b| *b != 0), "virtio-rng completed but its buffer is still all zero");
     Ok(RoundTrip {
         vhca_query_device: Series::of(vhca),
         rng_read: Series::of(polled),
+        rng_read_sleeping: Series::of(slept),
         rng_read_spinning: Series::of(spun),
         kick: Series::of(kicks),
+        vhca_query_device_back_to_back: Series::of(back_to_back),
+        spin_poll_ns: spin_poll_ns(queue)?,
+        spin_us: crate::virtio_pci::SPIN_BEFORE_SLEEP.as_secs_f64() * 1e6,
     })
+}
+
+/// What one spin of `wait_used` costs: a poll of the used ring that finds nothing, and the spin hint.
+fn spin_poll_ns(queue: &mut crate::virtqueue::SplitQueue<DmaRegion>) -> anyhow::Result<f64> {
+    const POLLS: u32 = 100_000;
+    let t = Instant::now();
+    for _ in 0..POLLS {
+        ensure!(queue.poll_used()?.is_none(), "virtio-rng completed a chain nobody posted");
+        std::hint::spin_loop();
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e9 / f64::from(POLLS))
 }
 
 #[cfg(test)]

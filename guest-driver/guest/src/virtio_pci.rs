@@ -110,22 +110,37 @@ fn open(device: &Device) -> Result<vhca_virtio::VirtioPci<VfioBar>, OpenError> {
     Ok(transport)
 }
 
-/// A wait on the monotonic clock: sleeps between polls, growing from a few microseconds to 1 ms, so a slow device
-/// under TCG is not starved by a spinning vCPU, and gives up once `limit` has passed.
+/// How long a wait spins on the used ring before its first sleep: a device that busy-polls answers well within it
+/// (docs/bench.md section 5), and one sleep under TCG overshoots by more than this.
+pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+
+/// A wait on the monotonic clock: spins `SPIN_BEFORE_SLEEP`, then sleeps between polls, growing from a few
+/// microseconds to 1 ms, so a slow device under TCG is not starved by a spinning vCPU, and gives up once `limit` has
+/// passed.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline {
     deadline: Instant,
+    spin_until: Instant,
     limit: Duration,
     pause: Duration,
 }
 
 impl Deadline {
     pub fn after(limit: Duration) -> Deadline {
-        Deadline { deadline: Instant::now() + limit, limit, pause: Duration::from_micros(5) }
+        let now = Instant::now();
+        Deadline {
+            deadline: now + limit,
+            spin_until: now + SPIN_BEFORE_SLEEP.min(limit),
+            limit,
+            pause: Duration::from_micros(5),
+        }
     }
 }
 
 impl PollWait for Deadline {
+    fn keep_spinning(&mut self, _polls: u32) -> bool {
+        Instant::now() < self.spin_until
+    }
     fn pause(&mut self) -> bool {
         if Instant::now() >= self.deadline {
             return false;
@@ -154,5 +169,20 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(20));
         assert!(pauses > 1, "it paused before giving up");
         assert_eq!(wait.limit(), Duration::from_millis(20));
+    }
+
+    #[test]
+    fn a_deadline_spins_for_its_spin_time_only() {
+        let started = Instant::now();
+        let mut wait = Deadline::after(Duration::from_secs(1));
+        let mut polls = 0;
+        while wait.keep_spinning(polls) {
+            polls += 1;
+        }
+        assert!(started.elapsed() >= SPIN_BEFORE_SLEEP);
+        assert!(polls > 0);
+        // A limit shorter than the spin bounds the spin too.
+        let mut short = Deadline::after(Duration::ZERO);
+        assert!(!short.keep_spinning(0));
     }
 }

@@ -21,7 +21,7 @@ pub use capabilities::{
 };
 pub use constants::*;
 pub use dma_memory::{DmaMemory, DmaRangeError};
-pub use poll_wait::PollWait;
+pub use poll_wait::{PollWait, DEFAULT_SPIN_POLLS};
 pub use split_queue::{Buffer, QueueError, RingLayout, SplitQueue, Used, MAX_QUEUE_SIZE};
 pub use transport::{QueueNotifier, Registers, TransportError, VirtioPci};
 

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use core::sync::atomic::{fence, AtomicU16, Ordering};
 use core::time::Duration;
 
-use crate::constants::{DESC_F_NEXT, DESC_F_WRITE};
+use crate::constants::{DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY};
 use crate::dma_memory::DmaMemory;
 use crate::poll_wait::PollWait;
 
@@ -142,7 +142,8 @@ impl<M: DmaMemory> SplitQueue<M> {
         unsafe { AtomicU16::from_ptr(self.ptr(ring + 2).cast::<u16>()) }
     }
 
-    /// Publishes a chain (device-readable buffers first) and returns its head. The caller notifies the device.
+    /// Publishes a chain (device-readable buffers first) and returns its head. The caller then notifies the device
+    /// if `notification_needed` says so.
     pub fn add_chain(&mut self, buffers: &[Buffer]) -> Result<u16, QueueError> {
         if buffers.is_empty() {
             return Err(QueueError::EmptyChain);
@@ -178,11 +179,41 @@ impl<M: DmaMemory> SplitQueue<M> {
         self.next_avail = self.next_avail.wrapping_add(1);
         // Release: descriptors and the ring slot become visible to the device no later than the new index.
         self.idx(self.layout.avail).store(self.next_avail.to_le(), Ordering::Release);
-        // The notify that follows is an MMIO write; the index store must be visible before the device looks.
+        // virtio 1.2, 2.7.13 step 6: the index store is visible before the notification check (`notification_needed`)
+        // and before the MMIO write of a notify.
         fence(Ordering::SeqCst);
         self.outstanding[head as usize] = Some(chain);
         self.outstanding_count += 1;
         Ok(head)
+    }
+
+    /// Whether the device wants an available-buffer notification (a kick) for what `add_chain` just published. A
+    /// device busy-polling its avail ring sets VRING_USED_F_NO_NOTIFY in the used ring's flags; without
+    /// VIRTIO_F_EVENT_IDX (never negotiated here) virtio 1.2, 2.7.10.1 says: flags 1, the driver SHOULD NOT notify;
+    /// flags 0, it MUST. The flag is advice that can change at any moment: a device ending its polling clears it
+    /// and then looks at the avail index once more, so a chain published while the flag read 1 is never lost.
+    pub fn notification_needed(&self) -> bool {
+        // 2.7.13.4.1: "The driver MUST perform a suitable memory barrier before reading flags or avail_event, to
+        // avoid missing a notification": the avail index store must not pass this load (a store-load barrier).
+        fence(Ordering::SeqCst);
+        let flags = u16::from_le(self.used_flags().load(Ordering::Relaxed));
+        flags & USED_F_NO_NOTIFY == 0
+    }
+
+    /// Calls `notify` (the transport's doorbell write) unless the device has suppressed notifications, as 2.7.13
+    /// step 7 says; returns whether it did. Call it after `add_chain`.
+    pub fn kick<E>(&self, notify: impl FnOnce() -> Result<(), E>) -> Result<bool, E> {
+        if !self.notification_needed() {
+            return Ok(false);
+        }
+        notify().map(|()| true)
+    }
+
+    /// The used ring's `flags` field, written by the device.
+    fn used_flags(&self) -> &AtomicU16 {
+        // SAFETY: the used ring's first u16 is inside the checked ring memory, 4-byte aligned, and lives as long as
+        // `self`. Only atomic accesses are made to it by this driver.
+        unsafe { AtomicU16::from_ptr(self.ptr(self.layout.used).cast::<u16>()) }
     }
 
     /// Takes one completion if the device has published one; frees that chain's descriptors.
@@ -218,8 +249,21 @@ impl<M: DmaMemory> SplitQueue<M> {
     }
 
     /// Polls until a completion arrives or `wait` gives up; `wait` decides how to pause between polls (a sleeping
-    /// thread in the Linux guest, a delay or a stall by IRQL in vhca.sys).
+    /// thread in the Linux guest, a delay or a stall by IRQL in vhca.sys). Polls are made back to back while
+    /// `wait.keep_spinning` says so: a busy-polling device answers within them, and a sleep would add its own
+    /// wake-up latency (under TCG a timer sleep overshoots by tens of microseconds).
     pub fn wait_used(&mut self, wait: &mut impl PollWait) -> Result<Used, QueueError> {
+        let mut polls = 0;
+        loop {
+            if let Some(used) = self.poll_used()? {
+                return Ok(used);
+            }
+            if !wait.keep_spinning(polls) {
+                break;
+            }
+            polls = polls.saturating_add(1);
+            core::hint::spin_loop();
+        }
         loop {
             if let Some(used) = self.poll_used()? {
                 return Ok(used);
@@ -286,6 +330,11 @@ mod tests {
                 index = next;
             }
             Some((head, descs))
+        }
+
+        /// Sets or clears VRING_USED_F_NO_NOTIFY, as a busy-polling device does.
+        fn suppress_kicks(&self, mem: &HeapDma, on: bool) {
+            wr(mem, self.layout.used, u16::from(on));
         }
 
         fn complete(&mut self, mem: &HeapDma, id: u32, len: u32) {
@@ -383,6 +432,98 @@ mod tests {
         wr(q.memory(), dev_layout.used + 2, 9u16); // index jumps past anything outstanding
         assert!(matches!(q.poll_used(), Err(QueueError::UsedIndexJump { used_idx: 9, .. })));
         assert_eq!(q.wait_used(&mut CountedWait(1)).unwrap_err(), q.poll_used().unwrap_err());
+    }
+
+    #[test]
+    fn kicks_are_skipped_only_while_the_device_sets_no_notify() {
+        let mut q = queue(4);
+        let mut dev = FakeDevice::new(4);
+        let chain = [Buffer { iova: 0x1000, len: 8, device_writes: true }];
+        // A fresh ring's flags are 0 (2.7.10.1: the driver initialises them): every chain is notified.
+        q.add_chain(&chain).unwrap();
+        assert!(q.notification_needed());
+        dev.suppress_kicks(q.memory(), true);
+        q.add_chain(&chain).unwrap();
+        assert!(!q.notification_needed(), "the device is polling: no kick");
+        // The device sees both without a kick, then stops polling.
+        assert!(dev.pop(q.memory()).is_some() && dev.pop(q.memory()).is_some());
+        dev.suppress_kicks(q.memory(), false);
+        q.add_chain(&chain).unwrap();
+        assert!(q.notification_needed(), "polling ended: the kick is required again");
+        let mut kicks = 0;
+        assert_eq!(
+            q.kick(|| -> Result<(), ()> {
+                kicks += 1;
+                Ok(())
+            }),
+            Ok(true)
+        );
+        dev.suppress_kicks(q.memory(), true);
+        assert_eq!(
+            q.kick(|| -> Result<(), ()> {
+                kicks += 1;
+                Ok(())
+            }),
+            Ok(false)
+        );
+        assert_eq!(kicks, 1, "the doorbell is written only while the flag is clear");
+        dev.suppress_kicks(q.memory(), false);
+        assert_eq!(q.kick(|| Err("gone")), Err("gone"), "a failed doorbell write is the caller's error");
+        // Only the NO_NOTIFY bit counts; other bits of flags are not the driver's business.
+        wr(q.memory(), dev.layout.used, 0xfffeu16);
+        assert!(q.notification_needed());
+    }
+
+    /// Spins `spins` polls, then gives up at its first pause (counted).
+    struct SpinThenGiveUp {
+        spins: u32,
+        pauses: u32,
+    }
+
+    impl PollWait for SpinThenGiveUp {
+        fn pause(&mut self) -> bool {
+            self.pauses += 1;
+            false
+        }
+        fn limit(&self) -> Duration {
+            Duration::ZERO
+        }
+        fn keep_spinning(&mut self, polls: u32) -> bool {
+            polls < self.spins
+        }
+    }
+
+    #[test]
+    fn wait_used_spins_its_polls_before_the_first_pause() {
+        // Without spinning the first empty poll pauses, and this wait gives up there.
+        let mut q = queue(4);
+        q.add_chain(&[Buffer { iova: 0x1000, len: 8, device_writes: true }]).unwrap();
+        let mut wait = SpinThenGiveUp { spins: 0, pauses: 0 };
+        assert_eq!(q.wait_used(&mut wait), Err(QueueError::Timeout(Duration::ZERO)));
+        assert_eq!(wait.pauses, 1);
+
+        // With spins, a completion the device writes from another thread meanwhile is taken without any pause.
+        let mut q = queue(4);
+        let head = q.add_chain(&[Buffer { iova: 0x1000, len: 8, device_writes: true }]).unwrap();
+        // The used ring's address inside the heap allocation, as an integer so the device thread may hold it.
+        let used_ring = q.memory().translate(IOVA + RingLayout::new(4).unwrap().used as u64, 12) as usize;
+        let mut wait = SpinThenGiveUp { spins: u32::MAX, pauses: 0 };
+        let used = std::thread::scope(|scope| {
+            scope.spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                let ring = used_ring as *mut u8;
+                // SAFETY: the used ring lies inside the queue's heap allocation, which outlives this scope; element
+                // 0 (id, len) is written before the index that publishes it, as a device does.
+                unsafe {
+                    std::ptr::write_volatile(ring.add(4).cast::<u32>(), u32::from(head));
+                    std::ptr::write_volatile(ring.add(8).cast::<u32>(), 8);
+                    AtomicU16::from_ptr(ring.add(2).cast::<u16>()).store(1, Ordering::Release);
+                }
+            });
+            q.wait_used(&mut wait)
+        });
+        assert_eq!(used, Ok(Used { head, len: 8 }));
+        assert_eq!(wait.pauses, 0, "seen while spinning");
     }
 
     #[test]
