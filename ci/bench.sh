@@ -40,11 +40,17 @@ run() { # build jobs out
     suite -j "$jobs" --filter "$filter" --artifacts "$out" >/dev/null 2>"$out.log" || true
 }
 cat >"$work/stats.py" <<'PY'
-import json, statistics, sys
+import json, os, shutil, statistics, sys
 label, jobs, path = sys.argv[1:]
 r = json.load(open(path))
 s = sorted(x["seconds"] for x in r["runs"])
 t = r["totals"]
+for x in r["runs"]:
+    if x.get("outcome", {}).get("result") != "pass":
+        # The work dir goes at exit: a failed run's artifacts are copied out first.
+        keep = os.path.join(os.environ.get("TMPDIR", "/tmp"), "vhca-bench-failures", "%s-j%s" % (label, jobs), x["name"])
+        shutil.copytree(x["artifact_dir"], keep, dirs_exist_ok=True)
+        print("%s -j %s: %s failed: %s (artifacts in %s)" % (label, jobs, x["name"], x.get("actual_text"), keep), file=sys.stderr)
 print("| %s | %s | %.2f | %.3f | %.2f-%.2f | %d/%d |" % (label, jobs, t["wall_seconds"], statistics.median(s), s[0], s[-1], t["passed"], t["runs"]))
 PY
 stats() { python3 "$work/stats.py" "$@"; }
