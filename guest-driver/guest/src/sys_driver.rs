@@ -148,12 +148,13 @@ impl PlatformIommuWatch {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
+            let mut log = crate::kmsg::KmsgFollower::open();
             // Faults logged before the driver loaded (boot, another device) are not this run's.
-            let mut reported = crate::kmsg::dmar_faults(&crate::kmsg::iommu_lines(64), address.as_deref()).len();
+            drop(log.new_iommu_lines());
             loop {
                 let last = flag.load(std::sync::atomic::Ordering::Relaxed);
-                let faults = crate::kmsg::dmar_faults(&crate::kmsg::iommu_lines(64), address.as_deref());
-                for fault in faults.iter().skip(reported) {
+                let faults = crate::kmsg::dmar_faults(&log.new_iommu_lines(), address.as_deref());
+                for fault in &faults {
                     progress(format_args!(
                         "IOMMU fault from the platform: address {:#x}, reason {:#x}",
                         fault.address, fault.reason
@@ -161,11 +162,11 @@ impl PlatformIommuWatch {
                     let pdo = kernel().io.pdo().unwrap_or(0) as u64;
                     model.report_iommu_fault(vhca_ntapi::PDEVICE_OBJECT(pdo), fault.address, fault.reason);
                 }
-                reported = reported.max(faults.len());
                 if last {
                     return;
                 }
-                std::thread::sleep(IOMMU_POLL);
+                // Woken early by `stop`, for the last look.
+                std::thread::park_timeout(IOMMU_POLL);
             }
         });
         PlatformIommuWatch { stop, thread: Some(thread) }
@@ -175,6 +176,7 @@ impl PlatformIommuWatch {
     fn stop(mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
@@ -182,6 +184,7 @@ impl PlatformIommuWatch {
 
 /// Loads vhca.sys and runs its PnP life on the device behind `session`, with the run's scenario and verifier.
 pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     let bytes = std::fs::read(DRIVER_IMAGE).with_context(|| format!("{DRIVER_IMAGE}: not in this image"))?;
     let bus = VfioBus::open(&session.device)?;
     progress(format_args!(
@@ -230,9 +233,13 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     driver_stack::register(&mapped, "vhca.sys");
     progress(format_args!("vhca.sys mapped at {:#x}, {} imports bound", mapped.base(), mapped.image.imports.len()));
 
+    // Set-up, the read of the file and the load; then the PnP life, where the scenario runs.
+    report.phases_ms.push(("sys_load", started.elapsed().as_secs_f64() * 1000.0));
+    let life_started = std::time::Instant::now();
     let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
     let life = run_life(&mapped, true);
     watcher.stop();
+    report.phases_ms.push(("sys_life", life_started.elapsed().as_secs_f64() * 1000.0));
     let model = kernel().model.clone();
     // The simulation's log, as natively: the failure points and every failure injected (the runner expands a
     // recording into fail-point runs from these).
