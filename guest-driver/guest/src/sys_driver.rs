@@ -22,7 +22,7 @@ use vhca_loader::windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_DEVICE_DATA_ERROR, STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_SUCCESS,
 };
 use vhca_loader::{driver_fault, driver_stack, load};
-use vhca_ntmodel::{InjectionMode, NtModel, NtModelConfig};
+use vhca_ntmodel::{InjectionMode, NtModel};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::Options;
@@ -197,16 +197,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
             .join(", ")
     ));
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
-    let config = NtModelConfig {
-        verifier: options.verifier,
-        map_registers: options.map_registers.unwrap_or(NtModelConfig::default().map_registers),
-        max_contiguous_pages: options.fragmentation,
-        disabled_rules: options.disabled_rules.clone(),
-        double_buffering: options.double_buffering,
-        // The low-resources simulation as natively: the loader's faultable imports name vhca.sys's call sites
-        // (its part of the stack as RVAs, vhca_loader::driver_stack), so systematic mode and fail point k work.
-        low_resources: fault_injection::config(options),
-    };
+    let config = crate::driver_run::model_config(options);
     report.verifier = Some(format!("{:#x}", options.verifier.0));
     // A bugcheck prints the STOP lines and the run's result as far as it got, then powers off, as natively.
     let sink = Arc::new(Mutex::new(report.clone()));
