@@ -40,18 +40,21 @@ for target in "${targets[@]}"; do
         >"$log" 2>&1
     rc=$?
     set -e
-    execs=$(awk '/stat::number_of_executed_units/ { print $NF }' "$log" | tail -1)
-    took=$(sed -nE 's/^Done [0-9]+ runs in ([0-9]+) second.*/\1/p' "$log" | tail -1)
-    cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | awk '{ print $2 }')
-    ft=$(grep -Eo 'ft: [0-9]+' "$log" | tail -1 | awk '{ print $2 }')
+    # `|| true`: a log without the line (a crash before the first stats) must not end the script under pipefail.
+    execs=$(awk '/stat::number_of_executed_units/ { print $NF }' "$log" | tail -1 || true)
+    took=$(sed -nE 's/^Done [0-9]+ runs in ([0-9]+) second.*/\1/p' "$log" | tail -1 || true)
+    cov=$( (grep -Eo 'cov: [0-9]+' "$log" || true) | tail -1 | awk '{ print $2 }')
+    ft=$( (grep -Eo 'ft: [0-9]+' "$log" || true) | tail -1 | awk '{ print $2 }')
     took=${took:-$seconds}
     rate=$(( ${execs:-0} / (took > 0 ? took : 1) ))
     if [ "$rc" -eq 0 ]; then
         outcome="0 crashes, 0 timeouts"
     else
-        outcome="FAILED (exit $rc): $(grep -Eo 'ERROR: libFuzzer: [a-z-]+|deadly signal|panicked at [^ ]+' "$log" | head -1); input in fuzz/artifacts/$target/"
-        failed=1
+        # The log goes with the temp dir at exit: keep it first. An interrupt (Ctrl-C) is named as such.
         cp "$log" "artifacts/$target/last-run.log"
+        cause=$( (grep -Eo 'ERROR: libFuzzer: [a-z-]+|deadly signal|panicked at [^ ]+|run interrupted' "$log" || true) | head -1)
+        outcome="FAILED (exit $rc): ${cause:-no cause in the log}; log and input in fuzz/artifacts/$target/"
+        failed=1
     fi
     printf '%-24s %12s %8s %10s %8s %8s  %s\n' "$target" "${execs:-?}" "$took" "$rate" "${cov:-?}" "${ft:-?}" "$outcome"
 done
