@@ -52,7 +52,7 @@ for target in "${targets[@]}"; do
     else
         # The log goes with the temp dir at exit: keep it first. An interrupt (Ctrl-C) is named as such.
         cp "$log" "artifacts/$target/last-run.log"
-        cause=$( (grep -Eo 'ERROR: libFuzzer: [a-z-]+|deadly signal|panicked at [^ ]+|run interrupted' "$log" || true) | head -1)
+        cause=$(grep -m1 -Eo 'ERROR: libFuzzer: [a-z-]+|deadly signal|panicked at [^ ]+|run interrupted' "$log" || true)
         outcome="FAILED (exit $rc): ${cause:-no cause in the log}; log and input in fuzz/artifacts/$target/"
         failed=1
     fi
