@@ -37,6 +37,9 @@ pub struct DeviceOptions {
     pub miss_timeout: Duration,
     /// How long the queue worker busy-polls after its last work, kicks suppressed (`queue_polling`); zero: never.
     pub poll_window: Duration,
+    /// Largest queue SET_VRING_NUM may set up: a power of two up to `vring::MAX_QUEUE_SIZE` (the default). The
+    /// fuzz harness lowers it to the carrier's 64 so that one input's rings cost it 64², not 1024², descriptor reads.
+    pub max_queue_size: u16,
 }
 
 impl Default for DeviceOptions {
@@ -45,6 +48,7 @@ impl Default for DeviceOptions {
             hca: HcaConfig::default(),
             miss_timeout: Duration::from_millis(1000),
             poll_window: Duration::from_micros(DEFAULT_POLL_WINDOW_US),
+            max_queue_size: vring::MAX_QUEUE_SIZE,
         }
     }
 }
@@ -64,6 +68,8 @@ pub enum ServeError {
     Reader(std::io::Error),
     #[error("cannot lock the device down: {0}")]
     Lockdown(String),
+    #[error("invalid device options: {0}")]
+    Options(String),
 }
 
 /// Serves one front-end connection until it closes (`Ok`) or misbehaves (`Err`, already logged and evented).
@@ -111,10 +117,18 @@ pub fn device_parts(
     events: &Arc<EventLog>,
     options: &DeviceOptions,
 ) -> Result<(Arc<Shared>, Hca, Vec<u8>), ServeError> {
+    if !vring::valid_queue_limit(options.max_queue_size) {
+        return Err(ServeError::Options(format!(
+            "queue size limit {} is not a power of two from 1 to {}",
+            options.max_queue_size,
+            vring::MAX_QUEUE_SIZE
+        )));
+    }
     let sink: Arc<dyn EventSink> = events.clone();
     let hca = Hca::new(options.hca.clone(), sink);
     let config = hca.device_config().as_bytes().to_vec();
-    let shared = Shared::new(Arc::clone(events), NUM_QUEUES, options.miss_timeout).map_err(ServeError::Worker)?;
+    let shared = Shared::with_queue_limit(Arc::clone(events), NUM_QUEUES, options.miss_timeout, options.max_queue_size)
+        .map_err(ServeError::Worker)?;
     Ok((Arc::new(shared), hca, config))
 }
 

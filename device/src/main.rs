@@ -98,6 +98,7 @@ impl Cli {
                 hca,
                 miss_timeout: Duration::from_millis(self.miss_timeout_ms),
                 poll_window: Duration::from_micros(self.poll_window_us),
+                ..DeviceOptions::default()
             },
             Err(err) => Cli::command().error(clap::error::ErrorKind::ValueValidation, err).exit(),
         }

@@ -13,7 +13,7 @@ use crate::iommu::DeviceIommu;
 use crate::memory::GuestMem;
 use crate::miss_replies::{Miss, MissReplies};
 use crate::vhost_user::backend::BackendChannel;
-use crate::vring::VringState;
+use crate::vring::{valid_queue_limit, VringState, MAX_QUEUE_SIZE};
 
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -37,6 +37,8 @@ pub struct Shared {
     pub invalidations: Mutex<Vec<(u64, u64)>>,
     /// How long a miss may stay unanswered before the access counts as an IOMMU fault (at most `MAX_MISS_TIMEOUT`).
     pub miss_timeout: Duration,
+    /// Largest size SET_VRING_NUM may give a queue.
+    pub max_queue_size: u16,
 }
 
 /// Longest miss wait: deadlines are `Instant + miss_timeout`, which must never overflow (that would panic).
@@ -44,10 +46,26 @@ pub const MAX_MISS_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Shared {
     pub fn new(events: Arc<EventLog>, num_queues: u16, miss_timeout: Duration) -> std::io::Result<Shared> {
+        Shared::with_queue_limit(events, num_queues, miss_timeout, MAX_QUEUE_SIZE)
+    }
+
+    /// `new` with queues no larger than `max_queue_size`, which must pass `valid_queue_limit`.
+    pub fn with_queue_limit(
+        events: Arc<EventLog>,
+        num_queues: u16,
+        miss_timeout: Duration,
+        max_queue_size: u16,
+    ) -> std::io::Result<Shared> {
+        if !valid_queue_limit(max_queue_size) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("queue size limit {max_queue_size} is not a power of two from 1 to {MAX_QUEUE_SIZE}"),
+            ));
+        }
         let mem = GuestMem::new(GuestMemoryMmap::new(), DeviceIommu::new(), true, ());
         let iommu = Arc::clone(mem.iommu());
         Ok(Shared {
-            vrings: (0..num_queues).map(|_| Mutex::new(VringState::new())).collect(),
+            vrings: (0..num_queues).map(|_| Mutex::new(VringState::new(max_queue_size))).collect(),
             mem: RwLock::new(Arc::new(mem)),
             iommu,
             events,
@@ -59,6 +77,7 @@ impl Shared {
             control_pending: AtomicBool::new(false),
             invalidations: Mutex::new(Vec::new()),
             miss_timeout: miss_timeout.min(MAX_MISS_TIMEOUT),
+            max_queue_size,
         })
     }
 
@@ -152,6 +171,8 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
+    use virtio_queue::QueueT;
+
     use super::*;
 
     #[test]
@@ -160,5 +181,21 @@ mod tests {
         let shared = Shared::new(events, 4, Duration::MAX).unwrap();
         assert_eq!(shared.miss_timeout, MAX_MISS_TIMEOUT);
         assert!(std::time::Instant::now().checked_add(shared.miss_timeout).is_some());
+    }
+
+    #[test]
+    fn a_lowered_queue_limit_bounds_every_ring_and_survives_a_reset() {
+        let events = Arc::new(EventLog::to_writer(Box::new(std::io::sink())));
+        for bad in [0, 48, 2048] {
+            let refused = Shared::with_queue_limit(Arc::clone(&events), 4, Duration::ZERO, bad).err();
+            assert!(refused.is_some_and(|err| err.to_string().contains("not a power of two")), "limit {bad}");
+        }
+        let shared = Shared::with_queue_limit(events, 4, Duration::ZERO, 64).unwrap();
+        assert_eq!(shared.max_queue_size, 64);
+        let mut vring = lock(&shared.vrings[0]);
+        assert_eq!(vring.queue.max_size(), 64);
+        assert!(vring.queue.try_set_size(128).is_err(), "a ring above the limit is refused");
+        vring.reset();
+        assert_eq!(vring.queue.max_size(), 64, "a reset keeps the limit");
     }
 }

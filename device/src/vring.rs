@@ -9,8 +9,14 @@ use vm_memory::Permissions;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-/// Largest queue QEMU may set up; the carrier uses 64.
+/// Largest queue QEMU may set up unless `DeviceOptions::max_queue_size` lowers it; the carrier uses 64.
 pub const MAX_QUEUE_SIZE: u16 = 1024;
+
+/// A queue-size limit the device can take: a power of two no larger than `MAX_QUEUE_SIZE` (Queue::new's only check
+/// is the power of two).
+pub fn valid_queue_limit(max_size: u16) -> bool {
+    max_size.is_power_of_two() && max_size <= MAX_QUEUE_SIZE
+}
 
 /// A chain put back because part of it missed in the IOTLB; retried on the next IOTLB update.
 #[derive(Debug, Clone, Copy)]
@@ -36,14 +42,14 @@ pub struct VringState {
 
 impl Default for VringState {
     fn default() -> Self {
-        VringState::new()
+        VringState::new(MAX_QUEUE_SIZE)
     }
 }
 
 impl VringState {
-    pub fn new() -> VringState {
-        // MAX_QUEUE_SIZE is a non-zero power of two, the only thing Queue::new checks.
-        let queue = Queue::new(MAX_QUEUE_SIZE).unwrap_or_else(|_| unreachable!("1024 is a valid queue size"));
+    /// A ring QEMU may size up to `max_size`, which `valid_queue_limit` accepted (callers check; `Shared::new` does).
+    pub fn new(max_size: u16) -> VringState {
+        let queue = Queue::new(max_size).unwrap_or_else(|_| unreachable!("queue limits are checked by valid_queue_limit"));
         VringState {
             queue,
             kick: None,
@@ -70,7 +76,7 @@ impl VringState {
     }
 
     pub fn reset(&mut self) {
-        *self = VringState::new();
+        *self = VringState::new(self.queue.max_size());
     }
 
     pub(crate) fn runnable(&self) -> bool {

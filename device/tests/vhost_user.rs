@@ -221,6 +221,7 @@ fn wrong_fd_count_closes_the_connection() {
 fn out_of_range_queue_and_bad_region_close_the_connection() {
     expect_rejected(SET_VRING_NUM, &vring_state(7, 16), &[], "queue index 7 out of range");
     expect_rejected(SET_VRING_NUM, &vring_state(0, 24), &[], "size 24 is not a power of two");
+    expect_rejected(SET_VRING_NUM, &vring_state(0, 2048), &[], "size 2048 is not a power of two from 1 to 1024");
     let ram = GuestRam::new();
     let mut table = Vec::new();
     table.extend_from_slice(&1u32.to_ne_bytes());

@@ -26,7 +26,7 @@ use crate::event_log::{perm_name, TransportEvent};
 use crate::iommu::{perm_from_vhost, IotlbError};
 use crate::memory::{map_regions, MemTable, RegionDesc, RegionError};
 use crate::shared::Shared;
-use crate::vring::{check_pollable, MAX_QUEUE_SIZE};
+use crate::vring::check_pollable;
 
 /// virtio-bindings numbers feature bits; the feature words carry them as masks.
 const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
@@ -64,8 +64,8 @@ pub enum ProtocolError {
     RegionCount(u32),
     #[error("SET_MEM_TABLE: bad region: {0}")]
     BadRegion(#[from] RegionError),
-    #[error("SET_VRING_NUM: queue {index}: size {num} is not a power of two from 1 to {MAX_QUEUE_SIZE}")]
-    QueueSize { index: u32, num: u32 },
+    #[error("SET_VRING_NUM: queue {index}: size {num} is not a power of two from 1 to {max}")]
+    QueueSize { index: u32, num: u32, max: u16 },
     #[error("SET_VRING_BASE: queue {index}: base {num} does not fit a 16-bit ring index")]
     QueueBase { index: u32, num: u32 },
     #[error("SET_VRING_ADDR: queue {index}: {ring} address {addr:#x} {why}")]
@@ -204,11 +204,12 @@ impl Frontend {
                 let state: VringState = expect_payload(request, &msg)?;
                 let index = self.queue_index(request, u64::from(state.index))?;
                 let num = state.num;
-                let valid = num.is_power_of_two() && num <= u32::from(MAX_QUEUE_SIZE);
+                let max = self.shared.max_queue_size;
+                let valid = num.is_power_of_two() && num <= u32::from(max);
                 let set =
                     valid && self.shared.with_vring(index, |v| v.queue.try_set_size(num as u16).is_ok()) == Some(true);
                 if !set {
-                    return Err(ProtocolError::QueueSize { index: state.index, num });
+                    return Err(ProtocolError::QueueSize { index: state.index, num, max });
                 }
                 Ok(Reply::Ack(0))
             }
