@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use vhca_guest::cmdline::Options;
 use vhca_guest::report::{progress, Report};
-use vhca_guest::{agent, bring_up, shutdown, test_modes};
+use vhca_guest::{agent, bring_up, shutdown, sys_driver, test_modes};
 
 /// How long a restored guest waits for its hot-plugged device to appear (ACPI hot-plug takes about 0.1 s).
 const HOTPLUG_PATIENCE: Duration = Duration::from_secs(5);
@@ -16,6 +16,8 @@ fn main() {
     // As the agent, the guest is saved while it waits here; every restore continues from this call with its own run.
     let resident = agent::enabled(&cmdline);
     let (request, request_error) = if resident {
+        // Whichever driver the run asks for: loading vhca.sys here puts the loaded image into the snapshot.
+        sys_driver::preload();
         agent::quiet_console();
         match agent::wait_for_request(&mut std::io::stdin().lock(), &mut std::io::stdout()) {
             Ok(request) => (request.params, None),
