@@ -49,7 +49,8 @@ impl Default for VringState {
 impl VringState {
     /// A ring QEMU may size up to `max_size`, which `valid_queue_limit` accepted (callers check; `Shared::new` does).
     pub fn new(max_size: u16) -> VringState {
-        let queue = Queue::new(max_size).unwrap_or_else(|_| unreachable!("queue limits are checked by valid_queue_limit"));
+        let queue =
+            Queue::new(max_size).unwrap_or_else(|_| unreachable!("queue limits are checked by valid_queue_limit"));
         VringState {
             queue,
             kick: None,

@@ -186,6 +186,19 @@ pub fn run(
     (Some(keep), result)
 }
 
+/// The NT model a run's options ask for, the same for the native driver and vhca.sys (whose faultable imports name
+/// its call sites as RVAs, vhca_loader::driver_stack, so the low-resources simulation works there too).
+pub(crate) fn model_config(options: &Options) -> NtModelConfig {
+    NtModelConfig {
+        verifier: options.verifier,
+        map_registers: options.map_registers.unwrap_or(NtModelConfig::default().map_registers),
+        max_contiguous_pages: options.fragmentation,
+        disabled_rules: options.disabled_rules.clone(),
+        double_buffering: options.double_buffering,
+        low_resources: fault_injection::config(options),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,18 +224,5 @@ mod tests {
         assert!(names.len() >= 10, "parsed {names:?}");
         let unknown: Vec<_> = names.iter().filter(|n| *n != "smoke" && find(n).is_none()).collect();
         assert!(unknown.is_empty(), "seed.toml runs the guest does not know: {unknown:?}");
-    }
-}
-
-/// The NT model a run's options ask for, the same for the native driver and vhca.sys (whose faultable imports name
-/// its call sites as RVAs, vhca_loader::driver_stack, so the low-resources simulation works there too).
-pub(crate) fn model_config(options: &Options) -> NtModelConfig {
-    NtModelConfig {
-        verifier: options.verifier,
-        map_registers: options.map_registers.unwrap_or(NtModelConfig::default().map_registers),
-        max_contiguous_pages: options.fragmentation,
-        disabled_rules: options.disabled_rules.clone(),
-        double_buffering: options.double_buffering,
-        low_resources: fault_injection::config(options),
     }
 }

@@ -47,8 +47,17 @@ pub struct KmsgFollower {
 }
 
 impl KmsgFollower {
-    pub fn open() -> KmsgFollower {
-        KmsgFollower { kmsg: open_kmsg().ok() }
+    /// Follows only what is logged from now on: the records already in the log are skipped with one seek to its
+    /// end (/dev/kmsg's SEEK_END), not read one system call each.
+    pub fn from_now() -> KmsgFollower {
+        let mut kmsg = open_kmsg().ok();
+        if let Some(file) = &mut kmsg {
+            if std::io::Seek::seek(file, std::io::SeekFrom::End(0)).is_err() {
+                // A kernel whose /dev/kmsg cannot seek: read the old records once, and drop them.
+                drop(read_iommu_records(file, 0));
+            }
+        }
+        KmsgFollower { kmsg }
     }
 
     /// The IOMMU records logged since the last call; the first call returns those already in the log.

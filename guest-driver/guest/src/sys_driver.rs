@@ -143,32 +143,57 @@ struct PlatformIommuWatch {
 /// How often the kernel log is read for new DMAR faults while the driver runs.
 const IOMMU_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// What the watch thread needs for one run.
+struct WatchJob {
+    model: Arc<NtModel>,
+    address: Option<String>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A watch thread started ahead of its run, waiting for its job (`preload`): measured in restored guests, the first
+/// thread a run starts costs it 11-25 ms under TCG (the guest kernel's thread creation runs untranslated after every
+/// restore), while a thread already in the snapshot only has to be woken.
+static IDLE_WATCHER: Mutex<Option<(std::sync::mpsc::Sender<WatchJob>, std::thread::JoinHandle<()>)>> = Mutex::new(None);
+
+fn spawn_watcher() -> (std::sync::mpsc::Sender<WatchJob>, std::thread::JoinHandle<()>) {
+    let (jobs, job) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        if let Ok(job) = job.recv() {
+            watch(job);
+        }
+    });
+    (jobs, thread)
+}
+
+fn watch(job: WatchJob) {
+    // Faults logged before the driver loaded (boot, another device) are not this run's.
+    let mut log = crate::kmsg::KmsgFollower::from_now();
+    loop {
+        let last = job.stop.load(std::sync::atomic::Ordering::Relaxed);
+        let faults = crate::kmsg::dmar_faults(&log.new_iommu_lines(), job.address.as_deref());
+        for fault in &faults {
+            progress(format_args!(
+                "IOMMU fault from the platform: address {:#x}, reason {:#x}",
+                fault.address, fault.reason
+            ));
+            let pdo = kernel().io.pdo().unwrap_or(0) as u64;
+            job.model.report_iommu_fault(vhca_ntapi::PDEVICE_OBJECT(pdo), fault.address, fault.reason);
+        }
+        if last {
+            return;
+        }
+        // Woken early by `stop`, for the last look.
+        std::thread::park_timeout(IOMMU_POLL);
+    }
+}
+
 impl PlatformIommuWatch {
     fn start(model: Arc<NtModel>, address: Option<String>) -> PlatformIommuWatch {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut log = crate::kmsg::KmsgFollower::open();
-            // Faults logged before the driver loaded (boot, another device) are not this run's.
-            drop(log.new_iommu_lines());
-            loop {
-                let last = flag.load(std::sync::atomic::Ordering::Relaxed);
-                let faults = crate::kmsg::dmar_faults(&log.new_iommu_lines(), address.as_deref());
-                for fault in &faults {
-                    progress(format_args!(
-                        "IOMMU fault from the platform: address {:#x}, reason {:#x}",
-                        fault.address, fault.reason
-                    ));
-                    let pdo = kernel().io.pdo().unwrap_or(0) as u64;
-                    model.report_iommu_fault(vhca_ntapi::PDEVICE_OBJECT(pdo), fault.address, fault.reason);
-                }
-                if last {
-                    return;
-                }
-                // Woken early by `stop`, for the last look.
-                std::thread::park_timeout(IOMMU_POLL);
-            }
-        });
+        let idle = IDLE_WATCHER.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let (jobs, thread) = idle.unwrap_or_else(spawn_watcher);
+        // A thread that cannot take its job has ended already: `stop` then only joins it.
+        let _ = jobs.send(WatchJob { model, address, stop: stop.clone() });
         PlatformIommuWatch { stop, thread: Some(thread) }
     }
 
@@ -189,8 +214,10 @@ impl PlatformIommuWatch {
 /// DriverEntry. Each restore starts from the same untouched image, as each cold boot does.
 static PRELOADED: Mutex<Option<anyhow::Result<MappedImage>>> = Mutex::new(None);
 
-/// Loads vhca.sys for a run to come (see `PRELOADED`); a refusal is kept and becomes that run's error.
+/// Loads vhca.sys for a run to come (see `PRELOADED`), and starts the thread that will watch the platform's IOMMU
+/// faults during it (`IDLE_WATCHER`); a refusal is kept and becomes that run's error.
 pub fn preload() {
+    *IDLE_WATCHER.lock().unwrap_or_else(|e| e.into_inner()) = Some(spawn_watcher());
     let loaded = read_and_load();
     *PRELOADED.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
 }

@@ -374,7 +374,7 @@ impl Region {
     fn checked(&self, offset: u64, len: usize, what: &'static str) -> Result<Option<*mut u8>, VfioError> {
         let index = self.info.index;
         self.checked_range(offset, len, what)?;
-        if offset % len as u64 != 0 {
+        if !offset.is_multiple_of(len as u64) {
             return Err(VfioError::Misaligned { index, offset, len });
         }
         // The range check above bounds offset by the mapping length, a usize, so the cast is lossless.

@@ -134,8 +134,10 @@ impl DmaMapper {
         // Built first so an early return frees owned memory through Drop (unmapped regions skip the IOVA unmap).
         let mut region = DmaRegion { container: self.container.clone(), host, len, iova, owns_memory, mapped: false };
         let in_window = iova.checked_add(len as u64).is_some_and(|end| iova >= IOVA_BASE && end <= IOVA_END);
-        if !in_window || iova % PAGE_SIZE as u64 != 0 || len % PAGE_SIZE != 0 || host.as_ptr() as usize % PAGE_SIZE != 0
-        {
+        let aligned = iova.is_multiple_of(PAGE_SIZE as u64)
+            && len.is_multiple_of(PAGE_SIZE)
+            && (host.as_ptr() as usize).is_multiple_of(PAGE_SIZE);
+        if !in_window || !aligned {
             return Err(DmaError::BadIova { iova, len });
         }
         self.container.map_dma(host.as_ptr() as u64, iova, len as u64, access).map_err(|source| DmaError::Map {
@@ -150,23 +152,20 @@ impl DmaMapper {
 
 fn anonymous_memory(len: usize) -> Result<NonNull<u8>, DmaError> {
     let prot = libc::PROT_READ | libc::PROT_WRITE;
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
-    let mut ptr = libc::MAP_FAILED;
-    // Locked first (root in the guest may); if RLIMIT_MEMLOCK refuses, VFIO's own pinning still holds the pages.
-    for extra in [libc::MAP_LOCKED, 0] {
-        // SAFETY: a new anonymous mapping at an address the kernel picks; no existing memory is affected.
-        ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags | extra, -1, 0) };
-        if ptr != libc::MAP_FAILED {
-            break;
-        }
-    }
+    // Neither populated nor locked: a page is faulted in (zeroed) when first touched, by the CPU or by
+    // VFIO_IOMMU_MAP_DMA, which pins the pages it maps for as long as they are mapped. What is never touched costs
+    // nothing: vhca.sys reserves a 4 MiB pool block for its Rust heap in DriverEntry and uses a few hundred KB of it,
+    // and populating all of it cost every vhca.sys run ~30 ms under TCG.
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // SAFETY: a new anonymous mapping at an address the kernel picks; no existing memory is affected.
+    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
     if ptr == libc::MAP_FAILED {
         return Err(DmaError::Alloc { len, source: std::io::Error::last_os_error() });
     }
     NonNull::new(ptr.cast::<u8>()).ok_or(DmaError::Alloc { len, source: std::io::ErrorKind::OutOfMemory.into() })
 }
 
-/// Pinned, page-aligned memory this process owns but has not mapped for the device: what the NT model's backend
+/// Page-aligned memory this process owns but has not mapped for the device (VFIO pins what it maps): what the NT model's backend
 /// hands out as "physical pages", mapped at IOVAs later (and as often) as the model's DMA adapter decides.
 #[derive(Debug)]
 pub struct HostMemory {
