@@ -160,11 +160,8 @@ pub fn trace(data: &[u8]) -> Vec<String> {
     // Queues of at most the carrier's 64 entries: with QEMU's limit of 1024 one input could post 1024 looping chains
     // of 1024 descriptors each per pass, and the corpus fills up with such inputs (the rate fell from about 3,000
     // to under 300 executions a second); every path a 1024-entry ring takes, a 64-entry one takes too.
-    let options = DeviceOptions {
-        miss_timeout: Duration::ZERO,
-        max_queue_size: QUEUE_LIMIT,
-        ..DeviceOptions::default()
-    };
+    let options =
+        DeviceOptions { miss_timeout: Duration::ZERO, max_queue_size: QUEUE_LIMIT, ..DeviceOptions::default() };
     let (shared, hca, config) = device_parts(&events, &options).expect("eventfd and epoll for the device");
     let mut worker = Worker::new(Arc::clone(&shared), hca).expect("epoll for the worker");
     let mut frontend = Frontend::new(device_end, Arc::clone(&shared), config);
