@@ -209,10 +209,17 @@ impl PlatformIommuWatch {
 
 /// vhca.sys read and loaded (parsed, mapped, relocated, bound, protected) ahead of its run. The resident agent
 /// does it before it announces itself, so the snapshot holds the loaded image and no restored run pays for it
-/// again: under TCG the read of the 289 KB file and the load cost a run 35-40 ms. None of it depends on the run:
-/// the imports bind to thunks that find the run's NT model when called, and nothing of the driver runs until
-/// DriverEntry. Each restore starts from the same untouched image, as each cold boot does.
-static PRELOADED: Mutex<Option<anyhow::Result<MappedImage>>> = Mutex::new(None);
+/// again: under TCG the read of the 289 KB file, the load and its unwind data cost a run 35-45 ms. None of it
+/// depends on the run: the imports bind to thunks that find the run's NT model when called, and nothing of the
+/// driver runs until DriverEntry. Each restore starts from the same untouched image, as each cold boot does.
+static PRELOADED: Mutex<Option<anyhow::Result<LoadedDriver>>> = Mutex::new(None);
+
+/// vhca.sys mapped, with what a fault inside it and the low-resources simulation's stack walk need (its symbols,
+/// its unwind data registered).
+struct LoadedDriver {
+    mapped: MappedImage,
+    symbols: DriverSymbols,
+}
 
 /// Loads vhca.sys for a run to come (see `PRELOADED`), and starts the thread that will watch the platform's IOMMU
 /// faults during it (`IDLE_WATCHER`); a refusal is kept and becomes that run's error.
@@ -222,10 +229,13 @@ pub fn preload() {
     *PRELOADED.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
 }
 
-fn read_and_load() -> anyhow::Result<MappedImage> {
+fn read_and_load() -> anyhow::Result<LoadedDriver> {
     let bytes = std::fs::read(DRIVER_IMAGE).with_context(|| format!("{DRIVER_IMAGE}: not in this image"))?;
     progress(format_args!("vhca.sys: {} bytes", bytes.len()));
-    load(&bytes, &NtThunks).context("vhca.sys refused")
+    let mapped = load(&bytes, &NtThunks).context("vhca.sys refused")?;
+    let symbols = DriverSymbols::load(Path::new(DRIVER_PDB), mapped.image.entry_rva);
+    driver_stack::register(&mapped, "vhca.sys");
+    Ok(LoadedDriver { mapped, symbols })
 }
 
 /// Loads vhca.sys (or takes the preloaded image) and runs its PnP life on the device behind `session`, with the
@@ -233,7 +243,7 @@ fn read_and_load() -> anyhow::Result<MappedImage> {
 pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let preloaded = PRELOADED.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let mapped = match preloaded {
+    let LoadedDriver { mapped, symbols } = match preloaded {
         Some(loaded) => loaded?,
         None => read_and_load()?,
     };
@@ -268,9 +278,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     if !install(kernel_state) {
         bail!("a driver kernel is already installed in this process");
     }
-    let symbols = DriverSymbols::load(Path::new(DRIVER_PDB), mapped.image.entry_rva);
     driver_fault::install(mapped.base(), mapped.size(), "vhca.sys", symbols);
-    driver_stack::register(&mapped, "vhca.sys");
     progress(format_args!("vhca.sys mapped at {:#x}, {} imports bound", mapped.base(), mapped.image.imports.len()));
 
     // Set-up, the read of the file and the load; then the PnP life, where the scenario runs.
