@@ -136,74 +136,71 @@ impl BusDriver for VfioBus {
 /// native run's host reports them (with DMA checking, 0xE6/0x26 with the device object, the address and VT-d's
 /// fault reason). Windows reports asynchronously, from its fault interrupt: so does this thread, polling the log.
 struct PlatformIommuWatch {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    watch: Arc<Watch>,
 }
 
 /// How often the kernel log is read for new DMAR faults while the driver runs.
 const IOMMU_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// What the watch thread needs for one run.
-struct WatchJob {
+/// One run's watch: the log followed from the driver's load on, whom to tell, and whether the run is over.
+struct Watch {
+    log: Mutex<crate::kmsg::KmsgFollower>,
     model: Arc<NtModel>,
     address: Option<String>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
-/// A watch thread started ahead of its run, waiting for its job (`preload`): measured in restored guests, the first
-/// thread a run starts costs it 11-25 ms under TCG (the guest kernel's thread creation runs untranslated after every
-/// restore), while a thread already in the snapshot only has to be woken.
-static IDLE_WATCHER: Mutex<Option<(std::sync::mpsc::Sender<WatchJob>, std::thread::JoinHandle<()>)>> = Mutex::new(None);
-
-fn spawn_watcher() -> (std::sync::mpsc::Sender<WatchJob>, std::thread::JoinHandle<()>) {
-    let (jobs, job) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        if let Ok(job) = job.recv() {
-            watch(job);
-        }
-    });
-    (jobs, thread)
-}
-
-fn watch(job: WatchJob) {
-    // Faults logged before the driver loaded (boot, another device) are not this run's.
-    let mut log = crate::kmsg::KmsgFollower::from_now();
-    loop {
-        let last = job.stop.load(std::sync::atomic::Ordering::Relaxed);
-        let faults = crate::kmsg::dmar_faults(&log.new_iommu_lines(), job.address.as_deref());
+impl Watch {
+    /// Reads the records logged since the last look and reports this device's DMAR faults to the NT model.
+    fn look(&self) {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let faults = crate::kmsg::dmar_faults(&log.new_iommu_lines(), self.address.as_deref());
         for fault in &faults {
             progress(format_args!(
                 "IOMMU fault from the platform: address {:#x}, reason {:#x}",
                 fault.address, fault.reason
             ));
             let pdo = kernel().io.pdo().unwrap_or(0) as u64;
-            job.model.report_iommu_fault(vhca_ntapi::PDEVICE_OBJECT(pdo), fault.address, fault.reason);
+            self.model.report_iommu_fault(vhca_ntapi::PDEVICE_OBJECT(pdo), fault.address, fault.reason);
         }
-        if last {
-            return;
-        }
-        // Woken early by `stop`, for the last look.
-        std::thread::park_timeout(IOMMU_POLL);
     }
+}
+
+/// A watch thread started ahead of its run, waiting for its job (`preload`): measured in restored guests, the first
+/// thread a run starts costs it 11-25 ms under TCG (the guest kernel's thread creation runs untranslated after every
+/// restore), while a thread already in the snapshot only has to be woken.
+static IDLE_WATCHER: Mutex<Option<std::sync::mpsc::Sender<Arc<Watch>>>> = Mutex::new(None);
+
+fn spawn_watcher() -> std::sync::mpsc::Sender<Arc<Watch>> {
+    let (jobs, job) = std::sync::mpsc::channel::<Arc<Watch>>();
+    std::thread::spawn(move || {
+        if let Ok(watch) = job.recv() {
+            while !watch.stopped.load(std::sync::atomic::Ordering::Acquire) {
+                watch.look();
+                std::thread::park_timeout(IOMMU_POLL);
+            }
+        }
+    });
+    jobs
 }
 
 impl PlatformIommuWatch {
     fn start(model: Arc<NtModel>, address: Option<String>) -> PlatformIommuWatch {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Faults logged before the driver loaded (boot, another device) are not this run's.
+        let log = Mutex::new(crate::kmsg::KmsgFollower::from_now());
+        let watch = Arc::new(Watch { log, model, address, stopped: false.into() });
         let idle = IDLE_WATCHER.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let (jobs, thread) = idle.unwrap_or_else(spawn_watcher);
-        // A thread that cannot take its job has ended already: `stop` then only joins it.
-        let _ = jobs.send(WatchJob { model, address, stop: stop.clone() });
-        PlatformIommuWatch { stop, thread: Some(thread) }
+        let jobs = idle.unwrap_or_else(spawn_watcher);
+        // A thread that cannot take its job has ended: the last look in `stop` still reads the whole run's log.
+        let _ = jobs.send(watch.clone());
+        PlatformIommuWatch { watch }
     }
 
-    /// One last read of the log (a fault from the driver's last DMA), then the thread ends.
-    fn stop(mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
-        }
+    /// The last look (a fault from the driver's last DMA), on the caller's thread so the run need not wait for the
+    /// watch thread to wake and end: it finds `stopped` at its next wake and returns.
+    fn stop(self) {
+        self.watch.stopped.store(true, std::sync::atomic::Ordering::Release);
+        self.watch.look();
     }
 }
 
