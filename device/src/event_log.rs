@@ -340,7 +340,7 @@ impl Drop for EventLog {
 
 impl EventSink for EventLog {
     fn emit(&self, event: HcaEvent) {
-        let flush_now = matches!(event, HcaEvent::Fault { .. });
+        let flush_now = matches!(event, HcaEvent::Fault(_));
         self.push(Record::Hca { t_us: self.request_t_us.load(Ordering::Relaxed), event });
         if flush_now {
             self.flush();

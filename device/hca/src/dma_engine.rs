@@ -5,7 +5,7 @@
 use vhca_proto::{EventKind, FaultCause, PAGE_SIZE};
 
 use crate::dma_access::{CopyEnd, Dma, DmaError};
-use crate::event_records::HcaEvent;
+use crate::event_records::{FaultEvent, HcaEvent};
 use crate::fault_injection::{ContiguousPolicy, Injector};
 use crate::map_registers::{MapRegisterPool, RegisterRef};
 use crate::notify::Notifier;
@@ -179,7 +179,7 @@ impl DmaEngine {
             ok: result.is_ok(),
         });
         if let Err(fault) = result {
-            out.emit(HcaEvent::Fault {
+            out.emit(HcaEvent::Fault(Box::new(FaultEvent {
                 cause: fault.cause.name(),
                 dir,
                 purpose: ctx.purpose,
@@ -191,7 +191,7 @@ impl DmaEngine {
                 wr_id: ctx.wr_id,
                 opcode: ctx.opcode.map(str::to_string),
                 tag: ctx.tag,
-            });
+            })));
             let detail = fault.register.unwrap_or(u32::MAX);
             out.push_async(EventKind::DmaFault, ctx.async_handle, fault.cause, detail, fault.iova.unwrap_or(0));
         }

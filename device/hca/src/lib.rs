@@ -19,6 +19,6 @@ mod qp;
 mod work_requests;
 
 pub use dma_access::{CopyEnd, Dma, DmaError};
-pub use event_records::{EventSink, HcaEvent, NullSink, EVENT_SCHEMA_VERSION};
+pub use event_records::{EventSink, FaultEvent, HcaEvent, NullSink, EVENT_SCHEMA_VERSION};
 pub use fault_injection::{ContiguousPolicy, FaultInjection, InjectionParseError};
 pub use hca::{Hca, HcaConfig};

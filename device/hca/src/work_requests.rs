@@ -12,7 +12,7 @@ use zerocopy::FromBytes;
 use crate::completions::WorkCompletion;
 use crate::dma_access::CopyEnd;
 use crate::dma_engine::{DmaContext, DmaFault, DmaSpan};
-use crate::event_records::HcaEvent;
+use crate::event_records::{FaultEvent, HcaEvent};
 use crate::mr::{check_access, MrAccess};
 use crate::{Dma, Hca};
 
@@ -196,7 +196,7 @@ impl Hca {
     }
 
     fn fault_event(&self, wr: Wr, cause: FaultCause, dir: &'static str, purpose: &'static str, sge: (u32, u64)) {
-        self.out.emit(HcaEvent::Fault {
+        self.out.emit(HcaEvent::Fault(Box::new(FaultEvent {
             cause: cause.name(),
             dir,
             purpose,
@@ -208,7 +208,7 @@ impl Hca {
             wr_id: Some(wr.wr_id),
             opcode: None,
             tag: None,
-        });
+        })));
     }
 
     /// Checks every SGE against its MR (key, PD, range, rights) before any byte moves; returns the bytes they name,
