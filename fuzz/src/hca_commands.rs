@@ -73,14 +73,12 @@ struct Watched<'a> {
 
 impl Watched<'_> {
     fn check(&self, iova: u64, len: usize, write: bool) {
-        let Some(last) = iova.checked_add(len as u64 - 1) else { panic!("DMA at {iova:#x}+{len} wraps") };
-        let mut page = iova & !(PAGE - 1);
-        while page <= last {
+        let Some(pages) = vhca_proto::pages_spanned(iova, len) else { panic!("DMA at {iova:#x}+{len} wraps") };
+        for page in pages {
             assert!(self.allowed.contains(&page), "DMA at {iova:#x}+{len} touches page {page:#x} of no live object");
             let perm = self.mapped.get(&page).copied().unwrap_or(Permissions::No);
             let ok = if write { perm.has_write() } else { perm.allow(Permissions::Read) };
             assert!(ok, "DMA at {iova:#x}+{len} succeeded on page {page:#x} the IOTLB maps {perm:?}");
-            page += PAGE;
         }
     }
 }
@@ -170,7 +168,7 @@ impl Harness {
     }
 
     fn execute(&mut self, request: &[u8]) {
-        let in_flight = request_pages(request);
+        let in_flight = vhca_proto::listed_pages(request).collect::<Vec<u64>>();
         let allowed = self.allowed(&in_flight);
         let mem = self.shared.mem();
         let response = {
@@ -305,15 +303,6 @@ impl Harness {
             }
         }
     }
-}
-
-/// The page IOVAs a request lists, as the protocol lays them out (empty when the framing does not hold).
-fn request_pages(request: &[u8]) -> Vec<u64> {
-    let Ok((header, rest)) = CommandHeader::read_from_prefix(request) else { return Vec::new() };
-    let Some(opcode) = Opcode::from_u32(header.opcode.get()) else { return Vec::new() };
-    let Some(body) = rest.get(..header.body_len.get() as usize) else { return Vec::new() };
-    let Some(pages) = body.get(opcode.request_size()..) else { return Vec::new() };
-    pages.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()
 }
 
 /// One input: the first byte picks the map-register pool (small pools reach exhaustion), then records.

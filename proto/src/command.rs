@@ -79,6 +79,18 @@ pub struct ResponseHeader {
     pub body_len: U32,
 }
 
+/// The page IOVAs a request lists after its fixed body, as the layout puts them, without judging them (none when
+/// the header, opcode or body length does not hold): for observers that must know what a request names whatever
+/// the device makes of it (the HCA's property tests and its fuzz harness allow its DMA to those pages).
+pub fn listed_pages(request: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    let list = CommandHeader::read_from_prefix(request).ok().and_then(|(header, rest)| {
+        let opcode = Opcode::from_u32(header.opcode.get())?;
+        let body = rest.get(..usize::try_from(header.body_len.get()).ok()?)?;
+        body.get(opcode.request_size()..)
+    });
+    list.unwrap_or(&[]).chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+}
+
 pub const COMMAND_HEADER_SIZE: usize = core::mem::size_of::<CommandHeader>();
 pub const RESPONSE_HEADER_SIZE: usize = core::mem::size_of::<ResponseHeader>();
 /// Largest request the device accepts (header, body and page list): bounds what one command can make it read.

@@ -22,9 +22,54 @@ pub use work::*;
 /// Page size of every ring, MR page list and map register: the guest's and the IOMMU's 4 KiB page.
 pub const PAGE_SIZE: u64 = 4096;
 
+/// The pages `[iova, iova + len)` touches, page-aligned, in order (none for `len` 0); `None` when the range wraps
+/// the address space.
+pub fn pages_spanned(iova: u64, len: usize) -> Option<core::iter::StepBy<core::ops::RangeInclusive<u64>>> {
+    let first = iova & !(PAGE_SIZE - 1);
+    #[allow(clippy::reversed_empty_ranges)] // on purpose: no pages
+    let pages = match (len as u64).checked_sub(1) {
+        None => 1..=0,
+        Some(rest) => first..=(iova.checked_add(rest)? & !(PAGE_SIZE - 1)),
+    };
+    Some(pages.step_by(PAGE_SIZE as usize))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_spanned_walks_every_page_a_range_touches_and_refuses_a_wrap() {
+        let spans = |iova, len, want: &[u64]| pages_spanned(iova, len).is_some_and(|p| p.eq(want.iter().copied()));
+        assert!(spans(0x1ff8, 16, &[0x1000, 0x2000]));
+        assert!(spans(0x2000, 4096, &[0x2000]));
+        assert!(spans(0x2000, 0, &[]));
+        assert!(spans(u64::MAX - 4095, 4096, &[u64::MAX - 4095]));
+        assert!(pages_spanned(u64::MAX - 7, 16).is_none());
+    }
+
+    #[test]
+    fn listed_pages_reads_the_page_list_after_the_fixed_body_or_nothing() {
+        use zerocopy::IntoBytes;
+        let fixed = Opcode::CreateCq.request_size();
+        let mut request = [0u8; 256];
+        let body_len = fixed + 16;
+        let header = CommandHeader {
+            opcode: (Opcode::CreateCq as u32).into(),
+            tag: 1.into(),
+            body_len: (body_len as u32).into(),
+            reserved: 0.into(),
+        };
+        request[..COMMAND_HEADER_SIZE].copy_from_slice(header.as_bytes());
+        let list = COMMAND_HEADER_SIZE + fixed;
+        request[list..list + 8].copy_from_slice(&0x8000_1000u64.to_le_bytes());
+        request[list + 8..list + 16].copy_from_slice(&0x8000_3000u64.to_le_bytes());
+        let end = COMMAND_HEADER_SIZE + body_len;
+        assert!(listed_pages(&request[..end]).eq([0x8000_1000, 0x8000_3000]));
+        assert_eq!(listed_pages(&request[..end - 1]).count(), 0, "a body shorter than body_len lists nothing");
+        request[0] = 0xff;
+        assert_eq!(listed_pages(&request[..end]).count(), 0, "an unknown opcode lists nothing");
+    }
 
     /// Every wire enum decodes each of its own values back to itself, refuses the first value past its last, and
     /// has distinct names: a value or name typed twice in a declaration fails here.

@@ -514,23 +514,12 @@ struct Watched<'a> {
 
 impl Watched<'_> {
     fn check(&self, dir: &str, iova: u64, len: usize) {
-        if len == 0 {
-            return;
-        }
-        let Some(last) = iova.checked_add(len as u64 - 1) else {
+        let Some(pages) = vhca_proto::pages_spanned(iova, len) else {
             self.strays.borrow_mut().push(format!("{dir} [{iova:#x} +{len:#x}) wraps the address space"));
             return;
         };
-        let mut page = iova & !(PAGE - 1);
-        while page <= last {
-            if !self.allowed.contains(&page) {
-                self.strays.borrow_mut().push(format!("{dir} [{iova:#x} +{len:#x}) touches page {page:#x}"));
-                return;
-            }
-            match page.checked_add(PAGE) {
-                Some(next) => page = next,
-                None => break,
-            }
+        if let Some(page) = pages.into_iter().find(|page| !self.allowed.contains(page)) {
+            self.strays.borrow_mut().push(format!("{dir} [{iova:#x} +{len:#x}) touches page {page:#x}"));
         }
     }
 }
@@ -560,15 +549,6 @@ struct Harness {
     model: Model,
     mapped: BTreeSet<u64>,
     total: u32,
-}
-
-/// The page IOVAs a request lists, parsed as the protocol lays them out (empty when the framing does not hold).
-fn request_pages(request: &[u8]) -> Vec<u64> {
-    let Ok((header, rest)) = CommandHeader::read_from_prefix(request) else { return Vec::new() };
-    let Some(opcode) = Opcode::from_u32(header.opcode.get()) else { return Vec::new() };
-    let Some(body) = rest.get(..header.body_len.get() as usize) else { return Vec::new() };
-    let Some(pages) = body.get(opcode.request_size()..) else { return Vec::new() };
-    pages.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()
 }
 
 impl Harness {
@@ -608,7 +588,7 @@ impl Harness {
 
     /// Runs one request, checks the response, the log lines and the invariants; returns the status and body.
     fn execute(&mut self, request: &[u8]) -> Result<(Status, Vec<u8>), TestCaseError> {
-        let in_flight = request_pages(request);
+        let in_flight = vhca_proto::listed_pages(request).collect::<Vec<u64>>();
         let before = self.event_count();
         let watched = watch(&self.model, &self.rig.mem, &in_flight);
         let response = self.rig.hca.execute(&watched, request);
