@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Duration;
 
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
@@ -94,6 +94,18 @@ fn make_fd(kind: u8, ram: &OwnedFd, backends: &mut Vec<UnixStream>) -> std::io::
     }
 }
 
+/// One event log for every input of the process, its lines captured in memory. Each input used to start (and join)
+/// the log's writer thread: with the handshakes that made most of an execution's time context switches, about
+/// 1,000 executions a second; the device's behaviour does not depend on the log's state (`seq` only numbers lines).
+fn shared_log() -> (Arc<EventLog>, Captured) {
+    static LOG: OnceLock<(Arc<EventLog>, Captured)> = OnceLock::new();
+    let (events, lines) = LOG.get_or_init(|| {
+        let lines = Captured::default();
+        (Arc::new(EventLog::to_writer(Box::new(lines.clone()))), lines)
+    });
+    (Arc::clone(events), lines.clone())
+}
+
 /// The fuzzer's process has libFuzzer's main, not Rust's, so SIGPIPE is not ignored as in the device binary.
 fn ignore_sigpipe() {
     static ONCE: Once = Once::new();
@@ -155,8 +167,10 @@ pub fn trace(data: &[u8]) -> Vec<String> {
         }
     }
     let _ = ours.shutdown(std::net::Shutdown::Write);
-    let log = Captured::default();
-    let events = Arc::new(EventLog::to_writer(Box::new(log.clone())));
+    let (events, log) = shared_log();
+    // Whatever an earlier input left (nothing, once its disconnection drained the log) is not this one's.
+    events.flush();
+    std::mem::take(&mut *log.0.lock().unwrap_or_else(|p| p.into_inner()));
     // Queues of at most the carrier's 64 entries: with QEMU's limit of 1024 one input could post 1024 looping chains
     // of 1024 descriptors each per pass, and the corpus fills up with such inputs (the rate fell from about 3,000
     // to under 300 executions a second); every path a 1024-entry ring takes, a 64-entry one takes too.
@@ -176,7 +190,9 @@ pub fn trace(data: &[u8]) -> Vec<String> {
     let result = connection_ended(&events, result);
     drop(backends);
     drop(ours);
-    let text = String::from_utf8(log.0.lock().unwrap_or_else(|p| p.into_inner()).clone()).expect("UTF-8 log");
+    // connection_ended's `disconnected` line drained the log: every line of this input is in `log` now.
+    let text =
+        String::from_utf8(std::mem::take(&mut *log.0.lock().unwrap_or_else(|p| p.into_inner()))).expect("UTF-8 log");
     let kinds: Vec<String> = text
         .lines()
         .map(|line| {
