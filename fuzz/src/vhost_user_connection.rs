@@ -167,6 +167,9 @@ pub fn trace(data: &[u8]) -> Vec<String> {
         }
     }
     let _ = ours.shutdown(std::net::Shutdown::Write);
+    // One input at a time owns the process's log (the replay test calls this from several threads at once).
+    static ONE_INPUT: Mutex<()> = Mutex::new(());
+    let _owner = ONE_INPUT.lock().unwrap_or_else(|p| p.into_inner());
     let (events, log) = shared_log();
     // Whatever an earlier input left (nothing, once its disconnection drained the log) is not this one's.
     events.flush();
