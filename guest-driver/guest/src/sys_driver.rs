@@ -151,9 +151,26 @@ struct Watch {
 }
 
 impl Watch {
-    /// Reads the records logged since the last look and reports this device's DMAR faults to the NT model.
-    fn look(&self) {
+    /// The watch thread's look: none once the run is over. `stopped` is read under the log's lock, which the last
+    /// look takes after setting it, so no look of this thread reports anything after the last one has.
+    fn look_while_running(&self) -> bool {
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
+        self.report(&mut log);
+        true
+    }
+
+    /// The last look, on the run's thread.
+    fn last_look(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        self.report(&mut log);
+    }
+
+    /// Reads the records logged since the last look and reports this device's DMAR faults to the NT model.
+    fn report(&self, log: &mut crate::kmsg::KmsgFollower) {
         let faults = crate::kmsg::dmar_faults(&log.new_iommu_lines(), self.address.as_deref());
         for fault in &faults {
             progress(format_args!(
@@ -175,8 +192,7 @@ fn spawn_watcher() -> std::sync::mpsc::Sender<Arc<Watch>> {
     let (jobs, job) = std::sync::mpsc::channel::<Arc<Watch>>();
     std::thread::spawn(move || {
         if let Ok(watch) = job.recv() {
-            while !watch.stopped.load(std::sync::atomic::Ordering::Acquire) {
-                watch.look();
+            while watch.look_while_running() {
                 std::thread::park_timeout(IOMMU_POLL);
             }
         }
@@ -199,8 +215,7 @@ impl PlatformIommuWatch {
     /// The last look (a fault from the driver's last DMA), on the caller's thread so the run need not wait for the
     /// watch thread to wake and end: it finds `stopped` at its next wake and returns.
     fn stop(self) {
-        self.watch.stopped.store(true, std::sync::atomic::Ordering::Release);
-        self.watch.look();
+        self.watch.last_look();
     }
 }
 
