@@ -37,7 +37,7 @@ fn consider(span: Option<Range<usize>>, offset: usize, path: &str, best: &mut Be
         return;
     }
     let width = span.end - span.start;
-    if best.as_ref().map_or(true, |(w, _)| width <= *w) {
+    if best.as_ref().is_none_or(|(w, _)| width <= *w) {
         *best = Some((width, path.to_string()));
     }
 }

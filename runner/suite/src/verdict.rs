@@ -228,7 +228,7 @@ fn compare(expected: &Expected, actual: &Actual) -> Outcome {
         (Expected::DeviceFault { cause }, Actual::DeviceFault { cause: got, .. }) => cause == got,
         (Expected::GuestPanic, Actual::GuestPanic { .. }) => true,
         (Expected::GuestFailed { word }, Actual::GuestFailed { error }) => {
-            word.as_ref().map_or(true, |w| error.contains(w.as_str()))
+            word.as_ref().is_none_or(|w| error.contains(w.as_str()))
         }
         (Expected::Hang, Actual::Hang { .. }) => true,
         _ => false,
