@@ -154,6 +154,10 @@ impl RunFiles {
     pub fn serial_socket(&self) -> PathBuf {
         self.dir.join("serial.sock")
     }
+    /// When the run's end came, counted from the device's start: the result line, QEMU's and the device's exits.
+    pub fn ending_log(&self) -> PathBuf {
+        self.dir.join("ending.log")
+    }
     /// How long each restore step took.
     pub fn restore_log(&self) -> PathBuf {
         self.dir.join("restore.log")
@@ -602,9 +606,15 @@ impl Watch<'_> {
             }
         };
 
+        // For `ending.log`: seconds after the device started.
+        let mut ending: Vec<(&str, f64)> = Vec::new();
+        let since_device = |device_started: Instant| device_started.elapsed().as_secs_f64();
         let end = loop {
             for line in serial.poll().unwrap_or_default() {
                 if let Some(grace) = self.absorb(&line) {
+                    if settled.is_none() {
+                        ending.push(("result or crash line seen", since_device(self.device_started)));
+                    }
                     settled.get_or_insert((Instant::now(), grace));
                 }
                 (self.on)(Progress::Serial { run: self.run.name.clone(), line });
@@ -645,6 +655,7 @@ impl Watch<'_> {
                     quit_sent = true;
                     if let Some(q) = qmp.as_mut() {
                         let _ = q.execute("quit", None, QUIT_REPLY);
+                        ending.push(("QEMU answered quit", since_device(self.device_started)));
                     }
                 }
                 if at.elapsed() >= grace {
@@ -661,6 +672,7 @@ impl Watch<'_> {
             pause()?;
         };
         sample(Point::End, &mut sampled);
+        ending.push(("wait over", since_device(self.device_started)));
         self.watched.silent_for_s = Some(last_output.elapsed().as_secs_f64());
         match end {
             End::Silence | End::Timeout => {
@@ -695,6 +707,9 @@ impl Watch<'_> {
                 }
             };
         }
+        ending.push(("both exited", since_device(self.device_started)));
+        let ending: String = ending.iter().map(|(what, s)| format!("{what} {s:.3} s\n")).collect();
+        let _ = fs::write(self.files.ending_log(), format!("seconds after the device started\n{ending}"));
         // A closed QMP socket still holds what QEMU wrote before it exited (GUEST_PANICKED comes just before).
         self.drain_qmp(qmp.as_mut());
         drop(qmp);
