@@ -33,6 +33,7 @@ printf '%-24s %12s %8s %10s %8s %8s  %s\n' target executions seconds execs/s cov
 for target in "${targets[@]}"; do
     mkdir -p "corpus/$target" "artifacts/$target"
     log="$logs/$target.log"
+    started=$SECONDS
     set +e
     # -timeout: one input taking 10 s is a hang; -rss_limit_mb: a leak fails the run, not the machine.
     cargo +nightly fuzz run -O --debug-assertions -s "$sanitizer" "$target" "corpus/$target" -- \
@@ -45,7 +46,8 @@ for target in "${targets[@]}"; do
     took=$(sed -nE 's/^Done [0-9]+ runs in ([0-9]+) second.*/\1/p' "$log" | tail -1 || true)
     cov=$( (grep -Eo 'cov: [0-9]+' "$log" || true) | tail -1 | awk '{ print $2 }')
     ft=$( (grep -Eo 'ft: [0-9]+' "$log" || true) | tail -1 | awk '{ print $2 }')
-    took=${took:-$seconds}
+    # libFuzzer prints no "Done" line when interrupted or crashed: the wall time of the run stands in.
+    took=${took:-$((SECONDS - started))}
     rate=$(( ${execs:-0} / (took > 0 ? took : 1) ))
     if [ "$rc" -eq 0 ]; then
         outcome="0 crashes, 0 timeouts"
