@@ -654,8 +654,9 @@ impl Watch<'_> {
                     // told to quit instead of waiting for the guest's power-off.
                     quit_sent = true;
                     if let Some(q) = qmp.as_mut() {
-                        let _ = q.execute("quit", None, QUIT_REPLY);
-                        ending.push(("QEMU answered quit", since_device(self.device_started)));
+                        let answered = q.execute("quit", None, QUIT_REPLY).is_ok();
+                        let what = if answered { "QEMU answered quit" } else { "quit sent, no answer" };
+                        ending.push((what, since_device(self.device_started)));
                     }
                 }
                 if at.elapsed() >= grace {

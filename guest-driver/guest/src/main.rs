@@ -59,13 +59,7 @@ fn main() {
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     report.uptime_ms = vhca_guest::report::uptime_ms();
     progress(format_args!("{} in {} ms", if report.ok { "passed" } else { "FAILED" }, report.elapsed_ms));
-    let t = Instant::now();
     report.print();
-    let a = t.elapsed();
-    println!("TIMING print {:?}", a);
-    let t = Instant::now();
-    println!("TIMING xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
-    println!("TIMING 100-byte line {:?}", t.elapsed());
     finish(&options, report.ok);
 }
 
