@@ -660,10 +660,7 @@ fn real_main(cli: Cli) -> Result<bool> {
                 write_file(&path, &serde_json::to_string_pretty(&report)?)?;
             }
             for g in &report.growth {
-                println!(
-                    "{}: first {} last {}; median above its run kind's: first quarter {}, last quarter {} (tolerance {})",
-                    g.what, g.first, g.last, g.early, g.late, g.tolerance
-                );
+                println!("{}", g.summary());
             }
             for problem in &report.problems {
                 println!("PROBLEM: {problem}");
