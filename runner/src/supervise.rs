@@ -135,6 +135,19 @@ impl Supervised {
         }
     }
 
+    /// Asks the child (not its group) to end with SIGTERM; it is reaped by `try_status`, `wait_timeout` or `kill`.
+    pub fn terminate(&self) {
+        if self.status.is_some() {
+            return;
+        }
+        let Ok(pid) = libc::pid_t::try_from(self.child.id()) else { return };
+        // SAFETY: kill(2) signals our own unreaped child (its pid cannot have been reused while it is unreaped); it
+        // touches no memory.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+
     /// Kills the process group and reaps the child; returns its status.
     pub fn kill(&mut self) -> Option<ExitStatus> {
         self.kill_group();

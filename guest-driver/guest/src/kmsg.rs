@@ -70,7 +70,8 @@ impl KmsgFollower {
 }
 
 /// The IOMMU faults among `lines` caused by the device at `address` (`0000:01:00.0`); faults of other requesters are
-/// not the run's (a restored q35 guest's AHCI controller, which no driver owns, faults once as QEMU loads its state).
+/// not the run's (q35's AHCI controller, which no driver owned, faulted once on every restore as QEMU loaded its state,
+/// until the runner turned it off; another built-in device could do the same).
 /// A fault line that names no requester counts.
 pub fn count_faults(lines: &[String], address: Option<&str>) -> usize {
     // The kernel names the requester as [bus:dev.fn], without the PCI domain.

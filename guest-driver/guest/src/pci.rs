@@ -157,9 +157,12 @@ impl PciDevice {
     }
 
     /// Chooses how the kernel resets the device (vfio-pci resets at every open and close). `pm` (a D3hot→D0
-    /// cycle) is several times faster than FLR under QEMU; the kernel refuses a method the device lacks.
+    /// cycle) is several times faster than FLR under QEMU; `none` leaves the device with no reset method, so
+    /// vfio-pci opens and closes it without one; the kernel refuses a method the device lacks.
     pub fn set_reset_method(&self, method: &str) -> Result<(), PciError> {
-        write_str(&self.sysfs.join("reset_method"), method)
+        // The kernel's word for "no method" is an empty line (an empty write never reaches it).
+        let value = if method == "none" { "\n" } else { method };
+        write_str(&self.sysfs.join("reset_method"), value)
     }
 
     /// The IOMMU group number: the name of /dev/vfio/<group>.

@@ -11,7 +11,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use crate::qemu_cmd::{
-    console_socket_args, control_args, iommu_args, machine_args, push, shared_memory_args, Accel, GdbStub,
+    console_socket_args, control_args, iommu_args, machine_args, push, shared_memory_args, Accel, Builtins, GdbStub,
     VhostUserDevice,
 };
 
@@ -78,7 +78,7 @@ pub struct WindowsMachine {
 impl WindowsMachine {
     pub fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
-        push(&mut a, &machine_args(self.accel));
+        push(&mut a, &machine_args(self.accel, Builtins::All));
         let cpu = if self.accel == Accel::Kvm { "host" } else { "max" };
         push(&mut a, &["-cpu".to_string(), format!("{cpu},{HYPERV_FLAGS}")]);
         push(&mut a, &["-m", WINDOWS_MEMORY, "-smp", WINDOWS_CPUS]);
