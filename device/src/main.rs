@@ -77,6 +77,9 @@ struct Cli {
     /// Test only: once the sandbox is on, make one system call it forbids, to show what a violation looks like.
     #[arg(long, hide = true)]
     debug_forbidden_syscall: bool,
+    /// Test only: once the sandbox is on, open a file, which the sandbox refuses with EPERM; the device goes on.
+    #[arg(long, hide = true)]
+    debug_refused_open: bool,
 }
 
 impl Cli {
@@ -205,6 +208,12 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
         }
         if cli.debug_forbidden_syscall {
             sandbox::forbidden_syscall();
+        }
+        if cli.debug_refused_open {
+            match sandbox::refused_open() {
+                Ok(_) => tracing::warn!("debug: the open went through (sandbox off?)"),
+                Err(err) => tracing::info!("debug: the open was refused: {err}"),
+            }
         }
         Ok(())
     };

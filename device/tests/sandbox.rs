@@ -1,5 +1,6 @@
 //! The sandbox end to end: on by default (a whole RDMA WRITE runs under it, and the device says so), a forbidden
-//! system call ends the device at once with exit 3 and a line naming the call, and `--no-sandbox` turns it off.
+//! system call ends the device at once with exit 3 and a line naming the call and where it was made, an open is
+//! refused with EPERM and the device goes on serving, and `--no-sandbox` turns it off.
 
 mod common;
 
@@ -25,11 +26,32 @@ fn a_forbidden_system_call_ends_the_device_with_a_line_naming_it() {
     let (status, stderr, events) = device.finish();
     assert_eq!(status.code(), Some(3), "{stderr}");
     let socket = libc::SYS_socket;
-    assert!(
-        stderr.contains(&format!("vhca-device: sandbox: forbidden system call {socket} (seccomp)")),
-        "stderr lacks the violation line: {stderr}"
-    );
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with(&format!("vhca-device: sandbox: forbidden system call {socket} at 0x")))
+        .unwrap_or_else(|| panic!("stderr lacks the violation line: {stderr}"));
+    assert!(line.contains("(on_forbidden_syscall 0x") && line.contains(", libc write 0x"), "{line}");
+    assert!(line.ends_with("(seccomp); exiting. Run with --no-sandbox to debug."), "{line}");
     assert_eq!(events.first().map(|e| e["kind"].clone()), Some("start".into()));
+}
+
+#[test]
+fn an_open_is_refused_with_eperm_and_the_device_goes_on_serving() {
+    let mut s = Session::start(&["--debug-refused-open"], true);
+    // The refusal happened at lockdown, before any of this: the data path still runs.
+    let lb = s.loopback(1);
+    s.command_ok(Opcode::QueryDevice, &[], &[]);
+    assert!(lb.qpn != 0);
+    let (status, stderr, _) = s.close();
+    assert!(status.success(), "{stderr}");
+    let openat = libc::SYS_openat;
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with(&format!("vhca-device: sandbox: refused system call {openat} at 0x")))
+        .unwrap_or_else(|| panic!("stderr lacks the refusal line: {stderr}"));
+    assert!(line.ends_with("it returned EPERM, going on"), "{line}");
+    assert!(stderr.contains("debug: the open was refused: Operation not permitted"), "{stderr}");
+    assert!(!stderr.contains("forbidden system call"), "{stderr}");
 }
 
 #[test]
