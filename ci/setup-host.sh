@@ -38,6 +38,8 @@ have_busybox() {
 have_busybox || pkgs+=(busybox-static)
 command -v xz >/dev/null 2>&1 || pkgs+=(xz-utils)
 command -v cpio >/dev/null 2>&1 || pkgs+=(cpio)
+# objcopy: the image takes the guest binary without its debug info.
+command -v objcopy >/dev/null 2>&1 || pkgs+=(binutils)
 dpkg -s libc6-dev >/dev/null 2>&1 || pkgs+=(libc6-dev)
 # Windows guests (never booted here): OVMF for the UEFI machine the tests start paused, xorriso for the answer disc,
 # qemu-img for the image's disks and per-run overlays.
