@@ -87,6 +87,39 @@ fn query_device_through_the_iotlb() {
     assert_eq!(commands[0]["status"], "OK");
 }
 
+/// True if the eventfd has a count to read (without reading it).
+fn signalled(fd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one live pollfd, zero timeout.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+#[test]
+fn a_driver_that_declines_interrupts_gets_no_call_and_one_that_wants_them_does() {
+    let mut session = Session::start(&[], true);
+    // VRING_AVAIL_F_NO_INTERRUPT in queue 0's avail flags, as vhca's polling drivers set it.
+    session.ram.write_u16(avail_off(0), 1);
+    session.post_query_device(0, 0, 0x51, RESP_LEN);
+    // Polled, as such a driver does (`wait_used` waits on the call).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while session.ram.used_idx(0) != 1 {
+        assert!(std::time::Instant::now() < deadline, "the chain was never used");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    check_query_device_response(&session.ram, 0, 0x51);
+    // The call would have been written right after the used index; give a late one time to show.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!signalled(&session.calls[0]), "the device signalled a driver that declined interrupts");
+    // Flags 0 again: the next completion is signalled.
+    session.ram.write_u16(avail_off(0), 0);
+    session.post_query_device(1, 2, 0x52, RESP_LEN);
+    session.wait_call(0, false, Duration::from_secs(10));
+    assert_eq!(session.ram.used_idx(0), 2);
+    let (status, stderr, _) = session.close();
+    assert!(status.success(), "{stderr}");
+}
+
 #[test]
 fn invalidated_buffer_faults_and_the_queue_keeps_serving() {
     let mut session = Session::start(&["--miss-timeout-ms", "200"], true);
