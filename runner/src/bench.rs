@@ -185,19 +185,25 @@ pub fn render_roundtrip(measured: &serde_json::Value) -> String {
     };
     let mut t = String::from("| what | samples | median (µs) | p99 (µs) | min–max (µs) |\n|---|---|---|---|---|\n");
     t.push_str(&row("vhca_query_device", "QUERY_DEVICE via vhca (vIOMMU, vhost-user)"));
-    t.push_str(&row("rng_read", "64-byte read, QEMU's virtio-rng (in-process)"));
+    t.push_str(&row("rng_read", "64-byte read, QEMU's virtio-rng (in-process), interrupts asked for"));
+    t.push_str(&row("rng_read_no_interrupt", "the same read, interrupts declined (as vhca's queues)"));
     t.push_str(&row("rng_read_sleeping", "the same read, sleeps only (no spin first)"));
     t.push_str(&row("rng_read_spinning", "the same read, spinning on the used ring"));
     t.push_str(&row("kick", "the kick alone (one notify write)"));
     t.push_str(&row("vhca_query_device_back_to_back", "QUERY_DEVICE via vhca, back to back"));
+    // Against the in-process device in whichever of its two modes was faster at that quantile (an older guest
+    // reports only `rng_read`).
     let ratio = |q: &str| {
         let a = measured["vhca_query_device"][q].as_f64().unwrap_or(f64::NAN);
-        let b = measured["rng_read"][q].as_f64().unwrap_or(f64::NAN);
+        let b = ["rng_read", "rng_read_no_interrupt"]
+            .iter()
+            .filter_map(|k| measured[*k][q].as_f64())
+            .fold(f64::NAN, f64::min);
         a / b
     };
     let _ = writeln!(
         t,
-        "\nvhca / virtio-rng: median {:.2}x, p99 {:.2}x (target: at most 1.0x)",
+        "\nvhca / virtio-rng (the faster of its two modes): median {:.2}x, p99 {:.2}x (target: at most 1.0x)",
         ratio("median_us"),
         ratio("p99_us")
     );
@@ -245,6 +251,16 @@ mod tests {
         });
         let table = render_roundtrip(&m);
         assert!(table.contains("median 0.50x, p99 1.00x"), "{table}");
+        // With both rng modes measured, each quantile is taken against the faster one.
+        let mut both = m.clone();
+        both["rng_read_no_interrupt"] =
+            serde_json::json!({"samples": 3, "median_us": 40.0, "p99_us": 180.0, "min_us": 1.0, "max_us": 99.0});
+        let table = render_roundtrip(&both);
+        assert!(table.contains("median 1.25x, p99 1.00x"), "{table}");
+        assert!(
+            table.contains("| the same read, interrupts declined (as vhca's queues) | 3 | 40.0 | 180.0 |"),
+            "{table}"
+        );
         assert!(
             table.contains("one spin poll of the used ring: 250 ns; the guest's wait spins 50 µs (~200 polls)"),
             "{table}"
