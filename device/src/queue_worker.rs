@@ -648,15 +648,14 @@ fn split_chain(descs: &[Descriptor]) -> Result<(&[Descriptor], &[Descriptor]), S
     Ok((readable, writable))
 }
 
-/// VRING_AVAIL_F_NO_INTERRUPT (virtio 1.2, 2.7.7): the driver asks for no used-buffer notification.
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
-
-/// Whether the driver set VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags, which virtio-queue's
-/// `needs_notification` does not look at. Without VIRTIO_F_EVENT_IDX (never offered) the flag is the driver's whole
-/// say; vhca's drivers poll and set it, so a completion then costs no call eventfd write (and under TCG no wake-up of
-/// QEMU's main loop, which reads that eventfd). A flags read that fails counts as wanting the notification.
+/// Whether the driver set VRING_AVAIL_F_NO_INTERRUPT (virtio 1.2, 2.7.7) in the avail ring's flags, which
+/// virtio-queue's `needs_notification` does not look at. Without VIRTIO_F_EVENT_IDX (never offered) the flag is the
+/// driver's whole say; vhca's drivers poll and set it, so a completion then costs no call eventfd write (and under TCG
+/// no wake-up of QEMU's main loop, which reads that eventfd). A flags read that fails counts as wanting the
+/// notification.
 fn driver_declines_interrupts(mem: &GuestMem, avail_ring: u64) -> bool {
-    mem.read_obj::<u16>(GuestAddress(avail_ring)).is_ok_and(|flags| u16::from_le(flags) & AVAIL_F_NO_INTERRUPT != 0)
+    let no_interrupt = virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT as u16;
+    mem.read_obj::<u16>(GuestAddress(avail_ring)).is_ok_and(|flags| u16::from_le(flags) & no_interrupt != 0)
 }
 
 #[cfg(test)]
