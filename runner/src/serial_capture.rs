@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Follows a growing file and yields the lines completed since the last poll.
@@ -64,6 +65,8 @@ impl SerialLog {
 pub struct ConsolePort {
     stream: UnixStream,
     pump: Option<std::thread::JoinHandle<()>>,
+    /// Where the pump writes: a guest that serves several runs writes each run's console into that run's log.
+    log: Arc<Mutex<File>>,
 }
 
 impl ConsolePort {
@@ -79,7 +82,8 @@ impl ConsolePort {
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
         };
-        let mut file = File::create(log)?;
+        let log = Arc::new(Mutex::new(File::create(log)?));
+        let file = log.clone();
         let mut reader = stream.try_clone()?;
         stream.set_write_timeout(Some(Duration::from_secs(5)))?;
         let pump = std::thread::Builder::new().name("console".into()).spawn(move || {
@@ -89,6 +93,7 @@ impl ConsolePort {
                 match reader.read(&mut buf) {
                     Ok(0) => return,
                     Ok(n) => {
+                        let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
                         if file.write_all(&buf[..n]).is_err() {
                             return;
                         }
@@ -98,7 +103,15 @@ impl ConsolePort {
                 }
             }
         })?;
-        Ok(ConsolePort { stream, pump: Some(pump) })
+        Ok(ConsolePort { stream, pump: Some(pump), log })
+    }
+
+    /// From now on the guest's console goes to `log`, created afresh (the next run's, on a guest that serves
+    /// several). Called while the guest waits for its request, so no line is split between two logs.
+    pub fn log_to(&mut self, log: &Path) -> io::Result<()> {
+        let file = File::create(log)?;
+        *self.log.lock().unwrap_or_else(|e| e.into_inner()) = file;
+        Ok(())
     }
 
     /// Types one line into the guest's console.
@@ -177,5 +190,27 @@ mod tests {
         assert_eq!(follow.poll().unwrap(), ["x".repeat(2000), "VHCA-AGENT-READY".to_string()]);
         let missing = ConsolePort::connect(&dir.path().join("none.sock"), &log, Duration::from_millis(50)).unwrap_err();
         assert!(missing.to_string().contains("none.sock"), "{missing}");
+    }
+
+    #[test]
+    fn each_run_of_a_guest_gets_its_own_console_log() {
+        use std::os::unix::net::UnixListener;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("serial.sock");
+        let (first, second) = (dir.path().join("first.log"), dir.path().join("second.log"));
+        let listener = UnixListener::bind(&path).unwrap();
+        let mut port = ConsolePort::connect(&path, &first, Duration::from_secs(5)).unwrap();
+        let (mut guest, _) = listener.accept().unwrap();
+        guest.write_all(b"run one\nVHCA-AGENT-READY\n").unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(&first).unwrap().lines().count() < 2 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        port.log_to(&second).unwrap();
+        guest.write_all(b"run two\n").unwrap();
+        drop(guest);
+        port.close(Duration::from_secs(5));
+        assert_eq!(std::fs::read_to_string(&first).unwrap(), "run one\nVHCA-AGENT-READY\n");
+        assert_eq!(std::fs::read_to_string(&second).unwrap(), "run two\n");
     }
 }
