@@ -36,6 +36,10 @@ struct Cli {
     /// Boot every run cold instead of restoring the saved guest (the snapshot path is the default).
     #[arg(long, global = true)]
     cold: bool,
+    /// Restore a fresh guest from the snapshot for every run. By default a restored guest whose run left it clean
+    /// (no crash, no IOMMU fault logged, its HCA ejected) serves its worker's next run, in a fresh process.
+    #[arg(long, global = true)]
+    restore_per_run: bool,
     /// The Windows image directory (`vhca-run windows-image build --out DIR`) for a suite with `guest = "windows"`;
     /// overrides the suite's `windows_image`.
     #[arg(long, global = true)]
@@ -391,6 +395,7 @@ fn session(bins: &BinArgs) -> Result<(RunContext, AccelChoice)> {
         snapshot: None,
         windows: None,
         paused: false,
+        reuse_guests: true,
     };
     Ok((ctx, accel))
 }
@@ -508,6 +513,7 @@ fn real_main(cli: Cli) -> Result<bool> {
             }
             let windows = windows_image(&suite, suite_file.as_deref(), cli.windows_image.as_deref())?;
             let (mut ctx, _) = session(&cli.bins)?;
+            ctx.reuse_guests = !cli.restore_per_run;
             if windows.is_some() {
                 attach_snapshot(&mut ctx, Some("Windows guests boot cold"))?;
                 ctx.windows = windows;
@@ -537,6 +543,7 @@ fn real_main(cli: Cli) -> Result<bool> {
             )?;
             let (run, _) = pick.concrete()?;
             let (mut ctx, _) = session(&cli.bins)?;
+            ctx.reuse_guests = !cli.restore_per_run;
             let cold_because = if cli.cold {
                 Some("--cold")
             } else if gdb || gdb_wait {
@@ -580,6 +587,7 @@ fn real_main(cli: Cli) -> Result<bool> {
                 bail!("nothing to measure: {} runs, -j {jobs:?}", runs.len());
             }
             let (mut ctx, _) = session(&cli.bins)?;
+            ctx.reuse_guests = !cli.restore_per_run;
             attach_snapshot(&mut ctx, None)?;
             let Some(snap) = ctx.snapshot.clone() else {
                 bail!("the bench compares the snapshot with cold boots: no snapshot")
@@ -608,6 +616,7 @@ fn real_main(cli: Cli) -> Result<bool> {
         }
         Cmd::Soak { runs, artifacts, json } => {
             let (mut ctx, _) = session(&cli.bins)?;
+            ctx.reuse_guests = !cli.restore_per_run;
             attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
             let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("soak"));
             let opts = SuiteOptions {

@@ -67,7 +67,8 @@ pub fn load(qmp: &mut Qmp, qemu: &mut Supervised, state: &Path, qemu_log: &Path)
     Ok(Timings { steps: vec![("load", started.elapsed().as_secs_f64())] })
 }
 
-/// The second half: the run's HCA hot-plugged into the empty root port, the guest continued, its request sent.
+/// The second half: the run's HCA hot-plugged into the empty root port, the guest continued (`paused`: a guest just
+/// loaded; one that served a run already runs, its agent waiting), its request sent.
 /// `pids`: the run's QEMU and device, for the hot-plug's `phase_hook` point.
 pub fn plug_and_continue(
     qmp: &mut Qmp,
@@ -75,6 +76,7 @@ pub fn plug_and_continue(
     hca: &VhostUserDevice,
     request: &str,
     pids: Pids,
+    paused: bool,
 ) -> Result<Timings, RestoreError> {
     let mut timings = Timings::default();
     let mut at = Instant::now();
@@ -86,7 +88,9 @@ pub fn plug_and_continue(
     phase_hook::at(Phase::HotPlug, pids);
     qmp.execute("device_add", Some(hca.qmp_device_add()), QMP_TIMEOUT).map_err(failed("device_add", false))?;
     mark(&mut timings, "hot-plug");
-    qmp.execute("cont", None, QMP_TIMEOUT).map_err(failed("cont", false))?;
+    if paused {
+        qmp.execute("cont", None, QMP_TIMEOUT).map_err(failed("cont", false))?;
+    }
     // The agent may still be on its way into read(): the console buffers the line until it gets there.
     port.send_line(request).map_err(|e| RestoreError::Failed {
         step: "run request",

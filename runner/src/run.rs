@@ -18,13 +18,13 @@ use crate::image::Image;
 use crate::paths::Binaries;
 use crate::phase_hook::{self, Phase, Pids};
 use crate::proc_usage::{self, Point};
-use crate::qemu_cmd::{shell_line, Accel, Carrier, GdbStub, QemuConfig, VhostUserDevice};
+use crate::qemu_cmd::{shell_line, Accel, Carrier, GdbStub, QemuConfig, VhostUserDevice, HCA_CHARDEV, HCA_DEVICE_ID};
 use crate::qmp::Qmp;
-use crate::restore::{self, RestoreError};
+use crate::restore::{self, RestoreError, Timings};
 use crate::serial_capture::{ConsolePort, SerialLog};
 use crate::snapshot::{MachineFiles, SavedMachine, Snapshot, AGENT_WORD};
 use crate::supervise::{SuperviseError, Supervised};
-use crate::warm_guest::{self, Loaded, Loading};
+use crate::warm_guest::{self, GuestHome, Loaded, ReadyGuest, Taken};
 use crate::windows::image_dir::WindowsImage;
 use crate::windows::run_boot;
 
@@ -64,6 +64,9 @@ pub struct RunContext {
     pub windows: Option<Arc<WindowsImage>>,
     /// Start each QEMU paused (`vhca-run debug`): the debugger, or the person, continues it.
     pub paused: bool,
+    /// A restored guest whose run left it clean serves its worker's next run (`run_process` in the guest says what
+    /// clean is); off: one restore per run.
+    pub reuse_guests: bool,
 }
 
 /// Guest options every run gets on either path: `reset_method=none`, then the words of $VHCA_GUEST_APPEND.
@@ -301,17 +304,13 @@ fn attempt(
 ) -> Result<Attempt, RunError> {
     // From the snapshot, the run takes its worker's guest loaded ahead (or starts one now); its work dir is the run's.
     // Either way the dir is claimed (leftovers.rs) for as long as the run uses it.
-    let (temp, _claim, loading) = match snapshot {
-        Some(s) => {
-            let warm = warm_guest::take(s)?;
-            (warm.work, warm.claim, Some(warm.loading))
-        }
-        None => {
-            let temp = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
-            let claim = crate::leftovers::claim(temp.path())?;
-            (temp, claim, None)
-        }
+    // The guest (from the snapshot) lives in a work dir of its own: it may serve more runs than this one.
+    let guest = match snapshot {
+        Some(s) => Some(warm_guest::take(s)?),
+        None => None,
     };
+    let temp = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
+    let _claim = crate::leftovers::claim(temp.path())?;
     let files = RunFiles { dir: temp.path().to_path_buf() };
     let (device_cfg, cold_cfg) = plan(ctx, run, &files.dir);
     let qemu_cfg = match snapshot {
@@ -358,19 +357,27 @@ fn attempt(
 
     let start = Instant::now();
     let mut watched = Watched::default();
+    // A restored guest's home (declared before the processes so it is removed after them), how many runs it served
+    // before this one, and where this run's part of its QEMU log begins.
+    let mut home: Option<(GuestHome, u32, u64)> = None;
+    let mut recycled: Option<Loaded> = None;
     stage(on, "starting vhca-device".into());
     let device_started = Instant::now();
     match device::launch(&device_cfg, &files.device_log(), DEVICE_START) {
         Ok(mut device) => {
             let mut never_started = false;
-            let started = match (snapshot, loading) {
-                (Some(s), Some(loading)) => {
+            let started = match (snapshot, guest) {
+                (Some(s), Some(guest)) => {
                     stage(on, format!("continuing the restored guest ({})", ctx.accel.name()));
                     // Any failure here drops both guards (device and QEMU killed and reaped) with the work dir.
-                    match continue_restored(&files, loading, s, &hca, &request, device_started, &mut device)? {
-                        Restored::Continued(Loaded { qemu, qmp, port, .. }) => {
-                            // The next run's guest loads while this one runs.
-                            warm_guest::load_next(s);
+                    match continue_restored(&files, guest, s, &hca, &request, device_started, &mut device)? {
+                        Restored::Continued(loaded, guest_home, served, log_from) => {
+                            let Loaded { qemu, qmp, port, .. } = *loaded;
+                            // The next run's guest loads while this one runs, unless this one may serve it.
+                            if !ctx.reuse_guests {
+                                warm_guest::load_next(s);
+                            }
+                            home = Some((guest_home, served, log_from));
                             Some((qemu, Some(qmp), Some(port)))
                         }
                         Restored::Fallback(why) => return Ok(Attempt::Fallback(why)),
@@ -426,8 +433,10 @@ fn attempt(
             // `watch` owns both guards: both processes are stopped and reaped when it returns, however it returns.
             let crash_grace = if windows.is_some() { run_boot::DUMP_GRACE } else { AFTER_CRASH };
             if let Some((qemu, qmp, port)) = started {
+                // A restored Linux guest may serve this worker's next run, if the run leaves it clean.
+                let reuse = ctx.reuse_guests && home.is_some() && windows.is_none() && warm_guest::more_runs_expected();
                 let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
-                w.run(device, qemu, qmp, port)?;
+                recycled = w.run(device, qemu, qmp, port, reuse)?;
             }
         }
         Err(DeviceError::ExitedEarly { status }) => {
@@ -440,6 +449,12 @@ fn attempt(
         }
         Err(DeviceError::Process(e)) => return Err(e.into()),
     }
+    if let Some((guest_home, served, log_from)) = home {
+        copy_log_tail(&guest_home.work.path().join("qemu.log"), log_from, &files.qemu_log());
+        if let Some(loaded) = recycled {
+            warm_guest::keep(ReadyGuest::new(loaded, guest_home, served + 1));
+        }
+    }
     let seconds = start.elapsed().as_secs_f64();
     if windows.is_some() {
         run_boot::keep_disk_if_crashed(&files.dir, watched.crash_mark.is_some());
@@ -450,9 +465,22 @@ fn attempt(
     Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
 }
 
+/// This run's part of a log a guest's QEMU writes for its whole life: from `from` on, into the run's own file.
+fn copy_log_tail(log: &Path, from: u64, to: &Path) {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut tail = Vec::new();
+    if let Ok(mut file) = fs::File::open(log) {
+        if file.seek(SeekFrom::Start(from)).is_ok() {
+            let _ = file.read_to_end(&mut tail);
+        }
+    }
+    let _ = fs::write(to, tail);
+}
+
 /// How a restore ended.
 enum Restored {
-    Continued(Loaded),
+    /// The guest runs the request: with its home, the runs it served before, and its QEMU log's length before it.
+    Continued(Box<Loaded>, GuestHome, u32, u64),
     /// It failed before the guest ran anything, the device still up or gone with QEMU: the run can boot cold.
     Fallback(RestoreError),
     /// The device died while QEMU lived: the run's own verdict.
@@ -469,25 +497,40 @@ const QEMU_BEFORE_DEVICE: Duration = Duration::from_millis(200);
 /// run's files. Err only for the runner's own trouble (an interrupt).
 fn continue_restored(
     files: &RunFiles,
-    loading: Loading,
+    guest: Taken,
     snapshot: &Snapshot,
     hca: &VhostUserDevice,
     request: &str,
     device_started: Instant,
     device: &mut Supervised,
 ) -> Result<Restored, SuperviseError> {
-    let waiting = Instant::now();
-    let mut loaded = match loading.ready() {
-        Ok(loaded) => loaded,
-        Err(RestoreError::Process(e)) => return Err(e),
-        // A QEMU that died while it loaded (its own restore's, or the one loaded ahead) never reached the device.
-        Err(why) => return Ok(Restored::Fallback(why)),
+    let (mut loaded, home, served, mut timings) = match guest {
+        Taken::Loading(loading, home) => {
+            let waiting = Instant::now();
+            let loaded = match loading.ready() {
+                Ok(loaded) => loaded,
+                Err(RestoreError::Process(e)) => return Err(e),
+                // A QEMU that died while it loaded (its own restore's, or the one loaded ahead) never reached the
+                // device.
+                Err(why) => return Ok(Restored::Fallback(why)),
+            };
+            let mut timings = loaded.timings.clone();
+            timings.steps.push(("waited for the load (0 when loaded ahead)", waiting.elapsed().as_secs_f64()));
+            (loaded, home, 0, timings)
+        }
+        Taken::Ready(ready) => {
+            let (loaded, home, served) = ready.into_parts();
+            (loaded, home, served, Timings::default())
+        }
     };
-    let waited = waiting.elapsed().as_secs_f64();
-    let mut timings = loaded.timings.clone();
-    timings.steps.push(("waited for the load (0 when loaded ahead)", waited));
+    let qemu_log = home.work.path().join("qemu.log");
+    let log_from = fs::metadata(&qemu_log).map(|m| m.len()).unwrap_or(0);
+    if let Err(e) = loaded.port.log_to(&files.serial()) {
+        let why = format!("console log {}: {e}", files.serial().display());
+        return Ok(Restored::Fallback(RestoreError::Failed { step: "console", why, snapshot_bad: false }));
+    }
     let pids = Pids { qemu: Some(loaded.qemu.pid()), device: Some(device.pid()) };
-    match restore::plug_and_continue(&mut loaded.qmp, &mut loaded.port, hca, request, pids) {
+    match restore::plug_and_continue(&mut loaded.qmp, &mut loaded.port, hca, request, pids, served == 0) {
         Ok(plugged) => timings.steps.extend(plugged.steps),
         Err(RestoreError::Process(e)) => return Err(e),
         Err(RestoreError::Failed { step, why, snapshot_bad }) => {
@@ -508,16 +551,20 @@ fn continue_restored(
             return Ok(Restored::Fallback(failed(why)));
         }
     }
+    let reused = match served {
+        0 => String::new(),
+        n => format!("guest reused: it served {n} run(s) before this one\n"),
+    };
     let _ = fs::write(
         files.restore_log(),
         format!(
-            "snapshot {}\n{}guest continued {:.3} s after the device started\n",
+            "snapshot {}\n{reused}{}guest continued {:.3} s after the device started\n",
             snapshot.key,
             timings.render(),
             device_started.elapsed().as_secs_f64()
         ),
     );
-    Ok(Restored::Continued(loaded))
+    Ok(Restored::Continued(Box::new(loaded), home, served, log_from))
 }
 
 /// One `WATCH_POLL`, failing if an interrupt arrived.
@@ -573,17 +620,22 @@ enum End {
     GraceOver,
     Silence,
     Timeout,
+    /// The run left its guest clean and the guest said it can serve again (`reuse`).
+    Recycled,
 }
 
 impl Watch<'_> {
     /// `qmp` and `port`: already connected (a restore needed them first); a cold boot's QMP is connected here.
+    /// `reuse`: the guest may serve another run if this one leaves it clean; then it is returned, running, its agent
+    /// waiting, its HCA ejected and the HCA's chardev removed.
     fn run(
         &mut self,
         mut device: Supervised,
         mut qemu: Supervised,
         mut qmp: Option<Qmp>,
-        port: Option<ConsolePort>,
-    ) -> Result<(), RunError> {
+        mut port: Option<ConsolePort>,
+        reuse: bool,
+    ) -> Result<Option<Loaded>, RunError> {
         let qemu_started = Instant::now();
         let mut serial = SerialLog::new(&self.files.serial());
         let mut last_output = qemu_started;
@@ -596,6 +648,13 @@ impl Watch<'_> {
         let timeout = Duration::from_secs(u64::from(self.run.guest.timeout_s));
         let test_panic = std::env::var_os(TEST_PANIC_ENV).is_some();
         let mut quit_sent = false;
+        // The guest's word that the run is over (its result line), and, on a guest that may serve again, the
+        // agent's readiness after it, the HCA's DEVICE_DELETED and the device's own exit: all three make it clean.
+        let mut result_seen = false;
+        let mut agent_ready = false;
+        let mut hca_deleted = false;
+        let mut device_gone = false;
+        let mut chardev_removed = false;
         let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
         let mut mid_run = false;
         // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live.
@@ -619,6 +678,12 @@ impl Watch<'_> {
                     }
                     settled.get_or_insert((Instant::now(), grace));
                 }
+                if parse_result_line(&line).is_some() {
+                    result_seen = true;
+                } else if result_seen && line.trim() == crate::snapshot::READY_LINE && !agent_ready {
+                    agent_ready = true;
+                    ending.push(("agent ready again", since_device(self.device_started)));
+                }
                 (self.on)(Progress::Serial { run: self.run.name.clone(), line });
             }
             if serial.offset() != last_offset {
@@ -631,6 +696,27 @@ impl Watch<'_> {
             }
             if self.drain_qmp(qmp.as_mut()) {
                 settled.get_or_insert((Instant::now(), self.crash_grace));
+            }
+            if reuse && !hca_deleted && self.hca_deleted() {
+                hca_deleted = true;
+                ending.push(("HCA deleted", since_device(self.device_started)));
+                // The vhost-user connection belongs to the chardev, not the device: removing it hangs up on the
+                // device, which then ends, and frees the id for the next run's chardev.
+                let removed = match qmp.as_mut() {
+                    Some(q) => q.execute("chardev-remove", Some(serde_json::json!({ "id": HCA_CHARDEV })), QMP_CONNECT),
+                    None => Err(crate::qmp::QmpError::Closed),
+                };
+                match removed {
+                    Ok(_) => {
+                        chardev_removed = true;
+                        ending.push(("chardev removed", since_device(self.device_started)));
+                    }
+                    Err(e) => {
+                        ending.push(("chardev-remove failed", since_device(self.device_started)));
+                        let what = format!("the guest will not serve again: chardev-remove: {e}");
+                        (self.on)(Progress::Stage { run: self.run.name.clone(), what });
+                    }
+                }
             }
             if test_panic && last_offset > 0 {
                 panic!("{TEST_PANIC_ENV} is set: the runner panics mid-run, with QEMU and the device running");
@@ -645,13 +731,24 @@ impl Watch<'_> {
                 self.watched.qemu_exit = exit_of(status);
                 break End::QemuExited;
             }
-            if let Some(status) = device.try_status()? {
-                self.watched.device_exit = exit_of(status);
-                break End::DeviceExited;
+            if !device_gone {
+                if let Some(status) = device.try_status()? {
+                    self.watched.device_exit = exit_of(status);
+                    // After the result, on a guest that may serve again, the device leaves because the agent
+                    // ejected its HCA: expected, if it ends well.
+                    if !(reuse && result_seen && self.watched.device_exit == (ProcessExit::Exited { code: 0 })) {
+                        break End::DeviceExited;
+                    }
+                    device_gone = true;
+                    ending.push(("device exited", since_device(self.device_started)));
+                }
+            }
+            if reuse && agent_ready && chardev_removed && device_gone {
+                break End::Recycled;
             }
             if let Some((at, grace)) = settled {
                 sample(Point::End, &mut sampled);
-                if grace == AFTER_RESULT && !quit_sent {
+                if result_seen && !reuse && !quit_sent {
                     // The result line is the guest's last word (its teardown is done and checked by then): QEMU is
                     // told to end instead of waiting for the guest's power-off. With SIGTERM, not QMP's `quit`:
                     // QEMU's monitor reads a command one byte per main-loop turn, and with the vCPU busy (the
@@ -695,7 +792,15 @@ impl Watch<'_> {
                     self.watched.rig_problems.push("vhca-device exited (status 0) while QEMU still ran".into());
                 }
             }
-            End::QemuExited | End::GraceOver => {}
+            End::QemuExited | End::GraceOver | End::Recycled => {}
+        }
+        if end == End::Recycled {
+            // Reuse is only asked for a restored guest, which has QMP and a console port.
+            if let (Some(qmp), Some(port)) = (qmp.take(), port.take()) {
+                self.write_ending(&ending);
+                self.drain_reused_console(&mut serial);
+                return Ok(Some(Loaded { qemu, qmp, port, timings: Default::default() }));
+            }
         }
         if self.watched.qemu_exit == ProcessExit::Running {
             qemu.kill();
@@ -711,8 +816,7 @@ impl Watch<'_> {
             };
         }
         ending.push(("both exited", since_device(self.device_started)));
-        let ending: String = ending.iter().map(|(what, s)| format!("{what} {s:.3} s\n")).collect();
-        let _ = fs::write(self.files.ending_log(), format!("seconds after the device started\n{ending}"));
+        self.write_ending(&ending);
         // A closed QMP socket still holds what QEMU wrote before it exited (GUEST_PANICKED comes just before).
         self.drain_qmp(qmp.as_mut());
         drop(qmp);
@@ -726,7 +830,29 @@ impl Watch<'_> {
             self.absorb(&line);
             (self.on)(Progress::Serial { run: self.run.name.clone(), line });
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// `ending.log`: when each stage of the run's end came.
+    fn write_ending(&self, ending: &[(&str, f64)]) {
+        let ending: String = ending.iter().map(|(what, s)| format!("{what} {s:.3} s\n")).collect();
+        let _ = fs::write(self.files.ending_log(), format!("seconds after the device started\n{ending}"));
+    }
+
+    /// The last lines of a run whose guest serves again: everything up to the agent's readiness is in the log.
+    fn drain_reused_console(&mut self, serial: &mut SerialLog) {
+        for line in serial.poll().unwrap_or_default().into_iter().chain(serial.take_partial()) {
+            self.absorb(&line);
+            (self.on)(Progress::Serial { run: self.run.name.clone(), line });
+        }
+    }
+
+    /// True once QEMU announced the HCA's removal (the agent ejected it).
+    fn hca_deleted(&self) -> bool {
+        self.watched.qmp_events.iter().any(|e| {
+            e.get("event").and_then(|v| v.as_str()) == Some("DEVICE_DELETED")
+                && e.get("data").and_then(|d| d.get("device")).and_then(|v| v.as_str()) == Some(HCA_DEVICE_ID)
+        })
     }
 
     /// Notes what a serial line means for the wait: the grace period it starts, if any; a crash also marks the

@@ -99,9 +99,54 @@ impl Drop for Loading {
     }
 }
 
+/// A restored guest that served a run and said it can serve another (its agent's readiness line came after the
+/// run's result, its HCA ejected and the device gone): running, its agent waiting for the next request on the
+/// console. Its QEMU has translated the paths a run takes, which a fresh QEMU translates afresh.
+pub struct ReadyGuest {
+    /// Declared first so it drops first: QEMU is gone before its work dir is removed.
+    pub loaded: Loaded,
+    pub work: tempfile::TempDir,
+    pub claim: crate::leftovers::WorkDirClaim,
+    key: String,
+    /// Runs this guest served so far.
+    pub served: u32,
+}
+
+impl ReadyGuest {
+    pub fn new(loaded: Loaded, home: GuestHome, served: u32) -> ReadyGuest {
+        ReadyGuest { loaded, work: home.work, claim: home.claim, key: home.key, served }
+    }
+
+    /// The guest, its home, and how many runs it served.
+    pub fn into_parts(self) -> (Loaded, GuestHome, u32) {
+        let ReadyGuest { loaded, work, claim, key, served } = self;
+        (loaded, GuestHome { work, claim, key }, served)
+    }
+}
+
+/// The work dir of a guest's QEMU (its sockets and its log) and its claim, kept for as long as the guest lives,
+/// which may be longer than one run.
+pub struct GuestHome {
+    pub work: tempfile::TempDir,
+    pub claim: crate::leftovers::WorkDirClaim,
+    key: String,
+}
+
+/// A worker's guest for its next run: one loading, or one that served a run already.
+enum Ahead {
+    Loading(WarmGuest),
+    Ready(ReadyGuest),
+}
+
+/// What a run gets: a guest still loading (or loaded, paused), or one that served a run and waits for the next.
+pub enum Taken {
+    Loading(Loading, GuestHome),
+    Ready(ReadyGuest),
+}
+
 thread_local! {
     /// This worker's guest for its next run.
-    static NEXT: RefCell<Option<WarmGuest>> = const { RefCell::new(None) };
+    static NEXT: RefCell<Option<Ahead>> = const { RefCell::new(None) };
     /// Whether this worker may have another run after the current one (set by the suite loop; off elsewhere, so a
     /// lone `execute` never leaves a loaded guest behind).
     static MORE: Cell<bool> = const { Cell::new(false) };
@@ -113,12 +158,28 @@ pub fn expect_more_runs(more: bool) {
     MORE.with(|m| m.set(more));
 }
 
-/// The guest for this worker's run: the one loaded ahead for `snapshot`, or one started now.
-pub fn take(snapshot: &Snapshot) -> std::io::Result<WarmGuest> {
+/// True if this worker may have another run after its current one.
+pub fn more_runs_expected() -> bool {
+    MORE.with(Cell::get)
+}
+
+/// The guest for this worker's run: the one that served its last run, the one loaded ahead for `snapshot`, or one
+/// started now.
+pub fn take(snapshot: &Snapshot) -> std::io::Result<Taken> {
+    let taken = |warm: WarmGuest| {
+        let home = GuestHome { work: warm.work, claim: warm.claim, key: warm.key };
+        Taken::Loading(warm.loading, home)
+    };
     match NEXT.with(|n| n.borrow_mut().take()) {
-        Some(warm) if warm.key == snapshot.key => Ok(warm),
-        _ => WarmGuest::start(snapshot),
+        Some(Ahead::Ready(ready)) if ready.key == snapshot.key => Ok(Taken::Ready(ready)),
+        Some(Ahead::Loading(warm)) if warm.key == snapshot.key => Ok(taken(warm)),
+        _ => WarmGuest::start(snapshot).map(taken),
     }
+}
+
+/// Keeps a guest that served a run for this worker's next one (dropped, QEMU killed and reaped, if none comes).
+pub fn keep(ready: ReadyGuest) {
+    NEXT.with(|n| *n.borrow_mut() = Some(Ahead::Ready(ready)));
 }
 
 /// Starts loading this worker's next guest while its current run goes on. A failure only means the next run
@@ -128,7 +189,7 @@ pub fn load_next(snapshot: &Snapshot) {
         return;
     }
     if let Ok(warm) = WarmGuest::start(snapshot) {
-        NEXT.with(|n| *n.borrow_mut() = Some(warm));
+        NEXT.with(|n| *n.borrow_mut() = Some(Ahead::Loading(warm)));
     }
 }
 

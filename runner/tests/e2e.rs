@@ -272,6 +272,65 @@ fn seed_suite_passes_from_the_snapshot_and_cold_with_identical_verdicts() {
     assert!(wall(&a) < wall(&b), "snapshot suite {} s is not faster than cold {} s", wall(&a), wall(&b));
 }
 
+/// The file `name` in the artifact folder of the report's run `index`.
+fn artifact(report: &Value, index: usize, name: &str) -> String {
+    let dir = report["runs"][index]["artifact_dir"].as_str().unwrap();
+    std::fs::read_to_string(Path::new(dir).join(name)).unwrap_or_default()
+}
+
+#[test]
+fn a_guest_left_clean_serves_the_next_run_and_one_with_iommu_faults_does_not() {
+    if !ready("a_guest_left_clean_serves_the_next_run_and_one_with_iommu_faults_does_not") {
+        return;
+    }
+    // In suite order: a pass, a bugcheck (the NT model's, in the run's process), a run whose device DMA is refused
+    // by the vIOMMU (the kernel logs the fault), then a pass.
+    let filter = "^(smoke/verifier-off|fast-mutex-create-cq/verifier-on|use-after-unmap/verifier-off|io-map-common-buffer/verifier-off)$";
+    let s = Scratch::new();
+    let out = s.command(&["suite", "-j", "1", "--filter", filter]).output().expect("run vhca-run");
+    assert!(out.status.success(), "{}", show(&out));
+    s.assert_nothing_left("reused guests");
+    let report = s.report();
+    let names: Vec<&str> = report["runs"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "smoke/verifier-off",
+            "fast-mutex-create-cq/verifier-on",
+            "use-after-unmap/verifier-off",
+            "io-map-common-buffer/verifier-off"
+        ]
+    );
+    let reused: Vec<bool> = (0..4).map(|i| artifact(&report, i, "restore.log").contains("guest reused")).collect();
+    // The bugcheck left the guest clean; the IOMMU fault did not: the last run restored a fresh guest.
+    assert_eq!(reused, [false, true, true, false], "{}", show(&out));
+    assert!(artifact(&report, 1, "restore.log").contains("it served 1 run(s) before this one"));
+    assert!(artifact(&report, 2, "restore.log").contains("it served 2 run(s) before this one"));
+    let faulted = artifact(&report, 2, "serial.log");
+    assert!(faulted.contains("the guest ends here:") && faulted.contains("IOMMU fault line(s)"), "{faulted}");
+    for i in 0..4 {
+        // Each run's console is its own: one request, one result.
+        let serial = artifact(&report, i, "serial.log");
+        assert_eq!(serial.matches("run request:").count(), 1, "run {i}:\n{serial}");
+        assert_eq!(serial.matches("VHCA-RESULT ").count(), 1, "run {i}:\n{serial}");
+    }
+    // The kept guest ejected the HCA, QEMU said so, and the run's device ended by itself.
+    assert!(artifact(&report, 0, "qmp-events.jsonl").contains("DEVICE_DELETED"));
+    assert!(artifact(&report, 0, "ending.log").contains("agent ready again"));
+
+    // --restore-per-run: every run restores its own guest.
+    let fresh = Scratch::new();
+    let out = fresh
+        .command(&["--restore-per-run", "suite", "-j", "1", "--filter", "^(smoke|fast-mutex-create-cq)/verifier-off$"])
+        .output()
+        .expect("run vhca-run");
+    assert!(out.status.success(), "{}", show(&out));
+    fresh.assert_nothing_left("--restore-per-run");
+    let report = fresh.report();
+    assert!((0..2).all(|i| !artifact(&report, i, "restore.log").contains("guest reused")), "{}", show(&out));
+    assert!((0..2).all(|i| artifact(&report, i, "restore.log").contains("guest continued")), "{}", show(&out));
+}
+
 /// Runs `vhca-run` with a private snapshot dir; returns the report and stderr.
 fn run_with_snapshots(s: &Scratch, snapshots: &Path, args: &[&str], env: &[(&str, &str)]) -> (Value, String) {
     let mut cmd = s.command(args);

@@ -208,7 +208,7 @@ impl Finished {
     }
 }
 
-/// Runs the runner suite's two smoke runs one after the other (`-j 1`: the first run loads the second's guest ahead)
+/// Runs the runner suite's two smoke runs one after the other (`-j 1`: the first run's guest serves the second when it is left clean)
 /// from the snapshot cache `snapshots`, with the runner pausing at `phases` (the test-only `phase_hook` pause). At
 /// each pause `act` gets the phase, its number (from 1) and the pids the runner wrote; it returns whether the runner
 /// may go on now (false: asked again at the next look).
@@ -216,13 +216,27 @@ fn smoke_suite_pausing_at(
     s: &Scratch,
     snapshots: &Path,
     phases: &str,
+    act: impl FnMut(&str, usize, &serde_json::Value) -> bool,
+) -> Finished {
+    smoke_suite_with(s, snapshots, phases, &[], act)
+}
+
+/// `smoke_suite_pausing_at` with `flags` before the suite command (`--restore-per-run`: each run restores its own
+/// guest, the second one loaded ahead while the first runs, instead of the first run's guest serving the second).
+fn smoke_suite_with(
+    s: &Scratch,
+    snapshots: &Path,
+    phases: &str,
+    flags: &[&str],
     mut act: impl FnMut(&str, usize, &serde_json::Value) -> bool,
 ) -> Finished {
     use vhca_run::phase_hook::{PAUSE_AT_ENV, PAUSE_DIR_ENV};
     let pauses = tempfile::tempdir().unwrap();
     let (out, err) = (pauses.path().join("stdout"), pauses.path().join("stderr"));
     let suite = suite_file("runner.toml");
-    let mut cmd = s.command(&["suite", suite.to_str().unwrap(), "--filter", "^smoke/", "-j", "1"]);
+    let mut args = flags.to_vec();
+    args.extend(["suite", suite.to_str().unwrap(), "--filter", "^smoke/", "-j", "1"]);
+    let mut cmd = s.command(&args);
     cmd.env("VHCA_SNAPSHOT_DIR", snapshots)
         .env(PAUSE_AT_ENV, phases)
         .env(PAUSE_DIR_ENV, pauses.path())
@@ -391,10 +405,12 @@ fn qemu_killed_while_it_loads_the_snapshot_its_own_or_ahead_boots_that_run_cold(
     let end = kill_at_first(&s, "load", "qemu");
     first_run_booted_cold(&s, &end, &["QEMU killed by signal 9 while loading"]);
 
-    // The second run's guest, loaded ahead while the first run is held at its first output.
+    // The second run's guest, loaded ahead while the first run is held at its first output (with a guest per run:
+    // by default the first run's guest serves the second, and none is loaded ahead).
     let s = Scratch::new();
     let mut ahead_killed = false;
-    let end = smoke_suite_pausing_at(&s, shared_snapshots(), "load,mid-run", |phase, n, pids| match (phase, n) {
+    let flags = ["--restore-per-run"];
+    let end = smoke_suite_with(&s, shared_snapshots(), "load,mid-run", &flags, |phase, n, pids| match (phase, n) {
         ("load", 2) => {
             kill_pid(pids, "qemu");
             ahead_killed = true;

@@ -4,9 +4,29 @@
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Mutex;
 
-/// Kernel log records mentioning the IOMMU or VFIO, oldest first, at most `limit`.
+/// The log of a run that is not its guest's first (`scope_to_run`): what was logged since its request, gathered
+/// as it grows. A guest that serves several runs keeps one kernel log; each run judges only its own records, as a
+/// run on a freshly booted or restored guest does.
+static RUN_SCOPE: Mutex<Option<(KmsgFollower, Vec<String>)>> = Mutex::new(None);
+
+/// From now on `iommu_lines` returns only what `follower` (opened at the run's request) reads.
+pub fn scope_to_run(follower: KmsgFollower) {
+    if let Ok(mut scope) = RUN_SCOPE.lock() {
+        *scope = Some((follower, Vec::new()));
+    }
+}
+
+/// Kernel log records mentioning the IOMMU or VFIO, oldest first, at most `limit`: the whole log, or a later run's
+/// own records (`scope_to_run`).
 pub fn iommu_lines(limit: usize) -> Vec<String> {
+    if let Ok(mut scope) = RUN_SCOPE.lock() {
+        if let Some((follower, lines)) = scope.as_mut() {
+            lines.extend(follower.new_iommu_lines());
+            return lines.iter().take(limit).cloned().collect();
+        }
+    }
     let Ok(mut kmsg) = open_kmsg() else {
         return Vec::new();
     };

@@ -7,9 +7,19 @@ use std::time::Duration;
 use crate::report::progress;
 
 pub fn finish(poweroff: bool, ok: bool) -> ! {
+    // A run's process under the resident agent, which then decides what the machine does.
+    if crate::run_process::in_run_process() {
+        crate::run_process::end_run(if ok { 0 } else { 1 })
+    }
+    // A host test.
     if std::process::id() != 1 {
         std::process::exit(if ok { 0 } else { 1 });
     }
+    end_machine(poweroff)
+}
+
+/// Powers the machine off (or starts the shell `vhca.poweroff=0` asks for), from PID 1 or a run's process.
+pub fn end_machine(poweroff: bool) -> ! {
     // SAFETY: sync has no preconditions; it flushes filesystem buffers before the power goes.
     unsafe { libc::sync() };
     drain_console();
@@ -17,7 +27,7 @@ pub fn finish(poweroff: bool, ok: bool) -> ! {
         let err = std::process::Command::new("/bin/busybox").arg("sh").exec();
         progress(format_args!("cannot start a shell: {err}"));
     }
-    // SAFETY: we are PID 1 with nothing left to do; RB_POWER_OFF stops the machine and does not return on success.
+    // SAFETY: the guest has nothing left to do (PID 1, or a run's process ending the machine); RB_POWER_OFF stops the machine and does not return on success.
     unsafe { libc::reboot(libc::RB_POWER_OFF) };
     progress(format_args!("power-off failed: {}", std::io::Error::last_os_error()));
     loop {

@@ -241,6 +241,13 @@ pub fn preload() {
     *PRELOADED.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
 }
 
+/// In a run's process forked by the agent (`run_process`): the idle watcher is a thread of the agent, which the
+/// fork did not copy. Its handle is forgotten, not dropped (the channel's other end belongs to a thread that is
+/// not in this process), and the run starts its own watcher when it needs one.
+pub fn forget_idle_watcher() {
+    std::mem::forget(IDLE_WATCHER.lock().unwrap_or_else(|e| e.into_inner()).take());
+}
+
 fn read_and_load() -> anyhow::Result<LoadedDriver> {
     let bytes = std::fs::read(DRIVER_IMAGE).with_context(|| format!("{DRIVER_IMAGE}: not in this image"))?;
     progress(format_args!("vhca.sys: {} bytes", bytes.len()));

@@ -17,8 +17,8 @@ pub fn run(mode: &str, options: &Options) {
                 std::thread::sleep(Duration::from_secs(3600));
             }
         }
-        // Off PID 1 this is a host, which must not be crashed.
-        "panic" if std::process::id() == 1 => {
+        // Off PID 1 (and outside a run's process under the agent) this is a host, which must not be crashed.
+        "panic" if std::process::id() == 1 || crate::run_process::in_run_process() => {
             progress(format_args!("vhca.init=panic: crashing the kernel"));
             // panic=-1 and -no-reboot end QEMU; pvpanic tells QMP.
             if let Err(e) = std::fs::write("/proc/sysrq-trigger", "c") {
@@ -28,6 +28,10 @@ pub fn run(mode: &str, options: &Options) {
         }
         "poweroff" => {
             progress(format_args!("vhca.init=poweroff: powering off without a result"));
+            if crate::run_process::in_run_process() {
+                // The machine goes off, as it would from PID 1; the agent never gets to serve again.
+                shutdown::end_machine(options.poweroff)
+            }
             shutdown::finish(options.poweroff, false)
         }
         _ => progress(format_args!("vhca.init={mode} is not available here")),
