@@ -654,7 +654,7 @@ impl Watch<'_> {
         let mut agent_ready = false;
         let mut hca_deleted = false;
         let mut device_gone = false;
-        let mut chardev_removed = false;
+        let mut chardev_removed: Option<bool> = None;
         let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
         let mut mid_run = false;
         // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live.
@@ -700,22 +700,23 @@ impl Watch<'_> {
             if reuse && !hca_deleted && self.hca_deleted() {
                 hca_deleted = true;
                 ending.push(("HCA deleted", since_device(self.device_started)));
-                // The vhost-user connection belongs to the chardev, not the device: removing it hangs up on the
-                // device, which then ends, and frees the id for the next run's chardev.
+            }
+            // The vhost-user connection belongs to the chardev, not the device: removing it hangs up on the device,
+            // which then ends, and frees the id for the next run's chardev. Only after the result line: QEMU can
+            // announce the removal before the runner has read the guest's last lines.
+            if reuse && hca_deleted && result_seen && chardev_removed.is_none() {
                 let removed = match qmp.as_mut() {
                     Some(q) => q.execute("chardev-remove", Some(serde_json::json!({ "id": HCA_CHARDEV })), QMP_CONNECT),
                     None => Err(crate::qmp::QmpError::Closed),
                 };
-                match removed {
-                    Ok(_) => {
-                        chardev_removed = true;
-                        ending.push(("chardev removed", since_device(self.device_started)));
-                    }
-                    Err(e) => {
-                        ending.push(("chardev-remove failed", since_device(self.device_started)));
-                        let what = format!("the guest will not serve again: chardev-remove: {e}");
-                        (self.on)(Progress::Stage { run: self.run.name.clone(), what });
-                    }
+                chardev_removed = Some(removed.is_ok());
+                ending.push((
+                    if removed.is_ok() { "chardev removed" } else { "chardev-remove failed" },
+                    since_device(self.device_started),
+                ));
+                if let Err(e) = removed {
+                    let what = format!("the guest will not serve again: chardev-remove: {e}");
+                    (self.on)(Progress::Stage { run: self.run.name.clone(), what });
                 }
             }
             if test_panic && last_offset > 0 {
@@ -734,16 +735,17 @@ impl Watch<'_> {
             if !device_gone {
                 if let Some(status) = device.try_status()? {
                     self.watched.device_exit = exit_of(status);
-                    // After the result, on a guest that may serve again, the device leaves because the agent
-                    // ejected its HCA: expected, if it ends well.
-                    if !(reuse && result_seen && self.watched.device_exit == (ProcessExit::Exited { code: 0 })) {
+                    // On a guest that may serve again, the device leaves once the agent ejected its HCA (after
+                    // the result, whichever of the two the runner notices first): expected, if it ends well.
+                    let ejected = result_seen || hca_deleted;
+                    if !(reuse && ejected && self.watched.device_exit == (ProcessExit::Exited { code: 0 })) {
                         break End::DeviceExited;
                     }
                     device_gone = true;
                     ending.push(("device exited", since_device(self.device_started)));
                 }
             }
-            if reuse && agent_ready && chardev_removed && device_gone {
+            if reuse && agent_ready && chardev_removed == Some(true) && device_gone {
                 break End::Recycled;
             }
             if let Some((at, grace)) = settled {
