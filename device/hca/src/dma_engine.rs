@@ -1,6 +1,7 @@
 //! The DMA engine: moves bytes between the HCA and guest memory, or from guest memory to guest memory in one copy,
 //! through map registers, one page translation per register, checking each (freed, stale) before handing the IOVA to
-//! `Dma`, and logging every DMA and every refusal.
+//! `Dma`, and logging every DMA and every refusal. A list whose registers were all found held and fresh at the pool's
+//! current epoch is walked per contiguous run instead (see mapped_pages.rs); anything else takes the per-page walk.
 
 use vhca_proto::{EventKind, FaultCause, PAGE_SIZE};
 
@@ -8,6 +9,7 @@ use crate::dma_access::{CopyEnd, Dma, DmaError};
 use crate::event_records::{FaultEvent, HcaEvent};
 use crate::fault_injection::{ContiguousPolicy, Injector};
 use crate::map_registers::{MapRegisterPool, RegisterRef};
+use crate::mapped_pages::MappedPages;
 use crate::notify::Notifier;
 
 /// Who a DMA is for, so a refusal names the work request or command behind it.
@@ -70,7 +72,7 @@ impl DmaEngine {
     pub fn read(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         buf: &mut [u8],
         ctx: &DmaContext,
@@ -82,7 +84,7 @@ impl DmaEngine {
     pub fn write(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         buf: &[u8],
         ctx: &DmaContext,
@@ -94,7 +96,7 @@ impl DmaEngine {
     fn transfer(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         mut data: Transfer<'_>,
         ctx: &DmaContext,
@@ -149,7 +151,7 @@ impl DmaEngine {
     }
 
     /// Counts the DMA (and injects the invalidation set for it); returns its ordinal and the IOVA it starts at.
-    fn begin(&mut self, registers: &[RegisterRef], offset: u64, out: &mut Notifier) -> (u64, Option<u64>) {
+    fn begin(&mut self, registers: &MappedPages, offset: u64, out: &mut Notifier) -> (u64, Option<u64>) {
         let (n, invalidate) = self.injector.dma();
         let first_iova = self.peek_iova(registers, offset);
         if invalidate {
@@ -198,9 +200,12 @@ impl DmaEngine {
     }
 
     /// The IOVA the transfer starts at, without side effects, for logs and for the injected invalidation.
-    fn peek_iova(&self, registers: &[RegisterRef], offset: u64) -> Option<u64> {
+    fn peek_iova(&self, registers: &MappedPages, offset: u64) -> Option<u64> {
+        if registers.all_fresh(&self.pool) {
+            return registers.contiguous_at(offset, 1).map(|(iova, _)| iova);
+        }
         let page = usize::try_from(offset / PAGE_SIZE).ok()?;
-        let r = registers.get(page)?;
+        let r = registers.registers().get(page)?;
         self.pool.peek(*r).map(|p| p + offset % PAGE_SIZE)
     }
 
@@ -218,7 +223,7 @@ impl DmaEngine {
     fn move_bytes(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         data: &mut Transfer<'_>,
     ) -> Result<(), DmaFault> {
@@ -241,19 +246,46 @@ impl DmaEngine {
     }
 
     /// The IOVA runs `len` bytes from `offset` cover: bytes up to the end of the first page, then whole pages while
-    /// their IOVAs stay contiguous (capped under the split policy), into `runs`. Translates every register on the way.
-    fn runs(
-        &mut self,
-        registers: &[RegisterRef],
-        offset: u64,
-        len: usize,
-        runs: &mut Vec<Run>,
-    ) -> Result<(), DmaFault> {
-        let total = len as u64;
+    /// their IOVAs stay contiguous (capped under the split policy), into `runs`. Every register on the way is
+    /// checked: all at once, per contiguous run, while the list's whole-list check holds at the pool's epoch; else
+    /// one by one (`walk_pages`), which is also where a refusal is found and reported.
+    fn runs(&mut self, registers: &MappedPages, offset: u64, len: usize, runs: &mut Vec<Run>) -> Result<(), DmaFault> {
         let burst_cap = match (self.injector.config.contiguous_policy, self.injector.config.max_contiguous_pages) {
             (ContiguousPolicy::Split, Some(cap)) => u64::from(cap.max(1)),
             _ => u64::MAX,
         };
+        if registers.all_fresh(&self.pool) && Self::fresh_runs(registers, offset, len, burst_cap, runs) {
+            return Ok(());
+        }
+        self.walk_pages(registers.registers(), offset, len, burst_cap, runs)
+    }
+
+    /// `runs` for a list whose registers are all held and fresh: one extent lookup per run. False (runs
+    /// unfinished) when the transfer leaves the list, for `walk_pages` to refuse exactly as it always has.
+    fn fresh_runs(registers: &MappedPages, offset: u64, len: usize, burst_cap: u64, runs: &mut Vec<Run>) -> bool {
+        let total = len as u64;
+        runs.clear();
+        let mut done = 0u64;
+        while done < total {
+            let Some(pos) = offset.checked_add(done) else { return false };
+            let Some((iova, contiguous)) = registers.contiguous_at(pos, burst_cap) else { return false };
+            let burst = contiguous.min(total - done);
+            runs.push(Run { iova, len: burst as usize });
+            done += burst;
+        }
+        true
+    }
+
+    /// `runs` by translating every page's register in turn (the reference the per-run path must agree with).
+    fn walk_pages(
+        &mut self,
+        registers: &[RegisterRef],
+        offset: u64,
+        len: usize,
+        burst_cap: u64,
+        runs: &mut Vec<Run>,
+    ) -> Result<(), DmaFault> {
+        let total = len as u64;
         runs.clear();
         let mut done = 0u64;
         while done < total {
@@ -299,7 +331,7 @@ struct Run {
 
 /// One end of a copy: the registers of its MR or ring, the byte offset into them, and who the DMA is for.
 pub struct DmaSpan<'a> {
-    pub registers: &'a [RegisterRef],
+    pub registers: &'a MappedPages,
     pub offset: u64,
     pub ctx: DmaContext,
 }
@@ -323,4 +355,120 @@ fn platform_fault(e: DmaError) -> DmaFault {
 
 fn outside(iova: Option<u64>) -> DmaFault {
     DmaFault { cause: FaultCause::OutsideMr, iova, register: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::event_records::NullSink;
+    use crate::fault_injection::FaultInjection;
+
+    /// A flat device address space of `PAGES` pages at IOVA 0 with no IOMMU of its own: what reaches it is what
+    /// the map registers let through. Records every access as (iova, len).
+    struct Flat {
+        bytes: RefCell<Vec<u8>>,
+        accesses: RefCell<Vec<(u64, usize)>>,
+    }
+
+    const PAGES: u64 = 16;
+
+    impl Flat {
+        fn new() -> Flat {
+            let bytes = (0..PAGES * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
+            Flat { bytes: RefCell::new(bytes), accesses: RefCell::new(Vec::new()) }
+        }
+
+        fn range(&self, iova: u64, len: usize) -> Result<std::ops::Range<usize>, DmaError> {
+            let start = usize::try_from(iova).ok().filter(|s| s + len <= self.bytes.borrow().len());
+            self.accesses.borrow_mut().push((iova, len));
+            start.map(|s| s..s + len).ok_or(DmaError { iova, cause: FaultCause::IommuUnmapped })
+        }
+    }
+
+    impl Dma for Flat {
+        fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+            let range = self.range(iova, buf.len())?;
+            buf.copy_from_slice(&self.bytes.borrow()[range]);
+            Ok(())
+        }
+
+        fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+            let range = self.range(iova, buf.len())?;
+            self.bytes.borrow_mut()[range].copy_from_slice(buf);
+            Ok(())
+        }
+    }
+
+    fn engine() -> DmaEngine {
+        DmaEngine::new(MapRegisterPool::new(64), Injector::new(FaultInjection::default()), false)
+    }
+
+    /// Pages in three IOVA-contiguous pieces (3, 2 and 3 pages) plus one page at the top of the address space.
+    fn scattered(engine: &mut DmaEngine) -> MappedPages {
+        let top = u64::MAX & !(PAGE_SIZE - 1);
+        let iovas = [0x1000, 0x2000, 0x3000, 0x8000, 0x9000, top, 0x5000, 0x6000, 0x7000];
+        let registers = engine.pool.take(&iovas).unwrap();
+        MappedPages::new(&engine.pool, registers)
+    }
+
+    #[test]
+    fn the_per_run_walk_finds_what_the_per_page_walk_finds() {
+        let mut engine = engine();
+        let pages = scattered(&mut engine);
+        assert!(pages.all_fresh(&engine.pool));
+        let end = pages.len() as u64 * PAGE_SIZE;
+        let (mut fast, mut slow) = (Vec::new(), Vec::new());
+        let mut compared = 0;
+        for cap in [u64::MAX, 1, 2, 3] {
+            for offset in (0..end + PAGE_SIZE).step_by(0x7f0).chain([end - 1, u64::MAX - 3]) {
+                for len in [0usize, 1, 0x10, 0xff0, 0x1000, 0x1001, 0x2800, 0x5000, 0x9000] {
+                    let walked = engine.walk_pages(pages.registers(), offset, len, cap, &mut slow);
+                    let ran = DmaEngine::fresh_runs(&pages, offset, len, cap, &mut fast);
+                    assert_eq!(ran, walked.is_ok(), "cap {cap} offset {offset:#x} len {len:#x}: {walked:?}");
+                    if ran {
+                        assert_eq!(fast, slow, "cap {cap} offset {offset:#x} len {len:#x}");
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 500, "only {compared} transfers compared");
+    }
+
+    #[test]
+    fn every_change_to_the_pool_sends_the_next_dma_back_through_every_register() {
+        let mut engine = engine();
+        let flat = Flat::new();
+        let mut out = Notifier::new(std::sync::Arc::new(NullSink));
+        let ctx = DmaContext::default();
+        let registers = engine.pool.take(&[0x1000, 0x2000, 0x3000, 0x4000]).unwrap();
+        let pages = MappedPages::new(&engine.pool, registers.clone());
+        let mut buf = [0u8; 0x3000];
+        engine.read(&flat, &pages, 0x800, &mut buf, &ctx, &mut out).unwrap();
+        assert_eq!(flat.accesses.borrow().as_slice(), [(0x1800, 0x3000)], "one run for one contiguous transfer");
+        assert_eq!(buf[..], flat.bytes.borrow()[0x1800..0x4800]);
+
+        // Invalidated: the next DMA over that page is refused, naming the register; one that misses it still runs.
+        engine.pool.invalidate(0x3000, 1);
+        let stale = engine.read(&flat, &pages, 0x800, &mut buf, &ctx, &mut out).unwrap_err();
+        let expected = DmaFault { cause: FaultCause::StaleTranslation, iova: Some(0x3000), register: Some(2) };
+        assert_eq!(stale, expected);
+        engine.read(&flat, &pages, 0, &mut buf[..0x2000], &ctx, &mut out).unwrap();
+        assert!(engine.pool.translate(registers[2], true).is_ok(), "re-validated");
+        engine.read(&flat, &pages, 0x800, &mut buf, &ctx, &mut out).unwrap();
+
+        // Released (and the register taken again by someone else): refused as freed, whatever the cached check said.
+        engine.pool.release(&registers[3..]);
+        let freed = engine.write(&flat, &pages, 0x3ff0, &buf[..0x10], &ctx, &mut out).unwrap_err();
+        assert_eq!(freed, DmaFault { cause: FaultCause::FreedMapRegister, iova: None, register: Some(3) });
+        let other = engine.pool.take(&[0x4000]).unwrap();
+        assert_eq!(other[0].index, registers[3].index);
+        let reused = engine.write(&flat, &pages, 0x3ff0, &buf[..0x10], &ctx, &mut out).unwrap_err();
+        assert_eq!(reused.cause, FaultCause::FreedMapRegister);
+        let before = flat.accesses.borrow().len();
+        assert!(engine.write(&flat, &pages, 0, &buf[..0x10], &ctx, &mut out).is_ok(), "page 0 is still held");
+        assert_eq!(flat.accesses.borrow().len(), before + 1);
+    }
 }
