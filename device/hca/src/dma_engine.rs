@@ -102,9 +102,10 @@ impl DmaEngine {
         ctx: &DmaContext,
         out: &mut Notifier,
     ) -> Result<(), DmaFault> {
-        let (n, first_iova) = self.begin(registers, offset, out);
+        let n = self.begin(registers, offset, out);
         let len = data.len() as u64;
         let result = self.move_bytes(dma, registers, offset, &mut data);
+        let first_iova = self.first_iova(&self.src_runs, registers, offset);
         Self::finish(n, data.dir(), first_iova, len, ctx, &result, out);
         result
     }
@@ -122,15 +123,19 @@ impl DmaEngine {
         out: &mut Notifier,
     ) -> Result<(), (CopyEnd, DmaFault)> {
         let total = len as u64;
-        let (n_read, src_iova) = self.begin(src.registers, src.offset, out);
+        let n_read = self.begin(src.registers, src.offset, out);
         let (mut src_runs, mut dst_runs) = (std::mem::take(&mut self.src_runs), std::mem::take(&mut self.dst_runs));
-        if let Err(fault) = self.runs(src.registers, src.offset, len, &mut src_runs) {
+        let src_ran = self.runs(src.registers, src.offset, len, &mut src_runs);
+        let src_iova = self.first_iova(&src_runs, src.registers, src.offset);
+        if let Err(fault) = src_ran {
             self.src_runs = src_runs;
             Self::finish(n_read, "read", src_iova, total, &src.ctx, &Err(fault), out);
             return Err((CopyEnd::Source, fault));
         }
-        let (n_write, dst_iova) = self.begin(dst.registers, dst.offset, out);
-        let moved = match self.runs(dst.registers, dst.offset, len, &mut dst_runs) {
+        let n_write = self.begin(dst.registers, dst.offset, out);
+        let dst_ran = self.runs(dst.registers, dst.offset, len, &mut dst_runs);
+        let dst_iova = self.first_iova(&dst_runs, dst.registers, dst.offset);
+        let moved = match dst_ran {
             Ok(()) => copy_runs(dma, &src_runs, &dst_runs),
             Err(fault) => Err((CopyEnd::Destination, fault)),
         };
@@ -150,14 +155,24 @@ impl DmaEngine {
         moved
     }
 
-    /// Counts the DMA (and injects the invalidation set for it); returns its ordinal and the IOVA it starts at.
-    fn begin(&mut self, registers: &MappedPages, offset: u64, out: &mut Notifier) -> (u64, Option<u64>) {
+    /// Counts the DMA (and injects the invalidation set for it); returns its ordinal.
+    fn begin(&mut self, registers: &MappedPages, offset: u64, out: &mut Notifier) -> u64 {
         let (n, invalidate) = self.injector.dma();
-        let first_iova = self.peek_iova(registers, offset);
         if invalidate {
-            self.inject_invalidation(n, first_iova, out);
+            self.inject_invalidation(n, self.peek_iova(registers, offset), out);
         }
-        (n, first_iova)
+        n
+    }
+
+    /// The IOVA a transfer starts at, for its log line: where its first run starts (that register was just
+    /// translated), or, when no run was made (nothing to move, or the first register refused), what the register
+    /// holds. The same either way as before an injected invalidation, which marks registers stale and never moves
+    /// them.
+    fn first_iova(&self, runs: &[Run], registers: &MappedPages, offset: u64) -> Option<u64> {
+        match runs.first() {
+            Some(run) => Some(run.iova),
+            None => self.peek_iova(registers, offset),
+        }
     }
 
     /// Logs one DMA, and its refusal as a fault event and an async event for the driver.
