@@ -179,6 +179,24 @@ impl DeviceIommu {
         true
     }
 
+    /// QEMU's address of `iova` if one cached entry maps all of [iova, iova + len) contiguously with `access` (a
+    /// WQE, a CQE, any transfer the cache has seen whole): no run list to build. None otherwise, having filled
+    /// nothing: `translate_cached` then does the general walk (and the fills).
+    #[inline]
+    pub fn translate_cached_single(
+        &self,
+        cache: &mut TranslationCache,
+        iova: u64,
+        len: usize,
+        access: Permissions,
+    ) -> Option<u64> {
+        let end = u64::try_from(len).ok().and_then(|len| iova.checked_add(len))?;
+        let page = iova & !(PAGE_SIZE - 1);
+        let (uaddr, extent) = cache.lookup(page, access, self.iotlb_generation.load(Ordering::Acquire))?;
+        // The fill saw the IOTLB map the whole extent from uaddr, and entries never wrap (`update`).
+        (end - page <= extent).then(|| uaddr + (iova - page))
+    }
+
     /// Looks `page` up in the IOTLB, for the `wanted` bytes from there the access needs (the whole page at least),
     /// and caches the page with the whole pages mapped contiguously from it if `access` is allowed on them.
     fn fill(
