@@ -27,15 +27,25 @@ struct Extent {
 #[derive(Debug)]
 pub struct MappedPages {
     registers: Vec<RegisterRef>,
-    /// In page order, the first at page 0; empty when `registers` is.
-    extents: Vec<Extent>,
+    /// The extent at page 0 and the page after it, kept inline: most rings and MRs are one extent, and a DMA then
+    /// reads nothing of the list but this struct.
+    head: Extent,
+    head_end: u64,
+    /// The extents after the head, in page order.
+    rest: Vec<Extent>,
     /// The pool epoch of the last whole-list check and its outcome (a failed one is not repeated in that epoch).
     checked: Cell<(u64, bool)>,
 }
 
 impl Default for MappedPages {
     fn default() -> Self {
-        MappedPages { registers: Vec::new(), extents: Vec::new(), checked: Cell::new((NEVER, false)) }
+        MappedPages {
+            registers: Vec::new(),
+            head: Extent { first: 0, iova: 0 },
+            head_end: 0,
+            rest: Vec::new(),
+            checked: Cell::new((NEVER, false)),
+        }
     }
 }
 
@@ -53,7 +63,11 @@ impl MappedPages {
             // An IOVA at the top of the address space ends its extent (no wrapping into a "contiguous" 0).
             next_iova = iova.and_then(|i| i.checked_add(PAGE_SIZE));
         }
-        MappedPages { registers, extents, checked: Cell::new((NEVER, false)) }
+        let total = registers.len() as u64;
+        let head = extents.first().copied().unwrap_or(Extent { first: 0, iova: 0 });
+        let head_end = extents.get(1).map_or(total, |e| e.first);
+        let rest = extents.get(1..).unwrap_or_default().to_vec();
+        MappedPages { registers, head, head_end, rest, checked: Cell::new((NEVER, false)) }
     }
 
     pub fn registers(&self) -> &[RegisterRef] {
@@ -86,10 +100,13 @@ impl MappedPages {
         if page >= total {
             return None;
         }
-        // The last extent starting at or before `page` (extents[0] starts at page 0).
-        let i = self.extents.partition_point(|e| e.first <= page).checked_sub(1)?;
-        let e = self.extents[i];
-        let end = self.extents.get(i + 1).map_or(total, |n| n.first);
+        let (e, end) = if page < self.head_end {
+            (self.head, self.head_end)
+        } else {
+            // The last extent starting at or before `page` (rest[0] starts at head_end).
+            let i = self.rest.partition_point(|e| e.first <= page).checked_sub(1)?;
+            (self.rest[i], self.rest.get(i + 1).map_or(total, |n| n.first))
+        };
         let pages = (end - page).min(max_pages.max(1));
         let iova = e.iova + (page - e.first) * PAGE_SIZE + offset % PAGE_SIZE;
         Some((iova, pages * PAGE_SIZE - offset % PAGE_SIZE))
