@@ -162,6 +162,12 @@ impl DeviceIommu {
         while pos < end {
             let page = pos & !(PAGE_SIZE - 1);
             let hit = match cache.lookup(page, access, generation) {
+                // An entry shorter than what is left of the access (filled by a shorter one first) is looked up
+                // again for all of it, so the next such transfer is one entry (`translate_cached_single`).
+                Some((uaddr, extent)) if extent < end - page => self
+                    .fill(cache, page, end - page, access, generation)
+                    .filter(|f| f.1 > extent)
+                    .or(Some((uaddr, extent))),
                 Some(hit) => Some(hit),
                 None => self.fill(cache, page, end - page, access, generation),
             };

@@ -65,13 +65,14 @@ impl TranslationCache {
 
     /// Records that the IOTLB, at `generation`, mapped `extent` bytes (whole pages, at least one) from `iova_page`
     /// contiguously to `uaddr..` and allowed `access` on all of them. Rights checked at the same generation for the
-    /// same mapping add up, over the part both checks covered.
+    /// same mapping add up, over the part both checks covered; a longer extent than the entry's replaces it with
+    /// this access's rights alone (a transfer longer than the first one seen on its page is then one entry again).
     pub fn fill(&mut self, iova_page: u64, uaddr: u64, extent: u64, access: Permissions, generation: u64) {
         debug_assert!(extent >= PAGE_SIZE && extent.is_multiple_of(PAGE_SIZE));
         let e = &mut self.entries[slot(iova_page)];
         let same = e.generation == generation && e.iova_page == iova_page && e.uaddr == uaddr;
         let (allowed, extent) =
-            if same { (e.allowed | access as u8, e.extent.min(extent)) } else { (access as u8, extent) };
+            if same && extent <= e.extent { (e.allowed | access as u8, extent) } else { (access as u8, extent) };
         *e = Entry { iova_page, uaddr, extent, allowed, generation };
         self.fills += 1;
     }
@@ -103,10 +104,13 @@ mod tests {
             Some((0x7000_0000, PAGE_SIZE)),
             "rights add up over the part both checks covered"
         );
+        cache.fill(0x1000, 0x7000_0000, 8 * PAGE_SIZE, Permissions::Read, 3);
+        assert_eq!(cache.lookup(0x1000, Permissions::Read, 3), Some((0x7000_0000, 8 * PAGE_SIZE)), "grown");
+        assert_eq!(cache.lookup(0x1000, Permissions::Write, 3), None, "write was checked over one page only");
         cache.fill(0x1000, 0x9000_0000, PAGE_SIZE, Permissions::Write, 3);
         assert_eq!(cache.lookup(0x1000, Permissions::Read, 3), None, "a new mapping does not inherit rights");
         cache.fill(aliased, 0x8000_0000, PAGE_SIZE, Permissions::Read, 3);
         assert_eq!(cache.lookup(0x1000, Permissions::Write, 3), None, "evicted by the page sharing its slot");
-        assert_eq!(cache.stats(), (2, 4));
+        assert_eq!(cache.stats(), (3, 5));
     }
 }
