@@ -109,7 +109,7 @@ impl Hca {
                 .write(dma, &cq.registers, owner_offset, &bytes[CQE_BODY..], &owner_ctx, &mut self.out)
                 .is_ok();
         }
-        self.out.emit(HcaEvent::Completion {
+        self.out.emit_with(|| HcaEvent::Completion {
             cq: c.cq,
             index,
             qpn: c.qpn,

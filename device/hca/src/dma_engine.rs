@@ -185,7 +185,7 @@ impl DmaEngine {
         result: &Result<(), DmaFault>,
         out: &mut Notifier,
     ) {
-        out.emit(HcaEvent::Dma {
+        out.emit_with(|| HcaEvent::Dma {
             n,
             dir,
             iova: first_iova.unwrap_or(0),

@@ -13,16 +13,28 @@ const ASYNC_QUEUE_LIMIT: usize = 1024;
 
 pub struct Notifier {
     sink: Arc<dyn EventSink>,
+    /// `sink.keeps_events()`, asked once.
+    keeps: bool,
     pending: VecDeque<Event>,
 }
 
 impl Notifier {
     pub fn new(sink: Arc<dyn EventSink>) -> Notifier {
-        Notifier { sink, pending: VecDeque::new() }
+        Notifier { keeps: sink.keeps_events(), sink, pending: VecDeque::new() }
     }
 
     pub fn emit(&self, event: HcaEvent) {
-        self.sink.emit(event);
+        if self.keeps {
+            self.sink.emit(event);
+        }
+    }
+
+    /// `emit` for the records made on every DMA, doorbell and completion: built only if the sink keeps them.
+    #[inline]
+    pub fn emit_with(&self, build: impl FnOnce() -> HcaEvent) {
+        if self.keeps {
+            self.sink.emit(build());
+        }
     }
 
     /// See `EventSink::request_started`.
