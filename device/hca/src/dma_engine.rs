@@ -51,6 +51,14 @@ impl Transfer<'_> {
             Transfer::Write(_) => "write",
         }
     }
+
+    /// All of the buffer in one `Dma` call, at `iova`.
+    fn move_at(&mut self, dma: &dyn Dma, iova: u64) -> Result<(), DmaError> {
+        match self {
+            Transfer::Read(buf) => dma.read(iova, buf),
+            Transfer::Write(buf) => dma.write(iova, buf),
+        }
+    }
 }
 
 pub struct DmaEngine {
@@ -104,8 +112,13 @@ impl DmaEngine {
     ) -> Result<(), DmaFault> {
         let n = self.begin(registers, offset, out);
         let len = data.len() as u64;
-        let result = self.move_bytes(dma, registers, offset, &mut data);
-        let first_iova = self.first_iova(&self.src_runs, registers, offset);
+        let (result, first_iova) = match self.single_run(registers, offset, data.len()) {
+            Some(run) => (data.move_at(dma, run.iova).map_err(platform_fault), Some(run.iova)),
+            None => {
+                let result = self.move_bytes(dma, registers, offset, &mut data);
+                (result, self.first_iova(&self.src_runs, registers, offset))
+            }
+        };
         Self::finish(n, data.dir(), first_iova, len, ctx, &result, out);
         result
     }
@@ -125,19 +138,35 @@ impl DmaEngine {
         let total = len as u64;
         let n_read = self.begin(src.registers, src.offset, out);
         let (mut src_runs, mut dst_runs) = (std::mem::take(&mut self.src_runs), std::mem::take(&mut self.dst_runs));
-        let src_ran = self.runs(src.registers, src.offset, len, &mut src_runs);
-        let src_iova = self.first_iova(&src_runs, src.registers, src.offset);
+        let src_one = self.single_run(src.registers, src.offset, len);
+        let src_ran = match src_one {
+            Some(_) => Ok(()),
+            None => self.runs(src.registers, src.offset, len, &mut src_runs),
+        };
+        let src_iova = src_one.map(|r| r.iova).or_else(|| self.first_iova(&src_runs, src.registers, src.offset));
         if let Err(fault) = src_ran {
             self.src_runs = src_runs;
             Self::finish(n_read, "read", src_iova, total, &src.ctx, &Err(fault), out);
             return Err((CopyEnd::Source, fault));
         }
         let n_write = self.begin(dst.registers, dst.offset, out);
-        let dst_ran = self.runs(dst.registers, dst.offset, len, &mut dst_runs);
-        let dst_iova = self.first_iova(&dst_runs, dst.registers, dst.offset);
-        let moved = match dst_ran {
-            Ok(()) => copy_runs(dma, &src_runs, &dst_runs),
-            Err(fault) => Err((CopyEnd::Destination, fault)),
+        let dst_one = self.single_run(dst.registers, dst.offset, len);
+        let dst_ran = match dst_one {
+            Some(_) => Ok(()),
+            None => self.runs(dst.registers, dst.offset, len, &mut dst_runs),
+        };
+        let dst_iova = dst_one.map(|r| r.iova).or_else(|| self.first_iova(&dst_runs, dst.registers, dst.offset));
+        let moved = match (dst_ran, src_one, dst_one) {
+            (Err(fault), _, _) => Err((CopyEnd::Destination, fault)),
+            // One run each end (every contiguous transfer): one `Dma::copy`, no run lists.
+            (Ok(()), Some(from), Some(to)) => {
+                dma.copy(from.iova, to.iova, len).map_err(|(end, e)| (end, platform_fault(e)))
+            }
+            (Ok(()), from, to) => {
+                let src_list = from.as_ref().map_or(src_runs.as_slice(), std::slice::from_ref);
+                let dst_list = to.as_ref().map_or(dst_runs.as_slice(), std::slice::from_ref);
+                copy_runs(dma, src_list, dst_list)
+            }
         };
         (self.src_runs, self.dst_runs) = (src_runs, dst_runs);
         let read_result = match moved {
@@ -265,14 +294,29 @@ impl DmaEngine {
     /// checked: all at once, per contiguous run, while the list's whole-list check holds at the pool's epoch; else
     /// one by one (`walk_pages`), which is also where a refusal is found and reported.
     fn runs(&mut self, registers: &MappedPages, offset: u64, len: usize, runs: &mut Vec<Run>) -> Result<(), DmaFault> {
-        let burst_cap = match (self.injector.config.contiguous_policy, self.injector.config.max_contiguous_pages) {
-            (ContiguousPolicy::Split, Some(cap)) => u64::from(cap.max(1)),
-            _ => u64::MAX,
-        };
+        let burst_cap = self.burst_cap();
         if registers.all_fresh(&self.pool) && Self::fresh_runs(registers, offset, len, burst_cap, runs) {
             return Ok(());
         }
         self.walk_pages(registers.registers(), offset, len, burst_cap, runs)
+    }
+
+    /// The most pages one run may span: unlimited, or the cap under the split policy.
+    fn burst_cap(&self) -> u64 {
+        match (self.injector.config.contiguous_policy, self.injector.config.max_contiguous_pages) {
+            (ContiguousPolicy::Split, Some(cap)) => u64::from(cap.max(1)),
+            _ => u64::MAX,
+        }
+    }
+
+    /// The one run of a transfer whose list is known fresh when a single extent (within the burst cap) holds all
+    /// of it: a WQE, a CQE, any contiguous payload. What `runs` would find, without building a run list.
+    fn single_run(&self, registers: &MappedPages, offset: u64, len: usize) -> Option<Run> {
+        if len == 0 || !registers.all_fresh(&self.pool) {
+            return None;
+        }
+        let (iova, contiguous) = registers.contiguous_at(offset, self.burst_cap())?;
+        (contiguous >= len as u64).then_some(Run { iova, len })
     }
 
     /// `runs` for a list whose registers are all held and fresh: one extent lookup per run. False (runs
@@ -445,6 +489,12 @@ mod tests {
                     if ran {
                         assert_eq!(fast, slow, "cap {cap} offset {offset:#x} len {len:#x}");
                         compared += 1;
+                    }
+                    let single = (cap == u64::MAX).then(|| engine.single_run(&pages, offset, len)).flatten();
+                    if cap == u64::MAX && walked.is_ok() && slow.len() == 1 {
+                        assert_eq!(single, Some(slow[0]), "offset {offset:#x} len {len:#x}: one run, no list");
+                    } else {
+                        assert_eq!(single, None, "offset {offset:#x} len {len:#x}: {slow:?}");
                     }
                 }
             }
