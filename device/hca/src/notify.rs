@@ -37,9 +37,11 @@ impl Notifier {
         }
     }
 
-    /// See `EventSink::request_started`.
+    /// See `EventSink::request_started` (a clock for stamping events: not asked of a sink that keeps none).
     pub fn request_started(&self) {
-        self.sink.request_started();
+        if self.keeps {
+            self.sink.request_started();
+        }
     }
 
     pub fn push_async(&mut self, kind: EventKind, handle: u32, cause: FaultCause, detail: u32, addr: u64) {
