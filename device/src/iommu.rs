@@ -478,6 +478,16 @@ mod tests {
         assert_eq!(from.as_slice(), [HostRun { uaddr: 0x7f00_0005_0000, len: 0x10 }], "the new mapping");
         iommu.invalidate_all();
         assert!(!iommu.translate_cached(pages, 0x10000, 0x10, Permissions::Read, from));
+        // A short access first, then a long one from the same page: the entry grows to the long one's extent, so
+        // the next long access is one entry (`translate_cached_single`), and still only where the IOTLB maps.
+        iommu.update(0x30000, 0x4000, 0x7f00_0010_0000, Permissions::ReadWrite).unwrap();
+        assert!(iommu.translate_cached(pages, 0x30000, 0x10, Permissions::Write, from));
+        assert_eq!(iommu.translate_cached_single(pages, 0x30000, 0x4000, Permissions::Write), None, "one page so far");
+        assert!(iommu.translate_cached(pages, 0x30000, 0x4000, Permissions::Write, from));
+        assert_eq!(from.as_slice(), [HostRun { uaddr: 0x7f00_0010_0000, len: 0x4000 }]);
+        assert_eq!(iommu.translate_cached_single(pages, 0x30008, 0x3ff8, Permissions::Write), Some(0x7f00_0010_0008));
+        assert_eq!(iommu.translate_cached_single(pages, 0x30008, 0x3ff9, Permissions::Write), None, "past the map");
+        assert_eq!(iommu.translate_cached_single(pages, 0x30008, 8, Permissions::Read), None, "read never checked");
         // A mapping smaller than a page is never cached (the uncached path serves it).
         iommu.update(0x20000, 0x800, 0x7f00_0001_0000, Permissions::Read).unwrap();
         assert!(!iommu.translate_cached(pages, 0x20000, 0x10, Permissions::Read, from));
