@@ -466,7 +466,7 @@ mod tests {
 
     /// Pages in three IOVA-contiguous pieces (3, 2 and 3 pages) plus one page at the top of the address space.
     fn scattered(engine: &mut DmaEngine) -> MappedPages {
-        let top = u64::MAX & !(PAGE_SIZE - 1);
+        let top = !(PAGE_SIZE - 1); // the highest page
         let iovas = [0x1000, 0x2000, 0x3000, 0x8000, 0x9000, top, 0x5000, 0x6000, 0x7000];
         let registers = engine.pool.take(&iovas).unwrap();
         MappedPages::new(&engine.pool, registers)

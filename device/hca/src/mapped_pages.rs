@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn extents_follow_iova_contiguity_and_the_check_lasts_only_one_epoch() {
         let mut pool = MapRegisterPool::new(8);
-        let top = u64::MAX & !(PAGE_SIZE - 1);
+        let top = !(PAGE_SIZE - 1); // the highest page
         let regs = pool.take(&[0x1000, 0x2000, 0x9000, top, 0x3000]).unwrap();
         let pages = MappedPages::new(&pool, regs.clone());
         assert_eq!(pages.contiguous_at(0x10, u64::MAX), Some((0x1010, 2 * PAGE_SIZE - 0x10)));
