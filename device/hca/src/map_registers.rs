@@ -164,7 +164,6 @@ impl MapRegisterPool {
 
     /// Marks every register whose page meets [iova, iova + size) stale. Returns how many were marked.
     pub fn invalidate(&mut self, iova: u64, size: u64) -> u32 {
-        self.epoch += 1;
         let end = iova.saturating_add(size);
         let mut marked = 0;
         for slot in &mut self.slots {
@@ -175,6 +174,10 @@ impl MapRegisterPool {
                     marked += 1;
                 }
             }
+        }
+        // An invalidation that met no held register changed none (QEMU sends many): checks made before still hold.
+        if marked > 0 {
+            self.epoch += 1;
         }
         marked
     }
@@ -210,7 +213,11 @@ mod tests {
     fn invalidate_marks_only_overlapping_pages() {
         let mut pool = MapRegisterPool::new(3);
         let r = pool.take(&[0x1000, 0x2000, 0x3000]).unwrap();
+        let epoch = pool.epoch();
+        assert_eq!(pool.invalidate(0x8000, 0x1000), 0);
+        assert_eq!(pool.epoch(), epoch, "nothing marked, nothing changed");
         assert_eq!(pool.invalidate(0x2fff, 1), 1);
+        assert_ne!(pool.epoch(), epoch, "a register went stale");
         assert_eq!(pool.translate(r[0], false), Ok(0x1000));
         assert_eq!(pool.translate(r[1], false), Err(FaultCause::StaleTranslation));
         assert_eq!(pool.translate(r[1], true), Ok(0x2000));
