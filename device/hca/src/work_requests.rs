@@ -89,7 +89,13 @@ impl Hca {
             match qp.state {
                 QpState::Rts => {
                     let sender = Sender { qpn, pd: qp.pd, send_cq: qp.send_cq, dest_qpn: qp.dest_qpn };
-                    self.execute_send_wqe(dma, sender)
+                    // Executing a WQE consumes exactly it from this SQ (only a doorbell moves the producer, only a
+                    // command resets the ring): after the last one posted, the next look would find none pending.
+                    let last = qp.sq.pending() == 1;
+                    self.execute_send_wqe(dma, sender);
+                    if last {
+                        return;
+                    }
                 }
                 QpState::Err => return self.flush_qp(dma, qpn),
                 _ => return,

@@ -171,6 +171,32 @@ fn wqes_rung_before_rts_run_at_rts() {
     assert_eq!(rig.poll(&mut cq)[0].status, WcStatus::Success);
 }
 
+/// One doorbell record for several WQEs runs them all, in order; a failure among them sends the QP to ERR and the
+/// rest are flushed, whichever WQE was the last posted.
+#[test]
+fn one_doorbell_runs_every_posted_wqe_and_a_failure_flushes_the_rest() {
+    for failing in [None, Some(1u64), Some(3)] {
+        let mut rig = Rig::with_registers(64);
+        let mut p = pair(&mut rig, ACCESS_ALL);
+        let mr = rig.reg_mr(p.pd, ACCESS_ALL, 4 * 64);
+        for wr_id in 0..4u64 {
+            // A write past the end of the MR fails its WR with REM_ACCESS_ERR.
+            let at = if failing == Some(wr_id) { mr.addr + 4 * 64 } else { mr.addr + wr_id * 64 };
+            rig.write_send_wqe(&mut p.a, &wqe(wr_id, WrOpcode::RdmaWrite, WR_SIGNALED, at, mr.key, &[sge(&mr, 0, 8)]));
+        }
+        rig.doorbell(DoorbellKind::SendQueue, p.a.qpn, p.a.sq_posted, 0);
+        let done = rig.poll(&mut p.cq_a);
+        let expected: Vec<(u64, WcStatus)> = (0..4u64)
+            .map(|wr_id| match failing {
+                Some(f) if wr_id == f => (wr_id, WcStatus::RemAccessErr),
+                Some(f) if wr_id > f => (wr_id, WcStatus::WrFlushErr),
+                _ => (wr_id, WcStatus::Success),
+            })
+            .collect();
+        assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), expected, "failing {failing:?}");
+    }
+}
+
 #[test]
 fn doorbell_refusals_are_logged_not_acted_on() {
     let mut rig = Rig::with_registers(64);
