@@ -162,6 +162,12 @@ impl DeviceIommu {
         while pos < end {
             let page = pos & !(PAGE_SIZE - 1);
             let hit = match cache.lookup(page, access, generation) {
+                // An entry shorter than what is left of the access (filled by a shorter one first) is looked up
+                // again for all of it, so the next such transfer is one entry (`translate_cached_single`).
+                Some((uaddr, extent)) if extent < end - page => self
+                    .fill(cache, page, end - page, access, generation)
+                    .filter(|f| f.1 > extent)
+                    .or(Some((uaddr, extent))),
                 Some(hit) => Some(hit),
                 None => self.fill(cache, page, end - page, access, generation),
             };
@@ -177,6 +183,24 @@ impl DeviceIommu {
             pos += n;
         }
         true
+    }
+
+    /// QEMU's address of `iova` if one cached entry maps all of [iova, iova + len) contiguously with `access` (a
+    /// WQE, a CQE, any transfer the cache has seen whole): no run list to build. None otherwise, having filled
+    /// nothing: `translate_cached` then does the general walk (and the fills).
+    #[inline]
+    pub fn translate_cached_single(
+        &self,
+        cache: &mut TranslationCache,
+        iova: u64,
+        len: usize,
+        access: Permissions,
+    ) -> Option<u64> {
+        let end = u64::try_from(len).ok().and_then(|len| iova.checked_add(len))?;
+        let page = iova & !(PAGE_SIZE - 1);
+        let (uaddr, extent) = cache.lookup(page, access, self.iotlb_generation.load(Ordering::Acquire))?;
+        // The fill saw the IOTLB map the whole extent from uaddr, and entries never wrap (`update`).
+        (end - page <= extent).then(|| uaddr + (iova - page))
     }
 
     /// Looks `page` up in the IOTLB, for the `wanted` bytes from there the access needs (the whole page at least),
@@ -454,6 +478,16 @@ mod tests {
         assert_eq!(from.as_slice(), [HostRun { uaddr: 0x7f00_0005_0000, len: 0x10 }], "the new mapping");
         iommu.invalidate_all();
         assert!(!iommu.translate_cached(pages, 0x10000, 0x10, Permissions::Read, from));
+        // A short access first, then a long one from the same page: the entry grows to the long one's extent, so
+        // the next long access is one entry (`translate_cached_single`), and still only where the IOTLB maps.
+        iommu.update(0x30000, 0x4000, 0x7f00_0010_0000, Permissions::ReadWrite).unwrap();
+        assert!(iommu.translate_cached(pages, 0x30000, 0x10, Permissions::Write, from));
+        assert_eq!(iommu.translate_cached_single(pages, 0x30000, 0x4000, Permissions::Write), None, "one page so far");
+        assert!(iommu.translate_cached(pages, 0x30000, 0x4000, Permissions::Write, from));
+        assert_eq!(from.as_slice(), [HostRun { uaddr: 0x7f00_0010_0000, len: 0x4000 }]);
+        assert_eq!(iommu.translate_cached_single(pages, 0x30008, 0x3ff8, Permissions::Write), Some(0x7f00_0010_0008));
+        assert_eq!(iommu.translate_cached_single(pages, 0x30008, 0x3ff9, Permissions::Write), None, "past the map");
+        assert_eq!(iommu.translate_cached_single(pages, 0x30008, 8, Permissions::Read), None, "read never checked");
         // A mapping smaller than a page is never cached (the uncached path serves it).
         iommu.update(0x20000, 0x800, 0x7f00_0001_0000, Permissions::Read).unwrap();
         assert!(!iommu.translate_cached(pages, 0x20000, 0x10, Permissions::Read, from));

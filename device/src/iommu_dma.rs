@@ -3,14 +3,17 @@
 //! that cannot translate takes vm-memory's path, where a miss is asked of QEMU and waited for (on the worker
 //! thread, bounded) and what stays refused becomes a `DmaError` and a `dma_fault` line.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 use std::time::Instant;
 
 use vhca_hca::{CopyEnd, Dma, DmaError};
 use vhca_proto::FaultCause;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, Permissions, VolatileSlice};
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress,
+    Permissions, VolatileSlice,
+};
 
 use crate::event_log::TransportEvent;
 use crate::iommu::{FaultKind, HostRun, QueueTranslations};
@@ -25,11 +28,14 @@ pub struct QueueDma<'a> {
     /// The queue's translation cache, taken at the first DMA and held until this request is done (one lock per
     /// request, not per DMA). `None` inside while another holder has it: then every DMA takes the uncached path.
     cache: RefCell<Option<MutexGuard<'a, QueueTranslations>>>,
+    /// The region of `mem` the last host slice came from: the next run is looked for there first (most of a
+    /// request's accesses land in one region). A region of this request's mem table, like every slice it gives.
+    region: Cell<Option<&'a GuestRegionMmap<()>>>,
 }
 
 impl<'a> QueueDma<'a> {
     pub fn new(shared: &'a Shared, mem: &'a GuestMem, queue: u16) -> QueueDma<'a> {
-        QueueDma { shared, mem, queue, cache: RefCell::new(None) }
+        QueueDma { shared, mem, queue, cache: RefCell::new(None), region: Cell::new(None) }
     }
 
     /// Runs `f` on the queue's translation cache, or returns None if another `QueueDma` of the same queue holds it.
@@ -110,23 +116,42 @@ fn slices<'a>(
     mem.get_slices(GuestAddress(iova), len, access)?.collect()
 }
 
-/// Every run as a host slice of guest RAM, or false if one is not (wholly) inside one region of the mem table.
-fn all_in_memory(mem: &GuestMem, runs: &[HostRun]) -> bool {
-    runs.iter().all(|run| mem.get_backend().get_slice(GuestAddress(run.uaddr), run.len).is_ok())
-}
-
-/// The host slice of one run; the caller has checked (`all_in_memory`) that it lies inside one region.
-fn host_slice(mem: &GuestMem, run: HostRun) -> Option<VolatileSlice<'_, ()>> {
-    mem.get_backend().get_slice(GuestAddress(run.uaddr), run.len).ok()
-}
-
 impl<'a> QueueDma<'a> {
+    /// The host slice of one run, if it lies wholly inside one region of this request's mem table.
+    fn host_slice(&self, run: HostRun) -> Option<VolatileSlice<'a, ()>> {
+        let region = match self.region.get() {
+            Some(r) if run.uaddr.checked_sub(r.start_addr().0).is_some_and(|off| off < r.len()) => r,
+            _ => {
+                let r = self.mem.get_backend().find_region(GuestAddress(run.uaddr))?;
+                self.region.set(Some(r));
+                r
+            }
+        };
+        // The region checks the end: a run that leaves it is refused, as the mem table's own lookup refuses it.
+        region.get_slice(MemoryRegionAddress(run.uaddr - region.start_addr().0), run.len).ok()
+    }
+
+    /// Every run as a host slice of guest RAM, or false if one is not (wholly) inside one region of the mem table.
+    fn all_in_memory(&self, runs: &[HostRun]) -> bool {
+        runs.iter().all(|run| self.host_slice(*run).is_some())
+    }
+
     /// `copy` through the queue's translation cache: both ends translated (and every run checked against the mem
     /// table) before any byte moves. False, having moved nothing, when anything needs the uncached path.
     fn copy_cached(&self, src: u64, dst: u64, len: usize) -> bool {
         let iommu = &self.shared.iommu;
-        let mem = self.mem;
         self.with_cache(|caches| {
+            let single = |caches: &mut QueueTranslations, iova, access| {
+                iommu.translate_cached_single(&mut caches.pages, iova, len, access).map(|uaddr| HostRun { uaddr, len })
+            };
+            if let Some(from) = single(caches, src, Permissions::Read) {
+                if let Some(to) = single(caches, dst, Permissions::Write) {
+                    // One cached entry each (every contiguous transfer): both slices in hand is both ends checked.
+                    let (Some(from), Some(to)) = (self.host_slice(from), self.host_slice(to)) else { return false };
+                    from.copy_to_volatile_slice(to);
+                    return true;
+                }
+            }
             if !iommu.translate_cached(&mut caches.pages, src, len, Permissions::Read, &mut caches.from)
                 || !iommu.translate_cached(&mut caches.pages, dst, len, Permissions::Write, &mut caches.to)
             {
@@ -134,11 +159,11 @@ impl<'a> QueueDma<'a> {
             }
             if let ([from], [to]) = (caches.from.as_slice(), caches.to.as_slice()) {
                 // One run each (every contiguous transfer): both slices in hand is both ends checked.
-                let (Some(from), Some(to)) = (host_slice(mem, *from), host_slice(mem, *to)) else { return false };
+                let (Some(from), Some(to)) = (self.host_slice(*from), self.host_slice(*to)) else { return false };
                 from.copy_to_volatile_slice(to);
                 return true;
             }
-            if !all_in_memory(mem, &caches.from) || !all_in_memory(mem, &caches.to) {
+            if !self.all_in_memory(&caches.from) || !self.all_in_memory(&caches.to) {
                 return false;
             }
             let (mut a, mut b) = (caches.from.iter().copied(), caches.to.iter().copied());
@@ -147,7 +172,7 @@ impl<'a> QueueDma<'a> {
                 let n = s.len.min(d.len);
                 let (s_n, d_n) = (HostRun { len: n, ..s }, HostRun { len: n, ..d });
                 // Both runs lie inside one region (checked above), so neither slice can fail.
-                let (Some(from), Some(to)) = (host_slice(mem, s_n), host_slice(mem, d_n)) else { break };
+                let (Some(from), Some(to)) = (self.host_slice(s_n), self.host_slice(d_n)) else { break };
                 from.copy_to_volatile_slice(to);
                 x = if n == s.len { a.next() } else { Some(HostRun { uaddr: s.uaddr + n as u64, len: s.len - n }) };
                 y = if n == d.len { b.next() } else { Some(HostRun { uaddr: d.uaddr + n as u64, len: d.len - n }) };
@@ -167,22 +192,26 @@ impl<'a> QueueDma<'a> {
         mut op: impl FnMut(usize, VolatileSlice<'a, ()>),
     ) -> bool {
         let iommu = &self.shared.iommu;
-        let mem = self.mem;
         self.with_cache(|caches| {
+            if let Some(uaddr) = iommu.translate_cached_single(&mut caches.pages, iova, len, access) {
+                let Some(slice) = self.host_slice(HostRun { uaddr, len }) else { return false };
+                op(0, slice);
+                return true;
+            }
             if !iommu.translate_cached(&mut caches.pages, iova, len, access, &mut caches.from) {
                 return false;
             }
             if let [run] = caches.from.as_slice() {
-                let Some(slice) = host_slice(mem, *run) else { return false };
+                let Some(slice) = self.host_slice(*run) else { return false };
                 op(0, slice);
                 return true;
             }
-            if !all_in_memory(mem, &caches.from) {
+            if !self.all_in_memory(&caches.from) {
                 return false;
             }
             let mut done = 0;
             for run in &caches.from {
-                let Some(slice) = host_slice(mem, *run) else { break };
+                let Some(slice) = self.host_slice(*run) else { break };
                 op(done, slice);
                 done += run.len;
             }

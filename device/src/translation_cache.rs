@@ -17,15 +17,17 @@ const ENTRIES: usize = 1024;
 /// reaches.
 const NEVER: u64 = u64::MAX;
 
+/// 32 bytes, aligned to 32, so an entry never straddles two cache lines (a lookup is one line).
 #[derive(Debug, Clone, Copy)]
+#[repr(align(32))]
 struct Entry {
     iova_page: u64,
     /// QEMU's address of the page's first byte.
     uaddr: u64,
-    /// Bytes from `iova_page` (whole pages, at least one) that the IOTLB mapped contiguously to `uaddr..` and
-    /// allowed `allowed` on, at `generation`.
-    extent: u64,
-    /// The accesses the IOTLB allowed on all of `extent` at `generation` (`Permissions` as bits).
+    /// The extent: pages from `iova_page` (at least one) that the IOTLB mapped contiguously to `uaddr..` and
+    /// allowed `allowed` on, at `generation` (one past u32::MAX pages is cached as that many: shorter, never longer).
+    pages: u32,
+    /// The accesses the IOTLB allowed on all of the extent at `generation` (`Permissions` as bits).
     allowed: u8,
     generation: u64,
 }
@@ -40,7 +42,7 @@ pub struct TranslationCache {
 
 impl Default for TranslationCache {
     fn default() -> Self {
-        let empty = Entry { iova_page: 0, uaddr: 0, extent: 0, allowed: 0, generation: NEVER };
+        let empty = Entry { iova_page: 0, uaddr: 0, pages: 0, allowed: 0, generation: NEVER };
         TranslationCache { entries: vec![empty; ENTRIES].into_boxed_slice(), hits: 0, fills: 0 }
     }
 }
@@ -58,21 +60,23 @@ impl TranslationCache {
         let want = access as u8;
         if e.generation == generation && e.iova_page == iova_page && e.allowed & want == want {
             self.hits += 1;
-            return Some((e.uaddr, e.extent));
+            return Some((e.uaddr, u64::from(e.pages) * PAGE_SIZE));
         }
         None
     }
 
     /// Records that the IOTLB, at `generation`, mapped `extent` bytes (whole pages, at least one) from `iova_page`
     /// contiguously to `uaddr..` and allowed `access` on all of them. Rights checked at the same generation for the
-    /// same mapping add up, over the part both checks covered.
+    /// same mapping add up, over the part both checks covered; a longer extent than the entry's replaces it with
+    /// this access's rights alone (a transfer longer than the first one seen on its page is then one entry again).
     pub fn fill(&mut self, iova_page: u64, uaddr: u64, extent: u64, access: Permissions, generation: u64) {
         debug_assert!(extent >= PAGE_SIZE && extent.is_multiple_of(PAGE_SIZE));
         let e = &mut self.entries[slot(iova_page)];
         let same = e.generation == generation && e.iova_page == iova_page && e.uaddr == uaddr;
-        let (allowed, extent) =
-            if same { (e.allowed | access as u8, e.extent.min(extent)) } else { (access as u8, extent) };
-        *e = Entry { iova_page, uaddr, extent, allowed, generation };
+        let pages = u32::try_from(extent / PAGE_SIZE).unwrap_or(u32::MAX);
+        let (allowed, pages) =
+            if same && pages <= e.pages { (e.allowed | access as u8, pages) } else { (access as u8, pages) };
+        *e = Entry { iova_page, uaddr, pages, allowed, generation };
         self.fills += 1;
     }
 
@@ -85,6 +89,11 @@ impl TranslationCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_is_one_half_cache_line() {
+        assert_eq!((std::mem::size_of::<Entry>(), std::mem::align_of::<Entry>()), (32, 32));
+    }
 
     #[test]
     fn a_hit_needs_the_same_page_generation_and_rights() {
@@ -103,10 +112,13 @@ mod tests {
             Some((0x7000_0000, PAGE_SIZE)),
             "rights add up over the part both checks covered"
         );
+        cache.fill(0x1000, 0x7000_0000, 8 * PAGE_SIZE, Permissions::Read, 3);
+        assert_eq!(cache.lookup(0x1000, Permissions::Read, 3), Some((0x7000_0000, 8 * PAGE_SIZE)), "grown");
+        assert_eq!(cache.lookup(0x1000, Permissions::Write, 3), None, "write was checked over one page only");
         cache.fill(0x1000, 0x9000_0000, PAGE_SIZE, Permissions::Write, 3);
         assert_eq!(cache.lookup(0x1000, Permissions::Read, 3), None, "a new mapping does not inherit rights");
         cache.fill(aliased, 0x8000_0000, PAGE_SIZE, Permissions::Read, 3);
         assert_eq!(cache.lookup(0x1000, Permissions::Write, 3), None, "evicted by the page sharing its slot");
-        assert_eq!(cache.stats(), (2, 4));
+        assert_eq!(cache.stats(), (3, 5));
     }
 }

@@ -15,6 +15,7 @@ use crate::dma_engine::DmaContext;
 use crate::event_records::HcaEvent;
 use crate::fault_injection::ContiguousPolicy;
 use crate::map_registers::{Owner, RegisterRef};
+use crate::mapped_pages::MappedPages;
 use crate::mr::Mr;
 use crate::qp::{check_transition, Qp, TransitionError, WorkQueue};
 use crate::{Dma, Hca};
@@ -262,7 +263,7 @@ impl Hca {
         }
         if let Some(removed) = self.cqs.remove(&cq) {
             self.cq_handles.release();
-            self.unmap(Owner::Cq(cq), &removed.registers);
+            self.unmap(Owner::Cq(cq), removed.registers.registers());
         }
         self.discard_delayed(cq);
         Ok(Done { body: Vec::new(), object: Some(("destroy", "cq", cq)) })
@@ -336,7 +337,7 @@ impl Hca {
         let key = read_body::<HandleReq>(cmd.fixed)?.handle.get();
         let mr =
             self.mrs.remove(key).ok_or_else(|| refuse(Status::InvalidHandle, format!("no MR with key {key:#x}")))?;
-        self.unmap(Owner::Mr(key), &mr.registers);
+        self.unmap(Owner::Mr(key), mr.registers.registers());
         Ok(Done { body: Vec::new(), object: Some(("destroy", "mr", key)) })
     }
 
@@ -373,7 +374,7 @@ impl Hca {
         let rq = match self.map_ring(dma, cmd, Owner::RecvQueue(qpn), rq_pages) {
             Ok(rq) => rq,
             Err(refusal) => {
-                self.unmap(Owner::SendQueue(qpn), &sq);
+                self.unmap(Owner::SendQueue(qpn), sq.registers());
                 self.qp_handles.release();
                 return Err(refusal);
             }
@@ -462,19 +463,13 @@ impl Hca {
         let qpn = read_body::<HandleReq>(cmd.fixed)?.handle.get();
         let qp = self.qps.remove(&qpn).ok_or_else(|| refuse(Status::InvalidHandle, format!("no QP {qpn}")))?;
         self.qp_handles.release();
-        self.unmap(Owner::SendQueue(qpn), &qp.sq.registers);
-        self.unmap(Owner::RecvQueue(qpn), &qp.rq.registers);
+        self.unmap(Owner::SendQueue(qpn), qp.sq.registers.registers());
+        self.unmap(Owner::RecvQueue(qpn), qp.rq.registers.registers());
         Ok(Done { body: Vec::new(), object: Some(("destroy", "qp", qpn)) })
     }
 
     /// A ring mapping: counted by the fail_ring_map knob, then mapped like any pages.
-    fn map_ring(
-        &mut self,
-        dma: &dyn Dma,
-        cmd: Cmd<'_>,
-        owner: Owner,
-        pages: &[u64],
-    ) -> Result<Vec<RegisterRef>, Refusal> {
+    fn map_ring(&mut self, dma: &dyn Dma, cmd: Cmd<'_>, owner: Owner, pages: &[u64]) -> Result<MappedPages, Refusal> {
         let (n, fail) = self.engine.injector.ring_map();
         if fail {
             let detail = format!("{} {} ({} pages)", owner.kind(), owner.handle(), pages.len());
@@ -485,13 +480,7 @@ impl Hca {
     }
 
     /// Takes one register per page, after the contiguous-run cap and the optional probe.
-    fn map_pages(
-        &mut self,
-        dma: &dyn Dma,
-        cmd: Cmd<'_>,
-        owner: Owner,
-        pages: &[u64],
-    ) -> Result<Vec<RegisterRef>, Refusal> {
+    fn map_pages(&mut self, dma: &dyn Dma, cmd: Cmd<'_>, owner: Owner, pages: &[u64]) -> Result<MappedPages, Refusal> {
         if let Some((run, cap)) = self.engine.injector.contiguous_violation(pages) {
             let refused = self.engine.injector.config.contiguous_policy == ContiguousPolicy::Refuse;
             let detail = format!(
@@ -507,7 +496,7 @@ impl Hca {
         }
         let wanted = u32::try_from(pages.len()).unwrap_or(u32::MAX);
         let registers = match self.engine.pool.take(pages) {
-            Ok(registers) => registers,
+            Ok(registers) => MappedPages::new(&self.engine.pool, registers),
             Err(ex) => {
                 self.out.emit(HcaEvent::MapRegistersExhausted {
                     owner: owner.kind(),
@@ -536,7 +525,7 @@ impl Hca {
                 let mut byte = [0u8; 1];
                 let offset = page * PAGE_SIZE;
                 if let Err(fault) = self.engine.read(dma, &registers, offset, &mut byte, &ctx, &mut self.out) {
-                    self.engine.pool.release(&registers);
+                    self.engine.pool.release(registers.registers());
                     return Err(refuse(
                         Status::IommuFault,
                         format!("{} page {page} iova {:#x?}: {}", owner.kind(), fault.iova, fault.cause.name()),

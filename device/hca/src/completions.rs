@@ -78,7 +78,8 @@ impl Hca {
     }
 
     fn write_cqe(&mut self, dma: &dyn Dma, c: WorkCompletion) {
-        let Some(cq) = self.cqs.get(&c.cq) else { return };
+        // One lookup: the CQ (its own table) is borrowed alongside the engine and the notifier.
+        let Some(cq) = self.cqs.get_mut(&c.cq) else { return };
         let (offset, owner) = cq.next_slot();
         let index = cq.producer;
         let cqe = Cqe {
@@ -108,7 +109,7 @@ impl Hca {
                 .write(dma, &cq.registers, owner_offset, &bytes[CQE_BODY..], &owner_ctx, &mut self.out)
                 .is_ok();
         }
-        self.out.emit(HcaEvent::Completion {
+        self.out.emit_with(|| HcaEvent::Completion {
             cq: c.cq,
             index,
             qpn: c.qpn,
@@ -122,7 +123,6 @@ impl Hca {
         if !written {
             return;
         }
-        let Some(cq) = self.cqs.get_mut(&c.cq) else { return };
         cq.producer = cq.producer.wrapping_add(1);
         if cq.take_notification(c.solicited, c.status != WcStatus::Success) {
             self.out.push_async(EventKind::CqCompletion, c.cq, FaultCause::None, index, 0);

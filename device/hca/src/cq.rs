@@ -3,11 +3,11 @@
 
 use vhca_proto::{cqe_owner, CQE_SIZE};
 
-use crate::map_registers::RegisterRef;
+use crate::mapped_pages::MappedPages;
 
 pub struct Cq {
     pub entries: u32,
-    pub registers: Vec<RegisterRef>,
+    pub registers: MappedPages,
     /// Count of CQEs ever written (monotonic, wraps at 2^32 like the driver's consumer index).
     pub producer: u32,
     /// Armed for one notification; `Some(true)` only for solicited completions.

@@ -1,6 +1,7 @@
 //! The DMA engine: moves bytes between the HCA and guest memory, or from guest memory to guest memory in one copy,
 //! through map registers, one page translation per register, checking each (freed, stale) before handing the IOVA to
-//! `Dma`, and logging every DMA and every refusal.
+//! `Dma`, and logging every DMA and every refusal. A list whose registers were all found held and fresh at the pool's
+//! current epoch is walked per contiguous run instead (see mapped_pages.rs); anything else takes the per-page walk.
 
 use vhca_proto::{EventKind, FaultCause, PAGE_SIZE};
 
@@ -8,6 +9,7 @@ use crate::dma_access::{CopyEnd, Dma, DmaError};
 use crate::event_records::{FaultEvent, HcaEvent};
 use crate::fault_injection::{ContiguousPolicy, Injector};
 use crate::map_registers::{MapRegisterPool, RegisterRef};
+use crate::mapped_pages::MappedPages;
 use crate::notify::Notifier;
 
 /// Who a DMA is for, so a refusal names the work request or command behind it.
@@ -49,6 +51,14 @@ impl Transfer<'_> {
             Transfer::Write(_) => "write",
         }
     }
+
+    /// All of the buffer in one `Dma` call, at `iova`.
+    fn move_at(&mut self, dma: &dyn Dma, iova: u64) -> Result<(), DmaError> {
+        match self {
+            Transfer::Read(buf) => dma.read(iova, buf),
+            Transfer::Write(buf) => dma.write(iova, buf),
+        }
+    }
 }
 
 pub struct DmaEngine {
@@ -70,7 +80,7 @@ impl DmaEngine {
     pub fn read(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         buf: &mut [u8],
         ctx: &DmaContext,
@@ -82,7 +92,7 @@ impl DmaEngine {
     pub fn write(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         buf: &[u8],
         ctx: &DmaContext,
@@ -94,15 +104,21 @@ impl DmaEngine {
     fn transfer(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         mut data: Transfer<'_>,
         ctx: &DmaContext,
         out: &mut Notifier,
     ) -> Result<(), DmaFault> {
-        let (n, first_iova) = self.begin(registers, offset, out);
+        let n = self.begin(registers, offset, out);
         let len = data.len() as u64;
-        let result = self.move_bytes(dma, registers, offset, &mut data);
+        let (result, first_iova) = match self.single_run(registers, offset, data.len()) {
+            Some(run) => (data.move_at(dma, run.iova).map_err(platform_fault), Some(run.iova)),
+            None => {
+                let result = self.move_bytes(dma, registers, offset, &mut data);
+                (result, self.first_iova(&self.src_runs, registers, offset))
+            }
+        };
         Self::finish(n, data.dir(), first_iova, len, ctx, &result, out);
         result
     }
@@ -120,17 +136,37 @@ impl DmaEngine {
         out: &mut Notifier,
     ) -> Result<(), (CopyEnd, DmaFault)> {
         let total = len as u64;
-        let (n_read, src_iova) = self.begin(src.registers, src.offset, out);
+        let n_read = self.begin(src.registers, src.offset, out);
         let (mut src_runs, mut dst_runs) = (std::mem::take(&mut self.src_runs), std::mem::take(&mut self.dst_runs));
-        if let Err(fault) = self.runs(src.registers, src.offset, len, &mut src_runs) {
+        let src_one = self.single_run(src.registers, src.offset, len);
+        let src_ran = match src_one {
+            Some(_) => Ok(()),
+            None => self.runs(src.registers, src.offset, len, &mut src_runs),
+        };
+        let src_iova = src_one.map(|r| r.iova).or_else(|| self.first_iova(&src_runs, src.registers, src.offset));
+        if let Err(fault) = src_ran {
             self.src_runs = src_runs;
             Self::finish(n_read, "read", src_iova, total, &src.ctx, &Err(fault), out);
             return Err((CopyEnd::Source, fault));
         }
-        let (n_write, dst_iova) = self.begin(dst.registers, dst.offset, out);
-        let moved = match self.runs(dst.registers, dst.offset, len, &mut dst_runs) {
-            Ok(()) => copy_runs(dma, &src_runs, &dst_runs),
-            Err(fault) => Err((CopyEnd::Destination, fault)),
+        let n_write = self.begin(dst.registers, dst.offset, out);
+        let dst_one = self.single_run(dst.registers, dst.offset, len);
+        let dst_ran = match dst_one {
+            Some(_) => Ok(()),
+            None => self.runs(dst.registers, dst.offset, len, &mut dst_runs),
+        };
+        let dst_iova = dst_one.map(|r| r.iova).or_else(|| self.first_iova(&dst_runs, dst.registers, dst.offset));
+        let moved = match (dst_ran, src_one, dst_one) {
+            (Err(fault), _, _) => Err((CopyEnd::Destination, fault)),
+            // One run each end (every contiguous transfer): one `Dma::copy`, no run lists.
+            (Ok(()), Some(from), Some(to)) => {
+                dma.copy(from.iova, to.iova, len).map_err(|(end, e)| (end, platform_fault(e)))
+            }
+            (Ok(()), from, to) => {
+                let src_list = from.as_ref().map_or(src_runs.as_slice(), std::slice::from_ref);
+                let dst_list = to.as_ref().map_or(dst_runs.as_slice(), std::slice::from_ref);
+                copy_runs(dma, src_list, dst_list)
+            }
         };
         (self.src_runs, self.dst_runs) = (src_runs, dst_runs);
         let read_result = match moved {
@@ -148,14 +184,24 @@ impl DmaEngine {
         moved
     }
 
-    /// Counts the DMA (and injects the invalidation set for it); returns its ordinal and the IOVA it starts at.
-    fn begin(&mut self, registers: &[RegisterRef], offset: u64, out: &mut Notifier) -> (u64, Option<u64>) {
+    /// Counts the DMA (and injects the invalidation set for it); returns its ordinal.
+    fn begin(&mut self, registers: &MappedPages, offset: u64, out: &mut Notifier) -> u64 {
         let (n, invalidate) = self.injector.dma();
-        let first_iova = self.peek_iova(registers, offset);
         if invalidate {
-            self.inject_invalidation(n, first_iova, out);
+            self.inject_invalidation(n, self.peek_iova(registers, offset), out);
         }
-        (n, first_iova)
+        n
+    }
+
+    /// The IOVA a transfer starts at, for its log line: where its first run starts (that register was just
+    /// translated), or, when no run was made (nothing to move, or the first register refused), what the register
+    /// holds. The same either way as before an injected invalidation, which marks registers stale and never moves
+    /// them.
+    fn first_iova(&self, runs: &[Run], registers: &MappedPages, offset: u64) -> Option<u64> {
+        match runs.first() {
+            Some(run) => Some(run.iova),
+            None => self.peek_iova(registers, offset),
+        }
     }
 
     /// Logs one DMA, and its refusal as a fault event and an async event for the driver.
@@ -168,7 +214,7 @@ impl DmaEngine {
         result: &Result<(), DmaFault>,
         out: &mut Notifier,
     ) {
-        out.emit(HcaEvent::Dma {
+        out.emit_with(|| HcaEvent::Dma {
             n,
             dir,
             iova: first_iova.unwrap_or(0),
@@ -198,9 +244,12 @@ impl DmaEngine {
     }
 
     /// The IOVA the transfer starts at, without side effects, for logs and for the injected invalidation.
-    fn peek_iova(&self, registers: &[RegisterRef], offset: u64) -> Option<u64> {
+    fn peek_iova(&self, registers: &MappedPages, offset: u64) -> Option<u64> {
+        if registers.all_fresh(&self.pool) {
+            return registers.contiguous_at(offset, 1).map(|(iova, _)| iova);
+        }
         let page = usize::try_from(offset / PAGE_SIZE).ok()?;
-        let r = registers.get(page)?;
+        let r = registers.registers().get(page)?;
         self.pool.peek(*r).map(|p| p + offset % PAGE_SIZE)
     }
 
@@ -218,7 +267,7 @@ impl DmaEngine {
     fn move_bytes(
         &mut self,
         dma: &dyn Dma,
-        registers: &[RegisterRef],
+        registers: &MappedPages,
         offset: u64,
         data: &mut Transfer<'_>,
     ) -> Result<(), DmaFault> {
@@ -241,19 +290,61 @@ impl DmaEngine {
     }
 
     /// The IOVA runs `len` bytes from `offset` cover: bytes up to the end of the first page, then whole pages while
-    /// their IOVAs stay contiguous (capped under the split policy), into `runs`. Translates every register on the way.
-    fn runs(
+    /// their IOVAs stay contiguous (capped under the split policy), into `runs`. Every register on the way is
+    /// checked: all at once, per contiguous run, while the list's whole-list check holds at the pool's epoch; else
+    /// one by one (`walk_pages`), which is also where a refusal is found and reported.
+    fn runs(&mut self, registers: &MappedPages, offset: u64, len: usize, runs: &mut Vec<Run>) -> Result<(), DmaFault> {
+        let burst_cap = self.burst_cap();
+        if registers.all_fresh(&self.pool) && Self::fresh_runs(registers, offset, len, burst_cap, runs) {
+            return Ok(());
+        }
+        self.walk_pages(registers.registers(), offset, len, burst_cap, runs)
+    }
+
+    /// The most pages one run may span: unlimited, or the cap under the split policy.
+    fn burst_cap(&self) -> u64 {
+        match (self.injector.config.contiguous_policy, self.injector.config.max_contiguous_pages) {
+            (ContiguousPolicy::Split, Some(cap)) => u64::from(cap.max(1)),
+            _ => u64::MAX,
+        }
+    }
+
+    /// The one run of a transfer whose list is known fresh when a single extent (within the burst cap) holds all
+    /// of it: a WQE, a CQE, any contiguous payload. What `runs` would find, without building a run list.
+    fn single_run(&self, registers: &MappedPages, offset: u64, len: usize) -> Option<Run> {
+        if len == 0 || !registers.all_fresh(&self.pool) {
+            return None;
+        }
+        let (iova, contiguous) = registers.contiguous_at(offset, self.burst_cap())?;
+        (contiguous >= len as u64).then_some(Run { iova, len })
+    }
+
+    /// `runs` for a list whose registers are all held and fresh: one extent lookup per run. False (runs
+    /// unfinished) when the transfer leaves the list, for `walk_pages` to refuse exactly as it always has.
+    fn fresh_runs(registers: &MappedPages, offset: u64, len: usize, burst_cap: u64, runs: &mut Vec<Run>) -> bool {
+        let total = len as u64;
+        runs.clear();
+        let mut done = 0u64;
+        while done < total {
+            let Some(pos) = offset.checked_add(done) else { return false };
+            let Some((iova, contiguous)) = registers.contiguous_at(pos, burst_cap) else { return false };
+            let burst = contiguous.min(total - done);
+            runs.push(Run { iova, len: burst as usize });
+            done += burst;
+        }
+        true
+    }
+
+    /// `runs` by translating every page's register in turn (the reference the per-run path must agree with).
+    fn walk_pages(
         &mut self,
         registers: &[RegisterRef],
         offset: u64,
         len: usize,
+        burst_cap: u64,
         runs: &mut Vec<Run>,
     ) -> Result<(), DmaFault> {
         let total = len as u64;
-        let burst_cap = match (self.injector.config.contiguous_policy, self.injector.config.max_contiguous_pages) {
-            (ContiguousPolicy::Split, Some(cap)) => u64::from(cap.max(1)),
-            _ => u64::MAX,
-        };
         runs.clear();
         let mut done = 0u64;
         while done < total {
@@ -299,7 +390,7 @@ struct Run {
 
 /// One end of a copy: the registers of its MR or ring, the byte offset into them, and who the DMA is for.
 pub struct DmaSpan<'a> {
-    pub registers: &'a [RegisterRef],
+    pub registers: &'a MappedPages,
     pub offset: u64,
     pub ctx: DmaContext,
 }
@@ -323,4 +414,126 @@ fn platform_fault(e: DmaError) -> DmaFault {
 
 fn outside(iova: Option<u64>) -> DmaFault {
     DmaFault { cause: FaultCause::OutsideMr, iova, register: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::event_records::NullSink;
+    use crate::fault_injection::FaultInjection;
+
+    /// A flat device address space of `PAGES` pages at IOVA 0 with no IOMMU of its own: what reaches it is what
+    /// the map registers let through. Records every access as (iova, len).
+    struct Flat {
+        bytes: RefCell<Vec<u8>>,
+        accesses: RefCell<Vec<(u64, usize)>>,
+    }
+
+    const PAGES: u64 = 16;
+
+    impl Flat {
+        fn new() -> Flat {
+            let bytes = (0..PAGES * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
+            Flat { bytes: RefCell::new(bytes), accesses: RefCell::new(Vec::new()) }
+        }
+
+        fn range(&self, iova: u64, len: usize) -> Result<std::ops::Range<usize>, DmaError> {
+            let start = usize::try_from(iova).ok().filter(|s| s + len <= self.bytes.borrow().len());
+            self.accesses.borrow_mut().push((iova, len));
+            start.map(|s| s..s + len).ok_or(DmaError { iova, cause: FaultCause::IommuUnmapped })
+        }
+    }
+
+    impl Dma for Flat {
+        fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+            let range = self.range(iova, buf.len())?;
+            buf.copy_from_slice(&self.bytes.borrow()[range]);
+            Ok(())
+        }
+
+        fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+            let range = self.range(iova, buf.len())?;
+            self.bytes.borrow_mut()[range].copy_from_slice(buf);
+            Ok(())
+        }
+    }
+
+    fn engine() -> DmaEngine {
+        DmaEngine::new(MapRegisterPool::new(64), Injector::new(FaultInjection::default()), false)
+    }
+
+    /// Pages in three IOVA-contiguous pieces (3, 2 and 3 pages) plus one page at the top of the address space.
+    fn scattered(engine: &mut DmaEngine) -> MappedPages {
+        let top = !(PAGE_SIZE - 1); // the highest page
+        let iovas = [0x1000, 0x2000, 0x3000, 0x8000, 0x9000, top, 0x5000, 0x6000, 0x7000];
+        let registers = engine.pool.take(&iovas).unwrap();
+        MappedPages::new(&engine.pool, registers)
+    }
+
+    #[test]
+    fn the_per_run_walk_finds_what_the_per_page_walk_finds() {
+        let mut engine = engine();
+        let pages = scattered(&mut engine);
+        assert!(pages.all_fresh(&engine.pool));
+        let end = pages.len() as u64 * PAGE_SIZE;
+        let (mut fast, mut slow) = (Vec::new(), Vec::new());
+        let mut compared = 0;
+        for cap in [u64::MAX, 1, 2, 3] {
+            for offset in (0..end + PAGE_SIZE).step_by(0x7f0).chain([end - 1, u64::MAX - 3]) {
+                for len in [0usize, 1, 0x10, 0xff0, 0x1000, 0x1001, 0x2800, 0x5000, 0x9000] {
+                    let walked = engine.walk_pages(pages.registers(), offset, len, cap, &mut slow);
+                    let ran = DmaEngine::fresh_runs(&pages, offset, len, cap, &mut fast);
+                    assert_eq!(ran, walked.is_ok(), "cap {cap} offset {offset:#x} len {len:#x}: {walked:?}");
+                    if ran {
+                        assert_eq!(fast, slow, "cap {cap} offset {offset:#x} len {len:#x}");
+                        compared += 1;
+                    }
+                    let single = (cap == u64::MAX).then(|| engine.single_run(&pages, offset, len)).flatten();
+                    if cap == u64::MAX && walked.is_ok() && slow.len() == 1 {
+                        assert_eq!(single, Some(slow[0]), "offset {offset:#x} len {len:#x}: one run, no list");
+                    } else {
+                        assert_eq!(single, None, "offset {offset:#x} len {len:#x}: {slow:?}");
+                    }
+                }
+            }
+        }
+        assert!(compared > 500, "only {compared} transfers compared");
+    }
+
+    #[test]
+    fn every_change_to_the_pool_sends_the_next_dma_back_through_every_register() {
+        let mut engine = engine();
+        let flat = Flat::new();
+        let mut out = Notifier::new(std::sync::Arc::new(NullSink));
+        let ctx = DmaContext::default();
+        let registers = engine.pool.take(&[0x1000, 0x2000, 0x3000, 0x4000]).unwrap();
+        let pages = MappedPages::new(&engine.pool, registers.clone());
+        let mut buf = [0u8; 0x3000];
+        engine.read(&flat, &pages, 0x800, &mut buf, &ctx, &mut out).unwrap();
+        assert_eq!(flat.accesses.borrow().as_slice(), [(0x1800, 0x3000)], "one run for one contiguous transfer");
+        assert_eq!(buf[..], flat.bytes.borrow()[0x1800..0x4800]);
+
+        // Invalidated: the next DMA over that page is refused, naming the register; one that misses it still runs.
+        engine.pool.invalidate(0x3000, 1);
+        let stale = engine.read(&flat, &pages, 0x800, &mut buf, &ctx, &mut out).unwrap_err();
+        let expected = DmaFault { cause: FaultCause::StaleTranslation, iova: Some(0x3000), register: Some(2) };
+        assert_eq!(stale, expected);
+        engine.read(&flat, &pages, 0, &mut buf[..0x2000], &ctx, &mut out).unwrap();
+        assert!(engine.pool.translate(registers[2], true).is_ok(), "re-validated");
+        engine.read(&flat, &pages, 0x800, &mut buf, &ctx, &mut out).unwrap();
+
+        // Released (and the register taken again by someone else): refused as freed, whatever the cached check said.
+        engine.pool.release(&registers[3..]);
+        let freed = engine.write(&flat, &pages, 0x3ff0, &buf[..0x10], &ctx, &mut out).unwrap_err();
+        assert_eq!(freed, DmaFault { cause: FaultCause::FreedMapRegister, iova: None, register: Some(3) });
+        let other = engine.pool.take(&[0x4000]).unwrap();
+        assert_eq!(other[0].index, registers[3].index);
+        let reused = engine.write(&flat, &pages, 0x3ff0, &buf[..0x10], &ctx, &mut out).unwrap_err();
+        assert_eq!(reused.cause, FaultCause::FreedMapRegister);
+        let before = flat.accesses.borrow().len();
+        assert!(engine.write(&flat, &pages, 0, &buf[..0x10], &ctx, &mut out).is_ok(), "page 0 is still held");
+        assert_eq!(flat.accesses.borrow().len(), before + 1);
+    }
 }

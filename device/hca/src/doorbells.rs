@@ -46,10 +46,12 @@ impl Hca {
                 None => Err(format!("no CQ {handle}")),
             },
         };
-        let name = DoorbellKind::from_u32(db.kind.get())
-            .map_or_else(|| Cow::Owned(db.kind.to_string()), |k| Cow::Borrowed(kind_name(k)));
         let ok = refused.is_ok();
-        self.out.emit(HcaEvent::Doorbell { db: name, handle, index, ok, detail: refused.err() });
+        self.out.emit_with(|| {
+            let name = DoorbellKind::from_u32(db.kind.get())
+                .map_or_else(|| Cow::Owned(db.kind.to_string()), |k| Cow::Borrowed(kind_name(k)));
+            HcaEvent::Doorbell { db: name, handle, index, ok, detail: refused.err() }
+        });
         if ok {
             match DoorbellKind::from_u32(db.kind.get()) {
                 Some(DoorbellKind::SendQueue) => self.process_send_queue(dma, handle),

@@ -108,6 +108,13 @@ pub struct FaultEvent {
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: HcaEvent);
 
+    /// Whether the sink keeps events at all. One that drops every event says no, and the HCA then builds no
+    /// event records for it (one per DMA, doorbell and completion would be built only to be dropped). Nothing
+    /// else changes: the driver's async events, statuses and every check are the same either way.
+    fn keeps_events(&self) -> bool {
+        true
+    }
+
     /// The HCA starts on a new request (a command, a doorbell record, an IOTLB invalidation): a sink that stamps
     /// events with a time may read its clock here once and stamp the request's events with it.
     fn request_started(&self) {}
@@ -118,6 +125,10 @@ pub struct NullSink;
 
 impl EventSink for NullSink {
     fn emit(&self, _event: HcaEvent) {}
+
+    fn keeps_events(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod handles;
 mod hca;
 pub mod invariants;
 mod map_registers;
+mod mapped_pages;
 mod mr;
 mod notify;
 mod pd;

@@ -61,6 +61,9 @@ pub struct MapRegisterPool {
     slots: Vec<Slot>,
     /// Free indices, lowest last, so registers are handed out in ascending order (readable logs).
     free: Vec<u32>,
+    /// Bumped by every change to any register (take, release, invalidate, re-validation): a check of held
+    /// registers made at one epoch holds for as long as the epoch does (`MappedPages::all_fresh`).
+    epoch: u64,
 }
 
 impl MapRegisterPool {
@@ -68,6 +71,7 @@ impl MapRegisterPool {
         MapRegisterPool {
             slots: vec![Slot { generation: 0, entry: None }; total as usize],
             free: (0..total).rev().collect(),
+            epoch: 0,
         }
     }
 
@@ -89,6 +93,7 @@ impl MapRegisterPool {
         if iova_pages.len() > self.free.len() {
             return Err(Exhausted { wanted, free: self.free_count() });
         }
+        self.epoch += 1;
         let mut taken = Vec::with_capacity(iova_pages.len());
         for &iova in iova_pages {
             let Some(index) = self.free.pop() else { break };
@@ -102,6 +107,7 @@ impl MapRegisterPool {
 
     /// Returns registers to the pool. Refs that no longer hold their register are skipped (never a double free).
     pub fn release(&mut self, refs: &[RegisterRef]) -> u32 {
+        self.epoch += 1;
         let mut released = 0;
         for r in refs.iter().rev() {
             let Some(slot) = self.slots.get_mut(r.index as usize) else { continue };
@@ -127,6 +133,7 @@ impl MapRegisterPool {
                 return Err(FaultCause::StaleTranslation);
             }
             entry.stale = false;
+            self.epoch += 1;
         }
         Ok(entry.iova_page)
     }
@@ -138,6 +145,21 @@ impl MapRegisterPool {
             return None;
         }
         slot.entry.map(|e| e.iova_page)
+    }
+
+    /// Whether `r` holds its register and the register is not stale: what `translate` accepts without
+    /// re-validating. No side effects.
+    #[inline]
+    pub fn is_fresh(&self, r: RegisterRef) -> bool {
+        self.slots
+            .get(r.index as usize)
+            .is_some_and(|slot| slot.generation == r.generation && slot.entry.is_some_and(|e| !e.stale))
+    }
+
+    /// The count of changes so far (see `epoch` above).
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Marks every register whose page meets [iova, iova + size) stale. Returns how many were marked.
@@ -152,6 +174,10 @@ impl MapRegisterPool {
                     marked += 1;
                 }
             }
+        }
+        // An invalidation that met no held register changed none (QEMU sends many): checks made before still hold.
+        if marked > 0 {
+            self.epoch += 1;
         }
         marked
     }
@@ -187,7 +213,11 @@ mod tests {
     fn invalidate_marks_only_overlapping_pages() {
         let mut pool = MapRegisterPool::new(3);
         let r = pool.take(&[0x1000, 0x2000, 0x3000]).unwrap();
+        let epoch = pool.epoch();
+        assert_eq!(pool.invalidate(0x8000, 0x1000), 0);
+        assert_eq!(pool.epoch(), epoch, "nothing marked, nothing changed");
         assert_eq!(pool.invalidate(0x2fff, 1), 1);
+        assert_ne!(pool.epoch(), epoch, "a register went stale");
         assert_eq!(pool.translate(r[0], false), Ok(0x1000));
         assert_eq!(pool.translate(r[1], false), Err(FaultCause::StaleTranslation));
         assert_eq!(pool.translate(r[1], true), Ok(0x2000));

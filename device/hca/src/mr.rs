@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use vhca_proto::{FaultCause, PAGE_SIZE};
 
 use crate::handles::HandleAllocator;
-use crate::map_registers::RegisterRef;
+use crate::mapped_pages::MappedPages;
 
 pub struct Mr {
     pub key: u32,
@@ -15,7 +15,7 @@ pub struct Mr {
     pub addr: u64,
     pub length: u64,
     pub first_page_offset: u64,
-    pub registers: Vec<RegisterRef>,
+    pub registers: MappedPages,
 }
 
 impl Mr {

@@ -13,21 +13,35 @@ const ASYNC_QUEUE_LIMIT: usize = 1024;
 
 pub struct Notifier {
     sink: Arc<dyn EventSink>,
+    /// `sink.keeps_events()`, asked once.
+    keeps: bool,
     pending: VecDeque<Event>,
 }
 
 impl Notifier {
     pub fn new(sink: Arc<dyn EventSink>) -> Notifier {
-        Notifier { sink, pending: VecDeque::new() }
+        Notifier { keeps: sink.keeps_events(), sink, pending: VecDeque::new() }
     }
 
     pub fn emit(&self, event: HcaEvent) {
-        self.sink.emit(event);
+        if self.keeps {
+            self.sink.emit(event);
+        }
     }
 
-    /// See `EventSink::request_started`.
+    /// `emit` for the records made on every DMA, doorbell and completion: built only if the sink keeps them.
+    #[inline]
+    pub fn emit_with(&self, build: impl FnOnce() -> HcaEvent) {
+        if self.keeps {
+            self.sink.emit(build());
+        }
+    }
+
+    /// See `EventSink::request_started` (a clock for stamping events: not asked of a sink that keeps none).
     pub fn request_started(&self) {
-        self.sink.request_started();
+        if self.keeps {
+            self.sink.request_started();
+        }
     }
 
     pub fn push_async(&mut self, kind: EventKind, handle: u32, cause: FaultCause, detail: u32, addr: u64) {

@@ -3,11 +3,11 @@
 
 use vhca_proto::{QpState, QP_ATTR_ACCESS_FLAGS, QP_ATTR_DEST_QPN, WQE_SIZE};
 
-use crate::map_registers::RegisterRef;
+use crate::mapped_pages::MappedPages;
 
 pub struct WorkQueue {
     pub entries: u32,
-    pub registers: Vec<RegisterRef>,
+    pub registers: MappedPages,
     /// Count of WQEs the driver posted (its doorbell index).
     pub producer: u32,
     /// Count of WQEs the device consumed.
@@ -15,7 +15,7 @@ pub struct WorkQueue {
 }
 
 impl WorkQueue {
-    pub fn new(entries: u32, registers: Vec<RegisterRef>) -> WorkQueue {
+    pub fn new(entries: u32, registers: MappedPages) -> WorkQueue {
         WorkQueue { entries, registers, producer: 0, consumer: 0 }
     }
 
@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn producer_index_bounds() {
-        let mut wq = WorkQueue::new(4, Vec::new());
+        let mut wq = WorkQueue::new(4, MappedPages::default());
         assert!(wq.accepts_producer(4));
         assert!(!wq.accepts_producer(5));
         wq.producer = 3;

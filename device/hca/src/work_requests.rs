@@ -14,6 +14,7 @@ use crate::dma_access::CopyEnd;
 use crate::dma_engine::{DmaContext, DmaFault, DmaSpan};
 use crate::event_records::{FaultEvent, HcaEvent};
 use crate::mr::{check_access, MrAccess};
+use crate::qp::Qp;
 use crate::{Dma, Hca};
 
 /// A failed work request: the completion status and the check that failed.
@@ -52,6 +53,15 @@ impl Wr {
     }
 }
 
+/// What a send WQE's execution needs of its QP, read once from the QP table (nothing a WQE does changes them).
+#[derive(Clone, Copy)]
+struct Sender {
+    qpn: u32,
+    pd: u32,
+    send_cq: u32,
+    dest_qpn: Option<u32>,
+}
+
 impl Hca {
     pub(crate) fn set_qp_state(&mut self, qpn: u32, to: QpState, reason: String) {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
@@ -77,7 +87,16 @@ impl Hca {
                 return;
             }
             match qp.state {
-                QpState::Rts => self.execute_send_wqe(dma, qpn),
+                QpState::Rts => {
+                    let sender = Sender { qpn, pd: qp.pd, send_cq: qp.send_cq, dest_qpn: qp.dest_qpn };
+                    // Executing a WQE consumes exactly it from this SQ (only a doorbell moves the producer, only a
+                    // command resets the ring): after the last one posted, the next look would find none pending.
+                    let last = qp.sq.pending() == 1;
+                    self.execute_send_wqe(dma, sender);
+                    if last {
+                        return;
+                    }
+                }
                 QpState::Err => return self.flush_qp(dma, qpn),
                 _ => return,
             }
@@ -115,24 +134,21 @@ impl Hca {
 
     /// Reads the WQE at the consumer index of a queue and advances the consumer past it, readable or not.
     fn read_wqe(&mut self, dma: &dyn Dma, qpn: u32, queue: Queue, purpose: &'static str) -> Result<Wqe, DmaFault> {
-        let Some(qp) = self.qps.get(&qpn) else {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
             return Err(DmaFault { cause: FaultCause::None, iova: None, register: None });
         };
-        let wq = if queue == Queue::Send { &qp.sq } else { &qp.rq };
+        let wq = if queue == Queue::Send { &mut qp.sq } else { &mut qp.rq };
         let offset = wq.offset_of(wq.consumer);
         let mut raw = [0u8; WQE_SIZE];
         let ctx = DmaContext { purpose, qpn: Some(qpn), async_handle: qpn, ..Default::default() };
         let result = self.engine.read(dma, &wq.registers, offset, &mut raw, &ctx, &mut self.out);
-        if let Some(qp) = self.qps.get_mut(&qpn) {
-            let wq = if queue == Queue::Send { &mut qp.sq } else { &mut qp.rq };
-            wq.consumer = wq.consumer.wrapping_add(1);
-        }
+        wq.consumer = wq.consumer.wrapping_add(1);
         result?;
         Wqe::read_from_bytes(&raw).map_err(|_| DmaFault { cause: FaultCause::None, iova: None, register: None })
     }
 
-    fn execute_send_wqe(&mut self, dma: &dyn Dma, qpn: u32) {
-        let Some(send_cq) = self.qps.get(&qpn).map(|q| q.send_cq) else { return };
+    fn execute_send_wqe(&mut self, dma: &dyn Dma, sender: Sender) {
+        let Sender { qpn, send_cq, .. } = sender;
         let wqe = match self.read_wqe(dma, qpn, Queue::Send, "wqe") {
             Ok(wqe) => wqe,
             Err(fault) => {
@@ -155,9 +171,9 @@ impl Hca {
         let opcode = wqe.opcode.get();
         let result = match (WrOpcode::from_u32(opcode), usize::try_from(wqe.num_sge.get())) {
             (_, Ok(n)) if n <= MAX_SGE => match WrOpcode::from_u32(opcode) {
-                Some(WrOpcode::Send) => self.do_send(dma, wr, &wqe, &wqe.sge[..n]),
-                Some(WrOpcode::RdmaWrite) => self.do_rdma_write(dma, wr, &wqe, &wqe.sge[..n]),
-                Some(WrOpcode::RdmaRead) => self.do_rdma_read(dma, wr, &wqe, &wqe.sge[..n]),
+                Some(WrOpcode::Send) => self.do_send(dma, sender, wr, &wqe, &wqe.sge[..n]),
+                Some(WrOpcode::RdmaWrite) => self.do_rdma_write(dma, sender, wr, &wqe, &wqe.sge[..n]),
+                Some(WrOpcode::RdmaRead) => self.do_rdma_read(dma, sender, wr, &wqe, &wqe.sge[..n]),
                 _ => Err((WcStatus::LocQpOpErr, FaultCause::None)),
             },
             _ => Err((WcStatus::LocQpOpErr, FaultCause::None)),
@@ -185,14 +201,9 @@ impl Hca {
         }
     }
 
-    /// The QP's loopback peer, if it exists and accepts requests (RTR or later).
-    fn peer_of(&self, qpn: u32) -> Option<u32> {
-        let dest = self.qps.get(&qpn)?.dest_qpn?;
-        self.qps.get(&dest).filter(|p| p.can_receive()).map(|p| p.qpn)
-    }
-
-    fn pd_of(&self, qpn: u32) -> u32 {
-        self.qps.get(&qpn).map_or(0, |q| q.pd)
+    /// The sender's loopback peer, if it exists and accepts requests (RTR or later).
+    fn peer_of(&self, sender: Sender) -> Option<&Qp> {
+        self.qps.get(&sender.dest_qpn?).filter(|p| p.can_receive())
     }
 
     fn fault_event(&self, wr: Wr, cause: FaultCause, dir: &'static str, purpose: &'static str, sge: (u32, u64)) {
@@ -270,16 +281,17 @@ impl Hca {
     /// The peer and the place in its MR an RDMA operation targets, after the QP's and the MR's remote rights.
     fn remote_target(
         &self,
+        sender: Sender,
         wr: Wr,
         wqe: &Wqe,
         len: u64,
         need: u32,
         purpose: &'static str,
     ) -> Result<(u32, MrAccess), WrError> {
-        let peer = self.peer_of(wr.qpn).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
+        let peer_qp = self.peer_of(sender).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
+        let peer = peer_qp.qpn;
         let (rkey, addr) = (wqe.rkey.get(), wqe.remote_addr.get());
         let dir = if need == ACCESS_REMOTE_READ { "read" } else { "write" };
-        let peer_qp = self.qps.get(&peer).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
         if peer_qp.access & need != need {
             self.fault_event(wr, FaultCause::AccessRight, dir, purpose, (rkey, addr));
             return Err((WcStatus::RemAccessErr, FaultCause::AccessRight));
@@ -294,12 +306,19 @@ impl Hca {
     }
 
     /// RDMA_WRITE: the local SGEs' bytes land in the peer's MR, copied once, source MR to destination MR.
-    fn do_rdma_write(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
-        let pd = self.pd_of(wr.qpn);
+    fn do_rdma_write(
+        &mut self,
+        dma: &dyn Dma,
+        sender: Sender,
+        wr: Wr,
+        wqe: &Wqe,
+        sges: &[Sge],
+    ) -> Result<u32, WrError> {
+        let pd = sender.pd;
         let local = |c| (local_status(c), c);
         let src = self.check_sges(wr, pd, sges, 0, "read", "rdma_write_local").map_err(local)?;
         let len = src.total_len();
-        let (_, target) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_WRITE, "rdma_write_remote")?;
+        let (_, target) = self.remote_target(sender, wr, wqe, len as u64, ACCESS_REMOTE_WRITE, "rdma_write_remote")?;
         let dst = [Piece { key: target.key, offset: target.offset, len, ctx: wr.ctx("rdma_write_remote") }];
         self.copy_pieces(dma, src.as_slice(), &dst).map_err(|(end, cause)| match end {
             CopyEnd::Source => local(cause),
@@ -309,13 +328,13 @@ impl Hca {
     }
 
     /// RDMA_READ: the peer's MR bytes land in the local SGEs, copied once.
-    fn do_rdma_read(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
-        let pd = self.pd_of(wr.qpn);
+    fn do_rdma_read(&mut self, dma: &dyn Dma, sender: Sender, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
+        let pd = sender.pd;
         let local = |c| (local_status(c), c);
         // The local side is checked first so no remote byte is read for a request that cannot land.
         let dst = self.check_sges(wr, pd, sges, ACCESS_LOCAL_WRITE, "write", "rdma_read_local").map_err(local)?;
         let len = dst.total_len();
-        let (_, source) = self.remote_target(wr, wqe, len as u64, ACCESS_REMOTE_READ, "rdma_read_remote")?;
+        let (_, source) = self.remote_target(sender, wr, wqe, len as u64, ACCESS_REMOTE_READ, "rdma_read_remote")?;
         let src = [Piece { key: source.key, offset: source.offset, len, ctx: wr.ctx("rdma_read_remote") }];
         self.copy_pieces(dma, &src, dst.as_slice()).map_err(|(end, cause)| match end {
             CopyEnd::Source => (WcStatus::RemAccessErr, cause),
@@ -327,13 +346,14 @@ impl Hca {
     /// SEND: the payload lands in the buffer of the peer's next RECV, copied once from the sender's SGEs. A
     /// receiver-side failure completes that RECV with its error and moves the peer to ERR; the sender sees
     /// REM_ACCESS_ERR. A sender-side refusal (its own buffer, found while copying) leaves the RECV posted.
-    fn do_send(&mut self, dma: &dyn Dma, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
-        let pd = self.pd_of(wr.qpn);
+    fn do_send(&mut self, dma: &dyn Dma, sender: Sender, wr: Wr, wqe: &Wqe, sges: &[Sge]) -> Result<u32, WrError> {
+        let pd = sender.pd;
         let local = |c| (local_status(c), c);
         let src = self.check_sges(wr, pd, sges, 0, "read", "send_payload").map_err(local)?;
         let len = src.total_len();
-        let peer = self.peer_of(wr.qpn).ok_or((WcStatus::RnrRetryExcErr, FaultCause::None))?;
-        let Some((peer_pd, recv_cq, posted)) = self.qps.get(&peer).map(|p| (p.pd, p.recv_cq, p.rq.pending())) else {
+        let Some((peer, peer_pd, recv_cq, posted)) =
+            self.peer_of(sender).map(|p| (p.qpn, p.pd, p.recv_cq, p.rq.pending()))
+        else {
             return Err((WcStatus::RnrRetryExcErr, FaultCause::None));
         };
         if posted == 0 {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use vhca_hca::HcaEvent;
+use vhca_hca::{HcaConfig, HcaEvent};
 use vhca_proto::status::WcStatus;
 use vhca_proto::*;
 use zerocopy::IntoBytes;
@@ -171,6 +171,32 @@ fn wqes_rung_before_rts_run_at_rts() {
     assert_eq!(rig.poll(&mut cq)[0].status, WcStatus::Success);
 }
 
+/// One doorbell record for several WQEs runs them all, in order; a failure among them sends the QP to ERR and the
+/// rest are flushed, whichever WQE was the last posted.
+#[test]
+fn one_doorbell_runs_every_posted_wqe_and_a_failure_flushes_the_rest() {
+    for failing in [None, Some(1u64), Some(3)] {
+        let mut rig = Rig::with_registers(64);
+        let mut p = pair(&mut rig, ACCESS_ALL);
+        let mr = rig.reg_mr(p.pd, ACCESS_ALL, 4 * 64);
+        for wr_id in 0..4u64 {
+            // A write past the end of the MR fails its WR with REM_ACCESS_ERR.
+            let at = if failing == Some(wr_id) { mr.addr + 4 * 64 } else { mr.addr + wr_id * 64 };
+            rig.write_send_wqe(&mut p.a, &wqe(wr_id, WrOpcode::RdmaWrite, WR_SIGNALED, at, mr.key, &[sge(&mr, 0, 8)]));
+        }
+        rig.doorbell(DoorbellKind::SendQueue, p.a.qpn, p.a.sq_posted, 0);
+        let done = rig.poll(&mut p.cq_a);
+        let expected: Vec<(u64, WcStatus)> = (0..4u64)
+            .map(|wr_id| match failing {
+                Some(f) if wr_id == f => (wr_id, WcStatus::RemAccessErr),
+                Some(f) if wr_id > f => (wr_id, WcStatus::WrFlushErr),
+                _ => (wr_id, WcStatus::Success),
+            })
+            .collect();
+        assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), expected, "failing {failing:?}");
+    }
+}
+
 #[test]
 fn doorbell_refusals_are_logged_not_acted_on() {
     let mut rig = Rig::with_registers(64);
@@ -191,4 +217,32 @@ fn doorbell_refusals_are_logged_not_acted_on() {
     assert!(rig.poll(&mut p.cq_a).is_empty());
     assert!(rig.events_of("dma").is_empty(), "a refused doorbell moves nothing");
     let _ = &mut p.a;
+}
+
+/// A sink that keeps no events (`EventSink::keeps_events` false) is given no records, and nothing else changes:
+/// the same work requests, including refused ones, leave the same CQEs, async events and guest memory.
+#[test]
+fn a_sink_that_keeps_no_events_changes_nothing_but_the_records() {
+    let run = |mut rig: Rig| {
+        let mut p = pair(&mut rig, ACCESS_ALL);
+        let len = 3 * PAGE_SIZE + 77;
+        let (_, src) = rig.try_reg_mr_at(p.pd, ACCESS_ALL, len, 0x40);
+        let dst = rig.reg_mr(p.pd, ACCESS_ALL, len + PAGE_SIZE);
+        let src = src.unwrap();
+        rig.mem.poke(src.iova, &pattern(len as usize, 9));
+        let sges = [sge(&src, 0, len as u32)];
+        rig.post_send(&mut p.a, &wqe(1, WrOpcode::RdmaWrite, WR_SIGNALED, dst.addr + 5, dst.key, &sges));
+        // Refused: past the end of the destination MR; the QP goes to ERR and the next WR is flushed.
+        rig.post_send(&mut p.a, &wqe(2, WrOpcode::RdmaWrite, WR_SIGNALED, dst.addr + PAGE_SIZE + 6, dst.key, &sges));
+        rig.post_send(&mut p.a, &wqe(3, WrOpcode::RdmaWrite, WR_SIGNALED, dst.addr, dst.key, &sges));
+        let done = rig.poll(&mut p.cq_a);
+        let events = rig.async_events().iter().map(|e| e.as_bytes().to_vec()).collect::<Vec<_>>();
+        (done, events, rig.mem.peek(dst.iova, (len + PAGE_SIZE) as usize), rig.events().len())
+    };
+    let kept = run(Rig::with_registers(64));
+    let dropped = run(Rig::quiet(HcaConfig { map_registers: 64, ..Default::default() }));
+    assert_eq!(kept.0.iter().map(|c| c.status).collect::<Vec<_>>()[..2], [WcStatus::Success, WcStatus::RemAccessErr]);
+    assert!(!kept.1.is_empty(), "the refusal raised async events");
+    assert!(kept.3 > 0 && dropped.3 == 0, "records: {} kept, {} dropped", kept.3, dropped.3);
+    assert_eq!((kept.0, kept.1, kept.2), (dropped.0, dropped.1, dropped.2));
 }
