@@ -525,6 +525,48 @@ fn ctrl_c_stops_the_run_and_leaves_nothing() {
 }
 
 #[test]
+fn ctrl_c_during_a_run_on_a_reused_guest_leaves_nothing() {
+    if !ready("ctrl_c_during_a_run_on_a_reused_guest_leaves_nothing") {
+        return;
+    }
+    // -j 1: both smoke runs leave their guest clean, so the hanging run is the guest's third.
+    let s = Scratch::new();
+    let suite = suite_file("runner.toml");
+    let mut cmd = s.command(&["suite", suite.to_str().unwrap(), "--filter", "^(smoke|hang)/", "-j", "1"]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run vhca-run");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let (mut seen, mut line) = (String::new(), String::new());
+    while stderr.read_line(&mut line).unwrap() > 0 {
+        seen.push_str(&line);
+        if line.contains("start hang/verifier-off") {
+            break;
+        }
+        line.clear();
+    }
+    assert!(seen.contains("start hang/verifier-off"), "the hang run never started:\n{seen}");
+    // A suite does not echo the console: the hanging guest is seen in its run's serial.log in the work dir.
+    let hanging = || {
+        std::fs::read_dir(s.tmp.path()).unwrap().flatten().any(|dir| {
+            let serial = std::fs::read_to_string(dir.path().join("serial.log")).unwrap_or_default();
+            serial.contains("vhca.init=hang: hanging without a result")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !hanging() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(hanging(), "the hang run's guest never got to its hang:\n{seen}");
+    // The two smoke runs' folders say the second one ran on the first one's guest.
+    let restore = std::fs::read_to_string(s.artifacts.path().join("smoke/verifier-on/restore.log")).unwrap_or_default();
+    assert!(restore.contains("guest reused"), "smoke/verifier-on did not reuse the guest:\n{restore}\n{seen}");
+    signal(child.id(), libc::SIGINT);
+    let (status, output) = finish(child, stderr, seen);
+    assert_eq!(status.code(), Some(130), "{output}");
+    s.assert_nothing_left("Ctrl-C on a reused guest");
+}
+
+#[test]
 fn runner_panic_mid_run_leaves_nothing() {
     if !ready("runner_panic_mid_run_leaves_nothing") {
         return;
