@@ -15,6 +15,7 @@ use crate::proc_usage::{self, Pair};
 use crate::run::{Progress, RunContext, RunError};
 use crate::suite_run::{one_run, SuiteOptions};
 use crate::supervise::process_alive;
+use crate::warm_guest;
 
 /// The seed runs in the mix, both verifier modes: a pass, two bugchecks and a device fault. Their expectations come
 /// from the built-in seed suite, the one place the seed verdicts are written.
@@ -91,8 +92,10 @@ pub struct SoakSample {
     pub children_peak_rss_kib: u64,
     /// The runner's children still there after the run (alive or unreaped), and the run's own device or QEMU if alive.
     pub processes_left: Vec<u32>,
-    /// Work dirs (`vhca-run-*`) in the temp dir after the run.
+    /// Work dirs (`vhca-run-*`) in the temp dir after the run, the kept guest's not counted.
     pub work_dirs_left: usize,
+    /// A guest the run left clean is kept for the next run (its QEMU, sockets and work dir live on).
+    pub guest_kept: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -117,14 +120,29 @@ impl SoakReport {
 pub fn soak_runs() -> Vec<ConcreteRun> {
     // Both suites are constants this crate's tests parse: a parse error is a bug here or in seed.toml.
     let seed = Suite::seed().map(|s| s.expand()).unwrap_or_default();
-    let mut runs: Vec<ConcreteRun> =
+    let runs: Vec<ConcreteRun> =
         // The native personality only: the sys twins of these runs are the parity test's (sys_parity.rs).
         seed.into_iter()
             .filter(|r| r.guest.driver == vhca_suite::DriverKind::Native)
             .filter(|r| FROM_SEED.iter().any(|name| r.name.split('/').next() == Some(name)))
             .collect();
-    runs.extend(Suite::parse(RIG_FAULTS_SUITE, "<soak>").map(|s| s.expand()).unwrap_or_default());
-    runs
+    let rig: Vec<ConcreteRun> = Suite::parse(RIG_FAULTS_SUITE, "<soak>").map(|s| s.expand()).unwrap_or_default();
+    // Each kill follows a run that leaves its guest clean, so it hits a reused guest: smoke/off, QEMU killed,
+    // smoke/on, device killed, then the rest in suite order.
+    let (kills, rest): (Vec<ConcreteRun>, Vec<ConcreteRun>) =
+        rig.into_iter().partition(|r| KILLED.iter().any(|(name, _, _)| *name == r.name));
+    let mut order = Vec::new();
+    let mut kills = kills.into_iter();
+    for (i, run) in runs.into_iter().enumerate() {
+        order.push(run);
+        // After each of the first two seed runs (smoke, both modes), which leave their guest clean.
+        if i < 2 {
+            order.extend(kills.next());
+        }
+    }
+    order.extend(kills);
+    order.extend(rest);
+    order
 }
 
 fn children_peak_rss_kib() -> u64 {
@@ -208,6 +226,8 @@ pub fn soak(
         let killed = KILLED.iter().find(|(name, _, _)| *name == run.name);
         let armed = killed.map(|(_, victim, _)| KillAtMidRun::arm(*victim));
         let _ = proc_usage::take_last();
+        // As in a suite: a guest the run leaves clean serves the next run.
+        warm_guest::expect_more_runs(index + 1 < n);
         let report = one_run(ctx, run, opts, &mut quiet)?;
         drop(armed);
         let children_usage = proc_usage::take_last().unwrap_or_default();
@@ -218,9 +238,13 @@ pub fn soak(
             ),
             None => (report.expected.to_string(), report.passed()),
         };
-        let mut processes_left = children();
+        // The guest kept for the next run is no leftover: its QEMU and work dir live on by design (and are checked
+        // at the soak's end, once it is dropped).
+        let kept = warm_guest::kept_guest();
+        let kept_pid = kept.as_ref().map(|(pid, _)| *pid);
+        let mut processes_left: Vec<u32> = children().into_iter().filter(|pid| Some(*pid) != kept_pid).collect();
         for pid in [children_usage.device_pid, children_usage.qemu_pid].into_iter().flatten() {
-            if process_alive(pid) && !processes_left.contains(&pid) {
+            if process_alive(pid) && !processes_left.contains(&pid) && Some(pid) != kept_pid {
                 processes_left.push(pid);
             }
         }
@@ -239,13 +263,25 @@ pub fn soak(
             at_end: children_usage.end,
             children_peak_rss_kib: children_peak_rss_kib(),
             processes_left,
-            work_dirs_left: work_dirs(&temp),
+            work_dirs_left: work_dirs(&temp).saturating_sub(usize::from(kept.is_some())),
+            guest_kept: kept.is_some(),
         };
         on(&sample);
         samples.push(sample);
     }
+    warm_guest::discard();
     let growth = children_growth(&samples);
     let mut problems = judge(&samples, fds_before, locks_before);
+    // With the last guest dropped, the runner is back where it began.
+    let (left, dirs) = (children(), work_dirs(&temp));
+    let me = proc_usage::of("self").map_or(0, |u| u.fds);
+    if !left.is_empty() || dirs != 0 || me != fds_before || locks_held() != locks_before {
+        problems.push(format!(
+            "after the soak: processes {left:?}, {dirs} work dirs, {me} fds ({fds_before} before), {} locks ({} before)",
+            locks_held(),
+            locks_before
+        ));
+    }
     problems.extend(growth.iter().filter_map(Growth::problem));
     let failed_runs = samples.iter().filter(|s| !s.passed).count();
     Ok(SoakReport { samples, failed_runs, fds_before, locks_before, growth, problems })
@@ -256,7 +292,14 @@ pub fn soak(
 /// 8 MiB). The children's growth is `children_growth`'s.
 pub fn judge(samples: &[SoakSample], fds_before: usize, locks_before: usize) -> Vec<String> {
     let mut problems = Vec::new();
+    // While a guest is kept for the next run, the runner holds its sockets, console log and work-dir lock: the same
+    // count every time one is kept.
+    let kept = samples.iter().find(|s| s.guest_kept).map(|s| (s.runner_fds, s.runner_locks));
     for s in samples {
+        let ((fds_before, locks_before), when) = match (s.guest_kept, kept) {
+            (true, Some(baseline)) => (baseline, "when a guest was first kept"),
+            _ => ((fds_before, locks_before), "before the soak"),
+        };
         if !s.passed {
             problems.push(format!(
                 "run {} ({}) did not get its expected verdict: expected {}, got {}",
@@ -264,14 +307,11 @@ pub fn judge(samples: &[SoakSample], fds_before: usize, locks_before: usize) -> 
             ));
         }
         if s.runner_fds != fds_before {
-            problems.push(format!(
-                "after run {} the runner has {} fds, {} before the soak",
-                s.index, s.runner_fds, fds_before
-            ));
+            problems.push(format!("after run {} the runner has {} fds, {} {when}", s.index, s.runner_fds, fds_before));
         }
         if s.runner_locks != locks_before {
             problems.push(format!(
-                "after run {} the runner holds {} locks, {} before the soak",
+                "after run {} the runner holds {} locks, {} {when}",
                 s.index, s.runner_locks, locks_before
             ));
         }
@@ -471,7 +511,32 @@ mod tests {
             children_peak_rss_kib: 0,
             processes_left: vec![],
             work_dirs_left: 0,
+            guest_kept: false,
         }
+    }
+
+    #[test]
+    fn a_kept_guest_holds_the_same_fds_each_time_and_a_leak_under_it_still_fails() {
+        // Runs 1, 2, 4 keep their guest (its sockets and lock: 4 fds, 1 lock more), 0 and 3 do not.
+        let kept = |i: usize, extra: usize| {
+            let mut s = sample(i, 20_000, 5 + extra);
+            s.guest_kept = true;
+            s.runner_locks = 2;
+            s
+        };
+        let fine = vec![sample(0, 20_000, 5), kept(1, 4), kept(2, 4), sample(3, 20_000, 5), kept(4, 4)];
+        assert_eq!(judge(&fine, 5, 1), Vec::<String>::new());
+        // One fd more each time a guest is kept: a leak, whatever the guest holds.
+        let leaking = vec![sample(0, 20_000, 5), kept(1, 4), kept(2, 5), sample(3, 20_000, 5), kept(4, 6)];
+        let problems = judge(&leaking, 5, 1);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].contains("after run 2 the runner has 10 fds, 9 when a guest was first kept"),
+            "{problems:?}"
+        );
+        // A run that keeps no guest must be back at the soak's start.
+        let left = vec![sample(0, 20_000, 5), kept(1, 4), sample(2, 20_000, 6)];
+        assert_eq!(judge(&left, 5, 1).len(), 1);
     }
 
     #[test]

@@ -177,6 +177,15 @@ pub fn take(snapshot: &Snapshot) -> std::io::Result<Taken> {
     }
 }
 
+/// The guest this worker keeps for its next run, if it keeps one: its QEMU's pid and its work dir (for the soak,
+/// which must tell it from a leftover).
+pub fn kept_guest() -> Option<(u32, PathBuf)> {
+    NEXT.with(|n| match &*n.borrow() {
+        Some(Ahead::Ready(ready)) => Some((ready.loaded.qemu.pid(), ready.work.path().to_path_buf())),
+        _ => None,
+    })
+}
+
 /// Keeps a guest that served a run for this worker's next one (dropped, QEMU killed and reaped, if none comes).
 pub fn keep(ready: ReadyGuest) {
     NEXT.with(|n| *n.borrow_mut() = Some(Ahead::Ready(ready)));
