@@ -15,8 +15,16 @@ use common::*;
 
 /// Starts `vhca-run boot` on a guest that hangs in /init and returns once QEMU and the device both run.
 fn boot_hung_guest(s: &Scratch) -> (Child, BufReader<ChildStderr>, String) {
-    let mut cmd =
-        s.command(&["boot", "--param", "init=hang", "--expect", "hang", "--timeout", "300", "--silence", "300"]);
+    let cmd = s.command(&["boot", "--param", "init=hang", "--expect", "hang", "--timeout", "300", "--silence", "300"]);
+    spawn_until(cmd, "vhca.init=hang: hanging without a result", "the guest never reached /init")
+}
+
+/// Starts `cmd` and reads its stderr until a line contains `needle`; panics with `otherwise` if it never does.
+fn spawn_until(
+    mut cmd: std::process::Command,
+    needle: &str,
+    otherwise: &str,
+) -> (Child, BufReader<ChildStderr>, String) {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("run vhca-run");
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
@@ -24,14 +32,14 @@ fn boot_hung_guest(s: &Scratch) -> (Child, BufReader<ChildStderr>, String) {
     let mut line = String::new();
     while stderr.read_line(&mut line).unwrap() > 0 {
         seen.push_str(&line);
-        if line.contains("vhca.init=hang: hanging without a result") {
+        if line.contains(needle) {
             return (child, stderr, seen);
         }
         line.clear();
     }
     let _ = child.kill();
     let _ = child.wait();
-    panic!("the guest never reached /init:\n{seen}");
+    panic!("{otherwise}:\n{seen}");
 }
 
 fn finish(
@@ -532,19 +540,8 @@ fn ctrl_c_during_a_run_on_a_reused_guest_leaves_nothing() {
     // -j 1: both smoke runs leave their guest clean, so the hanging run is the guest's third.
     let s = Scratch::new();
     let suite = suite_file("runner.toml");
-    let mut cmd = s.command(&["suite", suite.to_str().unwrap(), "--filter", "^(smoke|hang)/", "-j", "1"]);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("run vhca-run");
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let (mut seen, mut line) = (String::new(), String::new());
-    while stderr.read_line(&mut line).unwrap() > 0 {
-        seen.push_str(&line);
-        if line.contains("start hang/verifier-off") {
-            break;
-        }
-        line.clear();
-    }
-    assert!(seen.contains("start hang/verifier-off"), "the hang run never started:\n{seen}");
+    let cmd = s.command(&["suite", suite.to_str().unwrap(), "--filter", "^(smoke|hang)/", "-j", "1"]);
+    let (child, stderr, seen) = spawn_until(cmd, "start hang/verifier-off", "the hang run never started");
     // A suite does not echo the console: the hanging guest is seen in its run's serial.log in the work dir.
     let hanging = || {
         std::fs::read_dir(s.tmp.path()).unwrap().flatten().any(|dir| {
