@@ -88,13 +88,20 @@ impl Supervised {
         }
         cmd.stdin(Stdio::null());
         cmd.process_group(0);
-        // SAFETY: the closure runs in the forked child before exec and only calls prctl, which is async-signal-safe
-        // and touches no memory of the parent. PDEATHSIG makes the kernel kill the child if the runner dies without
-        // unwinding (SIGKILL, second Ctrl-C), the one case the drop guard cannot cover.
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl and getppid, which are
+        // async-signal-safe and touch no memory of the parent. PDEATHSIG makes the kernel kill the child if the
+        // runner dies without unwinding (SIGKILL, second Ctrl-C), the one case the drop guard cannot cover. A runner
+        // that died between the fork and the prctl sends no signal any more: the child then sees another parent and
+        // does not exec (a snapshot build's QEMU outlived a runner SIGKILLed as it spawned it, in a CI run's fault
+        // test).
+        let runner = std::process::id();
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                     return Err(io::Error::last_os_error());
+                }
+                if u32::try_from(libc::getppid()).ok() != Some(runner) {
+                    return Err(io::Error::other("the runner died before its child could exec"));
                 }
                 Ok(())
             });

@@ -69,6 +69,11 @@ fn runner_killed_with_sigkill_loses_nothing_and_the_next_start_sweeps() {
     assert!(!locks.is_empty() && locks.iter().all(|l| locked(l)), "the builder holds its snapshot lock: {locks:?}");
     sigkill(&mut runner);
     children_die_and_work_dirs_stay(&s, "killed mid-build");
+    // The build's QEMU names the snapshot dir, not the run's temp dir.
+    let builds = snapshots.path().to_string_lossy().into_owned();
+    wait_for("the snapshot build's QEMU dying with the runner", Duration::from_secs(3), || {
+        processes_mentioning(&builds).is_empty()
+    });
     for lock in &locks {
         assert!(!locked(lock), "{} is still locked after its holder was killed", lock.display());
     }
