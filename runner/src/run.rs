@@ -302,9 +302,9 @@ fn attempt(
     snapshot: Option<&Arc<Snapshot>>,
     on: &mut dyn FnMut(Progress),
 ) -> Result<Attempt, RunError> {
-    // From the snapshot, the run takes its worker's guest loaded ahead (or starts one now); its work dir is the run's.
-    // Either way the dir is claimed (leftovers.rs) for as long as the run uses it.
-    // The guest (from the snapshot) lives in a work dir of its own: it may serve more runs than this one.
+    // From the snapshot, the run takes its worker's guest: the one its last run left clean, one loaded ahead, or
+    // one started now. The guest lives in a work dir of its own (it may serve more runs than this one); the run's
+    // files go in the run's work dir, claimed (leftovers.rs) for as long as the run uses it.
     let guest = match snapshot {
         Some(s) => Some(warm_guest::take(s)?),
         None => None,
