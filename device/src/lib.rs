@@ -10,6 +10,7 @@ pub mod miss_replies;
 pub mod queue_polling;
 pub mod queue_worker;
 pub mod sandbox;
+pub mod sched_slice;
 pub mod shared;
 pub mod translation_cache;
 pub mod vhost_user;
@@ -37,6 +38,8 @@ pub struct DeviceOptions {
     pub miss_timeout: Duration,
     /// How long the queue worker busy-polls after its last work, kicks suppressed (`queue_polling`); zero: never.
     pub poll_window: Duration,
+    /// Scheduler slice of the device's threads (`sched_slice`); zero: the kernel's default.
+    pub thread_slice: Duration,
     /// Largest queue SET_VRING_NUM may set up: a power of two up to `vring::MAX_QUEUE_SIZE` (the default). The
     /// fuzz harness lowers it to the carrier's 64 so that one input's rings cost it 64², not 1024², descriptor reads.
     pub max_queue_size: u16,
@@ -48,6 +51,7 @@ impl Default for DeviceOptions {
             hca: HcaConfig::default(),
             miss_timeout: Duration::from_millis(1000),
             poll_window: Duration::from_micros(DEFAULT_POLL_WINDOW_US),
+            thread_slice: sched_slice::SHORTEST,
             max_queue_size: vring::MAX_QUEUE_SIZE,
         }
     }
@@ -88,8 +92,8 @@ pub fn serve_locked_down(
 ) -> Result<(), ServeError> {
     let (shared, hca, config) = device_parts(&events, options)?;
     // Both threads start before the lockdown: the sandbox forbids starting one.
-    let reader = miss_replies::spawn_reader(Arc::clone(&shared)).map_err(ServeError::Reader)?;
-    let worker = match Worker::spawn(Arc::clone(&shared), hca, options.poll_window) {
+    let reader = miss_replies::spawn_reader(Arc::clone(&shared), options.thread_slice).map_err(ServeError::Reader)?;
+    let worker = match Worker::spawn(Arc::clone(&shared), hca, options.poll_window, options.thread_slice) {
         Ok(worker) => worker,
         Err(err) => {
             miss_replies::stop_reader(&shared, reader);

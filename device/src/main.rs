@@ -21,6 +21,8 @@ use vhca_device::{serve_locked_down, DeviceOptions};
 const MAX_MAP_REGISTERS: i64 = 1 << 20;
 /// Longest `--miss-timeout-ms`: an hour is already far past any QEMU answer.
 const MAX_MISS_TIMEOUT_MS: u64 = vhca_device::shared::MAX_MISS_TIMEOUT.as_secs() * 1000;
+/// Longest `--thread-slice-us`.
+const MAX_THREAD_SLICE_US: u64 = vhca_device::sched_slice::LONGEST.as_micros() as u64;
 /// Longest `--poll-window-us`.
 const MAX_POLL_WINDOW_US: u64 = vhca_device::queue_polling::MAX_POLL_WINDOW.as_micros() as u64;
 
@@ -45,6 +47,12 @@ struct Cli {
     #[arg(long, default_value_t = vhca_device::DEFAULT_POLL_WINDOW_US,
           value_parser = clap::value_parser!(u64).range(0..=MAX_POLL_WINDOW_US))]
     poll_window_us: u64,
+    /// Scheduler slice, in microseconds, asked for the queue worker and the IOTLB reply reader (Linux 6.12+; the
+    /// kernel clamps it to 100–100000): a kick that wakes the worker where QEMU's vCPU thread runs then preempts
+    /// that thread instead of waiting out its slice. 0: the kernel's default (docs/bench.md section 5).
+    #[arg(long, default_value_t = vhca_device::sched_slice::SHORTEST.as_micros() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_THREAD_SLICE_US))]
+    thread_slice_us: u64,
     /// Fault injection, KEY=VALUE (repeatable; a later one wins): fail_reg_mr=N, fail_ring_map=N,
     /// drop_completion=N, delay_completion=N, delay_doorbells=K, max_contiguous_pages=P,
     /// contiguous_policy=refuse|split, invalidate_at_dma=N, invalidate_iova=A, invalidate_size=S (docs/protocol.md).
@@ -101,6 +109,7 @@ impl Cli {
                 hca,
                 miss_timeout: Duration::from_millis(self.miss_timeout_ms),
                 poll_window: Duration::from_micros(self.poll_window_us),
+                thread_slice: Duration::from_micros(self.thread_slice_us),
                 ..DeviceOptions::default()
             },
             Err(err) => Cli::command().error(clap::error::ErrorKind::ValueValidation, err).exit(),

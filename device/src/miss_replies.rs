@@ -11,6 +11,7 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use vhost::vhost_user::message::BackendReq;
 use vm_memory::Permissions;
@@ -271,10 +272,12 @@ pub fn read_replies(replies: &MissReplies, epoch: u64, mut stream: UnixStream, r
 }
 
 /// Starts the thread that reads the replies for `shared`: before the sandbox goes on, since it forbids new threads.
-pub fn spawn_reader(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+/// It runs with scheduler slice `slice` (`sched_slice`): QEMU's answer to an IOTLB miss wakes it while the guest's
+/// vCPU thread may hold the core, and the DMA waiting for that answer waits for it.
+pub fn spawn_reader(shared: Arc<Shared>, slice: Duration) -> io::Result<JoinHandle<()>> {
     shared.miss_replies.set_reader(true);
     let thread = Arc::clone(&shared);
-    let spawned = std::thread::Builder::new().name("vhca-replies".into()).spawn(move || run(&thread));
+    let spawned = crate::sched_slice::spawn("vhca-replies", slice, move || run(&thread));
     if spawned.is_err() {
         shared.miss_replies.set_reader(false);
     }

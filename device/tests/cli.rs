@@ -146,6 +146,69 @@ fn bad_values_exit_2_naming_flag_and_value() {
     expect_usage_error(&["--map-registers", "2000000"], "2000000");
     expect_usage_error(&["--max-mr", "lots"], "--max-mr");
     expect_usage_error(&["--miss-timeout-ms", "99999999999"], "--miss-timeout-ms");
+    expect_usage_error(&["--thread-slice-us", "100001"], "--thread-slice-us");
+}
+
+/// The slice of every thread of `pid` named in `names`, read from outside with sched_getattr(2) (Linux 6.12+
+/// reports a SCHED_OTHER thread's slice in `sched_runtime`), and that of its main thread.
+fn thread_slices(pid: u32, names: &[&str]) -> (Vec<(String, u64)>, u64) {
+    // struct sched_attr, version 1: size, policy, flags, nice, priority, runtime, deadline, period, util min/max.
+    #[repr(C)]
+    #[derive(Default)]
+    struct SchedAttr([u32; 2], u64, [i32; 2], [u64; 3], [u32; 2]);
+    let slice_of = |tid: i64| {
+        let mut attr = SchedAttr::default();
+        // SAFETY: the kernel writes at most 56 bytes (the size passed) into `attr`, which is that large; flags 0.
+        let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr as *mut SchedAttr, 56u32, 0u32) };
+        assert_eq!(rc, 0, "sched_getattr({tid}): {}", std::io::Error::last_os_error());
+        attr.3[0]
+    };
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap();
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap().trim().to_string();
+        if names.contains(&name.as_str()) {
+            found.push((name, slice_of(task.file_name().to_str().unwrap().parse().unwrap())));
+        }
+    }
+    found.sort();
+    (found, slice_of(i64::from(pid)))
+}
+
+fn kernel_has_custom_slices() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
+}
+
+/// The queue worker and the IOTLB reply reader run with the slice asked for, in the real binary with its sandbox
+/// on (the request is made before the seccomp filter, which forbids it); 0 leaves the kernel's default.
+#[test]
+fn the_device_threads_run_with_the_scheduler_slice_asked_for() {
+    let names = ["vhca-queues", "vhca-replies"];
+    for (flags, slice_ns) in [
+        (&[][..], Some(100_000)),
+        (&["--thread-slice-us", "2500"][..], Some(2_500_000)),
+        (&["--thread-slice-us", "0"][..], None),
+    ] {
+        let mut s = Session::start(flags, true);
+        s.command_ok(Opcode::QueryDevice, &[], &[]);
+        let (threads, main_thread) = thread_slices(s.device.child.id(), &names);
+        let got: Vec<&str> = threads.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(got, ["vhca-queues", "vhca-replies"], "{flags:?}");
+        if kernel_has_custom_slices() {
+            let want = slice_ns.unwrap_or(main_thread);
+            for (name, slice) in &threads {
+                assert_eq!(*slice, want, "{flags:?}: {name}");
+            }
+            if slice_ns.is_some() {
+                assert_ne!(main_thread, 100_000, "the main thread keeps the kernel's default");
+            }
+        }
+        let (status, stderr, _) = s.close();
+        assert!(status.success(), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("refused"), "{flags:?}: {stderr}");
+    }
 }
 
 /// The event log is buffered, but a device told to stop (SIGTERM) writes every line first: here the `start` and
