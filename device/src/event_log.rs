@@ -167,6 +167,10 @@ impl EventLog {
         let theirs = Arc::clone(&channel);
         let (ready, set_up) = std::sync::mpsc::channel();
         let writer = std::thread::Builder::new().name("event-log".into()).spawn(move || {
+            // Behind the queue worker on a shared core (thread_sched.rs); before `ready`, so before the sandbox.
+            if let Err(err) = crate::thread_sched::lower_this_thread() {
+                tracing::warn!("event log writer: cannot lower its priority ({err}); it may delay requests");
+            }
             let _ = ready.send(());
             write_lines(&theirs, BufWriter::with_capacity(BUFFER, out));
         })?;

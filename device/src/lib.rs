@@ -10,8 +10,8 @@ pub mod miss_replies;
 pub mod queue_polling;
 pub mod queue_worker;
 pub mod sandbox;
-pub mod sched_slice;
 pub mod shared;
+pub mod thread_sched;
 pub mod translation_cache;
 pub mod vhost_user;
 pub mod vring;
@@ -38,7 +38,7 @@ pub struct DeviceOptions {
     pub miss_timeout: Duration,
     /// How long the queue worker busy-polls after its last work, kicks suppressed (`queue_polling`); zero: never.
     pub poll_window: Duration,
-    /// Scheduler slice of the device's threads (`sched_slice`); zero: the kernel's default.
+    /// Scheduler slice of the device's threads (`thread_sched`); zero: the kernel's default.
     pub thread_slice: Duration,
     /// Largest queue SET_VRING_NUM may set up: a power of two up to `vring::MAX_QUEUE_SIZE` (the default). The
     /// fuzz harness lowers it to the carrier's 64 so that one input's rings cost it 64², not 1024², descriptor reads.
@@ -51,7 +51,7 @@ impl Default for DeviceOptions {
             hca: HcaConfig::default(),
             miss_timeout: Duration::from_millis(1000),
             poll_window: Duration::from_micros(DEFAULT_POLL_WINDOW_US),
-            thread_slice: sched_slice::SHORTEST,
+            thread_slice: thread_sched::SHORTEST,
             max_queue_size: vring::MAX_QUEUE_SIZE,
         }
     }

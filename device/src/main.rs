@@ -22,7 +22,7 @@ const MAX_MAP_REGISTERS: i64 = 1 << 20;
 /// Longest `--miss-timeout-ms`: an hour is already far past any QEMU answer.
 const MAX_MISS_TIMEOUT_MS: u64 = vhca_device::shared::MAX_MISS_TIMEOUT.as_secs() * 1000;
 /// Longest `--thread-slice-us`.
-const MAX_THREAD_SLICE_US: u64 = vhca_device::sched_slice::LONGEST.as_micros() as u64;
+const MAX_THREAD_SLICE_US: u64 = vhca_device::thread_sched::LONGEST.as_micros() as u64;
 /// Longest `--poll-window-us`.
 const MAX_POLL_WINDOW_US: u64 = vhca_device::queue_polling::MAX_POLL_WINDOW.as_micros() as u64;
 
@@ -50,7 +50,7 @@ struct Cli {
     /// Scheduler slice, in microseconds, asked for the queue worker and the IOTLB reply reader (Linux 6.12+; the
     /// kernel clamps it to 100–100000): a kick that wakes the worker where QEMU's vCPU thread runs then preempts
     /// that thread instead of waiting out its slice. 0: the kernel's default (docs/bench.md section 5).
-    #[arg(long, default_value_t = vhca_device::sched_slice::SHORTEST.as_micros() as u64,
+    #[arg(long, default_value_t = vhca_device::thread_sched::SHORTEST.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(0..=MAX_THREAD_SLICE_US))]
     thread_slice_us: u64,
     /// Fault injection, KEY=VALUE (repeatable; a later one wins): fail_reg_mr=N, fail_ring_map=N,

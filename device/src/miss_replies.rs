@@ -272,12 +272,12 @@ pub fn read_replies(replies: &MissReplies, epoch: u64, mut stream: UnixStream, r
 }
 
 /// Starts the thread that reads the replies for `shared`: before the sandbox goes on, since it forbids new threads.
-/// It runs with scheduler slice `slice` (`sched_slice`): QEMU's answer to an IOTLB miss wakes it while the guest's
+/// It runs with scheduler slice `slice` (`thread_sched`): QEMU's answer to an IOTLB miss wakes it while the guest's
 /// vCPU thread may hold the core, and the DMA waiting for that answer waits for it.
 pub fn spawn_reader(shared: Arc<Shared>, slice: Duration) -> io::Result<JoinHandle<()>> {
     shared.miss_replies.set_reader(true);
     let thread = Arc::clone(&shared);
-    let spawned = crate::sched_slice::spawn("vhca-replies", slice, move || run(&thread));
+    let spawned = crate::thread_sched::spawn("vhca-replies", slice, move || run(&thread));
     if spawned.is_err() {
         shared.miss_replies.set_reader(false);
     }

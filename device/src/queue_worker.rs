@@ -88,11 +88,11 @@ impl Worker {
     }
 
     /// The worker thread; it busy-polls for `poll_window` after each piece of work (zero: never), and runs with
-    /// scheduler slice `slice` (`sched_slice`; zero: the kernel's default).
+    /// scheduler slice `slice` (`thread_sched`; zero: the kernel's default).
     pub fn spawn(shared: Arc<Shared>, hca: Hca, poll_window: Duration, slice: Duration) -> io::Result<JoinHandle<()>> {
         let mut worker = Worker::new(shared, hca)?;
         worker.poll_window = poll_window;
-        crate::sched_slice::spawn("vhca-queues", slice, move || worker.run())
+        crate::thread_sched::spawn("vhca-queues", slice, move || worker.run())
     }
 
     /// One pass over every queue, as the thread makes after each wake-up. For single-threaded drivers of the

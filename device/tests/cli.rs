@@ -175,6 +175,18 @@ fn thread_slices(pid: u32, names: &[&str]) -> (Vec<(String, u64)>, u64) {
     (found, slice_of(i64::from(pid)))
 }
 
+/// The thread id of `pid`'s only thread called `name`.
+fn thread_id(pid: u32, name: &str) -> u32 {
+    let ids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|task| task.unwrap().path())
+        .filter(|task| std::fs::read_to_string(task.join("comm")).unwrap().trim() == name)
+        .map(|task| task.file_name().unwrap().to_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 1, "threads called {name}: {ids:?}");
+    ids[0]
+}
+
 fn kernel_has_custom_slices() -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
@@ -182,7 +194,8 @@ fn kernel_has_custom_slices() -> bool {
 }
 
 /// The queue worker and the IOTLB reply reader run with the slice asked for, in the real binary with its sandbox
-/// on (the request is made before the seccomp filter, which forbids it); 0 leaves the kernel's default.
+/// on (the request is made before the seccomp filter, which forbids it); 0 leaves the kernel's default. The event
+/// log's writer runs ten nicer than the process either way.
 #[test]
 fn the_device_threads_run_with_the_scheduler_slice_asked_for() {
     let names = ["vhca-queues", "vhca-replies"];
@@ -205,9 +218,15 @@ fn the_device_threads_run_with_the_scheduler_slice_asked_for() {
                 assert_ne!(main_thread, 100_000, "the main thread keeps the kernel's default");
             }
         }
+        let pid = s.device.child.id();
+        let writer = thread_id(pid, "event-log");
+        // SAFETY: getpriority only reads the nice values of the child this test started and of one of its threads.
+        let (writer_nice, main_nice) =
+            unsafe { (libc::getpriority(libc::PRIO_PROCESS, writer), libc::getpriority(libc::PRIO_PROCESS, pid)) };
+        assert_eq!(writer_nice, (main_nice + 10).min(19), "{flags:?}: the event log's writer runs ten nicer");
         let (status, stderr, _) = s.close();
         assert!(status.success(), "{flags:?}: {stderr}");
-        assert!(!stderr.contains("refused"), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("refused") && !stderr.contains("cannot lower"), "{flags:?}: {stderr}");
     }
 }
 

@@ -1,14 +1,19 @@
-//! A short scheduler slice for the device's threads, so a kick that wakes one on the core where QEMU's vCPU thread
-//! runs preempts that thread instead of queueing behind it.
+//! Scheduling hints for the device's threads, so that QEMU's vCPU thread and the device's own background work do
+//! not hold a core that a kicked request is waiting for.
 //!
-//! Why: under TCG, QEMU's vCPU thread writes the kick eventfd and keeps running (the guest spins on its used ring).
-//! The woken queue worker often lands on that same core, and under EEVDF (Linux 6.6+) a woken task with the default
-//! slice may wait until the running one has used up its own: 0.1–0.3 ms per such wake-up, in 1–3 % of them
-//! (`perf sched timehist`, docs/bench.md section 5), which was the whole of the guest round trip's p99. Since Linux
-//! 6.12 a SCHED_OTHER task may ask for a shorter slice with `sched_setattr(2)`'s `sched_runtime`, and one whose slice
-//! is shorter than the running task's preempts it at wake-up (the scheduler feature PREEMPT_SHORT). It needs no
-//! privilege and does not raise the thread's share of the CPU (that is its nice value, kept); an older kernel accepts
-//! and ignores the field.
+//! **A short slice for the threads a request waits for** (the queue worker, the IOTLB reply reader). Under TCG,
+//! QEMU's vCPU thread writes the kick eventfd and keeps running (the guest spins on its used ring). The woken worker
+//! often lands on that same core, and under EEVDF (Linux 6.6+) a woken task with the default slice may wait until
+//! the running one has used up its own: 0.1–0.3 ms per such wake-up, in 1–3 % of them (`perf sched timehist`,
+//! docs/bench.md section 5), which was the whole of the guest round trip's p99. Since Linux 6.12 a SCHED_OTHER task
+//! may ask for a shorter slice with `sched_setattr(2)`'s `sched_runtime`, and one whose slice is shorter than the
+//! running task's preempts it at wake-up (the scheduler feature PREEMPT_SHORT). It needs no privilege and does not
+//! raise the thread's share of the CPU (that is its nice value, kept); an older kernel accepts and ignores the field.
+//!
+//! **A lower priority for the event log's writer** (`lower_this_thread`). It wakes every 2 ms while events come and
+//! writes for ~0.1 ms; a worker woken onto its core waited that long behind it (the back-to-back round trip's p99,
+//! 150–200 µs). Nice +10 makes the scheduler prefer the worker without starving the writer, whose CPU need is ~1 %;
+//! a producer that fills the queue still waits for it (event_log.rs), so it must keep running under load.
 //!
 //! Hand-written: neither libc nor rustix wraps `sched_setattr`/`sched_getattr` or defines `struct sched_attr`.
 
@@ -73,7 +78,26 @@ pub fn this_thread_slice() -> io::Result<Duration> {
     }
 }
 
-fn this_thread_nice() -> io::Result<i32> {
+/// How much lower than its process the event log's writer runs (`lower_this_thread`).
+pub const BACKGROUND_NICE_OFFSET: i32 = 10;
+/// The lowest priority Linux has.
+const NICEST: i32 = 19;
+
+/// Lowers the calling thread's priority by `BACKGROUND_NICE_OFFSET` (to at most nice 19): for background work that
+/// must go on but never ahead of a request.
+pub fn lower_this_thread() -> io::Result<()> {
+    let nice = (this_thread_nice()? + BACKGROUND_NICE_OFFSET).min(NICEST);
+    // SAFETY: setpriority with who = 0 sets the calling thread's nice value (Linux: PRIO_PROCESS names a thread);
+    // raising it needs no privilege.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The calling thread's nice value.
+pub fn this_thread_nice() -> io::Result<i32> {
     // SAFETY: getpriority with who = 0 reads the calling thread's nice value (Linux: PRIO_PROCESS names a thread);
     // errno is cleared first because -1 is a valid nice value.
     let nice = unsafe {
@@ -149,6 +173,23 @@ mod tests {
         if kernel_has_custom_slices() {
             assert_eq!(seen.1, Duration::from_millis(2));
         }
+    }
+
+    #[test]
+    fn background_threads_run_ten_nicer_at_most_nineteen() {
+        let seen = std::thread::spawn(|| {
+            let before = this_thread_nice().unwrap();
+            lower_this_thread().unwrap();
+            let once = this_thread_nice().unwrap();
+            lower_this_thread().unwrap();
+            lower_this_thread().unwrap();
+            (before, once, this_thread_nice().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen.1, (seen.0 + 10).min(19));
+        assert_eq!(seen.2, 19, "clamped at the lowest priority, not an error");
+        assert_eq!(this_thread_nice().unwrap(), seen.0, "only the calling thread is lowered");
     }
 
     #[test]
