@@ -66,17 +66,34 @@ pub fn request_for_this_thread(slice: Duration) -> io::Result<()> {
     }
 }
 
-/// The calling thread's slice as the kernel reports it (`sched_runtime` of `sched_getattr`, Linux 6.12+; 0 before).
+/// The calling thread's slice as the kernel reports it (`slice_of`).
 pub fn this_thread_slice() -> io::Result<Duration> {
+    slice_of(0)
+}
+
+/// Thread `tid`'s slice as the kernel reports it (`sched_runtime` of `sched_getattr`, Linux 6.12+; 0 before); 0 is
+/// the calling thread. Reading another thread's needs no privilege.
+pub fn slice_of(tid: libc::pid_t) -> io::Result<Duration> {
     let mut attr = SchedAttr::default();
-    // SAFETY: pid 0 is the calling thread; the kernel writes at most `SCHED_ATTR_SIZE` bytes into `attr`, which is
-    // exactly that large; flags 0.
-    let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &mut attr as *mut SchedAttr, SCHED_ATTR_SIZE, 0) };
+    // SAFETY: the kernel writes at most `SCHED_ATTR_SIZE` bytes into `attr`, which is exactly that large; flags 0.
+    let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr as *mut SchedAttr, SCHED_ATTR_SIZE, 0) };
     if rc == 0 {
         Ok(Duration::from_nanos(attr.sched_runtime))
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// Whether the running kernel takes `sched_runtime` as a SCHED_OTHER thread's slice (Linux 6.12 and later; before,
+/// the request is accepted and has no effect).
+pub fn kernel_grants_slices() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|release| release_grants_slices(&release))
+}
+
+/// `kernel_grants_slices` for a kernel release string ("6.18.44-fc-v669", "6.1.0-28-amd64").
+fn release_grants_slices(release: &str) -> bool {
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
 }
 
 /// How much lower than its process the event log's writer runs (`lower_this_thread`).
@@ -139,11 +156,10 @@ pub fn spawn<T: Send + 'static>(
 mod tests {
     use super::*;
 
-    /// Linux 6.12 is where `sched_runtime` became a SCHED_OTHER task's slice (and what `sched_getattr` reports).
-    fn kernel_has_custom_slices() -> bool {
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-        let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
-        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
+    #[test]
+    fn kernel_releases_are_compared_as_numbers() {
+        assert!(["6.18.44-fc-v669", "6.12.0", "7.0.1\n", "10.2"].iter().all(|r| release_grants_slices(r)));
+        assert!(!["6.1.0-28-amd64", "6.11.9", "5.19.0", "", "garbage"].iter().any(|r| release_grants_slices(r)));
     }
 
     #[test]
@@ -154,7 +170,7 @@ mod tests {
             .join()
             .unwrap();
         let nice_before = this_thread_nice().unwrap();
-        if kernel_has_custom_slices() {
+        if kernel_grants_slices() {
             assert_eq!(seen.0, SHORTEST, "the kernel reports the slice asked for");
         }
         assert_eq!(seen.1, nice_before, "a new thread inherits its nice value, and the request keeps it");
@@ -171,7 +187,7 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(seen.0, 7);
-        if kernel_has_custom_slices() {
+        if kernel_grants_slices() {
             assert_eq!(seen.1, Duration::from_millis(2));
         }
     }
@@ -200,7 +216,7 @@ mod tests {
             (default, spawn("no-slice", Duration::ZERO, || this_thread_slice().unwrap()).unwrap().join().unwrap())
         });
         assert_eq!(spawned, default);
-        if kernel_has_custom_slices() {
+        if kernel_grants_slices() {
             assert_ne!(spawned, SHORTEST, "the kernel's default slice is longer than the shortest");
         }
     }

@@ -7,6 +7,7 @@ use std::process::Command;
 
 use common::verbs::*;
 use common::*;
+use vhca_device::thread_sched;
 use vhca_proto::status::WcStatus;
 use vhca_proto::{Opcode, QueryDeviceResp, Status, ACCESS_ALL};
 use zerocopy::FromBytes;
@@ -149,30 +150,14 @@ fn bad_values_exit_2_naming_flag_and_value() {
     expect_usage_error(&["--thread-slice-us", "100001"], "--thread-slice-us");
 }
 
-/// The slice of every thread of `pid` named in `names`, read from outside with sched_getattr(2) (Linux 6.12+
-/// reports a SCHED_OTHER thread's slice in `sched_runtime`), and that of its main thread.
+/// The slice of each of `pid`'s threads named in `names` (each must exist once), read from outside
+/// (`thread_sched::slice_of`), and that of its main thread.
 fn thread_slices(pid: u32, names: &[&str]) -> (Vec<(String, u64)>, u64) {
-    // struct sched_attr, version 1: size, policy, flags, nice, priority, runtime, deadline, period, util min/max.
-    #[repr(C)]
-    #[derive(Default)]
-    struct SchedAttr([u32; 2], u64, [i32; 2], [u64; 3], [u32; 2]);
-    let slice_of = |tid: i64| {
-        let mut attr = SchedAttr::default();
-        // SAFETY: the kernel writes at most 56 bytes (the size passed) into `attr`, which is that large; flags 0.
-        let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr as *mut SchedAttr, 56u32, 0u32) };
-        assert_eq!(rc, 0, "sched_getattr({tid}): {}", std::io::Error::last_os_error());
-        attr.3[0]
-    };
-    let mut found = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let task = task.unwrap();
-        let name = std::fs::read_to_string(task.path().join("comm")).unwrap().trim().to_string();
-        if names.contains(&name.as_str()) {
-            found.push((name, slice_of(task.file_name().to_str().unwrap().parse().unwrap())));
-        }
-    }
+    let slice_of = |tid: i32| thread_sched::slice_of(tid).unwrap().as_nanos() as u64;
+    let mut found: Vec<(String, u64)> =
+        names.iter().map(|name| (name.to_string(), slice_of(thread_id(pid, name) as i32))).collect();
     found.sort();
-    (found, slice_of(i64::from(pid)))
+    (found, slice_of(pid as i32))
 }
 
 /// The thread id of `pid`'s only thread called `name`.
@@ -185,12 +170,6 @@ fn thread_id(pid: u32, name: &str) -> u32 {
         .collect();
     assert_eq!(ids.len(), 1, "threads called {name}: {ids:?}");
     ids[0]
-}
-
-fn kernel_has_custom_slices() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
 }
 
 /// The queue worker and the IOTLB reply reader run with the slice asked for, in the real binary with its sandbox
@@ -207,9 +186,7 @@ fn the_device_threads_run_with_the_scheduler_slice_asked_for() {
         let mut s = Session::start(flags, true);
         s.command_ok(Opcode::QueryDevice, &[], &[]);
         let (threads, main_thread) = thread_slices(s.device.child.id(), &names);
-        let got: Vec<&str> = threads.iter().map(|(name, _)| name.as_str()).collect();
-        assert_eq!(got, ["vhca-queues", "vhca-replies"], "{flags:?}");
-        if kernel_has_custom_slices() {
+        if thread_sched::kernel_grants_slices() {
             let want = slice_ns.unwrap_or(main_thread);
             for (name, slice) in &threads {
                 assert_eq!(*slice, want, "{flags:?}: {name}");
