@@ -49,6 +49,7 @@ command -v qemu-img >/dev/null 2>&1 || pkgs+=(qemu-utils)
 # vhca.sys (ci/build-windows.sh): signing and the test certificate.
 command -v osslsigncode >/dev/null 2>&1 || pkgs+=(osslsigncode)
 command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
+command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)  # the suite's report.html test renders it headless
 
 if [ ${#pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
