@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, packages and test-signs vhca.sys on this Linux host, with no WDK: cargo + the rust-lld that ships with
-# rustc (.cargo/config.toml), osslsigncode and openssl. Output in target/windows/vhca-driver/:
+# rustc (.cargo/config.toml), osslsigncode and openssl. Output in target/vhca-sys/:
 #   vhca.sys            the driver, test-signed (Authenticode, SHA-256) with the certificate below
 #   vhca.pdb            its symbols (WinDbg)
 #   vhca.inf            the package's INF (both device ids, DmaRemappingCompatible)
@@ -15,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 triple=x86_64-pc-windows-msvc
 target=${CARGO_TARGET_DIR:-$PWD/target}
 case "$target" in /*) ;; *) target=$PWD/$target ;; esac
-out=$target/windows/vhca-driver
+out=$target/vhca-sys
 
 # A missing prerequisite is an error with its fix, never a silent skip: the test command must build the driver.
 installed=$(rustup target list --installed 2>/dev/null || true)
@@ -30,13 +30,13 @@ for tool in osslsigncode openssl; do
   fi
 done
 
-cargo build --profile driver --target "$triple" -p vhca-windows
+cargo build --profile driver --target "$triple" -p vhca-sys
 
 rm -rf "$out"
 mkdir -p "$out"
 cp "$target/$triple/driver/vhca.exe" "$out/vhca.unsigned.sys"
 cp "$target/$triple/driver/vhca.pdb" "$out/vhca.pdb"
-cp guest-driver/windows/vhca.inf "$out/vhca.inf"
+cp guest-driver/sys/vhca.inf "$out/vhca.inf"
 
 # The test certificate: self-signed, code signing only, valid 30 days, made for this build.
 openssl req -x509 -newkey rsa:3072 -sha256 -nodes -days 30 \

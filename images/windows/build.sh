@@ -11,11 +11,11 @@ if [ ! -x "$run_bin" ]; then
   cargo build --release -p vhca-run --manifest-path "$root/Cargo.toml"
 fi
 # The driver package comes from the Windows driver's build (ci/build-windows.sh) unless --driver-package names one.
-if [[ " $* " != *" --driver-package "* ]] && [ ! -f "$root/target/windows/vhca-driver/vhca.sys" ]; then
+if [[ " $* " != *" --driver-package "* ]] && [ ! -f "$root/target/vhca-sys/vhca.sys" ]; then
   if [ -x "$root/ci/build-windows.sh" ]; then
     "$root/ci/build-windows.sh"
   else
-    echo "images/windows/build.sh: no driver package at target/windows/vhca-driver and no ci/build-windows.sh; pass --driver-package DIR" >&2
+    echo "images/windows/build.sh: no driver package at target/vhca-sys and no ci/build-windows.sh; pass --driver-package DIR" >&2
     exit 2
   fi
 fi

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::windows::kdnet::{KdnetSettings, SLIRP_HOST};
+use crate::windows_guest::kdnet::{KdnetSettings, SLIRP_HOST};
 
 /// The Linux guest: gdb on the kernel's symbols against QEMU's stub.
 pub fn linux_gdb_lines(symbols: &Path, gdb_port: u16, paused: bool) -> Vec<String> {
@@ -60,7 +60,7 @@ pub fn windows_lines(kdnet: &KdnetSettings, gdb_port: u16, host: &str) -> Vec<St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::windows::kdnet::KdnetKey;
+    use crate::windows_guest::kdnet::KdnetKey;
     use std::net::Ipv4Addr;
 
     #[test]

@@ -25,4 +25,4 @@ pub mod suite_run;
 pub mod supervise;
 pub mod ui;
 pub mod warm_guest;
-pub mod windows;
+pub mod windows_guest;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use vhca_suite::{render_junit, render_table, ConcreteRun, DriverKind, Shard, Suite, SuiteReport};
+use vhca_suite::{render_junit, render_table, ConcreteRun, Personality, Shard, Suite, SuiteReport};
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::bench;
@@ -23,7 +23,7 @@ use vhca_run::soak;
 use vhca_run::suite_run::{run_suite, SuiteOptions};
 use vhca_run::supervise;
 use vhca_run::ui::SuiteUi;
-use vhca_run::windows::image_dir::WindowsImage;
+use vhca_run::windows_guest::image_dir::WindowsImage;
 
 mod debug_cmd;
 mod windows_image_cmd;
@@ -85,7 +85,7 @@ enum Cmd {
         /// Run every scenario with this driver: `native` (the driver core in the guest program) or `sys` (the
         /// signed vhca.sys through the guest's PE loader) [default: each run's `driver`, else native]
         #[arg(long, value_parser = parse_driver)]
-        driver: Option<DriverKind>,
+        driver: Option<Personality>,
         /// Run only shard I of N (1-based): a deterministic share of the runs, balanced by the durations in
         /// --durations; `vhca-run report merge` combines the shards' reports (docs/suites.md, "Sharding").
         #[arg(long, value_name = "I/N")]
@@ -479,8 +479,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn parse_driver(text: &str) -> Result<DriverKind, String> {
-    DriverKind::parse(text).ok_or_else(|| format!("{text:?} is not a driver: native or sys"))
+fn parse_driver(text: &str) -> Result<Personality, String> {
+    Personality::parse(text).ok_or_else(|| format!("{text:?} is not a driver: native or sys"))
 }
 
 fn real_main(cli: Cli) -> Result<bool> {

@@ -48,9 +48,9 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// The signed vhca.sys for the guest image: $VHCA_WINDOWS_DRIVER_DIR (ci/build-windows.sh exports it), else
-/// <target>/windows/vhca-driver; None when it was never built (then `driver = "sys"` runs report it missing).
+/// <target>/vhca-sys; None when it was never built (then `driver = "sys"` runs report it missing).
 pub fn windows_driver() -> Option<PathBuf> {
-    let dir = env_path("VHCA_WINDOWS_DRIVER_DIR").unwrap_or_else(|| target_dir().join("windows").join("vhca-driver"));
+    let dir = env_path("VHCA_WINDOWS_DRIVER_DIR").unwrap_or_else(|| target_dir().join("vhca-sys"));
     Some(dir.join("vhca.sys")).filter(|p| p.is_file())
 }
 

@@ -141,7 +141,7 @@ pub fn push<S: AsRef<str>>(args: &mut Vec<OsString>, words: &[S]) {
     args.extend(words.iter().map(|w| OsString::from(w.as_ref())));
 }
 
-// The facts every guest's machine shares (Linux here, Windows in `windows::machine`), one function each.
+// The facts every guest's machine shares (Linux here, Windows in `windows_guest::machine`), one function each.
 
 /// Which of q35's built-in controllers a guest keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

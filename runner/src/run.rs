@@ -25,8 +25,8 @@ use crate::serial_capture::{ConsolePort, SerialLog};
 use crate::snapshot::{MachineFiles, SavedMachine, Snapshot, AGENT_WORD};
 use crate::supervise::{SuperviseError, Supervised};
 use crate::warm_guest::{self, GuestHome, Loaded, ReadyGuest, Taken};
-use crate::windows::image_dir::WindowsImage;
-use crate::windows::run_boot;
+use crate::windows_guest::image_dir::WindowsImage;
+use crate::windows_guest::run_boot;
 
 const DEVICE_START: Duration = Duration::from_secs(10);
 /// QEMU creates its QMP socket at once; waiting longer only delays noticing a QEMU that died at start-up.

@@ -123,7 +123,7 @@ pub fn soak_runs() -> Vec<ConcreteRun> {
     let runs: Vec<ConcreteRun> =
         // The native personality only: the sys twins of these runs are the parity test's (sys_parity.rs).
         seed.into_iter()
-            .filter(|r| r.guest.driver == vhca_suite::DriverKind::Native)
+            .filter(|r| r.guest.driver == vhca_suite::Personality::Native)
             .filter(|r| FROM_SEED.iter().any(|name| r.name.split('/').next() == Some(name)))
             .collect();
     let rig: Vec<ConcreteRun> = Suite::parse(RIG_FAULTS_SUITE, "<soak>").map(|s| s.expand()).unwrap_or_default();

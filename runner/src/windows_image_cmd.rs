@@ -12,10 +12,10 @@ use clap::{Args, Subcommand};
 use vhca_run::accel::AccelChoice;
 use vhca_run::paths;
 use vhca_run::qemu_cmd::Accel;
-use vhca_run::windows::image_dir::WindowsImage;
-use vhca_run::windows::kdnet::{KdnetKey, KdnetSettings, DEFAULT_PORT, SLIRP_HOST};
-use vhca_run::windows::machine::Firmware;
-use vhca_run::windows::recipe::{add_state, answer_disc_files, build, record_state, BuildOptions};
+use vhca_run::windows_guest::image_dir::WindowsImage;
+use vhca_run::windows_guest::kdnet::{KdnetKey, KdnetSettings, DEFAULT_PORT, SLIRP_HOST};
+use vhca_run::windows_guest::machine::Firmware;
+use vhca_run::windows_guest::recipe::{add_state, answer_disc_files, build, record_state, BuildOptions};
 
 #[derive(Subcommand)]
 pub enum WindowsImageCmd {
@@ -81,8 +81,8 @@ pub struct BuildArgs {
     /// Your Windows ISO (none ships with this rig).
     #[arg(long)]
     iso: PathBuf,
-    /// The test-signed driver package (ci/build-windows.sh writes target/windows/vhca-driver/).
-    #[arg(long, default_value = "target/windows/vhca-driver")]
+    /// The test-signed driver package (ci/build-windows.sh writes target/vhca-sys/).
+    #[arg(long, default_value = "target/vhca-sys")]
     driver_package: PathBuf,
     /// The image directory to create.
     #[arg(long)]

@@ -26,9 +26,8 @@ fn target() -> PathBuf {
 
 /// vhca.sys must be built (ci/build-windows.sh), besides what every end-to-end test needs.
 fn prerequisites() -> Result<(), String> {
-    let dir = std::env::var_os("VHCA_WINDOWS_DRIVER_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target().join("windows/vhca-driver"));
+    let dir =
+        std::env::var_os("VHCA_WINDOWS_DRIVER_DIR").map(PathBuf::from).unwrap_or_else(|| target().join("vhca-sys"));
     if !dir.join("vhca.sys").is_file() {
         return Err(format!("no vhca.sys in {} (run ci/build-windows.sh)", dir.display()));
     }

@@ -54,7 +54,7 @@ fn debug_print_only_gives_the_windbg_and_exdi_lines_of_the_image() {
     std::fs::create_dir(&image).unwrap();
     let meta = serde_json::json!({
         "firmware": "uefi", "edition": "Windows 11 Pro", "kdnet_host_ip": "10.0.2.2", "kdnet_port": 50005,
-        "kdnet_key": "aa.bb.cc.dd", "verifier_states": [0, 170], "driver_package": "target/windows/vhca-driver"
+        "kdnet_key": "aa.bb.cc.dd", "verifier_states": [0, 170], "driver_package": "target/vhca-sys"
     });
     std::fs::write(image.join("image.json"), meta.to_string()).unwrap();
     std::fs::write(image.join("base.qcow2"), b"").unwrap();

@@ -12,14 +12,14 @@ use quick_xml::Reader;
 use vhca_run::qemu_cmd::Accel;
 use vhca_run::restore::request_line;
 use vhca_run::snapshot::READY_LINE;
-use vhca_run::windows::agent_script::{
+use vhca_run::windows_guest::agent_script::{
     agent_script, HARDWARE_IDS, PARAMETERS_KEY, REQUEST_VALUES, RESULT_VALUE, RESULT_WAIT_S, SCENARIO_VALUE,
 };
-use vhca_run::windows::answer_file::{AnswerSettings, FirstLogonCommand};
-use vhca_run::windows::guest_setup::{first_logon_commands, setup_script, setup_steps, SETUP_DONE, SETUP_FAILED};
-use vhca_run::windows::kdnet::{KdnetKey, KdnetSettings, SLIRP_HOST};
-use vhca_run::windows::machine::Firmware;
-use vhca_run::windows::recipe::{
+use vhca_run::windows_guest::answer_file::{AnswerSettings, FirstLogonCommand};
+use vhca_run::windows_guest::guest_setup::{first_logon_commands, setup_script, setup_steps, SETUP_DONE, SETUP_FAILED};
+use vhca_run::windows_guest::kdnet::{KdnetKey, KdnetSettings, SLIRP_HOST};
+use vhca_run::windows_guest::machine::Firmware;
+use vhca_run::windows_guest::recipe::{
     answer_disc_files, qemu_img_overlay, state_request, write_answer_disc, xorriso_args, BuildOptions,
 };
 
@@ -203,7 +203,8 @@ fn in_guest_set_up_sequence() {
     assert!(script.contains(&format!("Say '{SETUP_DONE}'")));
     assert!(script.contains(&format!("{SETUP_FAILED} step $($s[0]) ($($s[1])): exit $rc")));
     assert!(script.trim_end().ends_with("shutdown /s /t 0"));
-    let step = vhca_run::windows::guest_setup::SetupStep { what: "it's", command: "echo 'x'".into(), also_ok: &[] };
+    let step =
+        vhca_run::windows_guest::guest_setup::SetupStep { what: "it's", command: "echo 'x'".into(), also_ok: &[] };
     let quoted = setup_script(&[step]);
     assert!(quoted.contains(",@(1, 'it''s', 'echo ''x''', @(0))"), "{quoted}");
 }
@@ -274,7 +275,7 @@ fn the_agents_run_sequence() {
     assert!(agent.trim_end().ends_with("Say $result\nOff"), "{agent}");
 }
 
-/// The text of a file of the driver crate (guest-driver/windows), by path from the workspace root.
+/// The text of a file of the driver crate (guest-driver/sys), by path from the workspace root.
 fn driver_file(path: &str) -> String {
     let full = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
@@ -294,7 +295,7 @@ fn literal_after(text: &str, prefix: &str) -> String {
 /// this test reads the driver's sources: a rename on either side fails it.
 #[test]
 fn the_agent_writes_what_the_driver_reads() {
-    let registry = driver_file("guest-driver/windows/src/kernel/registry.rs");
+    let registry = driver_file("guest-driver/sys/src/kernel/registry.rs");
     let key = literal_after(&registry, "const KEY_TEXT: &str = \"");
     let ours = format!(r"\Registry\Machine\{PARAMETERS_KEY}");
     // The driver opens the key with OBJ_CASE_INSENSITIVE; registry names ignore case.
@@ -309,15 +310,15 @@ fn the_agent_writes_what_the_driver_reads() {
     assert_eq!(REQUEST_VALUES.map(|(word, _)| word), ["vhca.scenario", "vhca.lock", "vhca.break_fix"]);
     assert_eq!(REQUEST_VALUES[0].1, SCENARIO_VALUE);
     assert_eq!(literal_after(&registry, "static RESULT: [u16; 6] = utf16(\""), RESULT_VALUE);
-    let pnp = driver_file("guest-driver/windows/src/kernel/pnp.rs");
+    let pnp = driver_file("guest-driver/sys/src/kernel/pnp.rs");
     for read in ["read_text(&registry::SCENARIO)", "read_text(&registry::LOCK)", "read_text(&registry::BREAK_FIX)"] {
         assert!(pnp.contains(read), "START_DEVICE no longer does {read}");
     }
     assert!(pnp.contains("registry::write_result(&line)"));
-    let result_line = driver_file("guest-driver/windows/src/result_line.rs");
+    let result_line = driver_file("guest-driver/sys/src/result_line.rs");
     assert_eq!(literal_after(&result_line, "pub const RESULT_PREFIX: &str = \""), "VHCA-RESULT ");
 
-    let inf = driver_file("guest-driver/windows/vhca.inf");
+    let inf = driver_file("guest-driver/sys/vhca.inf");
     for id in HARDWARE_IDS {
         assert!(inf.lines().any(|l| l.trim_end().ends_with(&format!("vhca_Install, {id}"))), "{id} not in vhca.inf");
     }
@@ -351,7 +352,7 @@ fn options(package: PathBuf) -> BuildOptions {
 
 #[test]
 fn answer_disc_and_tool_command_lines() {
-    let opts = options("target/windows/vhca-driver".into());
+    let opts = options("target/vhca-sys".into());
     let files = answer_disc_files(&opts, &kdnet());
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["autounattend.xml", "vhca/vhca-setup.ps1", "vhca/vhca-agent.ps1"]);
@@ -389,7 +390,7 @@ fn xorriso_here_builds_the_answer_disc() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let package = dir.path().join("vhca-driver");
+    let package = dir.path().join("vhca-sys");
     std::fs::create_dir(&package).unwrap();
     for f in ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx"] {
         std::fs::write(package.join(f), f).unwrap();

@@ -12,7 +12,7 @@ use vhca_run::paths::Binaries;
 use vhca_run::qemu_cmd::{probe_carrier, Accel, Carrier, GdbStub, VhostUserDevice};
 use vhca_run::qmp::Qmp;
 use vhca_run::supervise::Supervised;
-use vhca_run::windows::machine::{Firmware, KdnetNic, WindowsMachine, KDNET_MAC, OVMF_CODE, OVMF_VARS_TEMPLATE};
+use vhca_run::windows_guest::machine::{Firmware, KdnetNic, WindowsMachine, KDNET_MAC, OVMF_CODE, OVMF_VARS_TEMPLATE};
 
 fn machine(dir: &Path, device: Option<VhostUserDevice>) -> WindowsMachine {
     WindowsMachine {

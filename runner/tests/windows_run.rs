@@ -19,7 +19,7 @@ fn prerequisites() -> Result<(), String> {
             return Err(format!("{tool} missing (ci/setup-host.sh installs it)"));
         }
     }
-    if !Path::new(vhca_run::windows::machine::OVMF_VARS_TEMPLATE).is_file() {
+    if !Path::new(vhca_run::windows_guest::machine::OVMF_VARS_TEMPLATE).is_file() {
         return Err("OVMF missing (ci/setup-host.sh installs ovmf)".into());
     }
     Ok(())
@@ -58,7 +58,7 @@ fn a_windows_run_without_a_talking_agent_fails_at_its_timeout_and_leaves_nothing
     std::fs::create_dir(&image).unwrap();
     qemu_img(&["create", "-q", "-f", "qcow2", "base.qcow2", "1G"], &image);
     qemu_img(&["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "state-verifier-off.qcow2"], &image);
-    std::fs::copy(vhca_run::windows::machine::OVMF_VARS_TEMPLATE, image.join("OVMF_VARS.fd")).unwrap();
+    std::fs::copy(vhca_run::windows_guest::machine::OVMF_VARS_TEMPLATE, image.join("OVMF_VARS.fd")).unwrap();
     let meta = serde_json::json!({
         "firmware": "uefi", "edition": "none (blank disks)", "kdnet_host_ip": "10.0.2.2", "kdnet_port": 50000,
         "kdnet_key": "a.b.c.d", "verifier_states": [0], "driver_package": "-"

@@ -3,7 +3,7 @@
 use vhca_ntapi::NTSTATUS;
 use vhca_proto::{Opcode, Status};
 
-use crate::channel::ChannelError;
+use crate::command_transport::CommandTransportError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverError {
@@ -32,7 +32,7 @@ pub enum DriverError {
         opcode: Opcode,
         reason: &'static str,
     },
-    Channel(ChannelError),
+    Transport(CommandTransportError),
     /// A handle (CQ, QP, MR key, PD) the driver does not know.
     UnknownHandle(u32),
     /// A parameter the device could never accept (zero entries, too many pages for one command, ...).
@@ -51,7 +51,7 @@ impl core::fmt::Display for DriverError {
             DriverError::NoMemory { routine, bytes } => write!(f, "{routine} could not allocate {bytes} bytes"),
             DriverError::Device { opcode, status } => write!(f, "{} refused: {}", opcode.name(), status.name()),
             DriverError::BadResponse { opcode, reason } => write!(f, "{} response malformed: {reason}", opcode.name()),
-            DriverError::Channel(e) => write!(f, "command channel: {e}"),
+            DriverError::Transport(e) => write!(f, "command transport: {e}"),
             DriverError::UnknownHandle(h) => write!(f, "unknown handle {h}"),
             DriverError::InvalidParameter(p) => write!(f, "invalid parameter: {p}"),
             DriverError::QueueFull => write!(f, "work queue full"),
@@ -59,8 +59,8 @@ impl core::fmt::Display for DriverError {
     }
 }
 
-impl From<ChannelError> for DriverError {
-    fn from(e: ChannelError) -> DriverError {
-        DriverError::Channel(e)
+impl From<CommandTransportError> for DriverError {
+    fn from(e: CommandTransportError) -> DriverError {
+        DriverError::Transport(e)
     }
 }

@@ -14,8 +14,8 @@ use vhca_proto::{
 };
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::channel::CommandChannel;
 use crate::command_codec::{body, decode, encode, response_capacity};
+use crate::command_transport::CommandTransport;
 use crate::dma_delivery::Delivery;
 use crate::error::DriverError;
 use crate::ring::{Ring, RingMemory};
@@ -96,9 +96,9 @@ struct Qp {
 
 /// One HCA. Methods take `&mut self`: the caller serialises the control path (with a `ClMutex`, as the seed's
 /// upper layer does), which is what puts a FAST_MUTEX around create_cq.
-pub struct Hca<K: NtKernel, C: CommandChannel> {
+pub struct Hca<K: NtKernel, C: CommandTransport> {
     kernel: Arc<K>,
-    channel: C,
+    transport: C,
     device: PDEVICE_OBJECT,
     adapter: PDMA_ADAPTER,
     map_registers: u32,
@@ -110,9 +110,9 @@ pub struct Hca<K: NtKernel, C: CommandChannel> {
     mrs: BTreeMap<u32, Mr>,
 }
 
-impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
+impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
     /// Gets the DMA adapter (PASSIVE_LEVEL) and asks the device what it is.
-    pub fn open(kernel: Arc<K>, channel: C, device: PDEVICE_OBJECT, config: HcaConfig) -> Result<Self, DriverError> {
+    pub fn open(kernel: Arc<K>, transport: C, device: PDEVICE_OBJECT, config: HcaConfig) -> Result<Self, DriverError> {
         let description = DEVICE_DESCRIPTION::bus_master_64(config.max_transfer);
         let mut map_registers = 0;
         let adapter = kernel.IoGetDmaAdapter(device, &description, &mut map_registers);
@@ -121,7 +121,7 @@ impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
         }
         let mut hca = Hca {
             kernel,
-            channel,
+            transport,
             device,
             adapter,
             map_registers,
@@ -160,8 +160,8 @@ impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
         &self.kernel
     }
 
-    pub fn channel(&self) -> &C {
-        &self.channel
+    pub fn transport(&self) -> &C {
+        &self.transport
     }
 
     /// Tears the HCA down as a driver's remove path must: every MR, QP and CQ still open is destroyed on the device
@@ -191,7 +191,7 @@ impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
         let request = encode(opcode, tag, body, pages)?;
-        let response = self.channel.execute(&request, response_capacity(opcode))?;
+        let response = self.transport.execute(&request, response_capacity(opcode))?;
         decode(opcode, tag, &response).map(|b| b.to_vec())
     }
 
@@ -267,7 +267,7 @@ impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
             index: c.consumer.into(),
             flags: (solicited_only as u32).into(),
         };
-        self.channel.ring_doorbell(db.as_bytes())?;
+        self.transport.ring_doorbell(db.as_bytes())?;
         let req = ReqNotifyCqReq { cq: cq.into(), solicited_only: (solicited_only as u32).into() };
         self.command(Opcode::ReqNotifyCq, req.as_bytes(), &[]).map(|_| ())
     }
@@ -404,7 +404,7 @@ impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
         }
         let kind = if send { DoorbellKind::SendQueue } else { DoorbellKind::RecvQueue };
         let db = Doorbell { kind: (kind as u32).into(), handle: qpn.into(), index: (*head).into(), flags: 0.into() };
-        self.channel.ring_doorbell(db.as_bytes())?;
+        self.transport.ring_doorbell(db.as_bytes())?;
         Ok(())
     }
 
@@ -571,7 +571,7 @@ impl<K: NtKernel + 'static, C: CommandChannel> Hca<K, C> {
 
     /// The next asynchronous event from the device (completion notice, QP error, DMA fault).
     pub fn poll_event(&self) -> Option<Event> {
-        self.channel.poll_event()
+        self.transport.poll_event()
     }
 }
 

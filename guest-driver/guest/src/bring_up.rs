@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use crate::cmdline::{Options, PciId};
 use crate::driver_run::{self, DriverRun};
 use crate::report::{progress, ConfigView, QueryDeviceView, Report};
+use crate::vfio_command_transport::{command_queue, report_command_buffers, CommandQueue, VfioCommandTransport};
 use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
-use crate::virtio_channel::{command_queue, report_command_buffers, CommandQueue, VirtioChannel};
 use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
 use crate::virtqueue::{RingLayout, SplitQueue};
 use crate::{kmsg, pci, rng, roundtrip, vfio};
@@ -58,14 +58,14 @@ impl Scenario {
 }
 
 /// What a driver scenario leaves for the end of the run: its queues and buffers, alive until the device is reset.
-type DriverKeep = Option<(VirtioChannel, Option<DriverRun>)>;
+type DriverKeep = Option<(VfioCommandTransport, Option<DriverRun>)>;
 
 /// How long the negative control waits for the IOMMU's fault report to reach the kernel log.
 const FAULT_REPORT_WAIT: Duration = Duration::from_millis(500);
 
 /// What the device turned out to be, which decides what each scenario does on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Personality {
+enum TargetDevice {
     Vhca,
     Rng,
 }
@@ -86,7 +86,7 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     report.phases_ms.push(("hotplug", hotplug.elapsed().as_secs_f64() * 1000.0));
     report.device = Some(device.id.to_string());
     report.pci_address = Some(device.address.clone());
-    let personality = if device.id.device == PCI_DEVICE_RNG { Personality::Rng } else { Personality::Vhca };
+    let target_device = if device.id.device == PCI_DEVICE_RNG { TargetDevice::Rng } else { TargetDevice::Vhca };
     progress(format_args!("found {} at {} (driver {:?})", device.id, device.address, device.driver()));
 
     if let Some(method) = &options.reset_method {
@@ -103,7 +103,7 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     report.iommu_group = Some(group);
     let session = vfio::Session::open(group, &device.address).context("VFIO setup")?;
     mark(report, "vfio_open");
-    if options.driver == crate::cmdline::DriverKind::Sys {
+    if options.driver == crate::cmdline::Personality::Sys {
         return crate::sys_driver::run(&session, options, report);
     }
     progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
@@ -119,7 +119,7 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
 
     let num_queues = transport.num_queues()?;
     report.num_queues = Some(num_queues);
-    if personality == Personality::Vhca {
+    if target_device == TargetDevice::Vhca {
         ensure!(num_queues >= NUM_QUEUES, "device has {num_queues} queues, vhca needs {NUM_QUEUES}");
     }
     // Every queue the device has is set up: QEMU pre-sends an IOTLB update for each used ring at DRIVER_OK.
@@ -138,12 +138,12 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
 
     let mut commands = None;
     let mut driver: DriverKeep = None;
-    let result = match (personality, scenario) {
-        (Personality::Vhca, Scenario::Driver(s)) => {
+    let result = match (target_device, scenario) {
+        (TargetDevice::Vhca, Scenario::Driver(s)) => {
             driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
         }
         // With the verifier on, smoke is the driver core under the NT model, so its checks run.
-        (Personality::Vhca, Scenario::Smoke) if options.verifier.enabled() => driver_scenario(
+        (TargetDevice::Vhca, Scenario::Smoke) if options.verifier.enabled() => driver_scenario(
             vhca_scenarios::Scenario::Smoke,
             options,
             &transport,
@@ -153,11 +153,11 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
             timeout,
             report,
         ),
-        (Personality::Vhca, _) => {
+        (TargetDevice::Vhca, _) => {
             vhca(scenario, options, &transport, &mut queues, &mut commands, &mapper, timeout, report)
         }
-        (Personality::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name())),
-        (Personality::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
+        (TargetDevice::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name())),
+        (TargetDevice::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
     };
     mark(report, "scenario");
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
@@ -186,7 +186,7 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
     mark(report, "teardown");
     result?;
     reset.context("reset at the end")?;
-    match (scenario, personality) {
+    match (scenario, target_device) {
         (Scenario::Smoke | Scenario::RoundTrip, _) => {
             ensure!(report.iommu_faults == 0, "{} IOMMU fault line(s) in the kernel log", report.iommu_faults)
         }
@@ -249,7 +249,7 @@ fn driver_scenario(
     let (dq, dn) = take(QUEUE_DOORBELL)?;
     let commands = command_queue(cq, cn, mapper, timeout)?;
     report_command_buffers(&commands, report);
-    let channel = VirtioChannel::new(commands, (eq, en), (dq, dn), mapper, timeout)?;
+    let channel = VfioCommandTransport::new(commands, (eq, en), (dq, dn), mapper, timeout)?;
     *keep = Some((channel.clone(), None));
     let sink = Arc::new(Mutex::new(report.clone()));
     progress(format_args!("driver scenario {}", scenario.name()));

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use vhca_driver::ClMutexKind;
+use vhca_driver_core::ClMutexKind;
 use vhca_ntmodel::{LowResourcesConfig, RuleId, VerifierFlags};
 
 /// PCI identity of the device to drive.
@@ -31,7 +31,7 @@ impl fmt::Display for PciId {
 
 /// The driver personality of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DriverKind {
+pub enum Personality {
     Native,
     Sys,
 }
@@ -76,7 +76,7 @@ pub struct Options {
     pub samples: Option<usize>,
     /// Which driver runs the scenario (`vhca.driver=native|sys`): the driver core built into this program, or the
     /// signed vhca.sys from the initramfs through the PE loader.
-    pub driver: DriverKind,
+    pub driver: Personality,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -100,7 +100,7 @@ impl Default for Options {
             faults_seed_given: false,
             init: None,
             samples: None,
-            driver: DriverKind::Native,
+            driver: Personality::Native,
             warnings: Vec::new(),
         }
     }
@@ -137,8 +137,8 @@ impl Options {
             "scenario" if !value.is_empty() => self.scenario = value.to_string(),
             "driver" => {
                 self.driver = match value {
-                    "native" => DriverKind::Native,
-                    "sys" => DriverKind::Sys,
+                    "native" => Personality::Native,
+                    "sys" => Personality::Sys,
                     _ => return Err(format!("not native or sys: {value:?}")),
                 }
             }

@@ -1,4 +1,4 @@
-//! The Linux guest's side of a driver scenario: the NT model over VFIO as the kernel, the virtio channel, and the
+//! The Linux guest's side of a driver scenario: the NT model over VFIO as the kernel, the command transport, and the
 //! scenario host (`vhca_scenarios::ScenarioHost`) that sends progress to the console, details to the report, and
 //! the vIOMMU's DMAR fault records from the kernel log to the NT model. The scenarios themselves are vhca-scenarios,
 //! the same code vhca.sys runs.
@@ -14,12 +14,12 @@ use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::Options;
-use crate::fault_injection;
 use crate::kmsg;
+use crate::low_resources;
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
+use crate::vfio_command_transport::VfioCommandTransport;
 use crate::vfio_dma::DmaMapper;
-use crate::virtio_channel::VirtioChannel;
 
 /// The physical device object the driver's DMA adapter is for (a stand-in address, as the model's objects are).
 pub const PDO: PDEVICE_OBJECT = PDEVICE_OBJECT(0xFFFF_C000_0000_1000);
@@ -58,7 +58,7 @@ impl GuestHost {
 
 impl ScenarioHost for GuestHost {
     type Kernel = NtModel;
-    type Channel = VirtioChannel;
+    type Channel = VfioCommandTransport;
 
     fn say(&self, message: std::fmt::Arguments<'_>) {
         progress(message);
@@ -155,7 +155,7 @@ impl ScenarioHost for GuestHost {
 pub fn run(
     scenario: Scenario,
     options: &Options,
-    channel: VirtioChannel,
+    channel: VfioCommandTransport,
     mapper: Arc<DmaMapper>,
     report: Arc<Mutex<Report>>,
     timeout: Duration,
@@ -174,7 +174,7 @@ pub fn run(
     }
     let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
     let kernel = Arc::new(NtModel::new(config.clone(), backend.clone(), handler));
-    fault_injection::start(&kernel, &config.low_resources, &report);
+    low_resources::start(&kernel, &config.low_resources, &report);
     let keep = DriverRun { kernel: kernel.clone(), backend: backend.clone() };
     progress(format_args!("NT model: verifier {:#x}", options.verifier.0));
     let host =
@@ -182,7 +182,7 @@ pub fn run(
     let scenario_options = scenario_options(options);
     let result = vhca_scenarios::run(scenario, &host, kernel.clone(), channel, PDO, &scenario_options, timeout);
     // The failure points seen (a recording run's list is what the runner expands into runs of their own).
-    fault_injection::record_points(&kernel, &report);
+    low_resources::record_points(&kernel, &report);
     (Some(keep), result)
 }
 
@@ -195,7 +195,7 @@ pub(crate) fn model_config(options: &Options) -> NtModelConfig {
         max_contiguous_pages: options.fragmentation,
         disabled_rules: options.disabled_rules.clone(),
         double_buffering: options.double_buffering,
-        low_resources: fault_injection::config(options),
+        low_resources: low_resources::config(options),
     }
 }
 

@@ -19,8 +19,8 @@ use crate::cmdline::PciId;
 use crate::pci;
 use crate::rng::ENTROPY_BYTES;
 use crate::vfio::{self, DmaAccess};
+use crate::vfio_command_transport::CommandQueue;
 use crate::vfio_dma::{DmaMapper, DmaMemory, DmaRegion};
-use crate::virtio_channel::CommandQueue;
 use crate::virtio_pci::{Deadline, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
 use crate::virtqueue::Buffer;
 

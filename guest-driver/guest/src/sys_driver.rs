@@ -26,7 +26,7 @@ use vhca_ntmodel::{InjectionMode, NtModel};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::Options;
-use crate::fault_injection;
+use crate::low_resources;
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
 use crate::vfio::{self, Region, CONFIG_REGION};
@@ -282,7 +282,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let sink = Arc::new(Mutex::new(report.clone()));
     let handler = Arc::new(ConsoleBugcheck::new(sink.clone(), options.poweroff));
     let model = Arc::new(NtModel::new(config.clone(), Arc::new(VfioDmaBackend::new(mapper)), handler));
-    fault_injection::start(&model, &config.low_resources, &sink);
+    low_resources::start(&model, &config.low_resources, &sink);
     let model_for_faults = model.clone();
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
@@ -310,7 +310,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let model = kernel().model.clone();
     // The simulation's log, as natively: the failure points and every failure injected (the runner expands a
     // recording into fail-point runs from these).
-    fault_injection::record_points(&model, &sink);
+    low_resources::record_points(&model, &sink);
     let simulation = sink.lock().unwrap_or_else(|e| e.into_inner()).details.clone();
     // After an injected failure, vhca.sys refusing the load (DriverEntry) or the start (START_DEVICE) with an error
     // status is its error path, as a scenario stopped by a shortage is natively (driver_run.rs, error_path): the run

@@ -1,13 +1,13 @@
-//! The vhca command channel (vhca-channel, the code vhca.sys runs too) bound to this program: its buffers are VFIO
+//! The vhca command transport (vhca-queues, the code vhca.sys runs too) bound to this program: its buffers are VFIO
 //! DMA regions, its registers VFIO BARs, its waits sleep on the monotonic clock, and its queues sit behind one Mutex
-//! so `CommandChannel`'s `&self` methods can reach them.
+//! so `CommandTransport`'s `&self` methods can reach them.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vhca_channel::{ChannelQueues, DoorbellQueue, EventQueue, RingError, WaitSource};
-use vhca_driver::{ChannelError, CommandChannel};
+use vhca_driver_core::{CommandTransport, CommandTransportError};
 use vhca_proto::{Event, EVENT_SIZE, MAX_REQUEST_SIZE};
+use vhca_queues::{DoorbellQueue, EventQueue, HcaQueues, RingError, WaitSource};
 
 use crate::report::{progress, Report};
 use crate::vfio::DmaAccess;
@@ -20,9 +20,9 @@ const EVENT_BUFFERS: usize = 16;
 /// Response room: the largest response header + body any command has, with slack for growth.
 const RESPONSE_BUFFER: usize = PAGE_SIZE;
 
-pub type CommandQueue = vhca_channel::CommandQueue<DmaRegion, QueueNotifier, Timeout>;
-pub type CommandError = vhca_channel::CommandError<TransportError>;
-type Queues = ChannelQueues<DmaRegion, QueueNotifier, Timeout>;
+pub type CommandQueue = vhca_queues::CommandQueue<DmaRegion, QueueNotifier, Timeout>;
+pub type CommandError = vhca_queues::CommandError<TransportError>;
+type Queues = HcaQueues<DmaRegion, QueueNotifier, Timeout>;
 
 /// Each completion may take `timeout`, measured on the monotonic clock.
 #[derive(Debug, Clone, Copy)]
@@ -70,11 +70,11 @@ fn note(message: std::fmt::Arguments<'_>) {
 /// The three queues the driver core talks through. Clones share them: the program keeps one so their memory
 /// outlives the driver until the device is reset.
 #[derive(Clone)]
-pub struct VirtioChannel {
+pub struct VfioCommandTransport {
     queues: Arc<Mutex<Queues>>,
 }
 
-impl VirtioChannel {
+impl VfioCommandTransport {
     /// Queue 0 as made by `command_queue`; queue 1 stocked with `EVENT_BUFFERS` event buffers; queue 2 with a page
     /// for doorbell records.
     pub fn new(
@@ -83,14 +83,14 @@ impl VirtioChannel {
         (doorbells, doorbell_notifier): (SplitQueue<DmaRegion>, QueueNotifier),
         mapper: &DmaMapper,
         timeout: Duration,
-    ) -> Result<VirtioChannel, ChannelSetupError> {
+    ) -> Result<VfioCommandTransport, ChannelSetupError> {
         let count = EVENT_BUFFERS.min(events.size() as usize);
         let slots = mapper.alloc(count * EVENT_SIZE, DmaAccess::READ_WRITE)?;
         let events = EventQueue::new(events.into_inner(), event_notifier, slots, count)?;
         let buffer = mapper.alloc(PAGE_SIZE, DmaAccess::READ_WRITE)?;
         let doorbells = DoorbellQueue::new(doorbells.into_inner(), doorbell_notifier, buffer, Timeout(timeout));
         let queues = Queues { commands, doorbells, events };
-        Ok(VirtioChannel { queues: Arc::new(Mutex::new(queues)) })
+        Ok(VfioCommandTransport { queues: Arc::new(Mutex::new(queues)) })
     }
 
     fn lock(&self) -> MutexGuard<'_, Queues> {
@@ -98,12 +98,12 @@ impl VirtioChannel {
     }
 }
 
-impl CommandChannel for VirtioChannel {
-    fn execute(&self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, ChannelError> {
+impl CommandTransport for VfioCommandTransport {
+    fn execute(&self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, CommandTransportError> {
         self.lock().execute(request, response_capacity, &note)
     }
 
-    fn ring_doorbell(&self, records: &[u8]) -> Result<(), ChannelError> {
+    fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
         self.lock().ring_doorbell(records, &note)
     }
 

@@ -16,7 +16,7 @@ impl<M: DmaMemory> SplitQueue<M> {
         vhca_virtio::SplitQueue::new(size, mem).map(SplitQueue)
     }
 
-    /// The shared queue itself, for code written against vhca-virtio (the command channel).
+    /// The shared queue itself, for code written against vhca-virtio (the command transport).
     pub fn into_inner(self) -> vhca_virtio::SplitQueue<M> {
         self.0
     }

@@ -20,7 +20,7 @@ fn package_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("windows/vhca-driver")
+    target.join("vhca-sys")
 }
 
 /// vhca.sys's bytes, or None (skip) outside CI when it was never built. Under CI=true a missing package fails.

@@ -1,4 +1,4 @@
-//! Every routine vhca.sys may import (guest-driver/windows/imports.txt, kept by issue 12's package check) is either
+//! Every routine vhca.sys may import (guest-driver/sys/imports.txt, kept by issue 12's package check) is either
 //! bound to a thunk or on the short list of routines the model does not implement for a driver binary yet
 //! (docs/loader.md says why). A new import fails here until it is bound or listed.
 
@@ -10,7 +10,7 @@ const NOT_BOUND_YET: [&str; 0] = [];
 
 #[test]
 fn every_import_vhca_sys_may_have_is_bound_or_listed() {
-    let list = include_str!("../../windows/imports.txt");
+    let list = include_str!("../../sys/imports.txt");
     let mut bound = 0;
     for line in list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
         let (module, name) = line.split_once(' ').expect("module routine");

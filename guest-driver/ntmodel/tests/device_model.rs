@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use vhca_driver::*;
+use vhca_driver_core::*;
 use vhca_ntapi::*;
 use vhca_ntmodel::NtModel;
 use vhca_proto::status::WcStatus;

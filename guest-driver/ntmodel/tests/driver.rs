@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use vhca_driver::*;
+use vhca_driver_core::*;
 use vhca_ntapi::*;
 use vhca_ntmodel::{Bugcheck, HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
 use vhca_proto::{ACCESS_LOCAL_WRITE, CQE_SIZE};

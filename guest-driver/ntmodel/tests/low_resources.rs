@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use vhca_driver::*;
+use vhca_driver_core::*;
 use vhca_ntapi::*;
 use vhca_ntmodel::low_resources::pool_tag;
 use vhca_ntmodel::{

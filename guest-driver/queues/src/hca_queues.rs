@@ -1,38 +1,38 @@
-//! The three queues as the driver core's `CommandChannel` sees them. Each program wraps this in its own lock (the
-//! guest a Mutex, vhca.sys a RefCell) and implements `CommandChannel` as one call per method.
+//! The three queues as the driver core's `CommandTransport` sees them. Each program wraps this in its own lock (the
+//! guest a Mutex, vhca.sys a RefCell) and implements `CommandTransport` as one call per method.
 
 use alloc::vec::Vec;
 
-use vhca_driver::ChannelError;
+use vhca_driver_core::CommandTransportError;
 use vhca_proto::Event;
 use vhca_virtio::{DmaMemory, QueueError};
 
 use crate::{CommandError, CommandQueue, DoorbellQueue, EventQueue, Note, Notify, RingError, WaitSource};
 
-pub struct ChannelQueues<M: DmaMemory, N: Notify, W: WaitSource> {
+pub struct HcaQueues<M: DmaMemory, N: Notify, W: WaitSource> {
     pub commands: CommandQueue<M, N, W>,
     pub doorbells: DoorbellQueue<M, N, W>,
     pub events: EventQueue<M, N>,
 }
 
-impl<M: DmaMemory, N: Notify, W: WaitSource> ChannelQueues<M, N, W> {
-    /// `CommandChannel::execute`: the transport's failures are noted and become the core's `ChannelError`.
+impl<M: DmaMemory, N: Notify, W: WaitSource> HcaQueues<M, N, W> {
+    /// `CommandTransport::execute`: the transport's failures are noted and become the core's `CommandTransportError`.
     pub fn execute(
         &mut self,
         request: &[u8],
         response_capacity: usize,
         note: Note<'_>,
-    ) -> Result<Vec<u8>, ChannelError> {
+    ) -> Result<Vec<u8>, CommandTransportError> {
         self.commands.execute_raw(request, response_capacity).map_err(|e| match e {
-            CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => ChannelError::Timeout,
+            CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => CommandTransportError::Timeout,
             other => {
                 note(format_args!("command queue: {other}"));
-                ChannelError::Transport(4)
+                CommandTransportError::Refused(4)
             }
         })
     }
 
-    pub fn ring_doorbell(&mut self, records: &[u8], note: Note<'_>) -> Result<(), ChannelError> {
+    pub fn ring_doorbell(&mut self, records: &[u8], note: Note<'_>) -> Result<(), CommandTransportError> {
         self.doorbells.ring(records, note)
     }
 
@@ -41,12 +41,12 @@ impl<M: DmaMemory, N: Notify, W: WaitSource> ChannelQueues<M, N, W> {
     }
 }
 
-pub(crate) fn queue_error(e: QueueError, note: Note<'_>) -> ChannelError {
+pub(crate) fn queue_error(e: QueueError, note: Note<'_>) -> CommandTransportError {
     match e {
-        QueueError::Timeout(_) => ChannelError::Timeout,
+        QueueError::Timeout(_) => CommandTransportError::Timeout,
         other => {
             note(format_args!("virtqueue: {other}"));
-            ChannelError::Transport(3)
+            CommandTransportError::Refused(3)
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The vhca command channel over the shared virtio transport, written once for the Linux guest program (VFIO
+//! The vhca command transport over the shared virtio transport, written once for the Linux guest program (VFIO
 //! memory, sleeps on the monotonic clock) and vhca.sys (common buffers, KeDelayExecutionThread): commands on queue
 //! 0, event buffers kept posted on queue 1, doorbell records on queue 2. DMA memory stands behind
 //! `vhca_virtio::DmaMemory`, the doorbell behind `Notify`, waiting behind `WaitSource`; the lock around
@@ -7,16 +7,16 @@
 
 extern crate alloc;
 
-mod channel_queues;
 mod command_queue;
 mod doorbell_queue;
 mod event_queue;
+mod hca_queues;
 mod ring_error;
 
-pub use channel_queues::ChannelQueues;
 pub use command_queue::{CommandError, CommandQueue, Response};
 pub use doorbell_queue::DoorbellQueue;
 pub use event_queue::EventQueue;
+pub use hca_queues::HcaQueues;
 pub use ring_error::RingError;
 
 use vhca_virtio::{PollWait, QueueNotifier, Registers, TransportError};

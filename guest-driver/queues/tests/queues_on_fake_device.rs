@@ -1,4 +1,4 @@
-//! vhca-channel against a device played in process: the queues' memory is one heap arena the "device" reads and
+//! vhca-queues against a device played in process: the queues' memory is one heap arena the "device" reads and
 //! writes by IOVA, and each notify runs the device over the avail ring at once, as a polled driver sees it.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -7,12 +7,12 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 use std::time::Duration;
 
-use vhca_channel::{ChannelQueues, CommandError, CommandQueue, DoorbellQueue, EventQueue, Notify, WaitSource};
-use vhca_driver::ChannelError;
+use vhca_driver_core::CommandTransportError;
 use vhca_proto::{
     CommandHeader, Event, Opcode, QueryDeviceResp, ResponseHeader, Status, EVENT_SIZE, MAX_REQUEST_SIZE,
     RESPONSE_HEADER_SIZE,
 };
+use vhca_queues::{CommandError, CommandQueue, DoorbellQueue, EventQueue, HcaQueues, Notify, WaitSource};
 use vhca_virtio::{DmaMemory, PollWait, RingLayout, SplitQueue};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -243,13 +243,17 @@ fn a_silent_device_is_a_timeout_for_the_core() {
     let events = EventQueue::new(events, event_notify, arena.region(4096), 4).unwrap();
     let (doorbells, doorbell_notify) = queue(&arena, Box::new(|_, _| None));
     let doorbells = DoorbellQueue::new(doorbells, doorbell_notify, arena.region(4096), Polls);
-    let mut queues = ChannelQueues { commands, doorbells, events };
+    let mut queues = HcaQueues { commands, doorbells, events };
     let notes = RefCell::new(Vec::new());
     let note = |m: std::fmt::Arguments<'_>| notes.borrow_mut().push(m.to_string());
     let request = [0u8; 16];
-    assert_eq!(queues.execute(&request, 64, &note), Err(ChannelError::Timeout));
-    assert_eq!(queues.ring_doorbell(&[1, 2, 3, 4], &note), Err(ChannelError::Timeout));
-    assert_eq!(queues.ring_doorbell(&[], &note), Err(ChannelError::Transport(0)), "an empty doorbell is refused");
+    assert_eq!(queues.execute(&request, 64, &note), Err(CommandTransportError::Timeout));
+    assert_eq!(queues.ring_doorbell(&[1, 2, 3, 4], &note), Err(CommandTransportError::Timeout));
+    assert_eq!(
+        queues.ring_doorbell(&[], &note),
+        Err(CommandTransportError::Refused(0)),
+        "an empty doorbell is refused"
+    );
     assert_eq!(queues.poll_event(&note), None);
 }
 
@@ -298,5 +302,9 @@ fn doorbell_records_reach_the_device_whole() {
     doorbells.ring(&[7; 24], &note).unwrap();
     doorbells.ring(&[9; 48], &note).unwrap();
     assert_eq!(*seen.borrow(), vec![vec![7u8; 24], vec![9u8; 48]]);
-    assert_eq!(doorbells.ring(&[0; 8192], &note), Err(ChannelError::Transport(8192)), "larger than the buffer");
+    assert_eq!(
+        doorbells.ring(&[0; 8192], &note),
+        Err(CommandTransportError::Refused(8192)),
+        "larger than the buffer"
+    );
 }

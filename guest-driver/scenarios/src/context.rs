@@ -11,7 +11,7 @@ use core::time::Duration;
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use vhca_driver::{ClMutexKind, Hca};
+use vhca_driver_core::{ClMutexKind, Hca};
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
 use crate::verbs::Buffer;

@@ -4,7 +4,7 @@
 use alloc::vec::Vec;
 
 use anyhow::ensure;
-use vhca_driver::{HcaConfig, MrMapping};
+use vhca_driver_core::{HcaConfig, MrMapping};
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, CQE_SIZE};
 
 use crate::verbs::{dereg, expect_success, register, sge, wqe, Buffer, Loopback};

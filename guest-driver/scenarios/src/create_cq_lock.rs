@@ -1,7 +1,7 @@
 //! fast-mutex-create-cq and fixed-lock-create-cq: the seed's control path holds the driver's cl_mutex around
 //! create_cq. As a FAST_MUTEX that runs AllocateCommonBuffer at APC_LEVEL; as a KMUTEX at PASSIVE_LEVEL.
 
-use vhca_driver::{ClMutex, ClMutexKind};
+use vhca_driver_core::{ClMutex, ClMutexKind};
 use vhca_ntapi::NtKernel;
 use vhca_proto::WrOpcode;
 
@@ -33,9 +33,9 @@ fn create_under<H: ScenarioHost>(ctx: &mut Ctx<H>, kind: ClMutexKind) -> anyhow:
     let send = Buffer::common(ctx, 256)?;
     let recv = Buffer::common(ctx, 256)?;
     send.fill(ctx, &pattern(7, 256));
-    let mr_s = register(ctx, lb.pd, &send, 0, vhca_driver::MrMapping::ScatterGather, true)?;
+    let mr_s = register(ctx, lb.pd, &send, 0, vhca_driver_core::MrMapping::ScatterGather, true)?;
     let mr_r =
-        register(ctx, lb.pd, &recv, vhca_proto::ACCESS_LOCAL_WRITE, vhca_driver::MrMapping::ScatterGather, true)?;
+        register(ctx, lb.pd, &recv, vhca_proto::ACCESS_LOCAL_WRITE, vhca_driver_core::MrMapping::ScatterGather, true)?;
     ctx.hca.post_recv(lb.qp[1], &wqe(2, WrOpcode::Recv, &[sge(&mr_r, 0, 256)], None)).map_err(anyhow::Error::msg)?;
     let c = lb.run_on_a(ctx, &wqe(1, WrOpcode::Send, &[sge(&mr_s, 0, 256)], None))?;
     expect_success(&c, 1, WrOpcode::Send, Some(256))?;

@@ -1,4 +1,4 @@
-//! What a scenario needs from the program it runs in, beyond the NT kernel and the command channel: where its
+//! What a scenario needs from the program it runs in, beyond the NT kernel and the command transport: where its
 //! progress and result details go, a clock, user buffers, and the platform's IOMMU fault reports. The Linux guest
 //! program (NT model over VFIO) and vhca.sys (the WDK shim) each implement it once.
 
@@ -6,12 +6,12 @@ use core::fmt;
 use core::time::Duration;
 
 use serde_json::Value;
-use vhca_driver::CommandChannel;
+use vhca_driver_core::CommandTransport;
 use vhca_ntapi::{NtKernel, PVOID};
 
 pub trait ScenarioHost {
     type Kernel: NtKernel + 'static;
-    type Channel: CommandChannel;
+    type Channel: CommandTransport;
 
     /// A progress line (the guest's console, the kernel debugger).
     fn say(&self, message: fmt::Arguments<'_>);

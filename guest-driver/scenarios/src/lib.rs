@@ -1,5 +1,5 @@
-//! The seed scenarios, written once: the driver core (`vhca-driver`) over the NT interface (`vhca-ntapi`) and a
-//! `CommandChannel`, no_std. The Linux guest program runs them on the NT model over VFIO, vhca.sys on the WDK shim;
+//! The seed scenarios, written once: the driver core (`vhca-driver-core`) over the NT interface (`vhca-ntapi`) and a
+//! `CommandTransport`, no_std. The Linux guest program runs them on the NT model over VFIO, vhca.sys on the WDK shim;
 //! what each needs beyond the kernel and the channel (details, a clock, user buffers, IOMMU reports) is its
 //! `ScenarioHost`. Names are the suite's (runner/suite/suites/seed.toml).
 #![cfg_attr(not(test), no_std)]
@@ -23,7 +23,7 @@ mod verbs_loopback;
 use alloc::sync::Arc;
 use core::time::Duration;
 
-use vhca_driver::{ClMutexKind, Hca, HcaConfig};
+use vhca_driver_core::{ClMutexKind, Hca, HcaConfig};
 use vhca_ntapi::PDEVICE_OBJECT;
 
 pub use context::Ctx;
@@ -219,7 +219,7 @@ mod tests {
         let broken = Scenario::ContiguousCqFallback.config(&ScenarioOptions { break_fix: true, lock: None });
         assert!(fixed.ring_fallback && !broken.ring_fallback);
         let map_transfer = Scenario::MapRegisterExhaustion.config(&ScenarioOptions::default());
-        assert_eq!(map_transfer.ring_memory, vhca_driver::RingMemory::ContiguousMapTransfer);
+        assert_eq!(map_transfer.ring_memory, vhca_driver_core::RingMemory::ContiguousMapTransfer);
         assert_eq!(Scenario::Smoke.config(&ScenarioOptions::default()), HcaConfig::default());
     }
 }

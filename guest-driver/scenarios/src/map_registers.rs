@@ -12,7 +12,7 @@ use alloc::string::ToString;
 use alloc::vec::Vec;
 
 use anyhow::{bail, ensure};
-use vhca_driver::{DriverError, HcaConfig, RingMemory};
+use vhca_driver_core::{DriverError, HcaConfig, RingMemory};
 use vhca_ntapi::STATUS_INSUFFICIENT_RESOURCES;
 use vhca_proto::{Opcode, Status};
 

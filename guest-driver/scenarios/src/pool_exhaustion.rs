@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use core::time::Duration;
 
 use anyhow::{bail, ensure};
-use vhca_driver::{DriverError, MrMapping};
+use vhca_driver_core::{DriverError, MrMapping};
 use vhca_proto::{EventKind, Opcode, Status, ACCESS_LOCAL_WRITE};
 
 use crate::verbs::{register, Buffer};

@@ -3,7 +3,7 @@
 
 use alloc::format;
 
-use vhca_driver::MrMapping;
+use vhca_driver_core::MrMapping;
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
 use crate::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};

@@ -3,7 +3,7 @@
 //! unloads, so the verifier's IRQL, DMA and leak checks all run on a correct driver and must stay silent.
 //! (With the verifier off, smoke stays the transport's own check: one QUERY_DEVICE, no NT model.)
 
-use vhca_driver::MrMapping;
+use vhca_driver_core::MrMapping;
 use vhca_ntapi::{pool_tag, NtKernel, POOL_TYPE};
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 

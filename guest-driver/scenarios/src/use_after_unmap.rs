@@ -8,7 +8,7 @@
 use core::time::Duration;
 
 use anyhow::ensure;
-use vhca_driver::MrMapping;
+use vhca_driver_core::MrMapping;
 use vhca_proto::status::WcStatus;
 use vhca_proto::{EventKind, WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 

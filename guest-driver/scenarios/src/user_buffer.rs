@@ -2,7 +2,7 @@
 //! MmProbeAndLockPages. Mapped per registration (S/G), read by the CPU after deregistration, as a correct driver does.
 
 use anyhow::ensure;
-use vhca_driver::MrMapping;
+use vhca_driver_core::MrMapping;
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
 use crate::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};

@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 
 use anyhow::{ensure, Context};
 use serde_json::{json, Value};
-use vhca_driver::{DriverError, MrMapping, MrSource, RegisteredMr};
+use vhca_driver_core::{DriverError, MrMapping, MrSource, RegisteredMr};
 use vhca_ntapi::*;
 use vhca_proto::status::WcStatus;
 use vhca_proto::{Cqe, Sge, Wqe, WrOpcode, ACCESS_ALL, WR_SIGNALED};

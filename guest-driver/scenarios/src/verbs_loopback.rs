@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use anyhow::ensure;
 use serde_json::json;
-use vhca_driver::MrMapping;
+use vhca_driver_core::MrMapping;
 use vhca_proto::{WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE};
 
 use crate::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};

@@ -1,4 +1,4 @@
-//! vhca.sys: the vhca driver core (vhca-driver) and the shared virtio transport (vhca-virtio) as a PnP WDM driver.
+//! vhca.sys: the vhca driver core (vhca-driver-core) and the shared virtio transport (vhca-virtio) as a PnP WDM driver.
 //! The portable half (scenario choice, result line, BAR matching) builds and is tested everywhere; the
 //! kernel half (everything that calls ntoskrnl.exe or HAL.dll) only for target_os = "windows".
 #![cfg_attr(not(test), no_std)]

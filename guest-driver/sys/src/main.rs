@@ -1,4 +1,4 @@
-//! vhca.sys's entry point. The driver itself is the library (`vhca_windows`); this file only gives the linker the
+//! vhca.sys's entry point. The driver itself is the library (`vhca_sys`); this file only gives the linker the
 //! DriverEntry symbol /ENTRY names. Built for any other target it is a program that says what it is and fails.
 #![cfg_attr(target_os = "windows", no_std, no_main)]
 
@@ -18,7 +18,7 @@ pub unsafe extern "system" fn DriverEntry(
     registry_path: *const UNICODE_STRING,
 ) -> NTSTATUS {
     // SAFETY: the pointers are the I/O manager's, passed on unchanged; driver_entry's contract is DriverEntry's.
-    unsafe { vhca_windows::driver_entry(driver, registry_path) }
+    unsafe { vhca_sys::driver_entry(driver, registry_path) }
 }
 
 #[cfg(not(target_os = "windows"))]

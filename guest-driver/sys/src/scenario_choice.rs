@@ -101,7 +101,7 @@ mod tests {
     fn the_registry_values_set_the_options() {
         assert_eq!(options(None, None), Ok(ScenarioOptions::default()));
         let kmutex = options(Some(&utf16("kmutex\0")), Some(&utf16("1"))).unwrap();
-        assert_eq!(kmutex.lock, Some(vhca_driver::ClMutexKind::KMutex));
+        assert_eq!(kmutex.lock, Some(vhca_driver_core::ClMutexKind::KMutex));
         assert!(kmutex.break_fix);
         assert_eq!(options(Some(&utf16("spin")), None), Err(ChoiceError::UnknownLock("spin".into())));
         assert_eq!(options(None, Some(&utf16("yes"))), Err(ChoiceError::NotAFlag("yes".into())));

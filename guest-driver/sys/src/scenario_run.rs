@@ -11,7 +11,7 @@ use core::fmt;
 use core::time::Duration;
 
 use serde_json::Value;
-use vhca_driver::CommandChannel;
+use vhca_driver_core::CommandTransport;
 use vhca_ntapi::{NtKernel, PDEVICE_OBJECT, PVOID};
 use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
@@ -23,7 +23,7 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The kernel services a scenario's host needs beyond `NtKernel`.
 pub trait DriverServices {
     type Kernel: NtKernel + 'static;
-    type Channel: CommandChannel;
+    type Channel: CommandTransport;
     /// One progress line to the kernel debugger.
     fn print(&self, line: &str);
     /// A monotonic clock.

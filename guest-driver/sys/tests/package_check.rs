@@ -1,4 +1,4 @@
-//! The built driver package (ci/build-windows.sh, target/windows/vhca-driver/) checked as Windows would look at
+//! The built driver package (ci/build-windows.sh, target/vhca-sys/) checked as Windows would look at
 //! it: the PE facts a kernel driver needs (read with the object crate), DriverEntry as the entry point (from the
 //! PDB, read with the pdb crate), the signature (osslsigncode), the imports against imports.txt, and the INF.
 //! Without the package these tests fail under CI=true (the test command builds it first) and skip otherwise.
@@ -18,7 +18,7 @@ fn package_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("windows/vhca-driver")
+    target.join("vhca-sys")
 }
 
 /// The package, or None (skip) outside CI when it was never built. Under CI=true a missing package fails.

@@ -11,8 +11,8 @@ use common::{machine, HcaChannel, PDO};
 use vhca_ntapi::PVOID;
 use vhca_ntmodel::{NtModel, VerifierFlags};
 use vhca_scenarios::{Scenario, ScenarioOptions};
-use vhca_windows::result_line::RunResult;
-use vhca_windows::scenario_run::{run, DriverServices};
+use vhca_sys::result_line::RunResult;
+use vhca_sys::scenario_run::{run, DriverServices};
 
 /// The kernel services over the NT model, printing into a log the test reads.
 struct ModelServices {

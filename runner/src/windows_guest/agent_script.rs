@@ -1,5 +1,5 @@
 //! The resident agent of a Windows image, as generated PowerShell: it answers the runner's request on COM1 by
-//! following vhca.sys's contract (guest-driver/windows: `Scenario` in, `Result` out, under the service's Parameters
+//! following vhca.sys's contract (guest-driver/sys: `Scenario` in, `Result` out, under the service's Parameters
 //! key; the scenario runs at START_DEVICE). Never run on Windows here: these machines have no Windows image.
 
 use crate::snapshot::READY_LINE;

@@ -23,7 +23,7 @@ pub const AGENT_FILE: &str = "vhca-agent.ps1";
 pub const SETUP_FILE: &str = "vhca-setup.ps1";
 /// The scheduled task that starts the agent at every boot, before anyone logs on.
 pub const AGENT_TASK: &str = "vhca-agent";
-/// The files the driver package must hold (`ci/build-windows.sh` writes them to target/windows/vhca-driver/): the INF,
+/// The files the driver package must hold (`ci/build-windows.sh` writes them to target/vhca-sys/): the INF,
 /// the test-signed driver, the test certificate it was signed with, and that certificate with its key (password
 /// `vhca`) to sign the catalog the guest makes.
 pub const PACKAGE_FILES: [&str; 4] = ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx"];

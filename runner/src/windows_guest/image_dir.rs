@@ -34,7 +34,7 @@ pub struct ImageMeta {
 pub enum ImageError {
     #[error(
         "no Windows image at {dir}: {why}. Build one from your own Windows ISO with `vhca-run windows-image build \
-         --iso WIN.iso --driver-package target/windows/vhca-driver --out {dir}` (docs/windows.md)"
+         --iso WIN.iso --driver-package target/vhca-sys --out {dir}` (docs/windows.md)"
     )]
     Missing { dir: String, why: String },
     #[error("Windows image {dir}: {META_FILE} unreadable: {why}")]
@@ -109,7 +109,7 @@ mod tests {
             kdnet_port: 50000,
             kdnet_key: "a.b.c.d".into(),
             verifier_states: vec![0, 0xAA],
-            driver_package: "target/windows/vhca-driver".into(),
+            driver_package: "target/vhca-sys".into(),
         }
     }
 

@@ -44,7 +44,7 @@ const PRESS_KEYS_FOR: Duration = Duration::from_secs(40);
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
     pub iso: PathBuf,
-    /// The test-signed driver package directory (issue 12: target/windows/vhca-driver/).
+    /// The test-signed driver package directory (issue 12: target/vhca-sys/).
     pub driver_package: PathBuf,
     pub out: PathBuf,
     pub edition: String,
@@ -142,7 +142,7 @@ fn check_inputs(opts: &BuildOptions) -> Result<(), StepError> {
         let p = opts.driver_package.join(file);
         if !p.is_file() {
             return Err(f(format!(
-                "driver package {} lacks {file} (ci/build-windows.sh writes the package to target/windows/vhca-driver/)",
+                "driver package {} lacks {file} (ci/build-windows.sh writes the package to target/vhca-sys/)",
                 opts.driver_package.display()
             )));
         }

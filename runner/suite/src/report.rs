@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::expect::Expected;
 use crate::fail_points::{FaultPointSeen, InjectedFaultSeen};
-use crate::suite::{split_fail_point, ConcreteRun, DriverKind, Suite, VerifierMode};
+use crate::suite::{split_fail_point, ConcreteRun, Personality, Suite, VerifierMode};
 use crate::verdict::{Actual, Outcome, Verdict};
 
 /// How the guest was brought up for a run.
@@ -35,7 +35,7 @@ pub struct RunReport {
     pub run: String,
     pub mode: VerifierMode,
     /// The driver personality that ran it.
-    pub driver: DriverKind,
+    pub driver: Personality,
     pub expected: Expected,
     pub actual: Actual,
     /// `actual` as one line, as the table and JUnit show it.
@@ -88,7 +88,7 @@ impl RunReport {
     /// Gives a failed run its reproducer (see `reproducer`); a passed run keeps none.
     pub fn set_reproducer(&mut self, program: &str, suite_file: Option<&str>) {
         // A vhca.sys run is repeated as one, whether the file or `--driver` made it so.
-        let driver = if self.driver == DriverKind::Sys { " --driver sys" } else { "" };
+        let driver = if self.driver == Personality::Sys { " --driver sys" } else { "" };
         self.reproducer = (!self.passed()).then(|| match split_fail_point(&self.name) {
             Some((run, k)) => fail_point_reproducer(program, suite_file, run, k) + driver,
             None => reproducer(program, suite_file, &self.name) + driver,

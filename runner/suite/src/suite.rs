@@ -82,30 +82,30 @@ pub struct DeviceOptions {
 /// the signed vhca.sys loaded by the guest's PE loader (`vhca.driver=sys`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum DriverKind {
+pub enum Personality {
     #[default]
     Native,
     Sys,
 }
 
-impl DriverKind {
+impl Personality {
     pub fn as_str(self) -> &'static str {
         match self {
-            DriverKind::Native => "native",
-            DriverKind::Sys => "sys",
+            Personality::Native => "native",
+            Personality::Sys => "sys",
         }
     }
 
-    pub fn parse(text: &str) -> Option<DriverKind> {
+    pub fn parse(text: &str) -> Option<Personality> {
         match text {
-            "native" => Some(DriverKind::Native),
-            "sys" => Some(DriverKind::Sys),
+            "native" => Some(Personality::Native),
+            "sys" => Some(Personality::Sys),
             _ => None,
         }
     }
 }
 
-impl std::fmt::Display for DriverKind {
+impl std::fmt::Display for Personality {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -122,7 +122,7 @@ pub struct GuestOptions {
     /// No serial output for this long: the run is hung.
     pub silence_s: u32,
     /// The driver personality (`driver` in the suite file, `--driver` on the command line).
-    pub driver: DriverKind,
+    pub driver: Personality,
 }
 
 /// One run as written in the suite file, validated.
@@ -143,7 +143,7 @@ pub struct SuiteRun {
     pub line: usize,
     /// The driver personalities it runs in, in order, never empty: its own `driver`, else the suite's
     /// `[defaults] drivers`, else native.
-    pub drivers: Vec<DriverKind>,
+    pub drivers: Vec<Personality>,
 }
 
 /// The guest a suite's runs boot: the Linux guest program (built here), or a Windows image the user built from
@@ -213,8 +213,8 @@ impl ConcreteRun {
             params.push(("vhca.lock".to_string(), lock.as_str().to_string()));
         }
         params.push(("vhca.verifier".to_string(), format!("{:#x}", self.verifier_flags)));
-        if self.guest.driver == DriverKind::Sys {
-            params.push(("vhca.driver".to_string(), DriverKind::Sys.as_str().to_string()));
+        if self.guest.driver == Personality::Sys {
+            params.push(("vhca.driver".to_string(), Personality::Sys.as_str().to_string()));
         }
         params.extend(self.guest.extra.iter().map(|(k, v)| (format!("vhca.{k}"), v.clone())));
         match self.fail_point {
@@ -267,10 +267,10 @@ pub fn split_fail_point(name: &str) -> Option<(&str, u32)> {
 }
 
 /// The concrete-run name for a run in a personality and a mode.
-pub fn concrete_name(run: &str, driver: DriverKind, mode: VerifierMode) -> String {
+pub fn concrete_name(run: &str, driver: Personality, mode: VerifierMode) -> String {
     match driver {
-        DriverKind::Native => format!("{run}/verifier-{mode}"),
-        DriverKind::Sys => format!("{run}/sys/verifier-{mode}"),
+        Personality::Native => format!("{run}/verifier-{mode}"),
+        Personality::Sys => format!("{run}/sys/verifier-{mode}"),
     }
 }
 
@@ -304,7 +304,7 @@ impl Suite {
     }
 
     /// `--driver`: every run in this one personality only.
-    pub fn set_driver(&mut self, driver: DriverKind) {
+    pub fn set_driver(&mut self, driver: Personality) {
         for run in &mut self.runs {
             run.drivers = vec![driver];
             run.guest.driver = driver;
@@ -346,21 +346,21 @@ mod tests {
                 extra: BTreeMap::from([("fragmentation".to_string(), "4".to_string())]),
                 timeout_s: 30,
                 silence_s: 10,
-                driver: DriverKind::Native,
+                driver: Personality::Native,
             },
             verifier_flags: 0x80,
             expect: modes.iter().cloned().collect(),
             events: BTreeMap::from([(VerifierMode::On, vec!["map_registers_exhausted".to_string()])]),
             each_fail_point: false,
             line: 1,
-            drivers: vec![DriverKind::Native],
+            drivers: vec![Personality::Native],
         }
     }
 
     #[test]
     fn a_run_in_both_personalities_expands_to_both_and_driver_narrows_it() {
         let mut both = run("a", &[(VerifierMode::Off, Expected::Pass), (VerifierMode::On, Expected::Pass)]);
-        both.drivers = vec![DriverKind::Native, DriverKind::Sys];
+        both.drivers = vec![Personality::Native, Personality::Sys];
         let mut suite = Suite {
             name: "t".into(),
             source: "t".into(),
@@ -373,19 +373,19 @@ mod tests {
         assert_eq!(
             names,
             [
-                ("a/verifier-off", DriverKind::Native),
-                ("a/verifier-on", DriverKind::Native),
-                ("a/sys/verifier-off", DriverKind::Sys),
-                ("a/sys/verifier-on", DriverKind::Sys),
+                ("a/verifier-off", Personality::Native),
+                ("a/verifier-on", Personality::Native),
+                ("a/sys/verifier-off", Personality::Sys),
+                ("a/sys/verifier-on", Personality::Sys),
             ]
         );
         assert_eq!(runs[3].guest_params().last().unwrap(), &("vhca.fragmentation".into(), "4".into()));
         assert!(runs[3].guest_params().contains(&("vhca.driver".into(), "sys".into())));
-        suite.set_driver(DriverKind::Sys);
+        suite.set_driver(Personality::Sys);
         let names: Vec<_> = suite.expand().into_iter().map(|r| (r.name, r.guest.driver)).collect();
         assert_eq!(
             names,
-            [("a/sys/verifier-off".into(), DriverKind::Sys), ("a/sys/verifier-on".into(), DriverKind::Sys)]
+            [("a/sys/verifier-off".into(), Personality::Sys), ("a/sys/verifier-on".into(), Personality::Sys)]
         );
     }
 

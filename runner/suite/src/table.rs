@@ -2,7 +2,7 @@
 //! Plain text without colour; the UI may colour it.
 
 use crate::report::SuiteReport;
-use crate::suite::DriverKind;
+use crate::suite::Personality;
 
 /// Renders the table, a totals line, and one `reproduce:` line per failed run that has a reproducer.
 pub fn render_table(report: &SuiteReport) -> String {
@@ -17,8 +17,8 @@ pub fn render_table(report: &SuiteReport) -> String {
             };
             // A vhca.sys run says so next to its name; native runs read as they always did.
             let run = match r.driver {
-                DriverKind::Native => r.run.clone(),
-                DriverKind::Sys => format!("{} [sys]", r.run),
+                Personality::Native => r.run.clone(),
+                Personality::Sys => format!("{} [sys]", r.run),
             };
             [run, r.mode.to_string(), verdict, format!("{:.2}", r.seconds), r.accelerator.clone()]
         })

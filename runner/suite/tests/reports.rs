@@ -64,7 +64,7 @@ fn element(s: &quick_xml::events::BytesStart, depth: usize) -> Element {
 /// did not bugcheck (a failure), everything else as expected where cheap to fake.
 fn sample_report() -> SuiteReport {
     let mut suite = Suite::seed().unwrap();
-    suite.set_driver(vhca_suite::DriverKind::Native);
+    suite.set_driver(vhca_suite::Personality::Native);
     let runs = suite.expand().into_iter().filter(|r| r.run == "smoke" || r.run == "fast-mutex-create-cq");
     let mut reports = Vec::new();
     for (i, run) in runs.enumerate() {

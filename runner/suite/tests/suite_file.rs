@@ -1,7 +1,7 @@
 //! Suite files: the seed suite, the documented example, and bad files whose errors must name line and field.
 
 use vhca_suite::{
-    DriverKind, Expected, LockKind, Param, Problem, Suite, VerifierMode, DEFAULT_VERIFIER_FLAGS, SEED_SUITE_NAME,
+    Personality, Expected, LockKind, Param, Problem, Suite, VerifierMode, DEFAULT_VERIFIER_FLAGS, SEED_SUITE_NAME,
 };
 
 /// The first ```toml block of docs/suites.md: the documented example must stay a valid suite.
@@ -86,7 +86,7 @@ fn seed_suite_parses_and_expands() {
             let full = format!("{}/{name}", run.name);
             let found = runs.iter().find(|r| r.name == full).unwrap_or_else(|| panic!("no {full}"));
             let sys = name.starts_with("sys/");
-            assert_eq!(found.guest.driver, if sys { DriverKind::Sys } else { DriverKind::Native }, "{full}");
+            assert_eq!(found.guest.driver, if sys { Personality::Sys } else { Personality::Native }, "{full}");
         }
     }
     let find = |name: &str| runs.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {name}"));

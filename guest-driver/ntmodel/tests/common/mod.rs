@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use vhca_driver::{ChannelError, CommandChannel};
+use vhca_driver_core::{CommandTransport, CommandTransportError};
 use vhca_ntapi::{PAGE_SIZE, PDEVICE_OBJECT};
 use vhca_ntmodel::{HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
 use vhca_proto::*;
@@ -103,10 +103,11 @@ impl FakeDevice {
     }
 }
 
-impl CommandChannel for FakeDevice {
-    fn execute(&self, request: &[u8], _response_capacity: usize) -> Result<Vec<u8>, ChannelError> {
-        let (header, body) = CommandHeader::read_from_prefix(request).map_err(|_| ChannelError::Transport(1))?;
-        let opcode = Opcode::from_u32(header.opcode.get()).ok_or(ChannelError::Transport(2))?;
+impl CommandTransport for FakeDevice {
+    fn execute(&self, request: &[u8], _response_capacity: usize) -> Result<Vec<u8>, CommandTransportError> {
+        let (header, body) =
+            CommandHeader::read_from_prefix(request).map_err(|_| CommandTransportError::Refused(1))?;
+        let opcode = Opcode::from_u32(header.opcode.get()).ok_or(CommandTransportError::Refused(2))?;
         let mut s = self.state.lock().unwrap();
         s.commands.push(opcode);
         let handle = s.next_handle;
@@ -151,7 +152,7 @@ impl CommandChannel for FakeDevice {
         Ok(out)
     }
 
-    fn ring_doorbell(&self, records: &[u8]) -> Result<(), ChannelError> {
+    fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
         let mut s = self.state.lock().unwrap();
         for r in records.chunks_exact(DOORBELL_SIZE) {
             s.doorbells.push(Doorbell::read_from_bytes(r).unwrap());
@@ -194,11 +195,11 @@ impl HcaChannel {
     }
 }
 
-impl CommandChannel for HcaChannel {
-    fn execute(&self, request: &[u8], _response_capacity: usize) -> Result<Vec<u8>, ChannelError> {
+impl CommandTransport for HcaChannel {
+    fn execute(&self, request: &[u8], _response_capacity: usize) -> Result<Vec<u8>, CommandTransportError> {
         Ok(self.hca.lock().unwrap().execute(&self.dma, request))
     }
-    fn ring_doorbell(&self, records: &[u8]) -> Result<(), ChannelError> {
+    fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
         self.hca.lock().unwrap().doorbell(&self.dma, records);
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! (a kernel driver importing from ntdll.dll does not load; DESIGN.md, "Trap"), those its metadata lacks because
 //! the WDK header makes them inline or macros on x64 while ntoskrnl.exe still exports them, and the C memory
 //! routines the compiler calls, bound to ntoskrnl.exe's exports. Every name here is on the import list
-//! (guest-driver/windows/imports.txt) the PE check enforces.
+//! (guest-driver/sys/imports.txt) the PE check enforces.
 
 use core::ffi::c_void;
 

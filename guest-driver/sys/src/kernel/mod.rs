@@ -5,7 +5,6 @@
 mod common_buffer;
 mod config_space;
 mod debug_print;
-mod device_channel;
 mod dma_operations;
 mod fdo;
 mod irp;
@@ -20,6 +19,7 @@ mod runtime;
 mod scenario_services;
 mod spin_locked;
 mod started_device;
+mod sys_command_transport;
 mod wdk_kernel;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};

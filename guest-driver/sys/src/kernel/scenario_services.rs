@@ -9,9 +9,9 @@ use vhca_ntapi::PVOID;
 use windows_sys::Wdk::System::SystemServices::{KeDelayExecutionThread, KernelMode};
 
 use super::debug_print::print_line;
-use super::device_channel::DeviceChannel;
 use super::kernel_imports::{ZwAllocateVirtualMemory, ZwFreeVirtualMemory};
 use super::mmio_registers;
+use super::sys_command_transport::SysCommandTransport;
 use super::wdk_kernel::WdkKernel;
 use crate::scenario_run::DriverServices;
 
@@ -26,18 +26,18 @@ const PAGE: u64 = 4096;
 /// The services for one run on one started device's channel (the lifetime is the channel's borrow).
 pub struct KernelServices<'a> {
     kernel: &'a WdkKernel,
-    _channel: PhantomData<&'a DeviceChannel>,
+    _channel: PhantomData<&'a SysCommandTransport>,
 }
 
 impl<'a> KernelServices<'a> {
-    pub fn new(_channel: &'a DeviceChannel, kernel: &'a WdkKernel) -> Self {
+    pub fn new(_channel: &'a SysCommandTransport, kernel: &'a WdkKernel) -> Self {
         KernelServices { kernel, _channel: PhantomData }
     }
 }
 
 impl<'a> DriverServices for KernelServices<'a> {
     type Kernel = WdkKernel;
-    type Channel = &'a DeviceChannel;
+    type Channel = &'a SysCommandTransport;
 
     fn print(&self, line: &str) {
         print_line(line);

@@ -1,5 +1,5 @@
 //! The device while started: its BARs mapped from the translated resources, the shared virtio transport brought
-//! up over them, every queue the device has and the command channel in common buffers, and the WDK shim the driver core
+//! up over them, every queue the device has and the command transport in common buffers, and the WDK shim the driver core
 //! runs on. Dropping it quiesces the device (reset) before any of its memory is freed.
 
 use alloc::format;
@@ -25,9 +25,9 @@ use zerocopy::FromBytes;
 
 use super::common_buffer::CommonBuffer;
 use super::config_space;
-use super::device_channel::{ChannelBuffers, DeviceChannel, Queue};
 use super::mmio_registers::{KernelWait, MmioBar};
 use super::scenario_services::KernelServices;
+use super::sys_command_transport::{Queue, SysCommandTransport, TransportBuffers};
 use super::wdk_kernel::WdkKernel;
 use crate::bar_resources::{locate_bar, memory_resources};
 use crate::result_line::RunResult;
@@ -59,7 +59,7 @@ pub struct StartedDevice {
     pdo: *mut DEVICE_OBJECT,
     kernel: Arc<WdkKernel>,
     transport: VirtioPci<MmioBar>,
-    channel: Option<DeviceChannel>,
+    channel: Option<SysCommandTransport>,
     /// The queues the channel does not use (queue 3), set up only because QEMU needs every queue set up; their
     /// common buffers are freed after the reset in drop.
     unused_queues: Vec<Queue>,
@@ -197,9 +197,9 @@ impl StartedDevice {
             queues.push(Some(take(index)?));
         }
         // The channel's buffers before DRIVER_OK and before any queue could be handed on: a failure here returns
-        // through `reset` with every queue still owned by this function (device_channel.rs says why).
+        // through `reset` with every queue still owned by this function (sys_command_transport.rs says why).
         let buffers =
-            ChannelBuffers::allocate(self.adapter).ok_or("command channel: no common buffer for its buffers")?;
+            TransportBuffers::allocate(self.adapter).ok_or("command transport: no common buffer for its buffers")?;
         t.driver_ok().map_err(|e| format!("DRIVER_OK: {e}"))?;
         let mut channel_queue = |index: u16| queues[index as usize].take().ok_or(format!("queue {index} taken twice"));
         let commands = channel_queue(QUEUE_COMMAND)?;
@@ -207,7 +207,8 @@ impl StartedDevice {
         let doorbells = channel_queue(QUEUE_DOORBELL)?;
         self.unused_queues = queues.into_iter().flatten().collect();
         self.channel = Some(
-            DeviceChannel::new(buffers, commands, events, doorbells).ok_or("command channel: event posting failed")?,
+            SysCommandTransport::new(buffers, commands, events, doorbells)
+                .ok_or("command transport: event posting failed")?,
         );
         reset.armed = false;
         Ok(())
@@ -223,7 +224,7 @@ impl StartedDevice {
             }
             None => {
                 let mut result = RunResult::new(scenario.name());
-                result.fail("the device has no command channel");
+                result.fail("the device has no command transport");
                 result
             }
         }

@@ -34,7 +34,7 @@ enum Owned {
 // structures are the kernel's own links, and the shim touches the boxes only under its spin lock or at drop.
 unsafe impl Send for Owned {}
 
-/// The NT kernel as vhca-driver sees it, over ntoskrnl.exe and HAL.dll.
+/// The NT kernel as vhca-driver-core sees it, over ntoskrnl.exe and HAL.dll.
 pub struct WdkKernel {
     owned: SpinLocked<Vec<Owned>>,
     /// How many resources the kernel refused this driver (NULL allocations, STATUS_INSUFFICIENT_RESOURCES): what

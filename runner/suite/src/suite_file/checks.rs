@@ -10,7 +10,7 @@ use super::raw::{PerMode, RawExtra, RawRun, RawSuite};
 use super::Problem;
 use crate::expect::Expected;
 use crate::suite::{
-    DeviceOptions, DriverKind, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    DeviceOptions, Personality, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
     DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS, SYSTEMATIC_LOW_RESOURCES,
 };
 use crate::toml_location::line_column;
@@ -129,7 +129,7 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         defaults.map_registers.as_ref().and_then(|m| checker.positive_u32(m, "defaults.map_registers", i64::MAX));
     let default_drivers = match &defaults.drivers {
         Some(list) => driver_list(list, checker),
-        None => vec![DriverKind::Native],
+        None => vec![Personality::Native],
     };
     if raw.runs.is_empty() {
         checker.at(raw.name.span(), "run", "a suite needs at least one [[run]]");
@@ -245,10 +245,10 @@ fn each_fail_point(
 }
 
 /// `[defaults] drivers`: each a known personality, once; an empty list is an error (a run must run somewhere).
-fn driver_list(list: &Spanned<Vec<Spanned<String>>>, checker: &mut Checker) -> Vec<DriverKind> {
+fn driver_list(list: &Spanned<Vec<Spanned<String>>>, checker: &mut Checker) -> Vec<Personality> {
     let mut drivers = Vec::new();
     for (i, d) in list.get_ref().iter().enumerate() {
-        match DriverKind::parse(d.get_ref()) {
+        match Personality::parse(d.get_ref()) {
             Some(kind) if drivers.contains(&kind) => {
                 checker.at(d.span(), format!("defaults.drivers[{i}]"), format!("{kind} is listed twice"))
             }
@@ -264,7 +264,7 @@ fn driver_list(list: &Spanned<Vec<Spanned<String>>>, checker: &mut Checker) -> V
         checker.at(list.span(), "defaults.drivers", "an empty list: name \"native\", \"sys\" or both");
     }
     if drivers.is_empty() {
-        drivers.push(DriverKind::Native);
+        drivers.push(Personality::Native);
     }
     drivers
 }
@@ -368,11 +368,11 @@ fn guest_options(
         add_extra(&mut extra, name, value, key.span(), &field(&format!("guest.extra.{name}")), checker);
     }
     let driver = match run.driver.as_ref().map(|d| (d, d.get_ref().as_str())) {
-        None | Some((_, "native")) => DriverKind::Native,
-        Some((_, "sys")) => DriverKind::Sys,
+        None | Some((_, "native")) => Personality::Native,
+        Some((_, "sys")) => Personality::Sys,
         Some((d, other)) => {
             checker.at(d.span(), field("driver"), format!("unknown driver {other:?}: expected \"native\" or \"sys\""));
-            DriverKind::Native
+            Personality::Native
         }
     };
     GuestOptions { scenario, lock, extra, timeout_s, silence_s, driver }
