@@ -5,7 +5,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// virtio device id reserved for RDMA; used where the VMM can create a generic vhost-user device (QEMU >= 10.2).
 pub const VIRTIO_ID_RDMA: u32 = 42;
-/// virtio device id of the sound device, whose QEMU vhost-user front-end carries vhca on QEMU 10.0 (see DESIGN.md).
+/// virtio device id of the sound device, whose QEMU vhost-user front-end carries vhca on QEMU 10.0 (QEMU 10.0 cannot
+/// create the generic vhost-user device from the command line; docs/architecture.md, "The carrier device").
 pub const VIRTIO_ID_SND_CARRIER: u32 = 25;
 pub const PCI_VENDOR_VIRTIO: u16 = 0x1af4;
 /// Modern virtio PCI device ids are 0x1040 + virtio id.

@@ -34,7 +34,8 @@ impl Accel {
     }
 }
 
-/// The QEMU device that carries the vhost-user HCA (see DESIGN.md: QEMU 10.0 has no user-creatable generic device).
+/// The QEMU device that carries the vhost-user HCA (QEMU 10.0 has no user-creatable generic vhost-user
+/// device; docs/architecture.md, "The carrier device", says why the sound device carries it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Carrier {
     /// QEMU >= 10.2: virtio-id 42 (RDMA), 4 queues, 12-byte config.

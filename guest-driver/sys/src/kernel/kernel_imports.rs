@@ -1,5 +1,6 @@
 //! Kernel routines declared here rather than taken from windows-sys: those windows-sys attributes to ntdll.dll
-//! (a kernel driver importing from ntdll.dll does not load; DESIGN.md, "Trap"), those its metadata lacks because
+//! (a kernel driver importing from ntdll.dll does not load: the kernel binds a driver's imports only against
+//! kernel-mode images, and ntdll.dll is a user-mode one), those its metadata lacks because
 //! the WDK header makes them inline or macros on x64 while ntoskrnl.exe still exports them, and the C memory
 //! routines the compiler calls, bound to ntoskrnl.exe's exports. Every name here is on the import list
 //! (guest-driver/sys/imports.txt) the PE check enforces.
