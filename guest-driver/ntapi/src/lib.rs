@@ -8,8 +8,12 @@ extern crate alloc;
 mod bugcheck_codes;
 mod kernel;
 pub mod resource_list_layout;
+// Before async_kernel: its pointer types come from types' opaque_pointer! macro.
+#[macro_use]
 mod types;
+mod async_kernel;
 
+pub use async_kernel::*;
 pub use bugcheck_codes::*;
 pub use kernel::NtKernel;
 pub use types::*;
