@@ -7,59 +7,29 @@
 //! Linux unwind data, so the host's unwinder cannot do this. Frames are kept as RVAs (`CallSite::image`).
 
 use std::cell::RefCell;
-use std::sync::RwLock;
 
 use pe_unwind_info::x86_64::{FunctionTableEntries, Register, UnwindState, XmmRegister};
 use vhca_ntmodel::{CallSite, InjectionMode};
 
 use crate::image_mapping::MappedImage;
+use crate::loaded_images::{self, LoadedImage};
 use crate::pe_image::PAGE;
 
 /// How many of the driver's frames a site keeps at most (Windows' stack traces in `!verifier` stop at a few dozen).
 pub const MAX_FRAMES: usize = 32;
-
-/// A loaded image a stack walk can unwind through: its name, where it is, and its sections (for reading .pdata,
-/// .xdata and code by RVA, only inside a section, so a corrupt table cannot send a read into unmapped slack).
-struct WalkableImage {
-    name: String,
-    base: usize,
-    size: usize,
-    /// (rva, readable length) of each section.
-    sections: Vec<(u32, u32)>,
-    pdata: (u32, u32),
-}
-
-static IMAGES: RwLock<Vec<WalkableImage>> = RwLock::new(Vec::new());
 
 /// Lets stack walks unwind through `image` under `name` (the module name the call sites print). An image without
 /// an exception directory is not walkable: its calls have no site, and nothing fails there.
 pub fn register(image: &MappedImage, name: &str) {
     let Some(pdata) = image.image.exception_directory else { return };
     let sections = image.image.sections.iter().map(|s| (s.rva, s.virtual_size.div_ceil(PAGE) * PAGE)).collect();
-    let walkable = WalkableImage { name: name.to_string(), base: image.base(), size: image.size(), sections, pdata };
-    let mut images = IMAGES.write().unwrap_or_else(|e| e.into_inner());
-    images.retain(|i| i.base != walkable.base);
-    images.push(walkable);
-}
-
-/// Forgets the image at `base` (it is being unmapped).
-pub fn unregister(base: usize) {
-    IMAGES.write().unwrap_or_else(|e| e.into_inner()).retain(|i| i.base != base);
-}
-
-impl WalkableImage {
-    fn contains(&self, address: u64) -> bool {
-        address.checked_sub(self.base as u64).is_some_and(|o| o < self.size as u64)
-    }
-
-    /// The mapped bytes from `rva` to the end of its section.
-    fn at_rva(&self, rva: u32) -> Option<&'static [u8]> {
-        let (start, len) = self.sections.iter().copied().find(|(s, len)| rva >= *s && rva - *s < *len)?;
-        let bytes = (start + len - rva) as usize;
-        // SAFETY: inside one section of the mapping, which is readable (every protection the loader gives a section
-        // includes read) and stays mapped while registered (MappedImage unregisters before it unmaps).
-        Some(unsafe { std::slice::from_raw_parts((self.base + rva as usize) as *const u8, bytes) })
-    }
+    loaded_images::insert(LoadedImage {
+        name: name.to_string(),
+        base: image.base(),
+        size: image.size(),
+        sections,
+        pdata,
+    });
 }
 
 /// The caller's registers at a faultable import's entry, as the entry stub pushed them (lowest address first): the
@@ -113,42 +83,43 @@ impl UnwindState for Registers {
 /// return address, then one per unwound frame for as long as the unwind stays inside a registered image (the first
 /// frame outside, the loader's or the kernel's code that called the driver, ends the driver's part).
 pub fn driver_frames(entry: &EntryRegisters, stack_top: u64) -> (Option<(String, u64, u32)>, Vec<u64>) {
-    let images = IMAGES.read().unwrap_or_else(|e| e.into_inner());
-    let Some(image) = images.iter().find(|i| i.contains(entry.return_address)) else {
-        return (None, Vec::new());
-    };
-    let entry_sp = entry as *const EntryRegisters as u64 + std::mem::offset_of!(EntryRegisters, return_address) as u64;
-    let mut registers = Registers { gpr: [0; 16], stack: (entry_sp, stack_top) };
-    for (register, value) in [
-        (Register::RBX, entry.rbx),
-        (Register::RBP, entry.rbp),
-        (Register::RSI, entry.rsi),
-        (Register::RDI, entry.rdi),
-        (Register::R12, entry.r12),
-        (Register::R13, entry.r13),
-        (Register::R14, entry.r14),
-        (Register::R15, entry.r15),
-        // After the driver's call returns, its stack pointer is one word above the return address.
-        (Register::RSP, entry_sp + 8),
-    ] {
-        registers.write_register(register, value);
-    }
-    let mut frames = vec![entry.return_address];
-    let mut pc = entry.return_address;
-    while frames.len() < MAX_FRAMES {
-        let Some(pdata) = image.at_rva(image.pdata.0).map(|b| &b[..b.len().min(image.pdata.1 as usize)]) else {
-            break;
-        };
-        let table = FunctionTableEntries::parse(pdata);
-        let rva = (pc - image.base as u64) as u32;
-        let Some(caller) = table.unwind_frame(&mut registers, |rva| image.at_rva(rva), rva) else { break };
-        if !image.contains(caller) {
-            break;
+    // The table stays read-locked for the walk: the image it reads cannot be unmapped under it.
+    loaded_images::with_image_at(entry.return_address, |image| {
+        let entry_sp =
+            entry as *const EntryRegisters as u64 + std::mem::offset_of!(EntryRegisters, return_address) as u64;
+        let mut registers = Registers { gpr: [0; 16], stack: (entry_sp, stack_top) };
+        for (register, value) in [
+            (Register::RBX, entry.rbx),
+            (Register::RBP, entry.rbp),
+            (Register::RSI, entry.rsi),
+            (Register::RDI, entry.rdi),
+            (Register::R12, entry.r12),
+            (Register::R13, entry.r13),
+            (Register::R14, entry.r14),
+            (Register::R15, entry.r15),
+            // After the driver's call returns, its stack pointer is one word above the return address.
+            (Register::RSP, entry_sp + 8),
+        ] {
+            registers.write_register(register, value);
         }
-        frames.push(caller);
-        pc = caller;
-    }
-    (Some((image.name.clone(), image.base as u64, image.size as u32)), frames)
+        let mut frames = vec![entry.return_address];
+        let mut pc = entry.return_address;
+        while frames.len() < MAX_FRAMES {
+            let Some(pdata) = image.at_rva(image.pdata.0).map(|b| &b[..b.len().min(image.pdata.1 as usize)]) else {
+                break;
+            };
+            let table = FunctionTableEntries::parse(pdata);
+            let rva = (pc - image.base as u64) as u32;
+            let Some(caller) = table.unwind_frame(&mut registers, |rva| image.at_rva(rva), rva) else { break };
+            if !image.contains(caller) {
+                break;
+            }
+            frames.push(caller);
+            pc = caller;
+        }
+        (Some((image.name.clone(), image.base as u64, image.size as u32)), frames)
+    })
+    .unwrap_or((None, Vec::new()))
 }
 
 thread_local! {

@@ -125,7 +125,8 @@ impl MappedImage {
 
 impl Drop for MappedImage {
     fn drop(&mut self) {
-        crate::driver_stack::unregister(self.base as usize);
+        // Stack walks read the mapping through the loaded-image table: out of it first, then unmapped.
+        crate::loaded_images::remove(self.base as usize);
         // SAFETY: our own mapping, unmapped once; no driver code runs once the image is dropped.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.size) };
     }

@@ -13,6 +13,7 @@ pub mod image_mapping;
 pub mod io_manager;
 pub mod kernel_context;
 pub mod load_error;
+mod loaded_images;
 pub mod lock_thunks;
 pub mod memory_thunks;
 pub mod nt_thunks;
