@@ -1,5 +1,5 @@
 //! The NT kernel interface the vhca driver core is written against, with Windows' names, types and IRQL rules.
-//! Two implementations: `vhca-ntmodel` (user space, with a Driver Verifier model) and vhca-sys's WDK shim (wdk_kernel.rs).
+//! Two implementations: `vhca-ntmodel` (user space, with a Driver Verifier model) and the WDK shim of vhca-sys.
 #![no_std]
 #![allow(non_camel_case_types, non_snake_case)]
 
