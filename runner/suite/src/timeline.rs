@@ -1,4 +1,5 @@
-//! A run's timeline as a small SVG: map registers in use over time, DMA faults, commands, and the bugcheck.
+//! A run's timeline as a small SVG: map registers in use over time, DMA faults, commands, and the bugcheck, with a
+//! legend keying every kind of mark drawn and each fault's cause written next to it.
 //! Hand-written SVG: no plotting crate draws exactly this, and the output is small enough to write by hand.
 
 use std::fmt::Write;
@@ -7,11 +8,13 @@ use crate::event_log_reader::EventLog;
 use crate::xml_text::escape;
 
 const WIDTH: f64 = 800.0;
-const HEIGHT: f64 = 320.0;
+const HEIGHT: f64 = 344.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
-const BOTTOM: f64 = 50.0;
+/// Ticks and the axis label, then the legend's row under them.
+const BOTTOM: f64 = 74.0;
+const LEGEND_ROW: f64 = 24.0;
 
 /// Where on the plot a time and a register count land.
 struct Scale {
@@ -88,6 +91,7 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
         return svg;
     }
     axes(&mut svg, &scale, t1);
+    let mut keys = Vec::new();
 
     if !usage.is_empty() {
         // A step line: the count holds until the next event changes it.
@@ -106,6 +110,7 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
             r#"<polyline class="in-use" fill="none" stroke="steelblue" stroke-width="1.5" points="{}"/>"#,
             pts.join(" ")
         );
+        keys.push(Key::InUse);
     }
     let lane_y = HEIGHT - BOTTOM - 6.0;
     for (t, label, ok) in &commands {
@@ -119,14 +124,39 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
             escape(label)
         );
     }
+    if commands.iter().any(|c| c.2) {
+        keys.push(Key::CommandOk);
+    }
+    if commands.iter().any(|c| !c.2) {
+        keys.push(Key::CommandFailed);
+    }
+    // Each cause is written once, at its first fault, one row per cause so two causes close in time stay legible.
+    let mut causes: Vec<(&str, usize)> = Vec::new();
     for (t, cause) in &faults {
+        let (x, y) = (scale.x(*t), TOP + 8.0);
         let _ = writeln!(
             svg,
-            r#"<circle class="fault" cx="{:.1}" cy="{:.1}" r="4" fill="red"><title>DMA fault: {}</title></circle>"#,
-            scale.x(*t),
-            TOP + 8.0,
+            r#"<circle class="fault" cx="{x:.1}" cy="{y:.1}" r="4" fill="red"><title>DMA fault: {}</title></circle>"#,
             escape(cause)
         );
+        match causes.iter_mut().find(|c| c.0 == cause.as_str()) {
+            Some(c) => c.1 += 1,
+            None => {
+                let row = causes.len() as f64 * 12.0;
+                // Near the right edge the label goes to the dot's left.
+                let (lx, anchor) = if x > WIDTH * 0.75 { (x - 7.0, "end") } else { (x + 7.0, "start") };
+                let _ = writeln!(
+                    svg,
+                    r#"<text class="fault-label" x="{lx:.1}" y="{:.1}" fill="red" text-anchor="{anchor}">{}</text>"#,
+                    y + 4.0 + row,
+                    escape(cause)
+                );
+                causes.push((cause, 1));
+            }
+        }
+    }
+    if !causes.is_empty() {
+        keys.push(Key::Fault(fault_key(&causes)));
     }
     if let Some((t, label)) = bugcheck {
         let x = scale.x(t);
@@ -142,9 +172,79 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
             TOP + 24.0,
             escape(label)
         );
+        keys.push(Key::Bugcheck);
     }
+    legend(&mut svg, &keys);
     svg.push_str("</svg>\n");
     svg
+}
+
+/// One kind of mark the timeline drew, for its legend.
+enum Key {
+    InUse,
+    CommandOk,
+    CommandFailed,
+    /// The text names the causes seen.
+    Fault(String),
+    Bugcheck,
+}
+
+/// `DMA fault: iommu_unmapped ×3, stale_translation`; past three causes the rest are counted, not named (the
+/// labels on the plot name each).
+fn fault_key(causes: &[(&str, usize)]) -> String {
+    const NAMED: usize = 3;
+    let mut parts: Vec<String> = causes
+        .iter()
+        .take(NAMED)
+        .map(|(cause, n)| if *n > 1 { format!("{cause} ×{n}") } else { cause.to_string() })
+        .collect();
+    if causes.len() > NAMED {
+        parts.push(format!("{} more", causes.len() - NAMED));
+    }
+    format!("DMA fault: {}", parts.join(", "))
+}
+
+/// The legend's row under the x axis: a sample of each mark drawn and what it is.
+fn legend(svg: &mut String, keys: &[Key]) {
+    let y = HEIGHT - LEGEND_ROW / 2.0;
+    let mut x = LEFT;
+    for key in keys {
+        let (sample, text) = match key {
+            Key::InUse => (
+                format!(
+                    r#"<line x1="{x}" y1="{y}" x2="{}" y2="{y}" stroke="steelblue" stroke-width="1.5"/>"#,
+                    x + 16.0
+                ),
+                "map registers in use".to_string(),
+            ),
+            Key::CommandOk => (tick(x + 8.0, y, "gray"), "command (OK)".to_string()),
+            Key::CommandFailed => (tick(x + 8.0, y, "darkorange"), "command failed".to_string()),
+            Key::Fault(text) => (format!(r#"<circle cx="{}" cy="{y}" r="4" fill="red"/>"#, x + 8.0), text.clone()),
+            Key::Bugcheck => (
+                format!(
+                    r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="darkred" stroke-width="2" stroke-dasharray="4,2"/>"#,
+                    x + 8.0,
+                    y - 7.0,
+                    x + 8.0,
+                    y + 7.0
+                ),
+                "bugcheck (STOP)".to_string(),
+            ),
+        };
+        let _ = writeln!(
+            svg,
+            r#"<g class="legend">{sample}<text x="{:.1}" y="{:.1}">{}</text></g>"#,
+            x + 22.0,
+            y + 4.0,
+            escape(&text)
+        );
+        // An estimate of the text's width at 11 px sans-serif; the row has room to spare.
+        x += 22.0 + text.chars().count() as f64 * 6.2 + 18.0;
+    }
+}
+
+fn tick(x: f64, y: f64, colour: &str) -> String {
+    format!(r#"<line x1="{x}" y1="{}" x2="{x}" y2="{}" stroke="{colour}"/>"#, y - 5.0, y + 5.0)
 }
 
 /// The top of the y axis. A small pool is drawn whole, so exhaustion reaches the top; a large one would flatten a
@@ -190,7 +290,7 @@ fn axes(svg: &mut String, scale: &Scale, t1: u64) {
         svg,
         r#"<text class="axis-label" x="{:.1}" y="{:.1}" text-anchor="middle">time since first event (ms)</text>"#,
         (x0 + x1) / 2.0,
-        HEIGHT - 12.0
+        HEIGHT - LEGEND_ROW - 12.0
     );
     let _ = writeln!(
         svg,
