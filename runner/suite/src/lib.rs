@@ -1,6 +1,7 @@
 //! The pure logic of vhca-run's suites: suite files, what a finished run showed, verdicts, reports and timelines.
 //! Nothing here starts processes or prints; the runner fills an `Observation`, this crate judges and renders.
 
+mod bugcheck_params;
 mod event_log_reader;
 mod expect;
 mod fail_points;
@@ -8,18 +9,22 @@ mod iotlb;
 mod junit;
 mod observation;
 mod report;
+mod report_html;
 mod report_merge;
+mod report_page;
 mod serial_scan;
 mod shard;
 mod stop_line;
 mod suite;
 mod suite_file;
+mod svg_inline;
 mod table;
 mod timeline;
 mod toml_location;
 mod verdict;
 mod xml_text;
 
+pub use bugcheck_params::{bugcheck_meaning, BugcheckMeaning};
 pub use event_log_reader::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
 pub use expect::{fault_cause_names, ExpectParseError, Expected, Param};
 pub use fail_points::{
@@ -29,7 +34,9 @@ pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;
 pub use observation::{GuestPanicked, HyperVCrash, Observation, ProcessExit};
 pub use report::{fail_point_reproducer, reproducer, BootPath, RunReport, SuiteReport, Totals};
+pub use report_html::{render_report_html, RunArtifacts};
 pub use report_merge::{merge_json, merge_junit, MergeError, Merged};
+pub use report_page::{write_report_html, REPORT_HTML};
 pub use serial_scan::{
     parse_linux_panic, parse_result_line, scan_serial, LinuxPanic, PanicKind, ResultLine, SerialFindings,
 };
