@@ -454,6 +454,9 @@ fn publish(report: &SuiteReport, root: &Path, json: Option<&Path>, junit: Option
             written.push(path.display().to_string());
         }
     }
+    let page = vhca_suite::write_report_html(root, &serde_json::to_value(report)?, &[root.to_path_buf()])
+        .with_context(|| format!("writing {}", root.join(vhca_suite::REPORT_HTML).display()))?;
+    written.push(page.display().to_string());
     eprintln!("vhca-run: artifacts in {}; reports: {}", root.display(), written.join(", "));
     Ok(())
 }
@@ -733,7 +736,7 @@ fn take_shard(runs: &[ConcreteRun], shard: Shard, durations: Option<&Path>, root
     Ok(mine)
 }
 
-/// `report merge`: one report.json and junit.xml from the shards'; true when every run passed.
+/// `report merge`: one report.json, junit.xml and report.html from the shards'; true when every run passed.
 fn merge_reports(out: &Path, shard_dirs: &[PathBuf]) -> Result<bool> {
     let read = |dir: &PathBuf, name: &str| -> Result<(String, String)> {
         let path = dir.join(name);
@@ -748,6 +751,9 @@ fn merge_reports(out: &Path, shard_dirs: &[PathBuf]) -> Result<bool> {
     let text = serde_json::to_string_pretty(&merged.json).context("rendering the merged report")?;
     write_file(&out.join("report.json"), &text)?;
     write_file(&out.join("junit.xml"), &xml)?;
+    // The page links each run's folder where it is: under the shard root that held it.
+    vhca_suite::write_report_html(out, &merged.json, shard_dirs)
+        .with_context(|| format!("writing {}", out.join(vhca_suite::REPORT_HTML).display()))?;
     println!(
         "suite {suite}: {} shards, {} runs, {} failed (JUnit: {junit_failures} failures); merged into {}",
         shard_dirs.len(),
