@@ -2,7 +2,7 @@
 # Builds the vhca Linux guest image from Debian packages: kernel (vmlinux extracted for a PVH boot, bzImage kept as the
 # fallback) and an uncompressed newc initramfs with static busybox, the VFIO modules, /init and the static vhca-guest.
 #
-#   build.sh resolve                      print "<kernel package> <version>": the bookworm linux-image-amd64 target
+#   build.sh resolve                      print "<kernel package> <version>": the host release's linux-image-amd64 target
 #   build.sh build --out DIR --guest BIN [--driver SYS] [--kernel-pkg PKG --kernel-ver VER] [--cache DIR]
 #
 # The caller (vhca-run's image cache) decides when to build; this script only builds. --cache holds the downloaded
@@ -11,8 +11,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # The modules the guest needs: VFIO, and pvpanic-mmio so a kernel panic reaches QEMU's QMP as GUEST_PANICKED.
-# Their dependency closure is resolved from modules.dep.
-vfio_modules=(irqbypass vfio vfio_virqfd vfio_iommu_type1 vfio-pci-core vfio-pci pvpanic-mmio)
+# Their dependency closure is resolved from modules.dep. A trailing '?' marks a module a kernel may not have as a module
+# of its own: vfio_virqfd is one up to Linux 6.1 (Debian 12) and part of vfio.ko from 6.2 (Debian 13's 6.12).
+vfio_modules=(irqbypass vfio 'vfio_virqfd?' vfio_iommu_type1 vfio-pci-core vfio-pci pvpanic-mmio)
 # The busybox applets /init uses, as symlinks, so the image does not pay for `busybox --install` at every boot.
 applets=(sh mount insmod poweroff sleep cat echo ls mkdir)
 
@@ -71,20 +72,27 @@ modules_tag() { printf '%s\n' "${vfio_modules[@]}" | cksum | cut -d' ' -f1; }
 kernel_tree() {
   local pkg=$1 ver=$2 cache=$3 dir="$3/kernel/${2//:/_}-$1-m$(modules_tag)"
   if [ -f "$dir/.done" ]; then echo "$dir"; return 0; fi
-  local deb tmp kver mods root
+  local deb tmp kver mods root listing usr=""
   deb=$(fetch_deb "$pkg" "$ver" "$cache/debs")
   tmp=$(mktemp -d "$cache/kernel/.extract.XXXXXX")
   cleanup+=("$tmp")
-  log "extracting $deb"
-  dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*' './lib/modules/*' \
+  # Debian 12 ships the modules in lib/modules, Debian 13 (merged /usr) in usr/lib/modules; tar fails on a pattern
+  # that matches nothing, so ask the archive which one it has. (Listing kept whole: under pipefail a `grep -q` that
+  # stops reading early would fail the pipe.)
+  listing=$(dpkg-deb --fsys-tarfile "$deb" | tar -t) || die "cannot list $deb"
+  grep -q '^\./usr/lib/modules/' <<<"$listing" && usr=usr/
+  log "extracting $deb (modules in ${usr}lib/modules)"
+  dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*' "./${usr}lib/modules/*" \
     || die "cannot unpack $deb"
-  kver=$(ls "$tmp/lib/modules" | head -n1)
-  [ -n "$kver" ] || die "$deb has no /lib/modules"
+  # root: the directory whose lib/modules holds the modules, as busybox depmod -b and modules.dep's paths want it.
   root=$tmp
+  [ -z "$usr" ] || root=$tmp/usr
+  kver=$(ls "$root/lib/modules" | head -n1)
+  [ -n "$kver" ] || die "$deb has no /${usr}lib/modules"
   # The .deb ships no modules.dep; busybox depmod writes one (host kmod's depmod may be absent).
   busybox depmod -b "$root" "$kver" || die "busybox depmod failed"
   mkdir -p "$tmp/out/modules"
-  cp "$root/boot/vmlinuz-$kver" "$tmp/out/bzImage"
+  cp "$tmp/boot/vmlinuz-$kver" "$tmp/out/bzImage"
   if extract_vmlinux "$tmp/out/bzImage" "$tmp/out/vmlinux"; then log "vmlinux extracted"; else log "vmlinux extraction failed: bzImage only"; fi
   # Load order: each module after everything it depends on (depth-first over modules.dep).
   local order=() seen=" "
@@ -96,7 +104,10 @@ kernel_tree() {
     order+=("$rel")
   }
   for m in "${vfio_modules[@]}"; do
+    local optional=""
+    case "$m" in *\?) optional=1; m=${m%\?} ;; esac
     rel=$(cut -d: -f1 "$root/lib/modules/$kver/modules.dep" | grep -E "/${m}\.ko(\.xz|\.zst|\.gz)?$" | head -n1 || true)
+    if [ -z "$rel" ] && [ -n "$optional" ]; then log "module $m: not a module of its own in $pkg"; continue; fi
     [ -n "$rel" ] || die "module $m not in $pkg"
     visit "$rel"
   done
@@ -147,7 +158,9 @@ build() {
   cleanup+=("$stage")
   mkdir -p "$stage"/{bin,dev,proc,sys,tmp,etc/vhca,lib/modules} "$stage/.bb"
   dpkg-deb -x "$bbdeb" "$stage/.bb"
-  mv "$stage/.bb/bin/busybox" "$stage/bin/busybox"
+  # bin/busybox in Debian 12's package, usr/bin/busybox in 13's (merged /usr).
+  if [ -f "$stage/.bb/usr/bin/busybox" ]; then mv "$stage/.bb/usr/bin/busybox" "$stage/bin/busybox"
+  else mv "$stage/.bb/bin/busybox" "$stage/bin/busybox"; fi
   rm -rf "$stage/.bb"
   for a in "${applets[@]}"; do ln -s busybox "$stage/bin/$a"; done
   cp "$ktree"/modules/*.ko "$stage/lib/modules/"
