@@ -7,7 +7,9 @@ use std::fmt::Write;
 
 use vhca_suite::{ConcreteRun, Suite, SuiteReport};
 
-use crate::run::{RunContext, RunError};
+use crate::run::RunError;
+use crate::run_context::RunContext;
+use crate::run_plan::ROUNDTRIP_SCENARIO;
 use crate::suite_run::{run_suite, SuiteEvent, SuiteOptions};
 
 /// One suite run of the bench.
@@ -124,9 +126,6 @@ pub fn render(ms: &[Measurement]) -> String {
     }
     t
 }
-
-/// The guest scenario that times the round trip; a run of it gets QEMU's virtio-rng next to the HCA.
-pub const ROUNDTRIP_SCENARIO: &str = "roundtrip";
 
 /// The one-run suite of the round-trip bench: verifier off, a pass expected, `samples` of each kind.
 pub fn roundtrip_suite(samples: usize) -> Suite {

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use vhca_suite::{iotlb_problems, parse_event_log, ConcreteRun, EventLog, Observation};
 
-use crate::run::{RunFiles, Watched};
+use crate::run_files::RunFiles;
+use crate::watch::Watched;
 
 /// Everything the verdict, the reports and the timeline need from one run.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ pub enum Phase {
     /// The session's snapshot was checked against its record; no run has restored from it yet.
     SnapshotChecked,
     /// QEMU was told to load the snapshot (`migrate-incoming`) and has not finished: a run's own restore, or the
-    /// guest loaded ahead for the worker's next run (`warm_guest`).
+    /// guest loaded ahead for the worker's next run (`load_ahead`).
     Load,
     /// The HCA's chardev was added (QEMU is connected to the device) and its `device_add` is next.
     HotPlug,

@@ -54,7 +54,7 @@ impl Timings {
 }
 
 /// The first half of a restore, which needs no device: the saved state loaded into the paused QEMU. A guest loaded
-/// ahead of its run waits here (see `warm_guest`).
+/// ahead of its run waits here (see `load_ahead`).
 pub fn load(qmp: &mut Qmp, qemu: &mut Supervised, state: &Path, qemu_log: &Path) -> Result<Timings, RestoreError> {
     let started = Instant::now();
     qmp.execute("migrate-set-capabilities", Some(capabilities()), QMP_TIMEOUT)

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use serde::Serialize;
 use vhca_suite::{Actual, ConcreteRun, Suite};
 
+use crate::next_guest;
 use crate::phase_hook::{self, Phase};
 use crate::proc_usage::{self, Pair};
-use crate::run::{Progress, RunContext, RunError};
+use crate::run::RunError;
+use crate::run_context::RunContext;
+use crate::run_progress::Progress;
 use crate::suite_run::{one_run, SuiteOptions};
 use crate::supervise::process_alive;
-use crate::warm_guest;
 
 /// The seed runs in the mix, both verifier modes: a pass, two bugchecks and a device fault. Their expectations come
 /// from the built-in seed suite, the one place the seed verdicts are written.
@@ -227,7 +229,7 @@ pub fn soak(
         let armed = killed.map(|(_, victim, _)| KillAtMidRun::arm(*victim));
         let _ = proc_usage::take_last();
         // As in a suite: a guest the run leaves clean serves the next run.
-        warm_guest::expect_more_runs(index + 1 < n);
+        next_guest::expect_more_runs(index + 1 < n);
         let report = one_run(ctx, run, opts, &mut quiet)?;
         drop(armed);
         let children_usage = proc_usage::take_last().unwrap_or_default();
@@ -240,7 +242,7 @@ pub fn soak(
         };
         // The guest kept for the next run is no leftover: its QEMU and work dir live on by design (and are checked
         // at the soak's end, once it is dropped).
-        let kept = warm_guest::kept_guest();
+        let kept = next_guest::kept_guest();
         let kept_pid = kept.as_ref().map(|(pid, _)| *pid);
         let mut processes_left: Vec<u32> = children().into_iter().filter(|pid| Some(*pid) != kept_pid).collect();
         for pid in [children_usage.device_pid, children_usage.qemu_pid].into_iter().flatten() {
@@ -269,7 +271,7 @@ pub fn soak(
         on(&sample);
         samples.push(sample);
     }
-    warm_guest::discard();
+    next_guest::discard();
     let growth = children_growth(&samples);
     let mut problems = judge(&samples, fds_before, locks_before);
     // With the last guest dropped, the runner is back where it began.

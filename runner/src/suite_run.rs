@@ -14,9 +14,11 @@ use vhca_suite::{
 
 use crate::artifacts;
 use crate::finished_runs;
-use crate::run::{execute, Progress, RunContext, RunError, RunRecord};
+use crate::next_guest;
+use crate::run::{execute, RunError, RunRecord};
+use crate::run_context::RunContext;
+use crate::run_progress::Progress;
 use crate::supervise::interrupted;
-use crate::warm_guest;
 
 /// How a suite is run and where its files go.
 #[derive(Debug, Clone)]
@@ -101,10 +103,10 @@ fn run_batch(
                     return;
                 }
                 let slot = next.fetch_add(1, Ordering::SeqCst);
-                let Some(run) = runs.get(slot) else { return warm_guest::discard() };
+                let Some(run) = runs.get(slot) else { return next_guest::discard() };
                 let index = first_index + slot;
                 // A guest is loaded ahead for this worker's next run only while runs are left to take.
-                warm_guest::expect_more_runs(slot + 1 < runs.len());
+                next_guest::expect_more_runs(slot + 1 < runs.len());
                 let _ = tx.send(SuiteEvent::Started { index, name: run.name.clone() });
                 let mut progress = |p: Progress| {
                     let _ = tx.send(SuiteEvent::Progress(p));

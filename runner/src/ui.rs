@@ -8,7 +8,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use vhca_suite::RunReport;
 
-use crate::run::Progress;
+use crate::run_progress::Progress;
 use crate::suite_run::SuiteEvent;
 
 pub struct SuiteUi {
