@@ -1,29 +1,45 @@
-//! A user-space model of the NT kernel services the vhca driver core needs (`vhca_ntapi::NtKernel`), with
-//! per-thread IRQL, real blocking locks, map-register accounting, a contiguous-memory knob and a Driver Verifier.
+//! A user-space model of the NT kernel services the vhca driver core needs (`vhca_ntapi::NtKernel`,
+//! `NtAsyncKernel`), with per-thread IRQL, real blocking locks, map-register accounting, a contiguous-memory knob,
+//! interrupts, DPCs, work items, timers and events on a clock of its own, and a Driver Verifier.
 
+mod async_kernel;
 pub mod backend;
 pub mod bugcheck;
+mod clock;
+mod dispatcher;
 mod dma_adapter;
+mod dpc;
+mod exec_context;
+mod interrupt;
 mod kernel;
 mod locks;
 pub mod low_resources;
 mod mdl;
 mod memory;
+mod processor;
+mod timer;
+pub mod timing;
+mod unload_pending;
 pub mod verifier;
+mod watchdog;
+mod work_item;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use vhca_ntapi::{KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT, PVOID};
+use vhca_ntapi::{DISPATCH_LEVEL, KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT, PVOID};
 
 pub use backend::{BackendError, DmaBackend, HostDmaBackend, HostMemId};
 pub use bugcheck::{Bugcheck, BugcheckHandler, BugcheckUnwind, CaptureBugchecks, PrintAndExit};
+pub use interrupt::{InterruptResources, DEVICE_DIRQL};
 pub use low_resources::{
     with_call_site, CallSite, Failure, FaultPoint, FaultableRoutine, InjectedFault, InjectionMode, LowResourcesConfig,
     SiteFrame, Systematic,
 };
+pub use processor::ProcessorNumber;
+pub use timing::{ClockSource, TimingConfig, TIMING_OPTION_KEYS};
 pub use verifier::{RuleId, VerifierFlags};
 
 pub(crate) const PAGE: u64 = vhca_ntapi::PAGE_SIZE;
@@ -80,6 +96,8 @@ pub(crate) struct ThreadState {
     pub apc_disable: u32,
     /// Locks held, in acquisition order (for deadlock detection and wrong-thread release).
     pub held: Vec<u64>,
+    /// What the DPC watchdog counts for the thread's current context.
+    pub watch: watchdog::ThreadWatch,
 }
 
 /// One modelled machine: memory from a `DmaBackend`, a verifier configuration and a bugcheck handler.
@@ -94,11 +112,26 @@ pub struct NtModel {
     bugchecks: Mutex<Vec<Bugcheck>>,
     iommu_faults: Mutex<Vec<IommuFault>>,
     low_resources: Mutex<low_resources::LowResources>,
+    timing: TimingConfig,
+    clock: clock::ModelClock,
+    dpcs: dpc::Dpcs,
+    dispatcher: dispatcher::Dispatcher,
+    timers: timer::Timers,
+    interrupts: interrupt::Interrupts,
+    workers: work_item::SystemWorkers,
+    next_routine: AtomicU64,
+    /// `unload_driver` ran: the kernel calling the driver's routines from now on is 0xCE.
+    unloaded: AtomicBool,
 }
 
-/// Fake kernel addresses for objects the model hands out (MDLs, adapters, locks, S/G lists).
+/// Fake kernel addresses for objects the model hands out (MDLs, adapters, locks, S/G lists, KDPCs, KTIMERs...):
+/// the driver's objects, up to ETHREAD_BASE.
 const OBJECT_BASE: u64 = 0xFFFF_A000_0000_0000;
 const ETHREAD_BASE: u64 = 0xFFFF_B000_0000_0000;
+/// Stand-in addresses of the driver's routines the kernel calls back (DPC routines, ISRs, work routines), 16 bytes
+/// apart in a 16 MiB "image": what bugcheck parameters name a routine by.
+const DRIVER_IMAGE_BASE: u64 = 0xFFFF_F806_1000_0000;
+const DRIVER_IMAGE_SIZE: u64 = 0x0100_0000;
 
 /// Locks a model mutex. A bugcheck unwinds through callers, never while one of these is held, but a panicking
 /// test may poison one; the data stays consistent because every update completes before any unwind point.
@@ -120,7 +153,36 @@ impl NtModel {
             bugchecks: Mutex::new(Vec::new()),
             iommu_faults: Mutex::new(Vec::new()),
             low_resources: Mutex::new(low_resources),
+            timing: TimingConfig::default(),
+            clock: clock::ModelClock::new(ClockSource::Host),
+            dpcs: dpc::Dpcs::new(),
+            dispatcher: dispatcher::Dispatcher::new(),
+            timers: timer::Timers::new(),
+            interrupts: interrupt::Interrupts::default(),
+            workers: work_item::SystemWorkers::default(),
+            next_routine: AtomicU64::new(0),
+            unloaded: AtomicBool::new(false),
         }
+    }
+
+    /// The model with these timing knobs instead of the defaults (clock source, tick, DPC watchdog limits): set
+    /// before the model is shared, so nothing has been timed on the old clock. A setting of its own rather than a
+    /// field of `NtModelConfig`, which its users build field by field.
+    pub fn with_timing(mut self, timing: TimingConfig) -> NtModel {
+        self.clock = clock::ModelClock::new(timing.clock);
+        self.timing = timing;
+        self
+    }
+
+    /// Like `for_tests`, with these timing knobs (a manual clock, for deterministic timers and watchdog counts).
+    pub fn for_tests_with_timing(config: NtModelConfig, timing: TimingConfig) -> (Arc<NtModel>, Arc<HostDmaBackend>) {
+        let backend = Arc::new(HostDmaBackend::default());
+        let model = NtModel::new(config, backend.clone(), Arc::new(CaptureBugchecks)).with_timing(timing);
+        (Arc::new(model), backend)
+    }
+
+    pub fn timing(&self) -> &TimingConfig {
+        &self.timing
     }
 
     /// A model over host memory that captures bugchecks: what the tests use.
@@ -231,6 +293,30 @@ impl NtModel {
         OBJECT_BASE + self.next_object.fetch_add(1, Ordering::Relaxed) * 0x40
     }
 
+    /// A stand-in address for a driver routine the kernel will call back (wraps inside the image, which a run
+    /// never fills: a million routines).
+    pub(crate) fn new_routine_address(&self) -> u64 {
+        let n = self.next_routine.fetch_add(1, Ordering::Relaxed);
+        DRIVER_IMAGE_BASE + (n * 0x10) % DRIVER_IMAGE_SIZE
+    }
+
+    /// The memory the model's driver objects (KDPC, KTIMER, KEVENT, locks...) live in, [start, end): what the
+    /// unload checks name as the range checked for a timer or DPC object (0xC7 P3/P4).
+    pub fn driver_object_range(&self) -> (u64, u64) {
+        (OBJECT_BASE, ETHREAD_BASE)
+    }
+
+    /// The driver image the stand-in routine addresses lie in, [start, end) (0xC7 P3/P4 for a routine).
+    pub fn driver_image_range(&self) -> (u64, u64) {
+        (DRIVER_IMAGE_BASE, DRIVER_IMAGE_BASE + DRIVER_IMAGE_SIZE)
+    }
+
+    /// A pointer the driver hands over that was never initialised as the object the routine takes (a KDPC, a
+    /// KTIMER, a KEVENT, a KINTERRUPT, a work item): 0xC4/0x1002 as for locks, always (the model cannot go on).
+    pub(crate) fn never_initialised(&self, addr: u64) -> ! {
+        self.raise(Bugcheck::c4(0x1002, addr, 0, 0))
+    }
+
     /// Runs `f` on the calling thread's state, creating it (at PASSIVE_LEVEL) on first use.
     pub(crate) fn with_thread<T>(&self, f: impl FnOnce(&mut ThreadState) -> T) -> T {
         let mut threads = lock(&self.threads);
@@ -240,6 +326,7 @@ impl NtModel {
             irql: PASSIVE_LEVEL,
             apc_disable: 0,
             held: Vec::new(),
+            watch: watchdog::ThreadWatch::default(),
         });
         f(state)
     }
@@ -248,8 +335,30 @@ impl NtModel {
         self.with_thread(|t| t.irql)
     }
 
+    /// Moves the calling thread's IRQL. Dropping below DISPATCH_LEVEL ends a stretch the DPC watchdog counts
+    /// and, as Windows' DPC interrupt fires then, runs the processor's queued DPCs. Callers hold no model guard.
     pub(crate) fn set_irql(&self, irql: KIRQL) {
-        self.with_thread(|t| t.irql = irql)
+        let now = self.clock.now();
+        let (old, stretch) = self.with_thread(|t| {
+            let old = std::mem::replace(&mut t.irql, irql);
+            (old, t.watch.irql_changed(old, irql, now))
+        });
+        if let Some(since) = stretch {
+            let r = self.dispatch_overran(since);
+            self.ok(r);
+        }
+        if old >= DISPATCH_LEVEL && irql < DISPATCH_LEVEL {
+            self.run_queued_dpcs();
+        }
+    }
+
+    /// 0xC4/0xE5 (IRQL checking) when the caller is above `max`: a kernel API the driver imports by name, called
+    /// at an IRQL its page does not allow.
+    pub(crate) fn irql_at_most(&self, max: KIRQL) {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql > max {
+            self.violation(Bugcheck::c4(verifier::c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+        }
     }
 
     /// The platform's IOMMU refused the device's access to `address` (in the guest: a DMAR fault record the vIOMMU
@@ -262,10 +371,12 @@ impl NtModel {
         }
     }
 
-    /// The driver unloads: with pool tracking, leaked pool is 0xC4/0x60; with DMA checking, an adapter never put
-    /// back with resources outstanding is 0xE6/0x07..0x0A.
+    /// The driver unloads: its queued work items run first; with any verifier flag a timer still set, a DPC still
+    /// queued or an interrupt still connected is 0xC7; with pool tracking, leaked pool is 0xC4/0x60; with DMA
+    /// checking, an adapter never put back with resources outstanding is 0xE6/0x07..0x0A. After it, the kernel
+    /// calling a routine of the driver is 0xCE.
     pub fn unload_driver(&self) {
-        let r = self.unload_checks();
+        let r = self.async_unload_checks().and_then(|()| self.unload_checks());
         self.ok(r)
     }
 

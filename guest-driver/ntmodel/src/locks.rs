@@ -323,6 +323,48 @@ impl NtModel {
         self.set_irql(new_irql);
     }
 
+    /// KeAcquireSpinLockAtDpcLevel: below DISPATCH_LEVEL is 0xC4/0x40 (IRQL checking); the IRQL stays.
+    pub(crate) fn spin_lock_acquire_at_dpc_level(&self, l: PKSPIN_LOCK) {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql < DISPATCH_LEVEL {
+            self.violation(Bugcheck::c4(c4::ACQUIRE_SPIN_LOCK_AT_DPC_BELOW_DISPATCH, irql as u64, l.0, 0));
+        }
+        self.spin_lock_take(l.0);
+    }
+
+    /// KeReleaseSpinLockFromDpcLevel: below DISPATCH_LEVEL is 0xC4/0x41 (IRQL checking); the IRQL stays.
+    pub(crate) fn spin_lock_release_from_dpc_level(&self, l: PKSPIN_LOCK) {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql < DISPATCH_LEVEL {
+            self.violation(Bugcheck::c4(c4::RELEASE_SPIN_LOCK_FROM_DPC_BELOW_DISPATCH, irql as u64, l.0, 0));
+        }
+        self.spin_lock_give(l.0);
+    }
+
+    /// Takes a spin lock without touching the IRQL (the caller is where it must be): deadlock detection first.
+    /// The interrupt spin lock is one of these.
+    pub(crate) fn spin_lock_take(&self, l: u64) {
+        let obj = self.must_lock(l);
+        let r = self.before_acquire(&obj);
+        self.ok(r);
+        self.block_acquire(&obj, false, true);
+    }
+
+    pub(crate) fn spin_lock_give(&self, l: u64) {
+        let obj = self.must_lock(l);
+        let r = self.before_release(&obj);
+        self.ok(r);
+        self.block_release(&obj);
+    }
+
+    /// Waits until nobody holds the lock, without taking part in the lock order: IoDisconnectInterruptEx waiting
+    /// for an ISR that is running.
+    pub(crate) fn spin_lock_wait_free(&self, l: u64) {
+        let obj = self.must_lock(l);
+        self.block_acquire(&obj, false, true);
+        self.block_release(&obj);
+    }
+
     pub(crate) fn raise_irql(&self, new: KIRQL) -> KIRQL {
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && (new < irql || new > HIGH_LEVEL) {

@@ -73,6 +73,8 @@ pub mod c4 {
     pub const ACQUIRE_RESOURCE_APCS_ENABLED: u64 = 0x37;
     pub const RELEASE_RESOURCE_APCS_ENABLED: u64 = 0x38;
     pub const LEAVE_CRITICAL_REGION_NOT_IN_ONE: u64 = 0x3E;
+    pub const ACQUIRE_SPIN_LOCK_AT_DPC_BELOW_DISPATCH: u64 = 0x40;
+    pub const RELEASE_SPIN_LOCK_FROM_DPC_BELOW_DISPATCH: u64 = 0x41;
     pub const ACQUIRE_SPIN_LOCK_ABOVE_DISPATCH: u64 = 0x42;
     pub const UNLOAD_WITH_POOL_ALLOCATIONS: u64 = 0x60;
     pub const PROBE_AND_LOCK_ABOVE_DISPATCH: u64 = 0x70;
@@ -80,10 +82,14 @@ pub mod c4 {
     pub const UNLOCK_PAGES_NEVER_LOCKED: u64 = 0x7C;
     pub const UNLOCK_PAGES_NONPAGED_POOL: u64 = 0x7D;
     pub const BUILD_MDL_FOR_PAGED_POOL: u64 = 0x7F;
+    pub const SET_EVENT_ABOVE_DISPATCH: u64 = 0x80;
     pub const PROBE_AND_LOCK_NONPAGED_MDL: u64 = 0xB0;
     pub const KERNEL_API_WRONG_IRQL: u64 = 0xE5;
     pub const WAIT_ABOVE_DISPATCH: u64 = 0x120;
     pub const WAIT_AT_DISPATCH_NO_TIMEOUT: u64 = 0x121;
+    pub const WAIT_AT_DISPATCH_NONZERO_TIMEOUT: u64 = 0x122;
+    /// The ISR returned at another IRQL than it was called at: P2 the ISR, P3 the IRQL before, P4 after.
+    pub const ISR_CHANGED_IRQL: u64 = 0x111;
     pub const ENTER_CRITICAL_REGION_ABOVE_APC: u64 = 0x11A;
     pub const LEAVE_CRITICAL_REGION_ABOVE_APC: u64 = 0x11B;
     pub const SELF_DEADLOCK: u64 = 0x1000;
@@ -92,6 +98,21 @@ pub mod c4 {
     pub const RELEASE_UNACQUIRED: u64 = 0x1007;
     /// DDI compliance rule IrqlIoPassive5 (IoGetDmaAdapter at IRQL = PASSIVE_LEVEL only).
     pub const RULE_IRQL_IO_PASSIVE5: u64 = 0x0002_000E;
+}
+
+/// Parameter 1 values of bugcheck 0xC7 TIMER_OR_DPC_INVALID: what was found in memory that may not hold it.
+pub mod c7 {
+    pub const TIMER: u64 = 0x0;
+    pub const DPC_OBJECT: u64 = 0x1;
+    pub const DPC_ROUTINE: u64 = 0x2;
+}
+
+/// Parameter 1 values of bugcheck 0xE4 WORKER_INVALID.
+pub mod e4 {
+    /// An active (queued) work item was queued again: P2 the item, P3 the queue number.
+    pub const ACTIVE_ITEM_QUEUED: u64 = 0x1;
+    /// A queued I/O work item was freed: P2 the item, P3 its worker routine.
+    pub const QUEUED_ITEM_FREED: u64 = 0x2;
 }
 
 /// Parameter 1 values of bugcheck 0xE6 DRIVER_VERIFIER_DMA_VIOLATION the model raises.

@@ -1,0 +1,226 @@
+//! DPCs: KDPC objects, each processor's queue, insert/remove/flush, the device's DpcForIsr, and running a queue at
+//! DISPATCH_LEVEL when its processor's IRQL drops below DISPATCH_LEVEL, which is when Windows' DPC interrupt fires.
+
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex};
+
+use vhca_ntapi::*;
+
+use crate::bugcheck::Bugcheck;
+use crate::processor::{Processor, ProcessorNumber, PROCESSORS};
+use crate::verifier::{c4, VerifierFlags};
+use crate::{lock, NtModel};
+
+struct Dpc {
+    routine: PKDEFERRED_ROUTINE,
+    /// The routine's stand-in address in the driver's image, for bugcheck parameters.
+    routine_address: u64,
+    /// The processor whose queue holds it; None when it is not queued.
+    queued: Option<ProcessorNumber>,
+    arguments: (PVOID, PVOID),
+}
+
+pub(crate) struct DpcState {
+    dpcs: HashMap<u64, Dpc>,
+    processors: Vec<Processor>,
+    /// Each device's DpcForIsr (IoInitializeDpcRequest): Windows keeps it in the device object.
+    for_isr: HashMap<PDEVICE_OBJECT, u64>,
+}
+
+/// DPC objects and queues under one lock, so a DPC's queued flag and its place in a queue always agree.
+pub(crate) struct Dpcs {
+    state: Mutex<DpcState>,
+    /// A queue emptied or a drain ended: what KeFlushQueuedDpcs waits for.
+    idle: Condvar,
+}
+
+impl Dpcs {
+    pub fn new() -> Dpcs {
+        let processors = (0..PROCESSORS).map(|_| Processor::new()).collect();
+        Dpcs {
+            state: Mutex::new(DpcState { dpcs: HashMap::new(), processors, for_isr: HashMap::new() }),
+            idle: Condvar::new(),
+        }
+    }
+}
+
+/// One DPC taken off its queue to run.
+struct Run {
+    dpc: PKDPC,
+    routine: PKDEFERRED_ROUTINE,
+    routine_address: u64,
+    arguments: (PVOID, PVOID),
+}
+
+/// Ends a drain if its DPC unwinds (a bugcheck): the processor's queue is free for the next drain again.
+struct Draining<'m> {
+    model: &'m NtModel,
+    cpu: ProcessorNumber,
+}
+
+impl Drop for Draining<'_> {
+    fn drop(&mut self) {
+        let me = std::thread::current().id();
+        let mut st = lock(&self.model.dpcs.state);
+        let p = &mut st.processors[self.cpu.index()];
+        if p.draining == Some(me) {
+            p.draining = None;
+        }
+        drop(st);
+        self.model.dpcs.idle.notify_all();
+    }
+}
+
+impl NtModel {
+    pub(crate) fn dpc_initialize(&self, routine: PKDEFERRED_ROUTINE) -> PKDPC {
+        let dpc = self.new_object();
+        let d =
+            Dpc { routine, routine_address: self.new_routine_address(), queued: None, arguments: Default::default() };
+        lock(&self.dpcs.state).dpcs.insert(dpc, d);
+        PKDPC(dpc)
+    }
+
+    pub(crate) fn dpc_known(&self, dpc: PKDPC) -> bool {
+        lock(&self.dpcs.state).dpcs.contains_key(&dpc.0)
+    }
+
+    /// Queues `dpc` on the current processor; FALSE when it is already queued. Does not run it: callers decide
+    /// (KeInsertQueueDpc below DISPATCH_LEVEL runs it at once, a timer's expiry leaves it to its caller).
+    pub(crate) fn dpc_insert(&self, dpc: PKDPC, argument1: PVOID, argument2: PVOID) -> bool {
+        let cpu = self.current_processor();
+        let mut st = lock(&self.dpcs.state);
+        let Some(d) = st.dpcs.get_mut(&dpc.0) else {
+            drop(st);
+            self.never_initialised(dpc.0)
+        };
+        if d.queued.is_some() {
+            return false;
+        }
+        d.queued = Some(cpu);
+        d.arguments = (argument1, argument2);
+        st.processors[cpu.index()].dpc_queue.push_back(dpc.0);
+        true
+    }
+
+    /// KeInsertQueueDpc: queued on this processor, and run before this returns when the caller is below
+    /// DISPATCH_LEVEL (the DPC interrupt is not masked there).
+    pub(crate) fn dpc_insert_and_run(&self, dpc: PKDPC, argument1: PVOID, argument2: PVOID) -> bool {
+        let queued = self.dpc_insert(dpc, argument1, argument2);
+        if self.irql() < DISPATCH_LEVEL {
+            self.run_queued_dpcs();
+        }
+        queued
+    }
+
+    pub(crate) fn dpc_remove(&self, dpc: PKDPC) -> bool {
+        let mut st = lock(&self.dpcs.state);
+        let Some(d) = st.dpcs.get_mut(&dpc.0) else {
+            drop(st);
+            self.never_initialised(dpc.0)
+        };
+        let Some(cpu) = d.queued.take() else { return false };
+        st.processors[cpu.index()].dpc_queue.retain(|queued| *queued != dpc.0);
+        drop(st);
+        self.dpcs.idle.notify_all();
+        true
+    }
+
+    /// KeFlushQueuedDpcs: PASSIVE_LEVEL only (0xC4/0xE5 otherwise); runs what waits on this processor and
+    /// waits for every other drain to end.
+    pub(crate) fn dpc_flush(&self) {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql != PASSIVE_LEVEL {
+            self.violation(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+        }
+        let me = std::thread::current().id();
+        loop {
+            if irql < DISPATCH_LEVEL {
+                self.run_queued_dpcs();
+            }
+            let mut st = lock(&self.dpcs.state);
+            loop {
+                if st.processors.iter().all(|p| p.idle_for(me)) {
+                    return;
+                }
+                // A queue nobody drains (its DPCs were queued at DISPATCH_LEVEL by a thread still there): run it.
+                if irql < DISPATCH_LEVEL
+                    && st.processors.iter().any(|p| p.draining.is_none() && !p.dpc_queue.is_empty())
+                {
+                    break;
+                }
+                st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+
+    pub(crate) fn dpc_request_initialize(&self, device: PDEVICE_OBJECT, routine: PIO_DPC_ROUTINE) {
+        let dpc = self.dpc_initialize(std::sync::Arc::new(move |dpc, _irp, context| routine(dpc, device, context)));
+        lock(&self.dpcs.state).for_isr.insert(device, dpc.0);
+    }
+
+    /// IoRequestDpc: at DIRQL (0xC4/0xE5 below it under IRQL checking); queues the device's DpcForIsr with
+    /// SystemArgument1 the (absent) IRP and SystemArgument2 the context, as Windows' IoRequestDpc does.
+    pub(crate) fn dpc_request(&self, device: PDEVICE_OBJECT, context: PVOID) {
+        let irql = self.irql();
+        if self.checks(VerifierFlags::IRQL_CHECKING) && irql < DIRQL_MIN {
+            self.violation(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0));
+        }
+        let dpc = lock(&self.dpcs.state).for_isr.get(&device).copied();
+        // Without IoInitializeDpcRequest the device object's KDPC was never initialised.
+        let dpc = dpc.unwrap_or_else(|| self.never_initialised(device.0));
+        self.dpc_insert_and_run(PKDPC(dpc), PVOID::NULL, context);
+    }
+
+    /// Runs the current processor's queue, in order, at DISPATCH_LEVEL in a context borrowed from the calling
+    /// thread; returns at once when the queue is empty or another thread is running it (that one runs what is
+    /// queued meanwhile too).
+    pub(crate) fn run_queued_dpcs(&self) {
+        let cpu = self.current_processor();
+        {
+            let mut st = lock(&self.dpcs.state);
+            let p = &mut st.processors[cpu.index()];
+            if p.draining.is_some() || p.dpc_queue.is_empty() {
+                return;
+            }
+            p.draining = Some(std::thread::current().id());
+        }
+        let _draining = Draining { model: self, cpu };
+        self.in_borrowed_context(DISPATCH_LEVEL, || {
+            while let Some(run) = self.next_dpc(cpu) {
+                self.run_dpc(run);
+            }
+        });
+    }
+
+    /// The next DPC of `cpu`'s queue; when there is none, the drain ends in the same step, so a DPC queued just
+    /// after is seen by the drain its queuer starts.
+    fn next_dpc(&self, cpu: ProcessorNumber) -> Option<Run> {
+        let mut st = lock(&self.dpcs.state);
+        let Some(dpc) = st.processors[cpu.index()].dpc_queue.pop_front() else {
+            st.processors[cpu.index()].draining = None;
+            return None;
+        };
+        let d = st.dpcs.get_mut(&dpc).expect("a queued DPC is initialised");
+        d.queued = None;
+        Some(Run {
+            dpc: PKDPC(dpc),
+            routine: d.routine.clone(),
+            routine_address: d.routine_address,
+            arguments: d.arguments,
+        })
+    }
+
+    fn run_dpc(&self, run: Run) {
+        self.before_unloaded_routine(run.routine_address);
+        // Each DPC starts at DISPATCH_LEVEL whatever the one before it left.
+        self.with_thread(|t| t.irql = DISPATCH_LEVEL);
+        let ((), started) = self.timed_routine(|| (run.routine)(run.dpc, run.arguments.0, run.arguments.1));
+        let r = self.routine_overran(started).and_then(|()| self.watchdog_check_current());
+        self.ok(r);
+    }
+
+    /// The DPC that would run first of those still queued (for the unload checks).
+    pub(crate) fn queued_dpc(&self) -> Option<u64> {
+        lock(&self.dpcs.state).processors.iter().find_map(|p| p.dpc_queue.front().copied())
+    }
+}

@@ -1,0 +1,175 @@
+//! Work items and the system worker threads that run them: IoAllocateWorkItem, IoQueueWorkItem, IoFreeWorkItem;
+//! each routine runs once, at PASSIVE_LEVEL, on a worker thread of the model's own (a pool that grows while all
+//! its threads are busy, as Windows' does).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::ThreadId;
+
+use vhca_ntapi::*;
+
+use crate::bugcheck::{Bugcheck, BugcheckUnwind};
+use crate::verifier::e4;
+use crate::{lock, NtModel};
+
+/// Worker threads the pool grows to; past them a queued item waits for one to come free.
+const MAX_WORKERS: usize = 8;
+
+struct WorkItem {
+    device: PDEVICE_OBJECT,
+    queued: bool,
+    /// The queued routine's stand-in address in the driver's image, for bugcheck parameters.
+    routine_address: u64,
+}
+
+struct Job {
+    item: u64,
+    device: PDEVICE_OBJECT,
+    routine: PIO_WORKITEM_ROUTINE,
+}
+
+#[derive(Default)]
+struct Pool {
+    items: HashMap<u64, WorkItem>,
+    jobs: VecDeque<Job>,
+    workers: usize,
+    idle: usize,
+    /// Workers inside a routine now.
+    running: HashSet<ThreadId>,
+    shutdown: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    pool: Mutex<Pool>,
+    /// A job was queued, a routine returned, or the model is going.
+    changed: Condvar,
+}
+
+/// The worker threads hold the shared half, never the model: they need nothing of it but the queue, since the
+/// routines they call reach the kernel through the driver's own handle.
+#[derive(Default)]
+pub(crate) struct SystemWorkers {
+    shared: Arc<Shared>,
+}
+
+impl Drop for SystemWorkers {
+    fn drop(&mut self) {
+        lock(&self.shared.pool).shutdown = true;
+        self.shared.changed.notify_all();
+    }
+}
+
+/// A worker leaves its routine (also when the routine unwinds): unload may be waiting for it.
+struct Running<'s> {
+    shared: &'s Shared,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        lock(&self.shared.pool).running.remove(&std::thread::current().id());
+        self.shared.changed.notify_all();
+    }
+}
+
+fn worker(shared: Arc<Shared>) {
+    loop {
+        let job = {
+            let mut pool = lock(&shared.pool);
+            loop {
+                if pool.shutdown {
+                    pool.workers -= 1;
+                    return;
+                }
+                if let Some(job) = pool.jobs.pop_front() {
+                    break job;
+                }
+                pool.idle += 1;
+                pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+                pool.idle -= 1;
+            }
+        };
+        {
+            let mut pool = lock(&shared.pool);
+            // Dequeued before the call, so the routine may free its own item.
+            if let Some(item) = pool.items.get_mut(&job.item) {
+                item.queued = false;
+            }
+            pool.running.insert(std::thread::current().id());
+        }
+        let _running = Running { shared: &shared };
+        let routine = job.routine;
+        // A bugcheck inside the routine was recorded when it was raised; the machine is stopped, this thread just
+        // ends the routine. Anything else is a real panic and goes on up.
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| routine(job.device))) {
+            if !payload.is::<BugcheckUnwind>() {
+                std::panic::resume_unwind(payload)
+            }
+        }
+    }
+}
+
+impl NtModel {
+    pub(crate) fn work_item_allocate(&self, device: PDEVICE_OBJECT) -> PIO_WORKITEM {
+        self.irql_at_most(DISPATCH_LEVEL);
+        let item = self.new_object();
+        let w = WorkItem { device, queued: false, routine_address: 0 };
+        lock(&self.workers.shared.pool).items.insert(item, w);
+        PIO_WORKITEM(item)
+    }
+
+    /// IoQueueWorkItem. Queuing an item still queued is 0xE4/0x1 (P2 the item, P3 the queue number): the
+    /// kernel's own check, raised in every mode.
+    pub(crate) fn work_item_queue(&self, item: PIO_WORKITEM, routine: PIO_WORKITEM_ROUTINE, queue: WORK_QUEUE_TYPE) {
+        self.irql_at_most(DISPATCH_LEVEL);
+        let routine_address = self.new_routine_address();
+        let shared = &self.workers.shared;
+        let mut pool = lock(&shared.pool);
+        let Some(w) = pool.items.get_mut(&item.0) else {
+            drop(pool);
+            self.never_initialised(item.0)
+        };
+        if w.queued {
+            drop(pool);
+            self.violation(Bugcheck::new(WORKER_INVALID, e4::ACTIVE_ITEM_QUEUED, item.0, queue as u64, 0));
+            return;
+        }
+        w.queued = true;
+        w.routine_address = routine_address;
+        let device = w.device;
+        pool.jobs.push_back(Job { item: item.0, device, routine });
+        if pool.idle == 0 && pool.workers < MAX_WORKERS {
+            pool.workers += 1;
+            let shared = Arc::clone(shared);
+            std::thread::Builder::new()
+                .name("system worker".into())
+                .spawn(move || worker(shared))
+                .expect("spawn a system worker thread");
+        }
+        drop(pool);
+        shared.changed.notify_all();
+    }
+
+    /// IoFreeWorkItem. Freeing an item still queued is 0xE4/0x2 (P2 the item, P3 its worker routine), in every
+    /// mode; freeing one from its own routine is fine (it was dequeued first).
+    pub(crate) fn work_item_free(&self, item: PIO_WORKITEM) {
+        self.irql_at_most(DISPATCH_LEVEL);
+        let queued = lock(&self.workers.shared.pool).items.get(&item.0).filter(|w| w.queued).map(|w| w.routine_address);
+        if let Some(routine) = queued {
+            self.violation(Bugcheck::new(WORKER_INVALID, e4::QUEUED_ITEM_FREED, item.0, routine, 0));
+        }
+        // Unchecked, the item goes anyway; its queued routine still runs (it is not the item's memory here).
+        lock(&self.workers.shared.pool).items.remove(&item.0);
+    }
+
+    /// Returns when no work item is queued or running (but the caller's own, when it is a worker): IoQueueWorkItem
+    /// holds a reference on the device object until the routine returns, so the driver cannot unload before.
+    pub(crate) fn wait_for_work_items(&self) {
+        let me = std::thread::current().id();
+        let shared = &self.workers.shared;
+        let mut pool = lock(&shared.pool);
+        while !pool.jobs.is_empty() || pool.running.iter().any(|t| *t != me) {
+            pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
