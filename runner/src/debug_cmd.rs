@@ -27,7 +27,7 @@ pub struct DebugArgs {
     /// Only print what to type; start nothing.
     #[arg(long)]
     print_only: bool,
-    /// Artifact root [default: <target>/vhca-artifacts/boot]
+    /// Artifact root [default: ./vhca-artifacts/boot]
     #[arg(long)]
     artifacts: Option<PathBuf>,
 }

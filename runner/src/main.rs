@@ -51,10 +51,11 @@ struct Cli {
 
 #[derive(Args)]
 struct BinArgs {
-    /// vhca-device binary [env VHCA_DEVICE_BIN; default <target>/release/vhca-device]
+    /// vhca-device binary [env VHCA_DEVICE_BIN; default: next to vhca-run, else on PATH, else <target>/release]
     #[arg(long, global = true)]
     device_bin: Option<PathBuf>,
-    /// Static vhca-guest binary [env VHCA_GUEST_BIN; default <target>/x86_64-unknown-linux-gnu/release/vhca-guest]
+    /// Static vhca-guest binary [env VHCA_GUEST_BIN; default: next to vhca-run, else on PATH, else
+    /// <target>/x86_64-unknown-linux-gnu/release]
     #[arg(long, global = true)]
     guest_bin: Option<PathBuf>,
 }
@@ -71,7 +72,7 @@ enum Cmd {
         /// Only the concrete runs whose name (`<run>/verifier-<mode>`) this regex matches.
         #[arg(long)]
         filter: Option<String>,
-        /// Artifact root: per-run folders, report.json, junit.xml [default: <target>/vhca-artifacts/<suite>]
+        /// Artifact root: per-run folders, report.json, junit.xml [default: ./vhca-artifacts/<suite>]
         #[arg(long)]
         artifacts: Option<PathBuf>,
         /// Also write the JSON report here.
@@ -117,7 +118,7 @@ enum Cmd {
         /// Keep the run's work dir (sockets, logs, event log) and print where it is.
         #[arg(long)]
         keep: bool,
-        /// Artifact root [default: <target>/vhca-artifacts/boot]
+        /// Artifact root [default: ./vhca-artifacts/boot]
         #[arg(long)]
         artifacts: Option<PathBuf>,
     },
@@ -144,7 +145,7 @@ enum Cmd {
         /// Number of runs.
         #[arg(short = 'n', long, default_value_t = 200)]
         runs: usize,
-        /// Artifact root [default: <target>/vhca-artifacts/soak]
+        /// Artifact root [default: ./vhca-artifacts/soak]
         #[arg(long)]
         artifacts: Option<PathBuf>,
         /// Also write the samples and the judgement as JSON here.
@@ -504,7 +505,7 @@ fn real_main(cli: Cli) -> Result<bool> {
             if runs.is_empty() {
                 bail!("no run of suite {:?} matches --filter {:?}", suite.name, filter.unwrap_or_default());
             }
-            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join(&suite.name));
+            let root = artifacts.unwrap_or_else(|| paths::default_artifacts(&suite.name));
             let runs = match shard {
                 Some(shard) => take_shard(&runs, shard, durations.as_deref(), &root)?,
                 None => runs,
@@ -622,7 +623,7 @@ fn real_main(cli: Cli) -> Result<bool> {
             let (mut ctx, _) = session(&cli.bins)?;
             ctx.reuse_guests = !cli.restore_per_run;
             attach_snapshot(&mut ctx, cli.cold.then_some("--cold"))?;
-            let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("soak"));
+            let root = artifacts.unwrap_or_else(|| paths::default_artifacts("soak"));
             let opts = SuiteOptions {
                 jobs: 1,
                 artifacts: Some(root),
@@ -774,7 +775,7 @@ fn run_one(ctx: &RunContext, run: &ConcreteRun, artifacts: Option<PathBuf>) -> R
         guest: if ctx.windows.is_some() { vhca_suite::GuestKind::Windows } else { vhca_suite::GuestKind::Linux },
         windows_image: None,
     };
-    let root = artifacts.unwrap_or_else(|| paths::target_dir().join("vhca-artifacts").join("boot"));
+    let root = artifacts.unwrap_or_else(|| paths::default_artifacts("boot"));
     let opts = SuiteOptions {
         jobs: 1,
         artifacts: Some(root.clone()),
