@@ -14,6 +14,7 @@ use crate::supervise::{tick, SuperviseError, Supervised};
 
 /// A working KVM reaches the probe's userspace in about a second; allow for a loaded host.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+const KVM: &str = "/dev/kvm";
 pub const PROBE_MARKER: &str = "VHCA-PROBE-OK";
 
 #[derive(Debug, Clone, Serialize)]
@@ -38,22 +39,32 @@ pub enum AccelError {
     Process(#[from] SuperviseError),
     #[error("accelerator probe work dir: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the KVM probe boots the Linux guest image, which is not at hand: {0}")]
+    NoImage(String),
 }
 
-pub fn choose(cache: &Path, qemu: &Path, image: &Image) -> Result<AccelChoice, AccelError> {
+/// The one accelerator decision for every command that starts a guest: VHCA_ACCEL, else TCG when /dev/kvm does not
+/// open for this user (saying why), else this boot's cached probe, else a probe boot of `image()`'s kernel (asked
+/// for only then, so a command with no image of its own builds one only when there is something to probe).
+pub fn choose(
+    cache: &Path,
+    qemu: &Path,
+    image: &mut dyn FnMut() -> Result<Image, String>,
+) -> Result<AccelChoice, AccelError> {
     if let Some(forced) = std::env::var("VHCA_ACCEL").ok().filter(|v| !v.is_empty()) {
         let accel = Accel::parse(&forced).ok_or(AccelError::BadEnv(forced))?;
         return Ok(AccelChoice { accel, how: "forced by VHCA_ACCEL".into() });
     }
-    if let Err(e) = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        return Ok(AccelChoice { accel: Accel::Tcg, how: format!("/dev/kvm unusable ({e})") });
+    if let Err(e) = fs::OpenOptions::new().read(true).write(true).open(KVM) {
+        return Ok(AccelChoice { accel: Accel::Tcg, how: crate::kvm_access::why_unusable(Path::new(KVM), &e) });
     }
     let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
     let record_path = cache.join("accel-probe.json");
     if let Some(rec) = read_record(&record_path).filter(|r| !boot_id.is_empty() && r.boot_id == boot_id) {
         return Ok(AccelChoice { accel: rec.accel, how: format!("cached probe for this boot: {}", rec.detail) });
     }
-    let (accel, detail) = probe_kvm(qemu, image)?;
+    let image = image().map_err(AccelError::NoImage)?;
+    let (accel, detail) = probe_kvm(qemu, &image)?;
     let rec = ProbeRecord { boot_id, accel, detail: detail.clone() };
     if let Ok(text) = serde_json::to_string(&rec) {
         // A lost cache write only costs another probe next time.
@@ -68,7 +79,7 @@ fn read_record(path: &Path) -> Option<ProbeRecord> {
 
 /// Boots the guest kernel under KVM with `vhca.init=probe` and waits for its marker line.
 fn probe_kvm(qemu: &Path, image: &Image) -> Result<(Accel, String), AccelError> {
-    let work = tempfile::Builder::new().prefix("vhca-accel-probe-").tempdir()?;
+    let work = crate::leftovers::work_dir("vhca-accel-probe-")?;
     let _claim = crate::leftovers::claim(work.path())?;
     let serial: PathBuf = work.path().join("serial.log");
     let config = QemuConfig {

@@ -354,27 +354,42 @@ fn pick_run(suite: &Suite, name: &str) -> Result<ConcreteRun> {
     }
 }
 
-fn require(path: &Path, what: &str, hint: &str) -> Result<()> {
+fn require(path: &Path, program: &paths::Program, install: &str) -> Result<()> {
     if !path.is_file() {
-        bail!("{what} not found at {} ({hint})", path.display());
+        let looked = paths::search_order(program);
+        bail!("{} not found at {} ({looked}; install it with {install})", program.name, path.display());
     }
     Ok(())
+}
+
+/// The Linux guest image of `bins.guest`, from the cache (locked by the caller) or built now.
+fn guest_image(bins: &Binaries, cache: &Path) -> Result<image::Image> {
+    require(
+        &bins.guest,
+        &paths::GUEST,
+        "RUSTFLAGS='-C target-feature=+crt-static' cargo install --path guest-driver/guest --target x86_64-unknown-linux-gnu",
+    )?;
+    image::ensure(cache, &bins.guest, &mut |msg| eprintln!("{msg}")).context("guest image")
+}
+
+/// The accelerator for a command that starts a guest without a session of its own (`windows-image`): the same
+/// probe as every other, building the Linux guest image to probe with only when no probe of this boot is cached.
+fn probed_accel(bins: &BinArgs) -> Result<AccelChoice> {
+    let bins = Binaries::resolve(bins.device_bin.clone(), bins.guest_bin.clone());
+    let cache = paths::cache_dir();
+    let _lock = CacheLock::acquire(&cache).context("locking the image cache")?;
+    let mut image = || guest_image(&bins, &cache).map_err(|e| format!("{e:#}"));
+    accel::choose(&cache, &bins.qemu, &mut image).context("choosing the accelerator")
 }
 
 /// Binaries, image, accelerator and carrier: what every run of this invocation shares.
 fn session(bins: &BinArgs) -> Result<(RunContext, AccelChoice)> {
     let bins = Binaries::resolve(bins.device_bin.clone(), bins.guest_bin.clone());
-    require(&bins.device, "vhca-device", "cargo build --release -p vhca-device, or --device-bin / VHCA_DEVICE_BIN")?;
-    require(
-        &bins.guest,
-        "vhca-guest",
-        "RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p vhca-guest --target x86_64-unknown-linux-gnu, \
-         or --guest-bin / VHCA_GUEST_BIN",
-    )?;
+    require(&bins.device, &paths::DEVICE, "cargo install --path device")?;
     let cache = paths::cache_dir();
     let _lock = CacheLock::acquire(&cache).context("locking the image cache")?;
-    let image = image::ensure(&cache, &bins.guest, &mut |msg| eprintln!("{msg}")).context("guest image")?;
-    let accel = accel::choose(&cache, &bins.qemu, &image).context("choosing the accelerator")?;
+    let image = guest_image(&bins, &cache)?;
+    let accel = accel::choose(&cache, &bins.qemu, &mut || Ok(image.clone())).context("choosing the accelerator")?;
     let carrier =
         probe_carrier(&bins.qemu).with_context(|| format!("asking {} for its devices", bins.qemu.display()))?;
     eprintln!(
@@ -693,7 +708,7 @@ fn real_main(cli: Cli) -> Result<bool> {
         }
         Cmd::Report { action: ReportCmd::Merge { out, shard_dirs } } => merge_reports(&out, &shard_dirs),
         Cmd::Debug(args) => debug_cmd::run(&cli.bins, cli.windows_image.as_deref(), args),
-        Cmd::WindowsImage(cmd) => windows_image_cmd::run(cmd),
+        Cmd::WindowsImage(cmd) => windows_image_cmd::run(&cli.bins, cmd),
         Cmd::QemuArgs { pick, dir } => {
             pick.refuse_windows(
                 "qemu-args prints the Linux guest's lines; a Windows run's exact QEMU command line is the \

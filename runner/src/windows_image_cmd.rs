@@ -17,6 +17,8 @@ use vhca_run::windows_guest::kdnet::{KdnetKey, KdnetSettings, DEFAULT_PORT, SLIR
 use vhca_run::windows_guest::machine::Firmware;
 use vhca_run::windows_guest::recipe::{add_state, answer_disc_files, build, record_state, BuildOptions};
 
+use super::BinArgs;
+
 #[derive(Subcommand)]
 pub enum WindowsImageCmd {
     /// ISO + driver package -> image directory (base disk, boot states, image.json). Hours, not minutes.
@@ -71,7 +73,8 @@ pub struct MachineArgs {
     /// Show the screen on VNC display N (127.0.0.1:590N).
     #[arg(long)]
     vnc: Option<u16>,
-    /// kvm or tcg [default: kvm when /dev/kvm opens, else tcg (Windows under TCG takes many hours)]
+    /// kvm or tcg [default: what the runner's KVM probe found, as for every command that starts a guest (Windows
+    /// under TCG takes many hours)]
     #[arg(long)]
     accel: Option<String>,
 }
@@ -81,9 +84,10 @@ pub struct BuildArgs {
     /// Your Windows ISO (none ships with this rig).
     #[arg(long)]
     iso: PathBuf,
-    /// The test-signed driver package (ci/build-windows.sh writes target/vhca-sys/).
-    #[arg(long, default_value = "target/vhca-sys")]
-    driver_package: PathBuf,
+    /// The test-signed driver package [default: $VHCA_WINDOWS_DRIVER_DIR, else vhca-sys/ next to vhca-run, else
+    /// <target>/vhca-sys, which ci/build-windows.sh writes]
+    #[arg(long)]
+    driver_package: Option<PathBuf>,
     /// The image directory to create.
     #[arg(long)]
     out: PathBuf,
@@ -113,21 +117,25 @@ fn parse_flags(s: &str) -> Result<u32> {
     n.with_context(|| format!("verifier flags {s:?}: expected 0x-prefixed hex or a number"))
 }
 
-fn accel(choice: &Option<String>) -> Result<AccelChoice> {
+/// `--accel`, else the probe every other command takes its accelerator from (accel.rs).
+fn accel(bins: &BinArgs, choice: &Option<String>) -> Result<AccelChoice> {
     match choice {
         Some(a) => match Accel::parse(a) {
             Some(accel) => Ok(AccelChoice { accel, how: "--accel".into() }),
             None => bail!("--accel {a}: expected kvm or tcg"),
         },
-        None => Ok(match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-            Ok(_) => AccelChoice { accel: Accel::Kvm, how: "/dev/kvm opens".into() },
-            Err(e) => AccelChoice { accel: Accel::Tcg, how: format!("/dev/kvm unusable ({e})") },
-        }),
+        None => super::probed_accel(bins),
     }
 }
 
-fn options(a: &AnswerArgs, m: &MachineArgs, iso: PathBuf, package: PathBuf, out: PathBuf) -> Result<BuildOptions> {
-    let accel = accel(&m.accel)?;
+fn options(
+    bins: &BinArgs,
+    (a, m): (&AnswerArgs, &MachineArgs),
+    iso: PathBuf,
+    package: PathBuf,
+    out: PathBuf,
+) -> Result<BuildOptions> {
+    let accel = accel(bins, &m.accel)?;
     eprintln!("vhca-run windows-image: accelerator {} ({})", accel.accel.name(), accel.how);
     Ok(BuildOptions {
         iso,
@@ -148,11 +156,18 @@ fn options(a: &AnswerArgs, m: &MachineArgs, iso: PathBuf, package: PathBuf, out:
     })
 }
 
-pub fn run(cmd: WindowsImageCmd) -> Result<bool> {
+pub fn run(bins: &BinArgs, cmd: WindowsImageCmd) -> Result<bool> {
     let mut log = |line: &str| eprintln!("vhca-run windows-image: {line}");
     match cmd {
         WindowsImageCmd::Build(b) => {
-            let mut opts = options(&b.answers, &b.machine, b.iso, b.driver_package, b.out)?;
+            let package = match b.driver_package.or_else(paths::driver_package) {
+                Some(dir) => dir,
+                None => bail!(
+                    "no driver package: pass --driver-package DIR or set VHCA_WINDOWS_DRIVER_DIR (ci/build-windows.sh \
+                     builds and signs one into target/vhca-sys; docs/windows.md)"
+                ),
+            };
+            let mut opts = options(bins, (&b.answers, &b.machine), b.iso, package, b.out)?;
             opts.verifier_flags = b.verifier_flags.iter().map(|f| parse_flags(f)).collect::<Result<_>>()?;
             let image = build(&opts, &mut log)?;
             println!(
@@ -168,15 +183,15 @@ pub fn run(cmd: WindowsImageCmd) -> Result<bool> {
             let flags = parse_flags(&verifier_flags)?;
             let mut answers = AnswerArgs::defaults();
             answers.firmware = img.meta.firmware;
-            let opts = options(&answers, &machine, PathBuf::new(), PathBuf::new(), image.clone())?;
+            let opts = options(bins, (&answers, &machine), PathBuf::new(), PathBuf::new(), image.clone())?;
             add_state(&opts, &image, flags, &mut log)?;
             record_state(&image, flags).context("image.json")?;
             Ok(true)
         }
         WindowsImageCmd::AnswerFile { answers, out } => {
             let opts = options(
-                &answers,
-                &MachineArgs { vnc: None, accel: Some("tcg".into()) },
+                bins,
+                (&answers, &MachineArgs { vnc: None, accel: Some("tcg".into()) }),
                 PathBuf::new(),
                 PathBuf::new(),
                 out.clone(),
