@@ -13,6 +13,7 @@ pub mod evidence;
 pub mod finished_runs;
 pub mod guest_reuse;
 pub mod image;
+pub mod known_scenarios;
 pub mod kvm_access;
 pub mod leftovers;
 pub mod load_ahead;

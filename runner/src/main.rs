@@ -257,6 +257,7 @@ impl RunPick {
     /// Writes the flags as a one-run suite file and parses it, so flags get exactly a suite file's checks.
     fn ad_hoc(&self) -> Result<ConcreteRun> {
         let scenario = self.scenario.clone().unwrap_or_else(|| "smoke".into());
+        vhca_run::known_scenarios::check_name(&scenario, "--scenario").map_err(anyhow::Error::msg)?;
         let mut run = toml::Table::new();
         run.insert("name".into(), scenario.clone().into());
         let on = self.verifier.as_deref().is_some_and(|v| !matches!(v.trim(), "0" | "0x0" | "off"));
@@ -302,6 +303,8 @@ fn load_suite(file: Option<&Path>) -> Result<(Suite, Option<String>)> {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             let suite = Suite::parse(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))?;
+            // Before anything boots: a misspelt scenario would cost a guest per run to find out.
+            vhca_run::known_scenarios::check_suite(&suite).map_err(anyhow::Error::msg)?;
             let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
             Ok((suite, Some(abs.display().to_string())))
         }
