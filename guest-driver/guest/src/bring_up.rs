@@ -11,7 +11,7 @@ use crate::vfio_command_transport::{command_queue, report_command_buffers, Comma
 use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
 use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER};
 use crate::virtqueue::{RingLayout, SplitQueue};
-use crate::{kmsg, pci, rng, roundtrip, vfio};
+use crate::{kmsg, pci, rng, vfio};
 use anyhow::{bail, ensure, Context};
 use vhca_proto::{
     DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
@@ -63,6 +63,11 @@ type DriverKeep = Option<(VfioCommandTransport, Option<DriverRun>)>;
 /// How long the negative control waits for the IOMMU's fault report to reach the kernel log.
 const FAULT_REPORT_WAIT: Duration = Duration::from_millis(500);
 
+/// What the `roundtrip` scenario times on vhca's command queue once QUERY_DEVICE answered. The caller, which chooses
+/// the modes (main.rs), passes `roundtrip::measure_into`: a bench is never imported by the code it measures.
+pub type RoundTripBench<'a> =
+    &'a mut dyn FnMut(&mut CommandQueue, &Options, Duration, &mut Report) -> anyhow::Result<()>;
+
 /// What the device turned out to be, which decides what each scenario does on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TargetDevice {
@@ -70,7 +75,12 @@ enum TargetDevice {
     Rng,
 }
 
-pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow::Result<()> {
+pub fn run(
+    options: &Options,
+    patience: Duration,
+    report: &mut Report,
+    roundtrip: RoundTripBench,
+) -> anyhow::Result<()> {
     let scenario = Scenario::parse(&options.scenario)?;
     let timeout = Duration::from_millis(options.timeout_ms);
     let wanted = match options.device {
@@ -154,7 +164,7 @@ pub fn run(options: &Options, patience: Duration, report: &mut Report) -> anyhow
             report,
         ),
         (TargetDevice::Vhca, _) => {
-            vhca(scenario, options, &transport, &mut queues, &mut commands, &mapper, timeout, report)
+            vhca(scenario, options, &transport, &mut queues, &mut commands, &mapper, timeout, report, roundtrip)
         }
         (TargetDevice::Rng, Scenario::Driver(s)) => Err(anyhow::anyhow!("{} needs the vhca device", s.name())),
         (TargetDevice::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
@@ -271,6 +281,7 @@ fn vhca(
     mapper: &DmaMapper,
     timeout: Duration,
     report: &mut Report,
+    roundtrip: RoundTripBench,
 ) -> anyhow::Result<()> {
     read_config(transport, report)?;
     let (queue, notifier) = queues.first_mut().and_then(Option::take).context("no command queue")?;
@@ -299,13 +310,7 @@ fn vhca(
     ));
     report.query_device = Some(QueryDeviceView::new(&resp, response.header.tag.get(), response.used_len));
     if matches!(scenario, Scenario::RoundTrip) {
-        let samples = options.samples.unwrap_or(roundtrip::DEFAULT_SAMPLES);
-        let measured = roundtrip::measure(commands, samples, timeout)?;
-        progress(format_args!(
-            "round trip: QUERY_DEVICE median {:.1} us, virtio-rng read median {:.1} us ({samples} each)",
-            measured.vhca_query_device.median_us, measured.rng_read.median_us
-        ));
-        report.details.insert("roundtrip".into(), serde_json::to_value(measured)?);
+        roundtrip(commands, options, timeout, report)?;
     }
     Ok(())
 }

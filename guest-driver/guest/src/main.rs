@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use vhca_guest::cmdline::Options;
 use vhca_guest::report::{progress, Report};
 use vhca_guest::run_process::{self, Forked, Next};
-use vhca_guest::{agent, bring_up, hotplug_slot, kmsg, shutdown, sys_driver, test_modes};
+use vhca_guest::{agent, bring_up, hotplug_slot, kmsg, roundtrip, shutdown, sys_driver, test_modes};
 
 /// How long a restored guest waits for its hot-plugged device to appear (ACPI hot-plug takes about 0.1 s).
 const HOTPLUG_PATIENCE: Duration = Duration::from_secs(5);
@@ -99,7 +99,8 @@ fn serve(cmdline: &str, request: Vec<String>, request_error: Option<String>, res
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &request_error {
         Some(e) => Err(anyhow::anyhow!("run request: {e}")),
-        None => bring_up::run(&options, patience, &mut report),
+        // The round trip's bench is chosen here, with the modes, and handed to the bring-up it measures.
+        None => bring_up::run(&options, patience, &mut report, &mut roundtrip::measure_into),
     }));
     let error = match outcome {
         Ok(Ok(())) => None,

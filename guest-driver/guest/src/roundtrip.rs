@@ -15,8 +15,9 @@ use serde::Serialize;
 use vhca_virtio::PollWait;
 
 use crate::bring_up::{setup_queue, Queue};
-use crate::cmdline::PciId;
+use crate::cmdline::{Options, PciId};
 use crate::pci;
+use crate::report::{progress, Report};
 use crate::rng::ENTROPY_BYTES;
 use crate::vfio::{self, DmaAccess};
 use crate::vfio_command_transport::CommandQueue;
@@ -107,6 +108,24 @@ fn open_rng(timeout: Duration) -> anyhow::Result<Rng> {
     let queue = setup_queue(&transport, &mapper, 0)?;
     transport.driver_ok()?;
     Ok(Rng { _session: session, mapper, _transport: transport, queue })
+}
+
+/// The scenario's step on vhca's command queue (bring_up.rs calls it as its `RoundTripBench` once QUERY_DEVICE
+/// answered): `vhca.samples` of each kind, the medians on the console, every figure under `details.roundtrip`.
+pub fn measure_into(
+    commands: &mut CommandQueue,
+    options: &Options,
+    timeout: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let samples = options.samples.unwrap_or(DEFAULT_SAMPLES);
+    let measured = measure(commands, samples, timeout)?;
+    progress(format_args!(
+        "round trip: QUERY_DEVICE median {:.1} us, virtio-rng read median {:.1} us ({samples} each)",
+        measured.vhca_query_device.median_us, measured.rng_read.median_us
+    ));
+    report.details.insert("roundtrip".into(), serde_json::to_value(measured)?);
+    Ok(())
 }
 
 /// Measures `samples` of each, interleaved so both devices see the same guest and host load.
