@@ -1,39 +1,28 @@
 //! The I/O manager's side of a WDM driver's life, on windows-sys's Windows-layout objects: the DRIVER_OBJECT, the
-//! bus driver's PDO, DEVICE_OBJECTs with their extension and stack, IRPs with their stack locations, and the
-//! routines that move IRPs (IoCallDriver, IoCompleteRequest, IoForwardIrpSynchronously). Hand-written: no crate
-//! models Windows' I/O manager. Driver routines are called as `extern "win64"` (windows-sys's `extern "system"`
-//! types mean the SysV ABI on Linux, so their pointers are read raw and called through the types below).
+//! bus driver's PDO, DEVICE_OBJECTs with their extension and stack, IRPs with their stack locations; moving IRPs
+//! through them is `irp_dispatch`'s. Hand-written: no crate models Windows' I/O manager. Driver routines are called
+//! as `extern "win64"` (windows-sys's `extern "system"` types mean the SysV ABI on Linux, so their pointers are
+//! read raw and called through the types below).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::Mutex;
 
-use windows_sys::Wdk::Foundation::{
-    DEVICE_OBJECT, DRIVER_EXTENSION, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE,
-};
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_EXTENSION, DRIVER_OBJECT, IO_STACK_LOCATION, IRP};
 use windows_sys::Wdk::Storage::FileSystem::DO_DEVICE_INITIALIZING;
-use windows_sys::Win32::Foundation::{
-    NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING,
-    STATUS_SUCCESS,
-};
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_NOT_SUPPORTED, STATUS_SUCCESS};
 
-/// DriverEntry, AddDevice, a dispatch routine, DriverUnload and an IRP completion routine as the image calls them.
+/// DriverEntry, AddDevice, a dispatch routine and DriverUnload as the image calls them.
 pub type DriverEntryFn = unsafe extern "win64" fn(*mut DRIVER_OBJECT, *const c_void) -> NTSTATUS;
 pub type AddDeviceFn = unsafe extern "win64" fn(*mut DRIVER_OBJECT, *mut DEVICE_OBJECT) -> NTSTATUS;
 pub type DispatchFn = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP) -> NTSTATUS;
 pub type UnloadFn = unsafe extern "win64" fn(*mut DRIVER_OBJECT);
-type CompletionFn = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP, *mut c_void) -> NTSTATUS;
 
 /// wdm.h's object type codes (Type field), so a driver's ASSERTs on them hold.
 const IO_TYPE_DRIVER: i16 = 4;
 const IO_TYPE_DEVICE: i16 = 3;
 const IO_TYPE_IRP: i16 = 6;
-/// IO_STACK_LOCATION.Control bits (wdm.h): when a completion routine runs.
-const SL_INVOKE_ON_SUCCESS: u8 = 0x40;
-const SL_INVOKE_ON_ERROR: u8 = 0x80;
-const SL_INVOKE_ON_CANCEL: u8 = 0x20;
-const SL_PENDING_RETURNED: u8 = 0x01;
 
 /// A zeroed heap block for an object the driver sees; freed by `free_object` with the same size.
 fn alloc_object(bytes: usize) -> *mut u8 {
@@ -100,6 +89,11 @@ impl IoManager {
 
     pub(crate) fn bus(&self) -> &dyn BusDriver {
         &*self.bus
+    }
+
+    /// Whether `driver` is the PDO's driver object: IRPs sent there go to the bus driver.
+    pub(crate) fn is_bus_driver(&self, driver: *const DRIVER_OBJECT) -> bool {
+        std::ptr::eq(driver, self.bus_driver)
     }
 
     /// The DRIVER_OBJECT DriverEntry receives, with its DRIVER_EXTENSION, for an image at `start`.
@@ -274,137 +268,6 @@ impl IoManager {
         // SAFETY: the caller's contract.
         unsafe { (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation.sub(1) }
     }
-
-    /// IofCallDriver: the next location becomes current and the device's driver gets the IRP. The PDO's driver is
-    /// the bus driver, answered here.
-    ///
-    /// # Safety
-    /// A live device and an IRP with a stack location left for it.
-    pub(crate) unsafe fn call_driver(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if (*irp).CurrentLocation <= 1 {
-                // Windows stops with NO_MORE_IRP_STACK_LOCATIONS (0x35).
-                crate::kernel_context::bugcheck(0x35, irp as u64, 0, 0, 0);
-            }
-            (*irp).CurrentLocation -= 1;
-            let stack = Self::next_stack(irp);
-            (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation = stack;
-            (*stack).DeviceObject = device;
-            let driver = (*device).DriverObject;
-            if driver == self.bus_driver {
-                let status = self.bus.pnp(&*stack);
-                self.complete_request(irp, status);
-                return status;
-            }
-            let routine = (*driver).MajorFunction[(*stack).MajorFunction as usize];
-            match routine {
-                // SAFETY: the driver's dispatch routine, called with the Windows x64 convention it was built for.
-                Some(f) => std::mem::transmute::<usize, DispatchFn>(f as usize)(device, irp),
-                None => {
-                    self.complete_request(irp, STATUS_NOT_SUPPORTED);
-                    STATUS_NOT_SUPPORTED
-                }
-            }
-        }
-    }
-
-    /// Completes the IRP with `status`: then IofCompleteRequest.
-    ///
-    /// # Safety
-    /// As `complete_irp`.
-    pub(crate) unsafe fn complete_request(&self, irp: *mut IRP, status: NTSTATUS) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            (*irp).IoStatus.Anonymous.Status = status;
-            self.complete_irp(irp)
-        }
-    }
-
-    /// IofCompleteRequest: the completion routines from the current location upwards, each under its
-    /// SL_INVOKE_ON_* bits; STATUS_MORE_PROCESSING_REQUIRED stops the walk (the routine's owner keeps the IRP).
-    /// Then the IRP's event and status block, for IRPs the I/O manager built.
-    ///
-    /// # Safety
-    /// A live IRP that is its holder's to complete; it is not touched after.
-    pub(crate) unsafe fn complete_irp(&self, irp: *mut IRP) {
-        // SAFETY: the caller's contract; the stack locations lie behind the IRP.
-        unsafe {
-            let count = (*irp).StackCount;
-            while (*irp).CurrentLocation <= count {
-                let stack = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
-                (*irp).PendingReturned = (*stack).Control & SL_PENDING_RETURNED != 0;
-                let routine = (*stack).CompletionRoutine;
-                let control = (*stack).Control;
-                let context = (*stack).Context;
-                (*irp).CurrentLocation += 1;
-                (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation = stack.add(1);
-                let status = (*irp).IoStatus.Anonymous.Status;
-                let wanted = if (*irp).Cancel {
-                    control & SL_INVOKE_ON_CANCEL != 0
-                } else if status >= 0 {
-                    control & SL_INVOKE_ON_SUCCESS != 0
-                } else {
-                    control & SL_INVOKE_ON_ERROR != 0
-                };
-                if let (Some(f), true) = (routine, wanted) {
-                    // The routine's device is the one of the location it was set in: the next one up.
-                    let device = if (*irp).CurrentLocation <= count {
-                        (*stack.add(1)).DeviceObject
-                    } else {
-                        std::ptr::null_mut()
-                    };
-                    // SAFETY: the driver's completion routine, called with its own convention.
-                    let r = std::mem::transmute::<usize, CompletionFn>(f as usize)(device, irp, context);
-                    if r == STATUS_MORE_PROCESSING_REQUIRED {
-                        return;
-                    }
-                }
-            }
-            let iosb = (*irp).Anonymous.UserIosb;
-            if !iosb.is_null() {
-                *iosb = (*irp).IoStatus;
-            }
-            let event = (*irp).UserEvent;
-            if !event.is_null() {
-                (*event).Header.SignalState = 1;
-            }
-            // An IRP built for a caller's event (IoBuildSynchronousFsdRequest) belongs to the I/O manager again.
-            if !event.is_null() {
-                self.free_irp(irp);
-            }
-        }
-    }
-
-    /// IoForwardIrpSynchronously: the current location copied to the next, sent down, and waited for.
-    ///
-    /// # Safety
-    /// A live IRP this driver holds and the device below it.
-    pub(crate) unsafe fn forward_synchronously(&self, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> bool {
-        // SAFETY: the caller's contract. The copy leaves out the completion routine, as IoCopyCurrentIrpStack-
-        // LocationToNext does; a completion routine that answers MORE_PROCESSING_REQUIRED gives the IRP back here.
-        unsafe {
-            if (*irp).CurrentLocation <= 1 {
-                return false;
-            }
-            let current = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
-            let next = Self::next_stack(irp);
-            std::ptr::copy_nonoverlapping(current, next, 1);
-            (*next).CompletionRoutine =
-                std::mem::transmute::<usize, PIO_COMPLETION_ROUTINE>(forward_done as CompletionFn as usize);
-            (*next).Context = std::ptr::null_mut();
-            (*next).Control = SL_INVOKE_ON_SUCCESS | SL_INVOKE_ON_ERROR | SL_INVOKE_ON_CANCEL;
-            let status = self.call_driver(device, irp);
-            // Every IRP completes before IoCallDriver returns here (the bus driver is synchronous), so there is
-            // nothing to wait for; a lower driver answering STATUS_PENDING would need the event Windows waits on.
-            status != STATUS_PENDING || (*irp).IoStatus.Anonymous.Status != STATUS_PENDING
-        }
-    }
-}
-
-/// The completion routine IoForwardIrpSynchronously sets: the IRP stays with the forwarding driver.
-unsafe extern "win64" fn forward_done(_device: *mut DEVICE_OBJECT, _irp: *mut IRP, _context: *mut c_void) -> NTSTATUS {
-    STATUS_MORE_PROCESSING_REQUIRED
 }
 
 /// The top of the stack `device` is in.

@@ -11,6 +11,7 @@ pub mod driver_stack;
 pub mod driver_symbols;
 pub mod image_mapping;
 pub mod io_manager;
+mod irp_dispatch;
 pub mod kernel_context;
 pub mod load_error;
 mod loaded_images;

@@ -15,6 +15,7 @@ use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 use crate::dma_thunks::dma_thunks;
 use crate::image_mapping::ImportResolver;
 use crate::io_manager::IoManager;
+use crate::irp_dispatch;
 use crate::kernel_context::{bugcheck, kernel};
 use crate::lock_thunks::lock_thunks;
 use crate::memory_thunks::memory_thunks;
@@ -232,17 +233,17 @@ unsafe extern "win64" fn IoDetachDevice(target: *mut DEVICE_OBJECT) {
 
 unsafe extern "win64" fn IofCallDriver(device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
     // SAFETY: the driver's device and IRP, as IoCallDriver's contract.
-    unsafe { kernel().io.call_driver(device, irp) }
+    unsafe { irp_dispatch::call_driver(&kernel().io, device, irp) }
 }
 
 unsafe extern "win64" fn IofCompleteRequest(irp: *mut IRP, _priority_boost: i8) {
     // SAFETY: as IofCallDriver.
-    unsafe { kernel().io.complete_irp(irp) }
+    unsafe { irp_dispatch::complete_irp(&kernel().io, irp) }
 }
 
 unsafe extern "win64" fn IoForwardIrpSynchronously(device: *mut DEVICE_OBJECT, irp: *mut IRP) -> u8 {
     // SAFETY: as IofCallDriver.
-    unsafe { kernel().io.forward_synchronously(device, irp) as u8 }
+    unsafe { irp_dispatch::forward_synchronously(&kernel().io, device, irp) as u8 }
 }
 
 /// IoGetAttachedDeviceReference: the top of the stack, referenced (the reference count is kept on the object).
@@ -380,7 +381,7 @@ unsafe extern "win64" fn KeQueryInterruptTimePrecise(qpc: *mut u64) -> u64 {
 /// PoCallDriver: power IRPs go down as any other (Windows Vista and later need no power-IRP serialization).
 unsafe extern "win64" fn PoCallDriver(device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
     // SAFETY: as IofCallDriver.
-    unsafe { kernel().io.call_driver(device, irp) }
+    unsafe { irp_dispatch::call_driver(&kernel().io, device, irp) }
 }
 
 /// PoStartNextPowerIrp: "Starting with Windows Vista, ... this routine does nothing" (Microsoft's reference page).

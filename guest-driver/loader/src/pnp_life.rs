@@ -11,6 +11,7 @@ use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 
 use crate::image_mapping::MappedImage;
 use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager, UnloadFn};
+use crate::irp_dispatch;
 use crate::kernel_context::{bugcheck, kernel};
 use crate::start_resources::ResourceList;
 use vhca_ntmodel::VerifierFlags;
@@ -135,7 +136,7 @@ fn pnp_irp(
             (*stack).Parameters.StartDevice.AllocatedResources = raw.as_ptr();
             (*stack).Parameters.StartDevice.AllocatedResourcesTranslated = translated.as_ptr();
         }
-        io.call_driver(top, irp);
+        irp_dispatch::call_driver(io, top, irp);
         (*irp).IoStatus.Anonymous.Status
     };
     back_at_passive("a PnP IRP");

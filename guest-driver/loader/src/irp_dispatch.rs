@@ -1,0 +1,147 @@
+//! Moving IRPs through a device stack, as IofCallDriver, IofCompleteRequest and IoForwardIrpSynchronously do: down
+//! to each driver's dispatch routine (the bus driver's at the PDO), back up through the completion routines.
+//! Apart from `io_manager`'s objects, which the kernel context holds, because sending an IRP can stop the machine.
+
+use std::ffi::c_void;
+
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP, PIO_COMPLETION_ROUTINE};
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING};
+
+use crate::io_manager::{DispatchFn, IoManager};
+
+/// An IRP completion routine as the image calls it.
+type CompletionFn = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP, *mut c_void) -> NTSTATUS;
+
+/// IO_STACK_LOCATION.Control bits (wdm.h): when a completion routine runs.
+const SL_INVOKE_ON_SUCCESS: u8 = 0x40;
+const SL_INVOKE_ON_ERROR: u8 = 0x80;
+const SL_INVOKE_ON_CANCEL: u8 = 0x20;
+const SL_PENDING_RETURNED: u8 = 0x01;
+
+/// IofCallDriver: the next location becomes current and the device's driver gets the IRP. The PDO's driver is
+/// the bus driver, answered here.
+///
+/// # Safety
+/// A live device and an IRP with a stack location left for it.
+pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if (*irp).CurrentLocation <= 1 {
+            // Windows stops with NO_MORE_IRP_STACK_LOCATIONS (0x35).
+            crate::kernel_context::bugcheck(0x35, irp as u64, 0, 0, 0);
+        }
+        (*irp).CurrentLocation -= 1;
+        let stack = IoManager::next_stack(irp);
+        (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation = stack;
+        (*stack).DeviceObject = device;
+        let driver = (*device).DriverObject;
+        if io.is_bus_driver(driver) {
+            let status = io.bus().pnp(&*stack);
+            complete_request(io, irp, status);
+            return status;
+        }
+        let routine = (*driver).MajorFunction[(*stack).MajorFunction as usize];
+        match routine {
+            // SAFETY: the driver's dispatch routine, called with the Windows x64 convention it was built for.
+            Some(f) => std::mem::transmute::<usize, DispatchFn>(f as usize)(device, irp),
+            None => {
+                complete_request(io, irp, STATUS_NOT_SUPPORTED);
+                STATUS_NOT_SUPPORTED
+            }
+        }
+    }
+}
+
+/// Completes the IRP with `status`: then IofCompleteRequest.
+///
+/// # Safety
+/// As `complete_irp`.
+pub(crate) unsafe fn complete_request(io: &IoManager, irp: *mut IRP, status: NTSTATUS) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*irp).IoStatus.Anonymous.Status = status;
+        complete_irp(io, irp)
+    }
+}
+
+/// IofCompleteRequest: the completion routines from the current location upwards, each under its
+/// SL_INVOKE_ON_* bits; STATUS_MORE_PROCESSING_REQUIRED stops the walk (the routine's owner keeps the IRP).
+/// Then the IRP's event and status block, for IRPs the I/O manager built.
+///
+/// # Safety
+/// A live IRP that is its holder's to complete; it is not touched after.
+pub(crate) unsafe fn complete_irp(io: &IoManager, irp: *mut IRP) {
+    // SAFETY: the caller's contract; the stack locations lie behind the IRP.
+    unsafe {
+        let count = (*irp).StackCount;
+        while (*irp).CurrentLocation <= count {
+            let stack = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
+            (*irp).PendingReturned = (*stack).Control & SL_PENDING_RETURNED != 0;
+            let routine = (*stack).CompletionRoutine;
+            let control = (*stack).Control;
+            let context = (*stack).Context;
+            (*irp).CurrentLocation += 1;
+            (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation = stack.add(1);
+            let status = (*irp).IoStatus.Anonymous.Status;
+            let wanted = if (*irp).Cancel {
+                control & SL_INVOKE_ON_CANCEL != 0
+            } else if status >= 0 {
+                control & SL_INVOKE_ON_SUCCESS != 0
+            } else {
+                control & SL_INVOKE_ON_ERROR != 0
+            };
+            if let (Some(f), true) = (routine, wanted) {
+                // The routine's device is the one of the location it was set in: the next one up.
+                let device =
+                    if (*irp).CurrentLocation <= count { (*stack.add(1)).DeviceObject } else { std::ptr::null_mut() };
+                // SAFETY: the driver's completion routine, called with its own convention.
+                let r = std::mem::transmute::<usize, CompletionFn>(f as usize)(device, irp, context);
+                if r == STATUS_MORE_PROCESSING_REQUIRED {
+                    return;
+                }
+            }
+        }
+        let iosb = (*irp).Anonymous.UserIosb;
+        if !iosb.is_null() {
+            *iosb = (*irp).IoStatus;
+        }
+        let event = (*irp).UserEvent;
+        if !event.is_null() {
+            (*event).Header.SignalState = 1;
+        }
+        // An IRP built for a caller's event (IoBuildSynchronousFsdRequest) belongs to the I/O manager again.
+        if !event.is_null() {
+            io.free_irp(irp);
+        }
+    }
+}
+
+/// IoForwardIrpSynchronously: the current location copied to the next, sent down, and waited for.
+///
+/// # Safety
+/// A live IRP this driver holds and the device below it.
+pub(crate) unsafe fn forward_synchronously(io: &IoManager, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> bool {
+    // SAFETY: the caller's contract. The copy leaves out the completion routine, as IoCopyCurrentIrpStack-
+    // LocationToNext does; a completion routine that answers MORE_PROCESSING_REQUIRED gives the IRP back here.
+    unsafe {
+        if (*irp).CurrentLocation <= 1 {
+            return false;
+        }
+        let current = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
+        let next = IoManager::next_stack(irp);
+        std::ptr::copy_nonoverlapping(current, next, 1);
+        (*next).CompletionRoutine =
+            std::mem::transmute::<usize, PIO_COMPLETION_ROUTINE>(forward_done as CompletionFn as usize);
+        (*next).Context = std::ptr::null_mut();
+        (*next).Control = SL_INVOKE_ON_SUCCESS | SL_INVOKE_ON_ERROR | SL_INVOKE_ON_CANCEL;
+        let status = call_driver(io, device, irp);
+        // Every IRP completes before IoCallDriver returns here (the bus driver is synchronous), so there is
+        // nothing to wait for; a lower driver answering STATUS_PENDING would need the event Windows waits on.
+        status != STATUS_PENDING || (*irp).IoStatus.Anonymous.Status != STATUS_PENDING
+    }
+}
+
+/// The completion routine IoForwardIrpSynchronously sets: the IRP stays with the forwarding driver.
+unsafe extern "win64" fn forward_done(_device: *mut DEVICE_OBJECT, _irp: *mut IRP, _context: *mut c_void) -> NTSTATUS {
+    STATUS_MORE_PROCESSING_REQUIRED
+}
