@@ -6,6 +6,7 @@ extern crate alloc;
 
 mod capabilities;
 mod dma_memory;
+mod msix_plan;
 mod poll_wait;
 mod split_queue;
 mod transport;
@@ -21,9 +22,10 @@ pub use capabilities::{
 };
 pub use constants::*;
 pub use dma_memory::{DmaMemory, DmaRangeError};
+pub use msix_plan::MsixPlan;
 pub use poll_wait::{PollWait, DEFAULT_SPIN_POLLS};
 pub use split_queue::{Buffer, QueueError, RingLayout, SplitQueue, Used, MAX_QUEUE_SIZE};
-pub use transport::{QueueNotifier, Registers, TransportError, VirtioPci};
+pub use transport::{MsixSource, QueueNotifier, Registers, TransportError, VirtioPci, NO_VECTOR};
 
 #[cfg(test)]
 pub(crate) mod testing;

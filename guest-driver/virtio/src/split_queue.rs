@@ -91,10 +91,12 @@ pub struct SplitQueue<M: DmaMemory> {
 
 impl<M: DmaMemory> SplitQueue<M> {
     /// Lays the rings out at the start of `mem` and zeroes them, with VRING_AVAIL_F_NO_INTERRUPT in the avail ring's
-    /// flags: every driver of this queue polls its used ring (the Linux guest program and vhca.sys, which connects
-    /// no interrupt), so an interrupt per used buffer only costs. Under TCG it cost a wake-up of QEMU's main loop per
-    /// completion (QEMU reads the call eventfd there: no irqfd without KVM), competing for the CPU with the vCPU
-    /// and the device. Virtio 1.2, 2.7.7: the flag is advice the device may ignore; nothing else is negotiated.
+    /// flags: a driver that polls its used ring (vhca.sys, which connects no interrupt yet, and the Linux guest
+    /// program unless `vhca.completion=interrupt`) only pays for an interrupt per used buffer; one that waits for
+    /// its queue's MSI-X message asks for them with `set_interrupts_wanted`. Under TCG an unwanted interrupt cost a
+    /// wake-up of QEMU's main loop per completion (QEMU reads the call eventfd there: no irqfd without KVM),
+    /// competing for the CPU with the vCPU and the device. Virtio 1.2, 2.7.7: the flag is advice the device may
+    /// ignore; nothing else is negotiated.
     pub fn new(size: u16, mem: M) -> Result<SplitQueue<M>, QueueError> {
         let layout = RingLayout::new(size)?;
         let addr = mem.host_ptr().as_ptr() as usize;
@@ -214,9 +216,10 @@ impl<M: DmaMemory> SplitQueue<M> {
         notify().map(|()| true)
     }
 
-    /// The used ring's `flags` field, written by the device.
-    /// Asks the device for used-buffer notifications again (`true`) or declines them (`false`, how `new` leaves a
-    /// queue). For measurements that compare a device in both modes.
+    /// Asks the device for used-buffer notifications (`true`: the flags word 0) or declines them (`false`, how `new`
+    /// leaves a queue). A driver that waits for an interrupt asks before its first chain, so no completion can come
+    /// without one; a wait must still poll the used ring after each interrupt (2.7.7: the flag is only advice, and
+    /// a shared vector's message may be another queue's).
     pub fn set_interrupts_wanted(&self, wanted: bool) {
         let flags = if wanted { 0 } else { AVAIL_F_NO_INTERRUPT };
         self.avail_flags().store(flags.to_le(), Ordering::Release);
@@ -229,6 +232,7 @@ impl<M: DmaMemory> SplitQueue<M> {
         unsafe { AtomicU16::from_ptr(self.ptr(self.layout.avail).cast::<u16>()) }
     }
 
+    /// The used ring's `flags` field, written by the device.
     fn used_flags(&self) -> &AtomicU16 {
         // SAFETY: the used ring's first u16 is inside the checked ring memory, 4-byte aligned, and lives as long as
         // `self`. Only atomic accesses are made to it by this driver.

@@ -13,16 +13,39 @@ const DEVICE_FEATURE_SELECT: u64 = 0;
 const DEVICE_FEATURE: u64 = 4;
 const DRIVER_FEATURE_SELECT: u64 = 8;
 const DRIVER_FEATURE: u64 = 12;
+const CONFIG_MSIX_VECTOR: u64 = 16;
 const NUM_QUEUES: u64 = 18;
 const DEVICE_STATUS: u64 = 20;
 const CONFIG_GENERATION: u64 = 21;
 const QUEUE_SELECT: u64 = 22;
 const QUEUE_SIZE: u64 = 24;
+const QUEUE_MSIX_VECTOR: u64 = 26;
 const QUEUE_ENABLE: u64 = 28;
 const QUEUE_NOTIFY_OFF: u64 = 30;
 const QUEUE_DESC: u64 = 32;
 const QUEUE_DRIVER: u64 = 40;
 const QUEUE_DEVICE: u64 = 48;
+
+/// VIRTIO_MSI_NO_VECTOR (virtio 1.2, 4.1.4.3): written, it routes a source to no MSI-X entry; read back, it is how
+/// the device refuses an entry it cannot use (QEMU: one past its MSI-X table). Hand-written: virtio-bindings 0.2
+/// carries no virtio_pci module.
+pub const NO_VECTOR: u16 = 0xffff;
+
+/// What an MSI-X vector register routes: configuration changes, or one queue's used-buffer notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsixSource {
+    Config,
+    Queue(u16),
+}
+
+impl core::fmt::Display for MsixSource {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            MsixSource::Config => f.write_str("config changes"),
+            MsixSource::Queue(index) => write!(f, "queue {index}"),
+        }
+    }
+}
 
 /// One BAR as the platform reaches it: VFIO region reads and writes in the Linux guest, mapped MMIO in vhca.sys.
 /// Offsets are from the BAR's start; the transport has already checked them against the capability window.
@@ -60,6 +83,8 @@ pub enum TransportError<E: core::fmt::Display + core::fmt::Debug> {
     NotifyOutOfRange { queue: u16, offset: u64, len: u32 },
     #[error("device config changed {0} times while being read")]
     ConfigUnstable(u32),
+    #[error("MSI-X vector {wanted} for {what}: the device read back {got:#x}, refusing it (QEMU: past its table)")]
+    VectorRefused { what: MsixSource, wanted: u16, got: u16 },
 }
 
 /// A capability's window inside its BAR: offsets are relative to the window and checked against its length.
@@ -230,6 +255,22 @@ impl<R: Registers> VirtioPci<R> {
         self.common.r16(QUEUE_SIZE)
     }
 
+    /// Routes configuration-change notifications to MSI-X table entry `vector` (`NO_VECTOR`: to none) and reads the
+    /// register back: the device keeps only an entry it can signal (virtio 1.2, 4.1.5.1.2).
+    pub fn set_config_msix_vector(&self, vector: u16) -> Result<(), TransportError<R::Error>> {
+        self.common.w16(CONFIG_MSIX_VECTOR, vector)?;
+        check_vector(MsixSource::Config, vector, self.common.r16(CONFIG_MSIX_VECTOR)?)
+    }
+
+    /// Routes queue `index`'s used-buffer notifications to MSI-X table entry `vector`, read back as for the config
+    /// vector. Virtio 1.2, 4.1.5.1.3 step 3 programs it before the queue is enabled; `setup_queue` leaves the
+    /// register alone, so call this first. Polling drivers never call it: the queue then has no vector.
+    pub fn set_queue_msix_vector(&self, index: u16, vector: u16) -> Result<(), TransportError<R::Error>> {
+        self.common.w16(QUEUE_SELECT, index)?;
+        self.common.w16(QUEUE_MSIX_VECTOR, vector)?;
+        check_vector(MsixSource::Queue(index), vector, self.common.r16(QUEUE_MSIX_VECTOR)?)
+    }
+
     /// Programs a queue's size and ring addresses, enables it, and returns its doorbell.
     pub fn setup_queue(
         &self,
@@ -292,6 +333,18 @@ impl<R: Registers> VirtioPci<R> {
     }
 }
 
+fn check_vector<E: core::fmt::Display + core::fmt::Debug>(
+    what: MsixSource,
+    wanted: u16,
+    got: u16,
+) -> Result<(), TransportError<E>> {
+    if got == wanted {
+        Ok(())
+    } else {
+        Err(TransportError::VectorRefused { what, wanted, got })
+    }
+}
+
 // COMMON_CFG_MIN_LEN is checked by the capability parser; the last register written here must fit inside it.
 const _: () = assert!(QUEUE_DEVICE + 8 <= COMMON_CFG_MIN_LEN as u64);
 
@@ -312,6 +365,9 @@ mod tests {
         queue_sizes: [u16; 4],
         writes: Vec<(u64, u32)>,
         reset_polls_left: u32,
+        /// MSI-X table entries: a vector register keeps a value below this, or reads back NO_VECTOR (as QEMU's).
+        msix_entries: u16,
+        queue_vectors: [u16; 4],
     }
 
     #[derive(Clone)]
@@ -319,8 +375,14 @@ mod tests {
 
     impl FakeBar {
         fn new(offered: u64) -> FakeBar {
-            let device =
-                FakeDevice { memory: vec![0; 0x2000], offered, queue_sizes: [64, 0, 256, 8], ..Default::default() };
+            let device = FakeDevice {
+                memory: vec![0; 0x2000],
+                offered,
+                queue_sizes: [64, 0, 256, 8],
+                msix_entries: 2,
+                queue_vectors: [NO_VECTOR; 4],
+                ..Default::default()
+            };
             FakeBar(Rc::new(RefCell::new(device)))
         }
         fn read(&self, offset: u64, width: usize) -> u32 {
@@ -330,6 +392,9 @@ mod tests {
                 DEVICE_FEATURE => (d.offered >> (32 * (d.memory[DEVICE_FEATURE_SELECT as usize] & 1))) as u32,
                 QUEUE_SIZE => d.queue_sizes.get(select(&d, QUEUE_SELECT as usize)).copied().unwrap_or(0) as u32,
                 QUEUE_NOTIFY_OFF => select(&d, QUEUE_SELECT as usize) as u32 * 2,
+                QUEUE_MSIX_VECTOR => {
+                    d.queue_vectors.get(select(&d, QUEUE_SELECT as usize)).map_or(0xffff, |v| *v as u32)
+                }
                 DEVICE_STATUS if d.reset_polls_left > 0 => {
                     d.reset_polls_left -= 1;
                     1
@@ -345,6 +410,17 @@ mod tests {
         fn write(&self, offset: u64, value: u32, width: usize) {
             let mut d = self.0.borrow_mut();
             d.writes.push((offset, value));
+            let value = match offset {
+                CONFIG_MSIX_VECTOR | QUEUE_MSIX_VECTOR if value >= d.msix_entries as u32 => NO_VECTOR as u32,
+                _ => value,
+            };
+            if offset == QUEUE_MSIX_VECTOR {
+                let queue = u16::from_le_bytes([d.memory[QUEUE_SELECT as usize], d.memory[QUEUE_SELECT as usize + 1]]);
+                if let Some(vector) = d.queue_vectors.get_mut(queue as usize) {
+                    *vector = value as u16;
+                }
+                return;
+            }
             let at = offset as usize;
             d.memory[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
         }
@@ -433,5 +509,39 @@ mod tests {
         outside.notify.offset = 0x1f80;
         let Err(e) = VirtioPci::new(outside, |_| Ok(bar.clone())) else { panic!("a window past the BAR's end") };
         assert!(matches!(e, TransportError::WindowOutsideBar { kind: "notify", .. }), "{e}");
+    }
+
+    #[test]
+    fn msix_vectors_are_read_back_per_queue_and_a_refusal_names_its_source() {
+        // Two table entries, as the fake's device has: 0 and 1 are kept, 2 reads back NO_VECTOR.
+        let bar = FakeBar::new(F_VERSION_1);
+        let t = VirtioPci::new(caps(), |_| Ok(bar.clone())).unwrap();
+        t.set_config_msix_vector(0).unwrap();
+        t.set_queue_msix_vector(0, 1).unwrap();
+        t.set_queue_msix_vector(2, 0).unwrap();
+        assert_eq!(bar.read(CONFIG_MSIX_VECTOR, 2), 0);
+        // Each queue keeps its own: selecting queue 0 again reads back its 1, not queue 2's 0.
+        bar.write(QUEUE_SELECT, 0, 2);
+        assert_eq!(bar.read(QUEUE_MSIX_VECTOR, 2), 1);
+        assert_eq!(bar.written(QUEUE_MSIX_VECTOR), vec![1, 0]);
+
+        let refused = t.set_queue_msix_vector(3, 2).unwrap_err();
+        assert!(
+            matches!(refused, TransportError::VectorRefused { what: MsixSource::Queue(3), wanted: 2, got: NO_VECTOR }),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("queue 3") && refused.to_string().contains("0xffff"), "{refused}");
+        let refused = t.set_config_msix_vector(7).unwrap_err();
+        assert!(matches!(refused, TransportError::VectorRefused { what: MsixSource::Config, .. }), "{refused}");
+        // Routing a source to no vector is always accepted: that is what the device reads back.
+        t.set_queue_msix_vector(0, NO_VECTOR).unwrap();
+        t.set_config_msix_vector(NO_VECTOR).unwrap();
+
+        // A plan for the table the device has is kept whole; one for a larger table stops at the first refusal.
+        crate::MsixPlan::new(2, 4).unwrap().program(&t).unwrap();
+        assert_eq!(bar.0.borrow().queue_vectors, [1, 1, 1, 1]);
+        assert_eq!(bar.read(CONFIG_MSIX_VECTOR, 2), 0);
+        let refused = crate::MsixPlan::new(5, 4).unwrap().program(&t).unwrap_err();
+        assert!(matches!(refused, TransportError::VectorRefused { what: MsixSource::Queue(1), wanted: 2, .. }));
     }
 }
