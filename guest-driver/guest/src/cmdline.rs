@@ -36,6 +36,25 @@ pub enum Personality {
     Sys,
 }
 
+/// How the guest program waits for its queues' completions (`vhca.completion`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Poll the used ring, sleeping between polls; every queue declines interrupts.
+    Poll,
+    /// Queue 0 (vhca's command queue, virtio-rng's request queue) asks for interrupts and its waits sleep until
+    /// its MSI-X message fires (queue_interrupts.rs); the other queues poll. The native personality's only.
+    Interrupt,
+}
+
+impl Completion {
+    pub fn name(self) -> &'static str {
+        match self {
+            Completion::Poll => "poll",
+            Completion::Interrupt => "interrupt",
+        }
+    }
+}
+
 /// What the run does and how long it may wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -77,6 +96,8 @@ pub struct Options {
     /// Which driver runs the scenario (`vhca.driver=native|sys`): the driver core built into this program, or the
     /// signed vhca.sys from the initramfs through the PE loader.
     pub driver: Personality,
+    /// How completions are waited for (`vhca.completion=poll|interrupt`, default poll).
+    pub completion: Completion,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -101,6 +122,7 @@ impl Default for Options {
             init: None,
             samples: None,
             driver: Personality::Native,
+            completion: Completion::Poll,
             warnings: Vec::new(),
         }
     }
@@ -124,6 +146,9 @@ impl Options {
                 options.warnings.push(format!("{PREFIX}{key}: {why}"));
             }
         }
+        if options.driver == Personality::Sys && options.completion == Completion::Interrupt {
+            options.warnings.push(format!("{PREFIX}completion=interrupt: vhca.sys connects no interrupts yet"));
+        }
         options
     }
 
@@ -143,6 +168,13 @@ impl Options {
                 }
             }
             "scenario" => return Err("empty value".into()),
+            "completion" => {
+                self.completion = match value {
+                    "poll" => Completion::Poll,
+                    "interrupt" => Completion::Interrupt,
+                    _ => return Err(format!("not poll or interrupt: {value:?}")),
+                }
+            }
             "timeout_ms" => {
                 self.timeout_ms =
                     value.parse().ok().filter(|ms| *ms > 0).ok_or(format!("not a positive integer: {value:?}"))?
@@ -287,6 +319,19 @@ mod tests {
         assert_eq!(bad.warnings.len(), 4, "{:?}", bad.warnings);
         assert_eq!(bad.low_resources, LowResourcesConfig::default());
         assert!(!bad.faults_seed_given);
+    }
+
+    #[test]
+    fn completion_is_poll_unless_interrupt_is_asked_for() {
+        assert_eq!(Options::parse("").completion, Completion::Poll);
+        let interrupt = Options::parse("vhca.completion=interrupt");
+        assert_eq!((interrupt.completion, interrupt.warnings.len()), (Completion::Interrupt, 0));
+        assert_eq!(Options::parse("vhca.completion=interrupt vhca.completion=poll").completion, Completion::Poll);
+        let bad = Options::parse("vhca.completion=msi");
+        assert_eq!(bad.completion, Completion::Poll);
+        assert!(bad.warnings[0].contains("not poll or interrupt"), "{:?}", bad.warnings);
+        let sys = Options::parse("vhca.completion=interrupt vhca.driver=sys");
+        assert!(sys.warnings.iter().any(|w| w.contains("vhca.sys connects no interrupts")), "{:?}", sys.warnings);
     }
 
     #[test]

@@ -100,6 +100,21 @@ impl From<&vhca_ntmodel::Bugcheck> for BugcheckView {
     }
 }
 
+/// The run's MSI-X interrupts (`vhca.completion=interrupt`): how vectors were routed and what each delivered.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct InterruptsView {
+    /// Entries of the device's MSI-X table, as VFIO reports them.
+    pub table_entries: u32,
+    /// The entry configuration changes signal.
+    pub config_vector: u16,
+    /// The entry each queue signals, queue i at index i.
+    pub queue_vectors: Vec<u16>,
+    /// The queues that asked for interrupts and waited for them; the others declined and polled.
+    pub waiting_queues: Vec<u16>,
+    /// MSI-X messages delivered per enabled entry, entry i at index i.
+    pub per_vector: Vec<u64>,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Iovas {
     pub cmd: Option<u64>,
@@ -127,6 +142,10 @@ pub struct Report {
     pub mmio: Option<&'static str>,
     pub features: Option<String>,
     pub num_queues: Option<u16>,
+    /// How completions were waited for: "poll" or "interrupt" (`vhca.completion`).
+    pub completion: &'static str,
+    /// With interrupts, their routing and counts; null when the run polled (no vector was enabled).
+    pub interrupts: Option<InterruptsView>,
     pub query_device: Option<QueryDeviceView>,
     pub rng: Option<EntropyRead>,
     pub iovas: Iovas,
@@ -185,6 +204,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn interrupt_counts_are_in_the_result_line_per_vector() {
+        let interrupts = InterruptsView {
+            table_entries: 1,
+            config_vector: 0,
+            queue_vectors: vec![0, 0, 0, 0],
+            waiting_queues: vec![0],
+            per_vector: vec![3],
+        };
+        let report = Report { completion: "interrupt", interrupts: Some(interrupts), ..Report::default() };
+        let json: serde_json::Value = serde_json::from_str(report.line().strip_prefix(RESULT_PREFIX).unwrap()).unwrap();
+        assert_eq!(json["completion"], "interrupt");
+        assert_eq!(json["interrupts"]["per_vector"], serde_json::json!([3]));
+        assert_eq!(json["interrupts"]["queue_vectors"][0], 0);
+        assert_eq!(json["interrupts"]["waiting_queues"], serde_json::json!([0]));
+    }
+
+    #[test]
     fn result_line_is_one_line_of_json_with_the_contract_fields() {
         let report = Report {
             scenario: "smoke".into(),
@@ -201,6 +237,7 @@ mod tests {
         assert_eq!(json["error"], "line one\nline two");
         assert_eq!(json["device"], "1af4:1059");
         assert!(json["query_device"].is_null());
+        assert!(json["interrupts"].is_null(), "a polling run enables no vector");
         assert_eq!(json["iovas"]["rings"][0][2], 5);
         assert!(json["elapsed_ms"].is_u64());
     }

@@ -1,14 +1,15 @@
-//! The VFIO user-space API from the guest's side: container (type1 IOMMU), group, device fd, its regions.
-//! Only the ioctls a user-space driver needs; struct layouts come from `vfio-bindings`, ioctl numbers are made here.
+//! The VFIO user-space API from the guest's side: container (type1 IOMMU), group, device fd, its regions and its
+//! interrupts as eventfds. Only the ioctls a user-space driver needs; struct layouts come from `vfio-bindings`, ioctl
+//! numbers are made here.
 //!
 //! Why not `vfio-ioctls`: that crate is written for VMMs. Its container wants a KVM device fd or mshv for the
 //! KVM-VFIO pseudo device, its DMA mapping API is keyed to guest memory it owns, and it pulls vmm-sys-util and
-//! KVM bindings into what must be a small static binary. A guest driver needs eight ioctls and its own choice of
+//! KVM bindings into what must be a small static binary. A guest driver needs ten ioctls and its own choice of
 //! IOVAs, so the raw bindings (`vfio-bindings`, which has the layouts but no ioctl numbers) fit better.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -49,11 +50,15 @@ const VFIO_GROUP_GET_STATUS: u64 = vfio_io(3);
 const VFIO_GROUP_SET_CONTAINER: u64 = vfio_io(4);
 const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
 const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
+const VFIO_DEVICE_GET_IRQ_INFO: u64 = vfio_io(9);
+const VFIO_DEVICE_SET_IRQS: u64 = vfio_io(10);
 const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
 const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
 
 /// Region index of PCI config space on a vfio-pci device.
 pub const CONFIG_REGION: u32 = sys::VFIO_PCI_CONFIG_REGION_INDEX;
+/// Interrupt index of MSI-X on a vfio-pci device: one interrupt per MSI-X table entry.
+pub const MSIX_IRQ_INDEX: u32 = sys::VFIO_PCI_MSIX_IRQ_INDEX;
 
 fn ioctl(file: &File, what: &'static str, request: u64, arg: libc::c_ulong) -> Result<i32, VfioError> {
     // SAFETY: every caller passes a request number from the VFIO uapi together with the argument that request
@@ -189,7 +194,55 @@ impl RegionInfo {
     }
 }
 
-/// The device fd: config space, BARs and reset all go through it.
+/// One of the device's interrupt indexes (INTx, MSI, MSI-X, ...) as VFIO describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IrqInfo {
+    pub index: u32,
+    pub flags: u32,
+    /// Interrupts under this index (for MSI-X: the device's table size; 0: the device has none).
+    pub count: u32,
+}
+
+impl IrqInfo {
+    pub fn signals_eventfds(&self) -> bool {
+        self.flags & sys::VFIO_IRQ_INFO_EVENTFD != 0
+    }
+}
+
+// VFIO_DEVICE_SET_IRQS takes a vfio_irq_set followed by its data (here: one eventfd, an s32, per interrupt): the
+// header's fields are all u32, so a u32 buffer holds it aligned, and the data starts right after it.
+const IRQ_SET_HEADER: usize = std::mem::size_of::<sys::vfio_irq_set>();
+const _: () =
+    assert!(std::mem::offset_of!(sys::vfio_irq_set, data) == IRQ_SET_HEADER && IRQ_SET_HEADER.is_multiple_of(4));
+
+/// The argument of VFIO_DEVICE_SET_IRQS for interrupts `0..eventfds.len()` of `index`, as u32 words.
+fn irq_set_request(flags: u32, index: u32, eventfds: &[RawFd]) -> Vec<u32> {
+    let argsz = IRQ_SET_HEADER + std::mem::size_of_val(eventfds);
+    let header = sys::vfio_irq_set {
+        argsz: argsz as u32,
+        flags,
+        index,
+        start: 0,
+        count: eventfds.len() as u32,
+        data: Default::default(),
+    };
+    let mut words = vec![0u32; argsz / 4];
+    // SAFETY: `words` holds at least IRQ_SET_HEADER bytes and is u32-aligned, as the all-u32 header is; the header
+    // is plain data read as bytes, and the two do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&header as *const sys::vfio_irq_set).cast::<u8>(),
+            words.as_mut_ptr().cast(),
+            IRQ_SET_HEADER,
+        )
+    };
+    for (word, fd) in words[IRQ_SET_HEADER / 4..].iter_mut().zip(eventfds) {
+        *word = *fd as u32;
+    }
+    words
+}
+
+/// The device fd: config space, BARs, interrupts and reset all go through it.
 #[derive(Debug)]
 pub struct Device {
     file: Arc<File>,
@@ -269,6 +322,28 @@ impl Device {
         };
         ioctl(&self.file, "VFIO_DEVICE_GET_REGION_INFO", VFIO_DEVICE_GET_REGION_INFO, &mut info as *mut _ as _)?;
         Ok(RegionInfo { index, flags: info.flags, size: info.size, offset: info.offset })
+    }
+
+    pub fn irq_info(&self, index: u32) -> Result<IrqInfo, VfioError> {
+        let mut info =
+            sys::vfio_irq_info { argsz: std::mem::size_of::<sys::vfio_irq_info>() as u32, flags: 0, index, count: 0 };
+        ioctl(&self.file, "VFIO_DEVICE_GET_IRQ_INFO", VFIO_DEVICE_GET_IRQ_INFO, &mut info as *mut _ as _)?;
+        Ok(IrqInfo { index, flags: info.flags, count: info.count })
+    }
+
+    /// Has the kernel signal `eventfds[i]` for interrupt i of `index`. For MSI-X, vfio-pci enables MSI-X in the
+    /// device with that many table entries and writes their messages: the guest kernel owns the MSI-X table.
+    pub fn set_irq_eventfds(&self, index: u32, eventfds: &[BorrowedFd<'_>]) -> Result<(), VfioError> {
+        let fds: Vec<RawFd> = eventfds.iter().map(AsRawFd::as_raw_fd).collect();
+        let flags = sys::VFIO_IRQ_SET_DATA_EVENTFD | sys::VFIO_IRQ_SET_ACTION_TRIGGER;
+        let request = irq_set_request(flags, index, &fds);
+        ioctl(&self.file, "VFIO_DEVICE_SET_IRQS(eventfds)", VFIO_DEVICE_SET_IRQS, request.as_ptr() as _).map(drop)
+    }
+
+    /// Removes every trigger of `index`; for MSI-X, vfio-pci disables MSI-X in the device and lets the eventfds go.
+    pub fn disable_irqs(&self, index: u32) -> Result<(), VfioError> {
+        let request = irq_set_request(sys::VFIO_IRQ_SET_DATA_NONE | sys::VFIO_IRQ_SET_ACTION_TRIGGER, index, &[]);
+        ioctl(&self.file, "VFIO_DEVICE_SET_IRQS(disable)", VFIO_DEVICE_SET_IRQS, request.as_ptr() as _).map(drop)
     }
 
     /// Opens a region for register access: mmapped when VFIO allows it, else through pread/pwrite on the fd.
@@ -449,12 +524,23 @@ mod tests {
     }
 
     #[test]
+    fn an_irq_set_request_is_the_header_then_one_fd_per_interrupt() {
+        let flags = sys::VFIO_IRQ_SET_DATA_EVENTFD | sys::VFIO_IRQ_SET_ACTION_TRIGGER;
+        // argsz, flags, index, start, count, then the fds: struct vfio_irq_set of include/uapi/linux/vfio.h.
+        assert_eq!(irq_set_request(flags, MSIX_IRQ_INDEX, &[7, 9]), vec![28, 0x24, 2, 0, 2, 7, 9]);
+        let disable = sys::VFIO_IRQ_SET_DATA_NONE | sys::VFIO_IRQ_SET_ACTION_TRIGGER;
+        assert_eq!(irq_set_request(disable, MSIX_IRQ_INDEX, &[]), vec![20, 0x21, 2, 0, 0]);
+    }
+
+    #[test]
     fn ioctl_numbers_match_the_kernel_header() {
         // Values of the _IO(';', 100 + n) macros as compiled from include/uapi/linux/vfio.h.
         assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
         assert_eq!(VFIO_SET_IOMMU, 0x3b66);
         assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
         assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
+        assert_eq!(VFIO_DEVICE_GET_IRQ_INFO, 0x3b6d);
+        assert_eq!(VFIO_DEVICE_SET_IRQS, 0x3b6e);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
     }

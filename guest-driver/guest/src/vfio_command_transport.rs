@@ -1,18 +1,21 @@
 //! The vhca command transport (vhca-queues, the code vhca.sys runs too) bound to this program: its buffers are VFIO
-//! DMA regions, its registers VFIO BARs, its waits sleep on the monotonic clock, and its queues sit behind one Mutex
-//! so `CommandTransport`'s `&self` methods can reach them.
+//! DMA regions, its registers VFIO BARs, its waits sleep on the monotonic clock or until the queue's MSI-X message
+//! (`completion_wait`, as each queue was set up), and its queues sit behind one Mutex so `CommandTransport`'s `&self`
+//! methods can reach them.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use vhca_driver_core::{CommandTransport, CommandTransportError};
 use vhca_proto::{Event, EVENT_SIZE, MAX_REQUEST_SIZE};
-use vhca_queues::{DoorbellQueue, EventQueue, HcaQueues, RingError, WaitSource};
+use vhca_queues::{DoorbellQueue, EventQueue, HcaQueues, RingError};
+
+use crate::completion_wait::CompletionWaits;
 
 use crate::report::{progress, Report};
 use crate::vfio::DmaAccess;
 use crate::vfio_dma::{DmaError, DmaMapper, DmaMemory, DmaRegion, PAGE_SIZE};
-use crate::virtio_pci::{Deadline, QueueNotifier, TransportError};
+use crate::virtio_pci::{QueueNotifier, TransportError};
 use crate::virtqueue::SplitQueue;
 
 /// Event buffers kept posted: more than the device ever queues between two polls in these scenarios.
@@ -20,20 +23,9 @@ const EVENT_BUFFERS: usize = 16;
 /// Response room: the largest response header + body any command has, with slack for growth.
 const RESPONSE_BUFFER: usize = PAGE_SIZE;
 
-pub type CommandQueue = vhca_queues::CommandQueue<DmaRegion, QueueNotifier, Timeout>;
+pub type CommandQueue = vhca_queues::CommandQueue<DmaRegion, QueueNotifier, CompletionWaits>;
 pub type CommandError = vhca_queues::CommandError<TransportError>;
-type Queues = HcaQueues<DmaRegion, QueueNotifier, Timeout>;
-
-/// Each completion may take `timeout`, measured on the monotonic clock.
-#[derive(Debug, Clone, Copy)]
-pub struct Timeout(pub Duration);
-
-impl WaitSource for Timeout {
-    type Wait = Deadline;
-    fn wait(&self) -> Deadline {
-        Deadline::after(self.0)
-    }
-}
+type Queues = HcaQueues<DmaRegion, QueueNotifier, CompletionWaits>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelSetupError {
@@ -43,7 +35,8 @@ pub enum ChannelSetupError {
     Events(#[from] RingError<TransportError>),
 }
 
-/// The command queue over VFIO memory: a request buffer of `MAX_REQUEST_SIZE`, a page for the response.
+/// The command queue over VFIO memory: a request buffer of `MAX_REQUEST_SIZE`, a page for the response. Each command
+/// may take `timeout`, waited for as the queue says (polling, or its interrupt: `SplitQueue::wait_by_interrupt`).
 pub fn command_queue(
     queue: SplitQueue<DmaRegion>,
     notifier: QueueNotifier,
@@ -52,7 +45,8 @@ pub fn command_queue(
 ) -> Result<CommandQueue, ChannelSetupError> {
     let request = mapper.alloc(MAX_REQUEST_SIZE, DmaAccess::READ_WRITE)?;
     let response = mapper.alloc(RESPONSE_BUFFER, DmaAccess::READ_WRITE)?;
-    Ok(CommandQueue::new(queue.into_inner(), notifier, request, response, Timeout(timeout)))
+    let waits = queue.completion_waits(timeout);
+    Ok(CommandQueue::new(queue.into_inner(), notifier, request, response, waits))
 }
 
 /// Puts the command buffers' IOVAs, and their guest-physical addresses where the kernel reveals them, in the report.
@@ -88,7 +82,8 @@ impl VfioCommandTransport {
         let slots = mapper.alloc(count * EVENT_SIZE, DmaAccess::READ_WRITE)?;
         let events = EventQueue::new(events.into_inner(), event_notifier, slots, count)?;
         let buffer = mapper.alloc(PAGE_SIZE, DmaAccess::READ_WRITE)?;
-        let doorbells = DoorbellQueue::new(doorbells.into_inner(), doorbell_notifier, buffer, Timeout(timeout));
+        let waits = doorbells.completion_waits(timeout);
+        let doorbells = DoorbellQueue::new(doorbells.into_inner(), doorbell_notifier, buffer, waits);
         let queues = Queues { commands, doorbells, events };
         Ok(VfioCommandTransport { queues: Arc::new(Mutex::new(queues)) })
     }
