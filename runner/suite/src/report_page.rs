@@ -18,6 +18,8 @@ const TIMELINE: &str = "timeline.svg";
 /// the runner stores it, for the first of `run_roots` that has it: the artifact root itself for a suite, each
 /// shard's root for a merge.
 pub fn write_report_html(out_dir: &Path, report: &Value, run_roots: &[PathBuf]) -> io::Result<PathBuf> {
+    // First: the links are worked out from where the page will be, which must exist to be resolved.
+    fs::create_dir_all(out_dir)?;
     let mut artifacts = HashMap::new();
     let names = report.get("runs").and_then(Value::as_array).into_iter().flatten();
     for name in names.filter_map(|r| r.get("name")?.as_str()) {
@@ -26,7 +28,6 @@ pub fn write_report_html(out_dir: &Path, report: &Value, run_roots: &[PathBuf]) 
         }
     }
     let html = render_report_html(report, &artifacts).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    fs::create_dir_all(out_dir)?;
     let path = out_dir.join(REPORT_HTML);
     fs::write(&path, html)?;
     Ok(path)

@@ -266,3 +266,35 @@ fn report_html_reads_right_in_a_browser() {
     assert!(injected.contains("&lt;img src=x onerror=\"document.title='PWNED'\"&gt;&lt;script&gt;"), "{injected}");
     assert!(injected.contains("%3Cimg%20src%3Dx%20onerror%3D%22document.title%3D%27PWNED%27%22%3E"), "{injected}");
 }
+
+/// `report merge`'s page: the merged document, each run's folder found under the shard root that holds it and
+/// linked from the merge's own folder, so the downloaded roots open side by side.
+#[test]
+fn a_merged_report_links_each_run_under_its_shard() {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report-html-merge");
+    let _ = fs::remove_dir_all(&out);
+    let suite = Suite::seed().unwrap();
+    let runs = suite.expand();
+    let mut shards = Vec::new();
+    for (shard, name) in [("shard-1", "smoke/verifier-off"), ("shard-2", "fast-mutex-create-cq/verifier-on")] {
+        let run = runs.iter().find(|r| r.name == name).unwrap();
+        let mut o = Observation { qemu_exit: ProcessExit::Exited { code: 0 }, ..Default::default() };
+        o.add_serial(&result_line(true, None));
+        let mut r = RunReport::new(run, judge_run(run, &o), 1.0, "tcg", BootPath::Cold);
+        r.set_reproducer("vhca-run", None);
+        let root = out.join(shard);
+        fs::create_dir_all(root.join(name)).unwrap();
+        fs::write(root.join(name).join("serial.log"), "x").unwrap();
+        shards.push((root, SuiteReport::new(&suite, vec![r], 1.0).to_json()));
+    }
+    let docs: Vec<(String, String)> =
+        shards.iter().map(|(root, json)| (root.display().to_string(), json.clone())).collect();
+    let merged = vhca_suite::merge_json(&docs).unwrap();
+    let roots: Vec<PathBuf> = shards.iter().map(|(root, _)| root.clone()).collect();
+    let page = write_report_html(&out.join("merged"), &merged.json, &roots).unwrap();
+    let html = fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<strong>2 runs</strong> from 2 shards"), "{html}");
+    let link = "../shard-2/fast-mutex-create-cq/verifier-on/serial.log";
+    assert!(html.contains(&format!("<a href=\"{link}\">serial.log</a>")), "{html}");
+    assert!(page.parent().unwrap().join(link).exists());
+}
