@@ -10,7 +10,7 @@ use vhca_ntmodel::NtModel;
 use crate::address_space::AddressSpace;
 use crate::dma_thunks::DmaObjects;
 use crate::io_manager::IoManager;
-use crate::lock_thunks::LockObjects;
+use crate::lock_table::LockObjects;
 use crate::memory_thunks::MdlTable;
 use crate::registry_thunks::Registry;
 use crate::remove_lock_thunks::RemoveLocks;

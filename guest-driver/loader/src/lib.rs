@@ -15,6 +15,7 @@ mod irp_dispatch;
 pub mod kernel_context;
 pub mod load_error;
 mod loaded_images;
+pub mod lock_table;
 pub mod lock_thunks;
 pub mod memory_thunks;
 pub mod nt_thunks;
