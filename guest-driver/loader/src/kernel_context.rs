@@ -12,7 +12,7 @@ use crate::dma_thunks::DmaObjects;
 use crate::io_manager::IoManager;
 use crate::lock_table::LockObjects;
 use crate::memory_thunks::MdlTable;
-use crate::registry_thunks::Registry;
+use crate::registry_table::Registry;
 use crate::remove_lock_thunks::RemoveLocks;
 
 pub struct LoaderKernel {

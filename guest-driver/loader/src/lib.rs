@@ -21,6 +21,7 @@ pub mod memory_thunks;
 pub mod nt_thunks;
 pub mod pe_image;
 pub mod pnp_life;
+pub mod registry_table;
 pub mod registry_thunks;
 pub mod remove_lock_thunks;
 pub mod start_resources;

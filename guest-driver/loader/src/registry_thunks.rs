@@ -1,10 +1,7 @@
 //! The registry a driver reads its parameters from and writes results to (ZwOpenKey, ZwQueryValueKey,
 //! ZwSetValueKey, ZwClose), as a table of keys the run sets up: the service's Parameters key with the run's
-//! `Scenario`, as the INF and the runner set it on Windows. Key and value names compare without case, as Windows'.
+//! `Scenario`, as the INF and the runner set it on Windows (the keys and open handles are `registry_table`'s).
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement, as the driver imports them.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
 
 use windows_sys::Wdk::Foundation::OBJECT_ATTRIBUTES;
 use windows_sys::Wdk::System::SystemServices::KEY_VALUE_PARTIAL_INFORMATION;
@@ -19,45 +16,6 @@ use crate::kernel_context::kernel;
 const KEY_VALUE_PARTIAL_INFORMATION_CLASS: u32 = 2;
 /// Bytes of KEY_VALUE_PARTIAL_INFORMATION before Data.
 const PARTIAL_HEADER: usize = 12;
-/// Kernel handles are above this (their high bit set on Windows; any unique value serves here).
-const HANDLE_BASE: usize = 0xFFFF_FFFF_8000_0000;
-
-pub const REG_SZ: u32 = 1;
-
-/// value name (lower case) -> (type, data)
-type Values = HashMap<String, (u32, Vec<u8>)>;
-
-#[derive(Default)]
-pub struct Registry {
-    /// key path (lower case) -> its values
-    keys: Mutex<HashMap<String, Values>>,
-    handles: Mutex<HashMap<usize, String>>,
-}
-
-impl Registry {
-    /// Creates `key` (if new) with `value` = `data` of `kind`.
-    pub fn set(&self, key: &str, value: &str, kind: u32, data: Vec<u8>) {
-        crate::lock(&self.keys).entry(key.to_lowercase()).or_default().insert(value.to_lowercase(), (kind, data));
-    }
-
-    /// A REG_SZ value: UTF-16 with its terminating NUL, as RegSetValueEx stores one.
-    pub fn set_string(&self, key: &str, value: &str, text: &str) {
-        let bytes = text.encode_utf16().chain([0]).flat_map(u16::to_le_bytes).collect();
-        self.set(key, value, REG_SZ, bytes)
-    }
-
-    /// A REG_SZ value as text, without its NUL.
-    pub fn string(&self, key: &str, value: &str) -> Option<String> {
-        let keys = crate::lock(&self.keys);
-        let (_, data) = keys.get(&key.to_lowercase())?.get(&value.to_lowercase())?;
-        let units: Vec<u16> = data.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
-        Some(String::from_utf16_lossy(&units).trim_end_matches('\0').to_string())
-    }
-
-    fn key_of(&self, handle: HANDLE) -> Option<String> {
-        crate::lock(&self.handles).get(&(handle as usize)).cloned()
-    }
-}
 
 /// The text of a UNICODE_STRING (Length in bytes, no NUL needed).
 ///
@@ -82,14 +40,9 @@ unsafe extern "win64" fn ZwOpenKey(out: *mut HANDLE, _access: u32, attributes: *
     let Some(name) = (unsafe { text((*attributes).ObjectName) }) else {
         return STATUS_INVALID_PARAMETER;
     };
-    let r = &kernel().registry;
-    let key = name.to_lowercase();
-    if !crate::lock(&r.keys).contains_key(&key) {
+    let Some(handle) = kernel().registry.open(&name) else {
         return STATUS_OBJECT_NAME_NOT_FOUND;
-    }
-    let mut handles = crate::lock(&r.handles);
-    let handle = HANDLE_BASE + handles.len() * 4 + 4;
-    handles.insert(handle, key);
+    };
     // SAFETY: the driver's out pointer.
     unsafe { *out = handle as HANDLE };
     STATUS_SUCCESS
@@ -104,13 +57,13 @@ unsafe extern "win64" fn ZwQueryValueKey(
     result_length: *mut u32,
 ) -> NTSTATUS {
     let r = &kernel().registry;
-    let Some(path) = r.key_of(key) else { return STATUS_INVALID_HANDLE };
+    let Some(path) = r.key_of(key as usize) else { return STATUS_INVALID_HANDLE };
     // SAFETY: the driver's value name.
     let Some(value) = (unsafe { text(name) }) else { return STATUS_INVALID_PARAMETER };
     if class != KEY_VALUE_PARTIAL_INFORMATION_CLASS || result_length.is_null() {
         return STATUS_INVALID_PARAMETER;
     }
-    let Some((kind, data)) = crate::lock(&r.keys).get(&path).and_then(|k| k.get(&value.to_lowercase())).cloned() else {
+    let Some((kind, data)) = r.value(&path, &value) else {
         return STATUS_OBJECT_NAME_NOT_FOUND;
     };
     let needed = PARTIAL_HEADER + data.len();
@@ -144,7 +97,7 @@ unsafe extern "win64" fn ZwSetValueKey(
     size: u32,
 ) -> NTSTATUS {
     let r = &kernel().registry;
-    let Some(path) = r.key_of(key) else { return STATUS_INVALID_HANDLE };
+    let Some(path) = r.key_of(key as usize) else { return STATUS_INVALID_HANDLE };
     // SAFETY: the driver's value name.
     let Some(value) = (unsafe { text(name) }) else { return STATUS_INVALID_PARAMETER };
     let bytes = if size == 0 {
@@ -158,9 +111,10 @@ unsafe extern "win64" fn ZwSetValueKey(
 }
 
 unsafe extern "win64" fn ZwClose(handle: HANDLE) -> NTSTATUS {
-    match crate::lock(&kernel().registry.handles).remove(&(handle as usize)) {
-        Some(_) => STATUS_SUCCESS,
-        None => STATUS_INVALID_HANDLE,
+    if kernel().registry.close(handle as usize) {
+        STATUS_SUCCESS
+    } else {
+        STATUS_INVALID_HANDLE
     }
 }
 
