@@ -13,7 +13,7 @@ use crate::io_manager::IoManager;
 use crate::lock_table::LockObjects;
 use crate::memory_thunks::MdlTable;
 use crate::registry_table::Registry;
-use crate::remove_lock_thunks::RemoveLocks;
+use crate::remove_lock_table::RemoveLocks;
 
 pub struct LoaderKernel {
     pub model: Arc<NtModel>,

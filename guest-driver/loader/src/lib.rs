@@ -23,6 +23,7 @@ pub mod pe_image;
 pub mod pnp_life;
 pub mod registry_table;
 pub mod registry_thunks;
+pub mod remove_lock_table;
 pub mod remove_lock_thunks;
 pub mod start_resources;
 pub mod unbound_import_trap;
