@@ -5,6 +5,7 @@
 //! so the model's own checks see an address it does not know and say so.
 
 use std::collections::BTreeMap;
+use std::ffi::c_void;
 use std::sync::Mutex;
 
 use vhca_ntapi::PVOID;
@@ -35,6 +36,11 @@ impl AddressSpace {
             Some((base, view)) if ((host - base) as u64) < view.bytes => PVOID(view.model_base + (host - base) as u64),
             _ => PVOID(host as u64),
         }
+    }
+
+    /// The model address a pointer the driver passes stands for (MDL current VAs, common buffer addresses).
+    pub fn model_va(&self, host: *const c_void) -> PVOID {
+        self.to_model(host as usize)
     }
 
     /// The region at `host` was freed: its process address may be reused for another.

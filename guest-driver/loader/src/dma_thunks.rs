@@ -23,7 +23,6 @@ use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_
 
 use crate::driver_stack::{at_driver_site, site_entry};
 use crate::kernel_context::kernel;
-use crate::memory_thunks::model_va;
 
 /// DRIVER_CONTROL and DRIVER_LIST_CONTROL as the driver compiled them.
 type DriverControl = unsafe extern "win64" fn(*mut c_void, *mut c_void, *mut c_void, *mut c_void) -> i32;
@@ -177,7 +176,7 @@ unsafe extern "win64" fn FreeCommonBuffer(
         adapter_of(adapter),
         length,
         PHYSICAL_ADDRESS(logical as u64),
-        model_va(va),
+        k.addresses.model_va(va),
         cache_enabled != 0,
     );
     k.addresses.forget(va as usize);
@@ -224,7 +223,7 @@ unsafe extern "win64" fn FlushAdapterBuffers(
         adapter_of(adapter),
         mdl_of(mdl),
         MAP_REGISTER_BASE(base as u64),
-        model_va(current_va),
+        k.addresses.model_va(current_va),
         length,
         write_to_device != 0,
     ) as u8
@@ -256,7 +255,7 @@ unsafe extern "win64" fn MapTransfer(
         adapter_of(adapter),
         mdl_of(mdl),
         MAP_REGISTER_BASE(base as u64),
-        model_va(current_va),
+        k.addresses.model_va(current_va),
         length,
         write_to_device != 0,
     ) {
@@ -320,7 +319,7 @@ unsafe extern "win64" fn GetScatterGatherList(
             adapter_of(adapter),
             PDEVICE_OBJECT(device as u64),
             mdl_of(mdl),
-            model_va(current_va),
+            k.addresses.model_va(current_va),
             length,
             list_control,
             write_to_device != 0,

@@ -11,7 +11,7 @@ use crate::address_space::AddressSpace;
 use crate::dma_thunks::DmaObjects;
 use crate::io_manager::IoManager;
 use crate::lock_table::LockObjects;
-use crate::memory_thunks::MdlTable;
+use crate::mdl_table::MdlTable;
 use crate::registry_table::Registry;
 use crate::remove_lock_table::RemoveLocks;
 

@@ -17,6 +17,7 @@ pub mod load_error;
 mod loaded_images;
 pub mod lock_table;
 pub mod lock_thunks;
+pub mod mdl_table;
 pub mod memory_thunks;
 pub mod nt_thunks;
 pub mod pe_image;

@@ -1,16 +1,14 @@
 //! Pool, physically contiguous memory and MDLs for a driver binary: the NT model allocates and checks (pool
 //! tracking, IRQL, the verifier's MDL rules) and the driver gets process addresses of the same pages
 //! (`address_space`). MDLs are Windows-layout MDLs (windows-sys's MDL plus its PFN array) the driver may read
-//! directly, as wdm.h's MmGetMdlVirtualAddress and MmGetMdlByteCount do, each tied to the model's MDL.
+//! directly, as wdm.h's MmGetMdlVirtualAddress and MmGetMdlByteCount do, each tied to the model's MDL (`mdl_table`).
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement, as the driver imports them.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
 
 use vhca_ntapi::{
-    NtKernel, MDL_SOURCE_IS_NONPAGED_POOL, MEMORY_CACHING_TYPE, PAGE_SIZE, PHYSICAL_ADDRESS, PMDL, POOL_TYPE, PVOID,
+    NtKernel, MDL_SOURCE_IS_NONPAGED_POOL, MEMORY_CACHING_TYPE, PAGE_SIZE, PHYSICAL_ADDRESS, PMDL, POOL_TYPE,
 };
 use windows_sys::Wdk::Foundation::MDL;
 
@@ -82,19 +80,6 @@ unsafe extern "win64" fn MmFreeContiguousMemory(base: *mut c_void) {
     k.addresses.forget(base as usize);
 }
 
-/// Windows-layout MDLs and the model's MDL behind each, with the block's size for freeing.
-#[derive(Default)]
-pub struct MdlTable {
-    mdls: Mutex<HashMap<usize, (PMDL, usize)>>,
-}
-
-impl MdlTable {
-    /// The model's MDL behind the driver's; an MDL the loader never made goes to the model as is (it refuses it).
-    pub fn model_mdl(&self, mdl: *const MDL) -> PMDL {
-        crate::lock(&self.mdls).get(&(mdl as usize)).map_or(PMDL(mdl as u64), |(m, _)| *m)
-    }
-}
-
 /// IoAllocateMdl(VirtualAddress, Length, SecondaryBuffer, ChargeQuota, Irp): an MDL for `length` bytes at `va`,
 /// its PFN array room for every page spanned, as Windows sizes it (MmSizeOfMdl).
 unsafe extern "win64" fn IoAllocateMdl(
@@ -127,13 +112,13 @@ unsafe extern "win64" fn IoAllocateMdl(
         (*mdl).ByteOffset = offset as u32;
         (*mdl).ByteCount = length;
     }
-    crate::lock(&k.mdls.mdls).insert(mdl as usize, (model_mdl, bytes));
+    k.mdls.insert(mdl, model_mdl, bytes);
     mdl
 }
 
 unsafe extern "win64" fn IoFreeMdl(mdl: *mut MDL) {
     let k = kernel();
-    let Some((model_mdl, bytes)) = crate::lock(&k.mdls.mdls).remove(&(mdl as usize)) else {
+    let Some((model_mdl, bytes)) = k.mdls.remove(mdl) else {
         // Not an MDL of this kernel: the model sees the address and says what Windows would.
         k.model.IoFreeMdl(PMDL(mdl as u64));
         return;
@@ -261,11 +246,6 @@ unsafe fn fill_pfns(mdl: *mut MDL) {
             *pfns.add(i) = ((*mdl).StartVa as u64 / PAGE_SIZE) + i as u64;
         }
     }
-}
-
-/// The model address `va` stands for (MDL current VAs, common buffer addresses).
-pub fn model_va(host: *const c_void) -> PVOID {
-    kernel().addresses.to_model(host as usize)
 }
 
 pub fn memory_thunks() -> [(&'static str, usize); 11] {
