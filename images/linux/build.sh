@@ -72,7 +72,7 @@ modules_tag() { printf '%s\n' "${vfio_modules[@]}" | cksum | cut -d' ' -f1; }
 kernel_tree() {
   local pkg=$1 ver=$2 cache=$3 dir="$3/kernel/${2//:/_}-$1-m$(modules_tag)"
   if [ -f "$dir/.done" ]; then echo "$dir"; return 0; fi
-  local deb tmp kver mods root listing usr=""
+  local deb tmp kver root listing usr=""
   deb=$(fetch_deb "$pkg" "$ver" "$cache/debs")
   tmp=$(mktemp -d "$cache/kernel/.extract.XXXXXX")
   cleanup+=("$tmp")
