@@ -2,16 +2,16 @@
 //! `extern "win64"` routines over the NT model's adapter, so map registers, double-buffered S/G lists under DMA
 //! checking and every 0xE6 rule are the native build's. The driver's AdapterControl and AdapterListControl routines
 //! are called back from the model's queue at DISPATCH_LEVEL, the list in Windows' SCATTER_GATHER_LIST layout.
+//! Which model object stands behind each Windows one is `dma_table`'s.
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::{offset_of, size_of};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use vhca_ntapi::{
-    NtKernel, DEVICE_DESCRIPTION, HANDLE, INTERFACE_TYPE, IO_ALLOCATION_ACTION, MAP_REGISTER_BASE, PDEVICE_OBJECT,
+    NtKernel, DEVICE_DESCRIPTION, INTERFACE_TYPE, IO_ALLOCATION_ACTION, MAP_REGISTER_BASE, PDEVICE_OBJECT,
     PDMA_ADAPTER, PHYSICAL_ADDRESS, PSCATTER_GATHER_LIST, SCATTER_GATHER_LIST,
 };
 use windows_sys::Wdk::Foundation::MDL;
@@ -28,19 +28,8 @@ use crate::kernel_context::kernel;
 type DriverControl = unsafe extern "win64" fn(*mut c_void, *mut c_void, *mut c_void, *mut c_void) -> i32;
 type DriverListControl = unsafe extern "win64" fn(*mut c_void, *mut c_void, *mut WDK_SG_LIST, *mut c_void);
 
-/// What the loader keeps per adapter, list and MDL-made common buffer.
-#[derive(Default)]
-pub struct DmaObjects {
-    /// Windows DMA_ADAPTER -> the model's adapter.
-    adapters: Mutex<HashMap<usize, PDMA_ADAPTER>>,
-    /// Windows SCATTER_GATHER_LIST -> (the model's list handle, the block's size).
-    lists: Mutex<HashMap<usize, (PSCATTER_GATHER_LIST, usize)>>,
-    /// (adapter, process address) of a common buffer made from an MDL -> the model's IoMapCommonBuffer handle.
-    mdl_buffers: Mutex<HashMap<(usize, usize), HANDLE>>,
-}
-
 fn adapter_of(adapter: *mut DMA_ADAPTER) -> PDMA_ADAPTER {
-    crate::lock(&kernel().dma.adapters).get(&(adapter as usize)).copied().unwrap_or(PDMA_ADAPTER(adapter as u64))
+    kernel().dma.model_adapter(adapter)
 }
 
 fn mdl_of(mdl: *const MDL) -> vhca_ntapi::PMDL {
@@ -81,7 +70,7 @@ unsafe extern "win64" fn IoGetDmaAdapter(
         Size: size_of::<DMA_ADAPTER>() as u16,
         DmaOperations: operations(),
     }));
-    crate::lock(&k.dma.adapters).insert(adapter as usize, model);
+    k.dma.insert_adapter(adapter, model);
     adapter
 }
 
@@ -167,7 +156,7 @@ unsafe extern "win64" fn FreeCommonBuffer(
     cache_enabled: u8,
 ) {
     let k = kernel();
-    if let Some(handle) = crate::lock(&k.dma.mdl_buffers).remove(&(adapter as usize, va as usize)) {
+    if let Some(handle) = k.dma.remove_mdl_buffer(adapter, va as usize) {
         // A common buffer CreateCommonBufferFromMdl made: the model's IoUnmapCommonBuffer ends it.
         k.model.IoUnmapCommonBuffer(adapter_of(adapter), handle);
         return;
@@ -301,7 +290,7 @@ unsafe extern "win64" fn GetScatterGatherList(
     let (device_address, context) = (device as usize, context as usize);
     let list_control = Box::new(move |_device: PDEVICE_OBJECT, list: &SCATTER_GATHER_LIST| {
         let (raw, bytes) = windows_list(list);
-        crate::lock(&kernel().dma.lists).insert(raw as usize, (list.Handle, bytes));
+        kernel().dma.insert_list(raw, list.Handle, bytes);
         // SAFETY: the driver's DRIVER_LIST_CONTROL with its context, at DISPATCH_LEVEL as Windows calls it; the
         // list is the driver's until it gives it to PutScatterGatherList.
         unsafe {
@@ -330,8 +319,7 @@ unsafe extern "win64" fn GetScatterGatherList(
 
 unsafe extern "win64" fn PutScatterGatherList(adapter: *mut DMA_ADAPTER, list: *mut WDK_SG_LIST, write_to_device: u8) {
     let k = kernel();
-    let entry = crate::lock(&k.dma.lists).remove(&(list as usize));
-    let Some((handle, bytes)) = entry else {
+    let Some((handle, bytes)) = k.dma.remove_list(list) else {
         // Not a list this adapter delivered (or put twice): the model judges the handle it is given.
         k.model.PutScatterGatherList(adapter_of(adapter), PSCATTER_GATHER_LIST(list as u64), write_to_device != 0);
         return;
@@ -368,7 +356,7 @@ unsafe extern "win64" fn CreateCommonBufferFromMdl(
     }
     match k.model.IoMapCommonBuffer(adapter_of(adapter), mdl_of(mdl), length, true) {
         Ok((handle, list)) => {
-            crate::lock(&k.dma.mdl_buffers).insert((adapter as usize, va), handle);
+            k.dma.insert_mdl_buffer(adapter, va, handle);
             // SAFETY: the driver's out parameter.
             unsafe { *logical = list.Elements.first().map_or(0, |e| e.Address.0 as i64) };
             STATUS_SUCCESS

@@ -8,7 +8,7 @@ use vhca_ntapi::NtKernel;
 use vhca_ntmodel::NtModel;
 
 use crate::address_space::AddressSpace;
-use crate::dma_thunks::DmaObjects;
+use crate::dma_table::DmaObjects;
 use crate::io_manager::IoManager;
 use crate::lock_table::LockObjects;
 use crate::mdl_table::MdlTable;
