@@ -63,7 +63,7 @@ impl GuestHome {
 impl WarmGuest {
     /// Spawns QEMU for the snapshot's machine in a fresh work dir and loads the state on a helper thread.
     pub fn start(snapshot: &Snapshot) -> std::io::Result<WarmGuest> {
-        let work = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
+        let work = crate::leftovers::work_dir("vhca-run-")?;
         let claim = crate::leftovers::claim(work.path())?;
         let files = RunFiles { dir: work.path().to_path_buf() };
         let config = plan_restore(&snapshot.machine, &files.dir);

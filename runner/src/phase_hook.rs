@@ -1,7 +1,7 @@
 //! Named points of a run where something outside the normal path can step in. The platform-fault tests pause the
 //! runner at one (test-only, through `PAUSE_AT_ENV`/`PAUSE_DIR_ENV`) to kill QEMU or the device in a window they could
-//! not hit from outside, e.g. while QEMU loads the snapshot; the soak kills a child mid-run through `set`. With neither,
-//! a point costs one initialised `OnceLock` read and one atomic load.
+//! not hit from outside, e.g. while QEMU loads the snapshot or between a work dir's claim and its removal; the soak kills
+//! a child mid-run through `set`. With neither, a point costs one initialised `OnceLock` read and one atomic load.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,9 +29,27 @@ pub enum Phase {
     HotPlug,
     /// The guest of a run wrote its first console output: QEMU and the device both run.
     MidRun,
+    /// A work dir was made and has no owner file yet (`leftovers`): only its name says whose it is.
+    WorkDirMade,
+    /// A work dir's claim is about to be released: its owner file is there and locked (e.g. a run's children are
+    /// reaped and its evidence gathered).
+    ClaimReleasing,
+    /// A work dir's owner file is gone and the dir is still there (e.g. its files are being stored as artifacts).
+    ClaimReleased,
+    /// A run's artifacts are stored and its work dir is removed next.
+    WorkDirRemoval,
 }
 
-const PHASES: [Phase; 4] = [Phase::SnapshotChecked, Phase::Load, Phase::HotPlug, Phase::MidRun];
+const PHASES: [Phase; 8] = [
+    Phase::SnapshotChecked,
+    Phase::Load,
+    Phase::HotPlug,
+    Phase::MidRun,
+    Phase::WorkDirMade,
+    Phase::ClaimReleasing,
+    Phase::ClaimReleased,
+    Phase::WorkDirRemoval,
+];
 
 impl Phase {
     pub fn name(self) -> &'static str {
@@ -40,6 +58,10 @@ impl Phase {
             Phase::Load => "load",
             Phase::HotPlug => "hot-plug",
             Phase::MidRun => "mid-run",
+            Phase::WorkDirMade => "work-dir-made",
+            Phase::ClaimReleasing => "claim-releasing",
+            Phase::ClaimReleased => "claim-released",
+            Phase::WorkDirRemoval => "work-dir-removal",
         }
     }
 

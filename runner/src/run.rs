@@ -120,7 +120,7 @@ fn attempt(
         Some(s) => Some(next_guest::take(s)?),
         None => None,
     };
-    let temp = tempfile::Builder::new().prefix("vhca-run-").tempdir()?;
+    let temp = crate::leftovers::work_dir("vhca-run-")?;
     let _claim = crate::leftovers::claim(temp.path())?;
     let files = RunFiles { dir: temp.path().to_path_buf() };
     let (device_cfg, cold_cfg) = plan(ctx, run, &files.dir);
@@ -229,7 +229,7 @@ fn attempt(
         run_boot::keep_disk_if_crashed(&files.dir, watched.crash_mark.is_some());
     }
     let evidence = evidence::gather(run, &files, watched, ctx.gdb.is_some() || ctx.paused)?;
-    let work = if ctx.keep { WorkDir::Kept(temp.keep()) } else { WorkDir::Temp(temp) };
+    let work = if ctx.keep { WorkDir::Kept(crate::leftovers::keep(temp)?) } else { WorkDir::Temp(temp) };
     let path = if snapshot.is_some() { BootPath::Snapshot } else { BootPath::Cold };
     Ok(Attempt::Done(Box::new(RunRecord { evidence, seconds, path, notes: Vec::new(), work })))
 }

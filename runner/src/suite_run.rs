@@ -14,6 +14,7 @@ use vhca_suite::{
 
 use crate::artifacts;
 use crate::finished_runs;
+use crate::phase_hook::{self, Phase, Pids};
 use crate::next_guest;
 use crate::run::{execute, RunError, RunRecord};
 use crate::run_context::RunContext;
@@ -194,5 +195,7 @@ fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: R
         report.notes.push(format!("work dir kept: {}", dir.display()));
     }
     report.set_reproducer(&opts.program, opts.suite_file.as_deref());
+    // The record goes when this returns, and with it the work dir.
+    phase_hook::at(Phase::WorkDirRemoval, Pids::default());
     report
 }
