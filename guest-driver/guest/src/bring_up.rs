@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::cmdline::{Options, PciId};
 use crate::driver_run::{self, DriverRun};
+use crate::queue_interrupts::QueueInterrupts;
 use crate::report::{progress, ConfigView, QueryDeviceView, Report};
 use crate::vfio_command_transport::{command_queue, report_command_buffers, CommandQueue, VfioCommandTransport};
 use crate::vfio_dma::{DmaMapper, DmaRegion, PAGE_SIZE};
@@ -132,10 +133,16 @@ pub fn run(
     if target_device == TargetDevice::Vhca {
         ensure!(num_queues >= NUM_QUEUES, "device has {num_queues} queues, vhca needs {NUM_QUEUES}");
     }
+    let queue_count = num_queues.min(MAX_QUEUES);
+    let mut interrupts =
+        QueueInterrupts::for_run(options.completion, &session.device, &transport, queue_count, report)?;
     // Every queue the device has is set up: QEMU pre-sends an IOTLB update for each used ring at DRIVER_OK.
     let mut queues = Vec::new();
-    for index in 0..num_queues.min(MAX_QUEUES) {
-        let (queue, notifier) = setup_queue(&transport, &mapper, index)?;
+    for index in 0..queue_count {
+        let (mut queue, notifier) = setup_queue(&transport, &mapper, index)?;
+        if let Some(interrupts) = interrupts.as_mut() {
+            interrupts.attach(index, &mut queue);
+        }
         report.iovas.rings.push(queue.ring_iovas());
         queues.push(Some((queue, notifier)));
     }
@@ -175,6 +182,7 @@ pub fn run(
     drop(commands);
     drop(driver);
     drop(queues);
+    report.interrupts = interrupts.map(QueueInterrupts::finish);
     report.kernel_log = kmsg::iommu_lines(32);
     let deadline = Instant::now() + FAULT_REPORT_WAIT;
     let own = Some(device.address.as_str());

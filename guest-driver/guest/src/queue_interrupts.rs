@@ -42,7 +42,7 @@ impl<'d> QueueInterrupts<'d> {
         queues: u16,
         report: &mut Report,
     ) -> anyhow::Result<Option<QueueInterrupts<'d>>> {
-        report.completion = completion.name();
+        report.completion = Some(completion.name());
         match completion {
             Completion::Poll => Ok(None),
             Completion::Interrupt => QueueInterrupts::enable(device, transport, queues).map(Some),

@@ -142,8 +142,8 @@ pub struct Report {
     pub mmio: Option<&'static str>,
     pub features: Option<String>,
     pub num_queues: Option<u16>,
-    /// How completions were waited for: "poll" or "interrupt" (`vhca.completion`).
-    pub completion: &'static str,
+    /// How the native driver's queues waited for completions: "poll" or "interrupt" (`vhca.completion`).
+    pub completion: Option<&'static str>,
     /// With interrupts, their routing and counts; null when the run polled (no vector was enabled).
     pub interrupts: Option<InterruptsView>,
     pub query_device: Option<QueryDeviceView>,
@@ -212,7 +212,7 @@ mod tests {
             waiting_queues: vec![0],
             per_vector: vec![3],
         };
-        let report = Report { completion: "interrupt", interrupts: Some(interrupts), ..Report::default() };
+        let report = Report { completion: Some("interrupt"), interrupts: Some(interrupts), ..Report::default() };
         let json: serde_json::Value = serde_json::from_str(report.line().strip_prefix(RESULT_PREFIX).unwrap()).unwrap();
         assert_eq!(json["completion"], "interrupt");
         assert_eq!(json["interrupts"]["per_vector"], serde_json::json!([3]));

@@ -21,7 +21,8 @@ pub struct EntropyRead {
 }
 
 /// Reads entropy into a zeroed DMA buffer; fails unless the device wrote the full 64 bytes and they are not all
-/// zero (the buffer starts zeroed, so all-zero means the DMA never landed).
+/// zero (the buffer starts zeroed, so all-zero means the DMA never landed). The completion is waited for as the queue
+/// was set up: polling, or until its MSI-X message (`vhca.completion=interrupt`, `SplitQueue::wait_by_interrupt`).
 pub fn read_entropy(
     queue: &mut SplitQueue<DmaRegion>,
     notifier: &QueueNotifier,
