@@ -130,8 +130,11 @@ timed() {
   local name=$1 cmd=$2 start rc
   start=$(date +%s)
   log "$name: start"
+  # In the background, waited for: bash runs a trap only once the foreground command ends, and an interrupted or
+  # timed-out check must clean up now, not after the command inside has finished.
   set +e
-  inside "$cmd"
+  inside "$cmd" &
+  wait $!
   rc=$?
   set -e
   log "$name: exit $rc in $(($(date +%s) - start)) s"
