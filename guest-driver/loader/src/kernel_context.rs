@@ -1,13 +1,15 @@
-//! The one kernel a loaded driver runs on, reachable from the `extern "win64"` thunks (which get no context
-//! argument from the driver): the NT model with its verifier, the I/O manager, the address translation between
-//! the two, the driver's MDLs, adapters and registry, and its debug output. Set once per process, as a machine has one kernel.
+//! The one kernel a loaded driver runs on, reachable from the `extern "win64"` thunks (which get no context argument
+//! from the driver): the NT model and its verifier, the I/O manager, each thunk family's table. One per process.
+//! The arrows run one way: thunk files -> this context -> the tables (`*_table`, `address_space`, `io_manager`,
+//! `debug_log`), which import neither; a new family adds its table here and keeps its thunks in a file of its own.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use vhca_ntapi::NtKernel;
 use vhca_ntmodel::NtModel;
 
 use crate::address_space::AddressSpace;
+use crate::debug_log::DebugLog;
 use crate::dma_table::DmaObjects;
 use crate::io_manager::IoManager;
 use crate::lock_table::LockObjects;
@@ -25,7 +27,7 @@ pub struct LoaderKernel {
     pub registry: Registry,
     pub remove_locks: RemoveLocks,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
-    pub debug_lines: Mutex<Vec<String>>,
+    pub debug_log: DebugLog,
     /// Whether the driver's own `VHCA-RESULT` lines go to stdout too; off where the caller reports the run itself
     /// (the guest program merges the driver's result into its one result line).
     pub echo_results: bool,
@@ -42,20 +44,16 @@ impl LoaderKernel {
             locks: LockObjects::default(),
             registry: Registry::default(),
             remove_locks: RemoveLocks::default(),
-            debug_lines: Mutex::new(Vec::new()),
+            debug_log: DebugLog::default(),
             echo_results: true,
         }
     }
 
     /// The driver's last `VHCA-RESULT` line, its JSON after the marker.
     pub fn result_json(&self) -> Option<String> {
-        let lines = crate::lock(&self.debug_lines);
-        lines.iter().rev().find_map(|l| l.strip_prefix(RESULT_MARK).map(|j| j.trim().to_string()))
+        self.debug_log.last_result()
     }
 }
-
-/// The marker of a result line, as the runner reads it.
-pub const RESULT_MARK: &str = "VHCA-RESULT ";
 
 static KERNEL: OnceLock<LoaderKernel> = OnceLock::new();
 

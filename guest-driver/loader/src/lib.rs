@@ -5,6 +5,7 @@
 //! (`driver_fault`).
 
 pub mod address_space;
+pub mod debug_log;
 pub mod dma_table;
 pub mod dma_thunks;
 pub mod driver_fault;

@@ -12,6 +12,7 @@ use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP, KEVENT};
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
+use crate::debug_log::RESULT_MARK;
 use crate::dma_thunks::dma_thunks;
 use crate::image_mapping::ImportResolver;
 use crate::io_manager::IoManager;
@@ -48,10 +49,10 @@ unsafe extern "win64" fn DbgPrintEx(
     let text = unsafe { format_message(CStr::from_ptr(format).to_bytes(), &[a0, a1, a2, a3, a4, a5]) };
     let k = kernel();
     for line in text.lines() {
-        if k.echo_results || !line.starts_with(crate::kernel_context::RESULT_MARK) {
+        if k.echo_results || !line.starts_with(RESULT_MARK) {
             println!("{line}");
         }
-        crate::lock(&k.debug_lines).push(line.to_string());
+        k.debug_log.push(line);
     }
     STATUS_SUCCESS
 }
