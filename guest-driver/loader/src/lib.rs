@@ -1,8 +1,9 @@
 //! vhca-loader: runs the signed Windows driver binary (vhca.sys) in a Linux process. The image is read and checked
 //! (`pe_image`), mapped with Windows' section protections and relocated (`image_mapping`), its ntoskrnl.exe/HAL.dll
-//! imports bound to `extern "win64"` thunks over the NT model and its verifier (`nt_thunks`), and driven through a
-//! WDM driver's PnP life on Windows-layout objects (`io_manager`, `pnp_life`); a fault in driver code is a bugcheck
-//! (`driver_fault`).
+//! imports bound to `extern "win64"` thunks over the NT model and its verifier (`nt_thunks` and one `*_thunks` file
+//! per family, each reaching `kernel_context` and through it its family's `*_table`), and driven through a WDM
+//! driver's PnP life on Windows-layout objects (`io_manager`, `irp_dispatch`, `pnp_life`); a fault in driver code is
+//! a bugcheck (`driver_fault`).
 
 pub mod address_space;
 pub mod debug_log;

@@ -1,6 +1,6 @@
 //! The ntoskrnl.exe / HAL.dll routines a loaded driver may import, as `extern "win64"` functions over the NT model
-//! (IRQL, bugchecks) and the I/O manager, and the table that binds import names to them. A routine not in
-//! `thunks()` is one the model does not implement: the load is refused naming it.
+//! (IRQL, bugchecks) and the I/O manager, and `NtThunks`, which binds import names to these and every family's.
+//! An import none binds is one the model does not implement: the load is refused naming it.
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement, as the driver imports them.
 
 use std::ffi::{c_char, c_void, CStr};
@@ -434,7 +434,8 @@ pub fn thunks() -> [(&'static str, &'static str, usize); 29] {
     ]
 }
 
-/// Binds imports to `THUNKS`.
+/// Binds each import to its thunk: this file's `thunks()`, then each family file's list (all ntoskrnl.exe's). A new
+/// family's list is chained in here.
 pub struct NtThunks;
 
 impl ImportResolver for NtThunks {
