@@ -60,9 +60,10 @@ impl Facts {
     }
 }
 
-/// A file's text before its unit tests: a thread a test names is no thread of the running program.
+/// A file's text before its unit tests (`#[cfg(test)]` over a `mod`): a thread a test names is no thread of the
+/// running program.
 fn code_part(text: &str) -> &str {
-    text.find("#[cfg(test)]").map_or(text, |i| &text[..i])
+    text.find("#[cfg(test)]\nmod ").map_or(text, |i| &text[..i])
 }
 
 /// Every `thread::Builder::new().name("…")` under the thread sources; a name passed in (`.name(thread_name)`) is
@@ -77,26 +78,24 @@ fn named_threads(root: &Path, tree: &Tree) -> Result<(Vec<NamedThread>, Vec<Prob
     }
     let mut threads = Vec::new();
     let mut problems = Vec::new();
-    const SPAWN: &str = "thread::Builder::new().name(";
     for (path, text) in &files {
-        for (i, line) in text.lines().enumerate() {
-            let Some(at) = line.find(SPAWN) else { continue };
-            let arg = &line[at + SPAWN.len()..];
+        for (at, arg) in spawns(text) {
+            let line = line_of(text, at);
             if let Some(name) = string_literal(arg) {
-                threads.push(NamedThread { name, at: format!("{path}:{}", i + 1) });
+                threads.push(NamedThread { name, at: format!("{path}:{line}") });
                 continue;
             }
-            let function = text.lines().take(i + 1).collect::<Vec<_>>().into_iter().rev().find_map(function_name);
+            let function = text[..at].lines().rev().find_map(function_name);
             let stem = path.rsplit('/').next().unwrap_or(path).trim_end_matches(".rs");
             let callers: Vec<NamedThread> = match function {
                 Some(f) => {
                     let call = format!("{stem}::{f}(");
                     files
                         .iter()
-                        .flat_map(|(p, t)| t.lines().enumerate().map(move |(j, l)| (p, j, l)))
-                        .filter_map(|(p, j, l)| {
-                            let name = string_literal(&l[l.find(&call)? + call.len()..])?;
-                            Some(NamedThread { name, at: format!("{p}:{}", j + 1) })
+                        .flat_map(|(p, t)| t.match_indices(&call).map(move |(i, _)| (p, t, i)))
+                        .filter_map(|(p, t, i)| {
+                            let name = string_literal(&t[i + call.len()..])?;
+                            Some(NamedThread { name, at: format!("{p}:{}", line_of(t, i)) })
                         })
                         .collect()
                 }
@@ -105,7 +104,7 @@ fn named_threads(root: &Path, tree: &Tree) -> Result<(Vec<NamedThread>, Vec<Prob
             if callers.is_empty() {
                 problems.push(Problem {
                     doc: path.clone(),
-                    line: i + 1,
+                    line,
                     claim: "a thread named by an expression".into(),
                     why: "neither a string literal nor a function whose callers pass one: the docs check cannot \
                           read its name for the thread diagram"
@@ -116,6 +115,22 @@ fn named_threads(root: &Path, tree: &Tree) -> Result<(Vec<NamedThread>, Vec<Prob
         }
     }
     Ok((threads, problems))
+}
+
+/// Each `thread::Builder::new().name(ARG` in `text`, however rustfmt broke it over lines: the offset of the match and
+/// the text from ARG on.
+fn spawns(text: &str) -> Vec<(usize, &str)> {
+    text.match_indices("thread::Builder::new()")
+        .filter_map(|(at, m)| {
+            let rest = text[at + m.len()..].trim_start().strip_prefix(".name(")?;
+            Some((at, rest))
+        })
+        .collect()
+}
+
+/// The 1-based line of byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    1 + text[..offset].matches('\n').count()
 }
 
 /// `"name".into())` → `name`.
@@ -305,6 +320,14 @@ mod tests {
     fn a_dated_sentence_is_a_record() {
         assert!(has_date(context("Today: 9 runs on 2026-11-30. Now 51 concrete runs.", 7, false)));
         assert!(!has_date(context("Today: 9 runs on 2026-11-30. Now 51 concrete runs.", 35, false)));
+    }
+
+    #[test]
+    fn a_spawn_is_found_however_it_is_wrapped() {
+        let text = "fn a() {\n    std::thread::Builder::new()\n        .name(\n            \"long-name\".into(),\n        )\n}\n";
+        let found: Vec<(usize, Option<String>)> =
+            spawns(text).into_iter().map(|(at, arg)| (line_of(text, at), string_literal(arg))).collect();
+        assert_eq!(found, [(2, Some("long-name".to_string()))]);
     }
 
     #[test]
