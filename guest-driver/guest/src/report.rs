@@ -6,10 +6,17 @@ use std::io::Write;
 use serde::Serialize;
 use vhca_proto::{DeviceConfig, QueryDeviceResp, CONFIG_MAGIC};
 
-use crate::rng::EntropyRead;
-
 pub const RESULT_PREFIX: &str = "VHCA-RESULT ";
 pub const PROGRESS_PREFIX: &str = "vhca-guest: ";
+
+/// What one entropy request to the rng target device brought back (`rng::read_entropy`): a part of the result line,
+/// so it lives here and the rng module fills it in.
+#[derive(Debug, Clone, Serialize)]
+pub struct EntropyRead {
+    pub iova: u64,
+    pub used_len: u32,
+    pub bytes_hex: String,
+}
 
 /// A human progress line; stdout is the console (ttyS0) when this runs as the initramfs' init.
 pub fn progress(message: impl std::fmt::Display) {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::report::EntropyRead;
 use crate::vfio::DmaAccess;
 use crate::vfio_dma::DmaRegion;
 use crate::vfio_dma::{DmaMapper, DmaMemory};
@@ -11,14 +12,6 @@ use crate::virtio_pci::QueueNotifier;
 use crate::virtqueue::{Buffer, SplitQueue};
 
 pub const ENTROPY_BYTES: usize = 64;
-
-/// What one entropy request brought back.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct EntropyRead {
-    pub iova: u64,
-    pub used_len: u32,
-    pub bytes_hex: String,
-}
 
 /// Reads entropy into a zeroed DMA buffer; fails unless the device wrote the full 64 bytes and they are not all
 /// zero (the buffer starts zeroed, so all-zero means the DMA never landed). The completion is waited for as the queue
