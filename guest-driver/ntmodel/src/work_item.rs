@@ -33,6 +33,7 @@ struct Pool {
     items: HashMap<u64, WorkItem>,
     jobs: VecDeque<Job>,
     workers: usize,
+    /// Workers waiting for a job.
     idle: usize,
     /// Workers inside a routine now.
     running: HashSet<ThreadId>,
@@ -138,7 +139,9 @@ impl NtModel {
         w.routine_address = routine_address;
         let device = w.device;
         pool.jobs.push_back(Job { item: item.0, device, routine });
-        if pool.idle == 0 && pool.workers < MAX_WORKERS {
+        // More jobs waiting than workers waiting for them: one more worker (one starting may be counted twice,
+        // never none).
+        if pool.jobs.len() > pool.idle && pool.workers < MAX_WORKERS {
             pool.workers += 1;
             let shared = Arc::clone(shared);
             std::thread::Builder::new()
