@@ -1,6 +1,5 @@
-//! Moving IRPs through a device stack, as IofCallDriver, IofCompleteRequest and IoForwardIrpSynchronously do: down
-//! to each driver's dispatch routine (the bus driver's at the PDO), back up through the completion routines.
-//! Apart from `io_manager`'s objects, which the kernel context holds, because sending an IRP can stop the machine.
+//! Moving IRPs (IofCallDriver, IofCompleteRequest, IoForwardIrpSynchronously): down to each driver's dispatch routine
+//! or the bus driver, back up through the completion routines; apart from `io_manager`'s objects, as it can bugcheck.
 
 use std::ffi::c_void;
 

@@ -1,6 +1,5 @@
-//! The images a stack walk may unwind through, by address range, with what the walk reads from them (sections,
-//! .pdata): Windows keeps the same list for RtlLookupFunctionEntry. A table of its own so the mapping (which must
-//! remove its image before it unmaps) and the walk (which reads the images) both use it without knowing each other.
+//! The images a stack walk may unwind through (sections, .pdata), as Windows' list for RtlLookupFunctionEntry: a
+//! table of its own, so the mapping (which leaves it before unmapping) and the walk (which reads it) need not meet.
 
 use std::sync::RwLock;
 
