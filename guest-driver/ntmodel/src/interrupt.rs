@@ -119,6 +119,10 @@ impl NtModel {
         };
         let service_address = self.new_routine_address();
         let mut st = lock(&self.interrupts.state);
+        // Another thread may have connected the device since the look above.
+        if st.connections.contains_key(&device) {
+            return Err(STATUS_INVALID_DEVICE_REQUEST);
+        }
         for object in &objects {
             st.by_object.insert(*object, device);
         }

@@ -120,7 +120,7 @@ fn message_isr_runs_at_the_unified_irql_and_its_dpc_runs_after_it_at_dispatch() 
     let INTERRUPT_CONNECTION::MessageBased(info) = &connection else { panic!("message-based expected") };
     assert_eq!(connection.Version(), CONNECT_MESSAGE_BASED);
     assert_eq!(info.UnifiedIrql, DEVICE_DIRQL);
-    assert!(DEVICE_DIRQL > DISPATCH_LEVEL);
+    assert!(info.UnifiedIrql > DISPATCH_LEVEL);
     assert_eq!(info.MessageInfo.len(), 4);
     assert!(info.MessageInfo.iter().all(|m| m.Irql == DEVICE_DIRQL && m.Mode == KINTERRUPT_MODE::Latched));
     clean(|| assert!(k.deliver(PDO, 2)));
