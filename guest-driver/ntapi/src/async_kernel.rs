@@ -24,28 +24,6 @@ opaque_pointer!(
 pub const STATUS_TIMEOUT: NTSTATUS = NTSTATUS(0x0000_0102);
 pub const STATUS_NOT_FOUND: NTSTATUS = NTSTATUS(0xC000_0225_u32 as i32);
 
-/// Bug check codes of the asynchronous paths. Source: each code's page under
-/// learn.microsoft.com/windows-hardware/drivers/debugger/ (bug-check-0xc7--timer-or-dpc-invalid,
-/// bug-check-0xce--driver-unloaded-without-cancelling-pending-operations, bug-check-0xe4--worker-invalid,
-/// bug-check-0x133-dpc-watchdog-violation).
-pub const TIMER_OR_DPC_INVALID: u32 = 0xC7;
-pub const DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS: u32 = 0xCE;
-pub const WORKER_INVALID: u32 = 0xE4;
-pub const DPC_WATCHDOG_VIOLATION: u32 = 0x133;
-
-/// Windows' name of a bug check code of the asynchronous paths; None for others (`bugcheck_name` has those).
-pub fn async_bugcheck_name(code: u32) -> Option<&'static str> {
-    Some(match code {
-        TIMER_OR_DPC_INVALID => "TIMER_OR_DPC_INVALID",
-        DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS => {
-            "DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS"
-        }
-        WORKER_INVALID => "WORKER_INVALID",
-        DPC_WATCHDOG_VIOLATION => "DPC_WATCHDOG_VIOLATION",
-        _ => return None,
-    })
-}
-
 // ---- Interrupts ----
 
 /// IO_CONNECT_INTERRUPT_PARAMETERS.Version values (wdm.h).

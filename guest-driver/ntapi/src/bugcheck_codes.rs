@@ -18,6 +18,13 @@ pub const DRIVER_VERIFIER_IOMANAGER_VIOLATION: u32 = 0xC9;
 pub const DRIVER_IRQL_NOT_LESS_OR_EQUAL: u32 = 0xD1;
 pub const DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL: u32 = 0xD5;
 pub const DRIVER_VERIFIER_DMA_VIOLATION: u32 = 0xE6;
+// The asynchronous paths' codes (interrupts, DPCs, timers, work items): bug-check-0xc7--timer-or-dpc-invalid,
+// bug-check-0xce--driver-unloaded-without-cancelling-pending-operations, bug-check-0xe4--worker-invalid,
+// bug-check-0x133-dpc-watchdog-violation.
+pub const TIMER_OR_DPC_INVALID: u32 = 0xC7;
+pub const DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS: u32 = 0xCE;
+pub const WORKER_INVALID: u32 = 0xE4;
+pub const DPC_WATCHDOG_VIOLATION: u32 = 0x133;
 
 /// Windows' symbolic name of a bug check code the model raises or a driver of this kind meets; None for others.
 pub fn bugcheck_name(code: u32) -> Option<&'static str> {
@@ -37,6 +44,12 @@ pub fn bugcheck_name(code: u32) -> Option<&'static str> {
         DRIVER_IRQL_NOT_LESS_OR_EQUAL => "DRIVER_IRQL_NOT_LESS_OR_EQUAL",
         DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL => "DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL",
         DRIVER_VERIFIER_DMA_VIOLATION => "DRIVER_VERIFIER_DMA_VIOLATION",
+        TIMER_OR_DPC_INVALID => "TIMER_OR_DPC_INVALID",
+        DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS => {
+            "DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS"
+        }
+        WORKER_INVALID => "WORKER_INVALID",
+        DPC_WATCHDOG_VIOLATION => "DPC_WATCHDOG_VIOLATION",
         _ => return None,
     })
 }

@@ -3,9 +3,7 @@
 
 use std::fmt;
 
-use vhca_ntapi::{
-    async_bugcheck_name, bugcheck_name, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION,
-};
+use vhca_ntapi::{bugcheck_name, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bugcheck {
@@ -29,7 +27,7 @@ impl Bugcheck {
     }
 
     pub fn name(&self) -> &'static str {
-        bugcheck_name(self.code).or_else(|| async_bugcheck_name(self.code)).unwrap_or("UNKNOWN_BUGCHECK")
+        bugcheck_name(self.code).unwrap_or("UNKNOWN_BUGCHECK")
     }
 
     /// Parameter 1, the subcode of 0xC4 and 0xE6.
