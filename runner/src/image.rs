@@ -31,6 +31,12 @@ pub enum ImageError {
     Cache { path: String, source: io::Error },
     #[error("guest binary {path}: {source}")]
     Guest { path: String, source: io::Error },
+    #[error(
+        "guest binary {0} is dynamically linked, and the initramfs has no dynamic loader; use the static build \
+         ci/build.sh makes (RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build --release -p vhca-guest \
+         --target x86_64-unknown-linux-gnu) or pass it with --guest-bin / VHCA_GUEST_BIN"
+    )]
+    DynamicGuest(String),
     #[error(transparent)]
     Process(#[from] SuperviseError),
     #[error("images/linux/build.sh {step} failed ({status}); its log:\n{log}")]
@@ -102,6 +108,10 @@ impl CacheLock {
 pub fn ensure(cache: &Path, guest: &Path, on_build: &mut dyn FnMut(&str)) -> Result<Image, ImageError> {
     let guest_bytes =
         fs::read(guest).map_err(|source| ImageError::Guest { path: guest.display().to_string(), source })?;
+    // Refused here, where it is cheap: booted, such a guest only says "/init: exec: /bin/vhca-guest: not found".
+    if !crate::paths::is_static_elf(guest) {
+        return Err(ImageError::DynamicGuest(guest.display().to_string()));
+    }
     let scripts = tempfile::Builder::new().prefix(".scripts-").tempdir_in(cache).map_err(cache_err(cache))?;
     let build_sh = scripts.path().join("build.sh");
     write_file(&build_sh, BUILD_SH, 0o755)?;

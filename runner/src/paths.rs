@@ -27,14 +27,28 @@ pub struct Program {
     pub env: &'static str,
     /// Its directory under a cargo target dir: `release`, or `<triple>/release` for a cross build.
     built_in: &'static [&'static str],
+    /// Only a statically linked build will do (the guest program: the initramfs has no dynamic loader, and a
+    /// workspace `cargo build`/`cargo test` leaves a dynamically linked vhca-guest in `<target>/release`).
+    static_only: bool,
 }
 
 pub const DEVICE: Program =
-    Program { name: "vhca-device", flag: "--device-bin", env: "VHCA_DEVICE_BIN", built_in: &["release"] };
+    Program {
+    name: "vhca-device",
+    flag: "--device-bin",
+    env: "VHCA_DEVICE_BIN",
+    built_in: &["release"],
+    static_only: false,
+};
 /// Static, for the initramfs: built with --target, so it sits under `<target>/<triple>/release`, never next to a
 /// runner in `<target>/release`.
-pub const GUEST: Program =
-    Program { name: "vhca-guest", flag: "--guest-bin", env: "VHCA_GUEST_BIN", built_in: &[GUEST_TARGET, "release"] };
+pub const GUEST: Program = Program {
+    name: "vhca-guest",
+    flag: "--guest-bin",
+    env: "VHCA_GUEST_BIN",
+    built_in: &[GUEST_TARGET, "release"],
+    static_only: true,
+};
 
 impl Binaries {
     pub fn resolve(device_flag: Option<PathBuf>, guest_flag: Option<PathBuf>) -> Binaries {
@@ -52,7 +66,18 @@ pub fn locate(program: &Program) -> PathBuf {
         return path;
     }
     let candidates = candidates(program);
-    candidates.iter().find(|p| is_executable(p)).or(candidates.first()).cloned().unwrap_or_else(|| program.name.into())
+    let usable = |p: &&PathBuf| is_executable(p) && (!program.static_only || is_static_elf(p));
+    candidates.iter().find(usable).or(candidates.first()).cloned().unwrap_or_else(|| program.name.into())
+}
+
+/// Whether `path` is an ELF program with no interpreter (PT_INTERP), i.e. one that runs without a dynamic loader.
+pub fn is_static_elf(path: &Path) -> bool {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let Ok(data) = std::fs::read(path) else { return false };
+    let Ok(header) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) else { return false };
+    let Ok(endian) = header.endian() else { return false };
+    let Ok(segments) = header.program_headers(endian, &*data) else { return false };
+    !segments.iter().any(|segment| segment.p_type(endian) == object::elf::PT_INTERP)
 }
 
 /// Every place `locate` looks after the variable, in order.
@@ -179,4 +204,40 @@ fn home_of_user() -> Option<PathBuf> {
 /// $VHCA_SNAPSHOT_DIR, else `<cache>/snapshots`: where saved guests are kept.
 pub fn snapshot_dir() -> PathBuf {
     env_path("VHCA_SNAPSHOT_DIR").unwrap_or_else(|| cache_dir().join("snapshots"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 executable header with one program header of type `p_type`.
+    fn elf_with_segment(p_type: u32) -> Vec<u8> {
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
+        elf[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+        elf[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+        elf[20..24].copy_from_slice(&1u32.to_le_bytes());
+        elf[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        elf[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
+        elf[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        elf[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        elf[64..68].copy_from_slice(&p_type.to_le_bytes());
+        elf
+    }
+
+    #[test]
+    fn only_an_elf_without_an_interpreter_counts_as_static() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path
+        };
+        assert!(is_static_elf(&write("static", &elf_with_segment(object::elf::PT_LOAD))));
+        assert!(!is_static_elf(&write("dynamic", &elf_with_segment(object::elf::PT_INTERP))));
+        assert!(!is_static_elf(&write("script", b"#!/bin/sh\nexit 0\n")));
+        assert!(!is_static_elf(&dir.path().join("missing")));
+        // This test program is linked against the system's libc: it names its interpreter.
+        assert!(!is_static_elf(&std::env::current_exe().unwrap()));
+    }
 }
