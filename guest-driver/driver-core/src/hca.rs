@@ -8,14 +8,15 @@ use alloc::vec::Vec;
 
 use vhca_ntapi::*;
 use vhca_proto::{
-    cqe_owner, ring_pages, Cqe, CreateCqReq, CreateQpReq, Doorbell, DoorbellKind, Event, HandleReq, HandleResp,
-    ModifyQpReq, Opcode, QpState, QueryDeviceResp, RegMrReq, RegMrResp, ReqNotifyCqReq, Wqe, ACCESS_LOCAL_WRITE,
+    ring_pages, Cqe, CreateCqReq, CreateQpReq, Doorbell, DoorbellKind, Event, HandleReq, HandleResp, ModifyQpReq,
+    Opcode, QpState, QueryDeviceResp, RegMrReq, RegMrResp, ReqNotifyCqReq, Wqe, ACCESS_LOCAL_WRITE,
     ACCESS_REMOTE_WRITE, CQE_SIZE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_DEST_QPN, QP_ATTR_STATE, QP_TYPE_RC, WQE_SIZE,
 };
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 use crate::command_codec::{body, decode, encode, response_capacity};
 use crate::command_transport::CommandTransport;
+use crate::cq_reader::CqReader;
 use crate::dma_delivery::Delivery;
 use crate::error::DriverError;
 use crate::ring::{Ring, RingMemory};
@@ -80,9 +81,8 @@ struct Mr {
 }
 
 struct Cq {
-    entries: u32,
     ring: Ring,
-    consumer: u32,
+    reader: CqReader,
 }
 
 struct Qp {
@@ -230,10 +230,17 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
         let mut ring = self.ring(entries, CQE_SIZE)?;
         let req = CreateCqReq { entries: entries.into(), page_count: ring.pages().into() };
         let pages = ring.page_list();
+        let reader = match CqReader::new(&ring, entries) {
+            Ok(reader) => reader,
+            Err(e) => {
+                ring.free(&*self.kernel, self.adapter);
+                return Err(e);
+            }
+        };
         match self.command(Opcode::CreateCq, req.as_bytes(), &pages) {
             Ok(b) => {
                 let handle = body::<HandleResp>(Opcode::CreateCq, &b)?.handle.get();
-                self.cqs.insert(handle, Cq { entries, ring, consumer: 0 });
+                self.cqs.insert(handle, Cq { ring, reader });
                 Ok(handle)
             }
             Err(e) => {
@@ -264,7 +271,7 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
         let db = Doorbell {
             kind: (DoorbellKind::CqArm as u32).into(),
             handle: cq.into(),
-            index: c.consumer.into(),
+            index: c.reader.consumer().into(),
             flags: (solicited_only as u32).into(),
         };
         self.transport.ring_doorbell(db.as_bytes())?;
@@ -274,22 +281,14 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
 
     /// Takes up to `max` new completions: a CQE is new when its owner field matches this lap of the ring.
     pub fn poll_cq(&mut self, cq: u32, max: usize) -> Result<Vec<Cqe>, DriverError> {
-        let kernel = self.kernel.clone();
-        let c = self.cqs.get_mut(&cq).ok_or(DriverError::UnknownHandle(cq))?;
-        let mut out = Vec::new();
-        while out.len() < max {
-            let slot = (c.consumer % c.entries) as u64 * CQE_SIZE as u64;
-            let va = c.ring.va(slot).ok_or(DriverError::InvalidParameter("CQ slot outside its ring"))?;
-            let mut bytes = [0u8; CQE_SIZE];
-            kernel.RtlCopyFromVa(&mut bytes, va);
-            let cqe = Cqe::read_from_bytes(&bytes).map_err(|_| DriverError::InvalidParameter("CQE size"))?;
-            if cqe.owner.get() != cqe_owner(c.consumer, c.entries) {
-                break;
-            }
-            out.push(cqe);
-            c.consumer = c.consumer.wrapping_add(1);
-        }
-        Ok(out)
+        let c = self.cqs.get(&cq).ok_or(DriverError::UnknownHandle(cq))?;
+        Ok(c.reader.poll(&*self.kernel, max))
+    }
+
+    /// Another view of `cq`'s ring for the interrupt path's DPC, sharing the consumer index with poll_cq. The
+    /// holder lets go of it before destroy_cq (the completion path's `unwatch`).
+    pub fn cq_reader(&self, cq: u32) -> Option<CqReader> {
+        self.cqs.get(&cq).map(|c| c.reader.clone())
     }
 
     pub fn create_qp(

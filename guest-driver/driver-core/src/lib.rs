@@ -7,6 +7,8 @@ extern crate alloc;
 mod cl_mutex;
 mod command_codec;
 mod command_transport;
+mod completion_path;
+mod cq_reader;
 mod dma_delivery;
 mod error;
 mod hca;
@@ -14,6 +16,8 @@ mod ring;
 
 pub use cl_mutex::{ClMutex, ClMutexKind};
 pub use command_transport::{CommandTransport, CommandTransportError};
+pub use completion_path::{CompletionCallback, CompletionCounts, CompletionPath, DEFAULT_CQE_BUDGET};
+pub use cq_reader::CqReader;
 pub use error::DriverError;
 pub use hca::{Hca, HcaConfig, MrMapping, MrSource, RegisteredMr};
 pub use ring::RingMemory;

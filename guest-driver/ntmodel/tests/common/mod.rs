@@ -69,6 +69,12 @@ impl FakeDevice {
         self.state.lock().unwrap().doorbells.clone()
     }
 
+    /// Queues an asynchronous event, as the device writes one on its event queue.
+    pub fn push_event(&self, kind: EventKind, handle: u32) {
+        let event = Event { kind: (kind as u32).into(), handle: handle.into(), ..Default::default() };
+        self.state.lock().unwrap().events.push_back(event);
+    }
+
     /// DMA to a registered page list at byte `offset` of the registration; a refusal becomes an IOMMU fault.
     fn dma_write(&self, reg: &Registered, offset: u64, data: &[u8]) -> bool {
         let at = reg.first_page_offset as u64 + offset;
