@@ -107,8 +107,11 @@ impl<K: NtAsyncKernel, C: CommandTransport> Shared<K, C> {
     fn dpc(&self) {
         self.dpc_calls.fetch_add(1, Ordering::Relaxed);
         let mut left = self.budget;
+        // The events are read before the lock is taken: the transport may wait for its own lock (a command in
+        // flight on another processor), and nothing else should wait behind this spin lock meanwhile.
+        let events: Vec<Event> = core::iter::from_fn(|| self.transport.poll_event()).collect();
         let (handed, more) = self.locked(true, |g| {
-            while let Some(event) = self.transport.poll_event() {
+            for event in events {
                 match EventKind::from_u32(event.kind.get()) {
                     Some(EventKind::CqCompletion) => {
                         g.notified.insert(event.handle.get());
@@ -238,6 +241,13 @@ where
             g.watched.remove(&cq);
             g.notified.remove(&cq);
         });
+    }
+
+    /// Makes the DPC look at `cq` as if the device had said it has a completion: a CQE written before the CQ was
+    /// watched and armed raises no event, so a consumer that starts watching late asks for one look.
+    pub fn kick(&self, cq: u32) {
+        self.shared.locked(false, |g| g.notified.insert(cq));
+        self.shared.kernel.KeInsertQueueDpc(self.shared.dpc, PVOID::NULL, PVOID::NULL);
     }
 
     /// The next event that was not a CQ completion (the DPC took every event off the device).

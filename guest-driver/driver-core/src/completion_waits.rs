@@ -1,0 +1,177 @@
+//! Waiting for completions on the interrupt path: each watched CQ's callback (at DISPATCH_LEVEL, from the DPC)
+//! queues its CQEs and sets the CQ's KEVENT; a control-path thread waits on that event at PASSIVE_LEVEL.
+//!
+//! `CqCompletions` is object-safe so code written for any `NtKernel` (the scenarios, which also run on vhca.sys's
+//! kernel without NtAsyncKernel) can hold the interrupt path its host built, without naming NtAsyncKernel itself.
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::cell::UnsafeCell;
+use core::time::Duration;
+
+use vhca_ntapi::*;
+use vhca_proto::{Cqe, Event};
+
+use crate::command_transport::CommandTransport;
+use crate::completion_path::{CompletionCounts, CompletionPath};
+use crate::cq_reader::CqReader;
+use crate::error::DriverError;
+
+/// The interrupt path as the control path sees it.
+pub trait CqCompletions {
+    /// Hands `cq`'s completions to the waits from here on; the caller arms the CQ after (req_notify_cq).
+    fn watch(&self, cq: u32, reader: CqReader);
+    /// Before destroy_cq: no DPC reads the CQ once this returns.
+    fn unwatch(&self, cq: u32);
+    fn is_watched(&self, cq: u32) -> bool;
+    /// Looks at the CQ once more from the DPC: CQEs written before the CQ was armed raise no event.
+    fn kick(&self, cq: u32);
+    /// Takes up to `max` CQEs that arrived for `cq`.
+    fn take(&self, cq: u32, max: usize) -> Vec<Cqe>;
+    /// PASSIVE_LEVEL. Waits on `cq`'s KEVENT (KeWaitForSingleObject) up to `timeout`: false when it passed first.
+    fn wait(&self, cq: u32, timeout: Duration) -> bool;
+    /// The next event that was not a CQ completion.
+    fn take_event(&self) -> Option<Event>;
+    fn counts(&self) -> CompletionCounts;
+    /// PASSIVE_LEVEL. Disconnects the interrupt and flushes the DPC (before the CQs are destroyed).
+    fn disconnect(self: Box<Self>) -> CompletionCounts;
+}
+
+struct Arrivals {
+    event: PKEVENT,
+    cqes: VecDeque<Cqe>,
+}
+
+/// What the callbacks and the waits share, under their own spin lock (the callbacks run at DISPATCH_LEVEL).
+struct Mailboxes<K: NtAsyncKernel> {
+    kernel: Arc<K>,
+    lock: PKSPIN_LOCK,
+    boxes: UnsafeCell<BTreeMap<u32, Arrivals>>,
+}
+
+// SAFETY: `boxes` is touched only with `lock` held (`Mailboxes::locked`), which excludes every other processor.
+unsafe impl<K: NtAsyncKernel + Send + Sync> Sync for Mailboxes<K> {}
+// SAFETY: as above; nothing in it is tied to a thread.
+unsafe impl<K: NtAsyncKernel + Send + Sync> Send for Mailboxes<K> {}
+
+impl<K: NtAsyncKernel> Mailboxes<K> {
+    /// KeAcquireSpinLock raises to DISPATCH_LEVEL where needed, so this serves the DPC and PASSIVE callers alike.
+    fn locked<T>(&self, f: impl FnOnce(&mut BTreeMap<u32, Arrivals>) -> T) -> T {
+        let old = self.kernel.KeAcquireSpinLock(self.lock);
+        // SAFETY: the spin lock is held until the release below, so this is the only reference.
+        let r = f(unsafe { &mut *self.boxes.get() });
+        self.kernel.KeReleaseSpinLock(self.lock, old);
+        r
+    }
+}
+
+/// `CqCompletions` over a connected `CompletionPath`.
+pub struct CompletionWaits<K: NtAsyncKernel, C: CommandTransport> {
+    path: CompletionPath<K, C>,
+    mailboxes: Arc<Mailboxes<K>>,
+}
+
+impl<K, C> CompletionWaits<K, C>
+where
+    K: NtAsyncKernel + Send + Sync + 'static,
+    C: CommandTransport + Send + Sync + 'static,
+{
+    /// IRQL = PASSIVE_LEVEL. Connects the device's interrupt (`CompletionPath::connect`).
+    pub fn connect(
+        kernel: Arc<K>,
+        transport: Arc<C>,
+        device: PDEVICE_OBJECT,
+        budget: usize,
+    ) -> Result<CompletionWaits<K, C>, DriverError> {
+        let lock = kernel.KeInitializeSpinLock();
+        let mailboxes = Arc::new(Mailboxes { kernel: kernel.clone(), lock, boxes: UnsafeCell::new(BTreeMap::new()) });
+        let path = CompletionPath::connect(kernel, transport, device, budget)?;
+        Ok(CompletionWaits { path, mailboxes })
+    }
+
+    /// What IoConnectInterruptEx connected.
+    pub fn connection(&self) -> Option<&INTERRUPT_CONNECTION> {
+        self.path.connection()
+    }
+}
+
+impl<K, C> CqCompletions for CompletionWaits<K, C>
+where
+    K: NtAsyncKernel + Send + Sync + 'static,
+    C: CommandTransport + Send + Sync + 'static,
+{
+    fn watch(&self, cq: u32, reader: CqReader) {
+        let m = &self.mailboxes;
+        // A synchronization event: one waiter released per set, and it resets itself, as a per-CQ doorbell.
+        let event = m.kernel.KeInitializeEvent(EVENT_TYPE::SynchronizationEvent, false);
+        m.locked(|b| b.insert(cq, Arrivals { event, cqes: VecDeque::new() }));
+        let mailboxes = Arc::downgrade(m);
+        self.path.watch(
+            cq,
+            reader,
+            Arc::new(move |cq, cqe: &Cqe| {
+                let Some(m) = mailboxes.upgrade() else { return };
+                let event = m.locked(|b| {
+                    b.get_mut(&cq).map(|a| {
+                        a.cqes.push_back(*cqe);
+                        a.event
+                    })
+                });
+                if let Some(event) = event {
+                    m.kernel.KeSetEvent(event, 0, false);
+                }
+            }),
+        );
+    }
+
+    fn unwatch(&self, cq: u32) {
+        self.path.unwatch(cq);
+        self.mailboxes.locked(|b| b.remove(&cq));
+    }
+
+    fn is_watched(&self, cq: u32) -> bool {
+        self.mailboxes.locked(|b| b.contains_key(&cq))
+    }
+
+    fn kick(&self, cq: u32) {
+        self.path.kick(cq);
+    }
+
+    fn take(&self, cq: u32, max: usize) -> Vec<Cqe> {
+        self.mailboxes.locked(|b| match b.get_mut(&cq) {
+            Some(a) => {
+                let n = max.min(a.cqes.len());
+                a.cqes.drain(..n).collect()
+            }
+            None => Vec::new(),
+        })
+    }
+
+    fn wait(&self, cq: u32, timeout: Duration) -> bool {
+        let Some(event) = self.mailboxes.locked(|b| b.get(&cq).map(|a| a.event)) else { return false };
+        // Negative: relative, in 100 ns units.
+        let relative = -((timeout.as_nanos() / 100).min(i64::MAX as u128) as i64);
+        let status = self.mailboxes.kernel.KeWaitForSingleObject(
+            event.into(),
+            KWAIT_REASON::Executive,
+            KPROCESSOR_MODE::KernelMode,
+            false,
+            Some(relative),
+        );
+        status == STATUS_SUCCESS
+    }
+
+    fn take_event(&self) -> Option<Event> {
+        self.path.take_event()
+    }
+
+    fn counts(&self) -> CompletionCounts {
+        self.path.counts()
+    }
+
+    fn disconnect(self: Box<Self>) -> CompletionCounts {
+        self.path.disconnect()
+    }
+}
