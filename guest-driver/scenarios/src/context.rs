@@ -1,6 +1,8 @@
 //! What a scenario works with: the HCA, the kernel under it, its options, its host, and the events seen so far;
-//! waits (events, completions) are polled on the host's clock.
+//! waits (events, completions) are polled on the host's clock, or, with the interrupt-driven completion path, sleep
+//! on the KEVENT each CQ's completion callback sets.
 
+use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
@@ -11,7 +13,7 @@ use core::time::Duration;
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use vhca_driver_core::{ClMutexKind, Hca};
+use vhca_driver_core::{ClMutexKind, CqCompletions, Hca};
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
 use crate::verbs::Buffer;
@@ -29,6 +31,8 @@ pub struct Ctx<'a, H: ScenarioHost> {
     /// Buffers the scenario allocated and has not freed: what the run gives back when the host lets a stopped
     /// scenario unload through the driver's error path (`ScenarioHost::error_path`).
     buffers: RefCell<Vec<Buffer>>,
+    /// The interrupt path, when the host connected one: CQ waits and events come from it.
+    pub(crate) completions: Option<Box<dyn CqCompletions>>,
 }
 
 impl<'a, H: ScenarioHost> Ctx<'a, H> {
@@ -38,6 +42,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
         host: &'a H,
         options: &'a ScenarioOptions,
         timeout: Duration,
+        completions: Option<Box<dyn CqCompletions>>,
     ) -> Self {
         Ctx {
             hca,
@@ -48,6 +53,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
             events: Vec::new(),
             deferred: None,
             buffers: RefCell::new(Vec::new()),
+            completions,
         }
     }
 
@@ -95,7 +101,13 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
     /// report: an IOMMU fault reaches the kernel from the platform (`report_platform_iommu_faults`), not from here.
     pub fn drain_events(&mut self) -> Vec<Event> {
         let mut out = Vec::new();
-        while let Some(event) = self.hca.poll_event() {
+        // With the interrupt path its DPC takes every event off the device; those that are not CQ completions wait
+        // there for this.
+        let next = || match &self.completions {
+            Some(c) => c.take_event(),
+            None => self.hca.poll_event(),
+        };
+        while let Some(event) = next() {
             out.push(event);
         }
         for event in &out {
@@ -126,8 +138,12 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
         }
     }
 
-    /// Polls `cq` until `want` completions arrived, or fails naming how many did.
+    /// Waits until `want` completions of `cq` arrived, or fails naming how many did: polling, or with the
+    /// interrupt path on the CQ's event.
     pub fn poll_cq(&mut self, cq: u32, want: usize) -> anyhow::Result<Vec<Cqe>> {
+        if self.completions.is_some() {
+            return self.wait_cq(cq, want);
+        }
         let deadline = self.host.now() + self.timeout;
         let mut got = Vec::new();
         while got.len() < want {
@@ -144,6 +160,41 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
             self.host.sleep(Duration::from_micros(200));
         }
         Ok(got)
+    }
+}
+
+impl<H: ScenarioHost> Ctx<'_, H> {
+    /// The interrupt path's wait: the first wait on a CQ watches and arms it, and asks the DPC for one look (CQEs
+    /// written before the arm raise no event); then each wait sleeps on the CQ's KEVENT (PASSIVE_LEVEL) until its
+    /// callback has queued enough, or the timeout passes.
+    fn wait_cq(&mut self, cq: u32, want: usize) -> anyhow::Result<Vec<Cqe>> {
+        let Some(completions) = self.completions.as_ref() else { anyhow::bail!("no completion path") };
+        if !completions.is_watched(cq) {
+            let reader = self.hca.cq_reader(cq).ok_or_else(|| anyhow::anyhow!("CQ {cq} is not open"))?;
+            completions.watch(cq, reader);
+            self.hca.req_notify_cq(cq, false).map_err(|e| anyhow::anyhow!("req_notify_cq: {e}"))?;
+            completions.kick(cq);
+        }
+        let deadline = self.host.now() + self.timeout;
+        let mut got = Vec::new();
+        loop {
+            got.extend(completions.take(cq, want - got.len()));
+            let now = self.host.now();
+            if got.len() >= want || now >= deadline {
+                break;
+            }
+            completions.wait(cq, deadline - now);
+        }
+        anyhow::ensure!(got.len() >= want, "CQ {cq}: {} of {want} completions within {:?}", got.len(), self.timeout);
+        Ok(got)
+    }
+
+    /// Destroys `cq`, after the interrupt path (if any) has let go of its ring.
+    pub fn destroy_cq(&mut self, cq: u32) -> Result<(), vhca_driver_core::DriverError> {
+        if let Some(c) = &self.completions {
+            c.unwatch(cq);
+        }
+        self.hca.destroy_cq(cq)
     }
 }
 

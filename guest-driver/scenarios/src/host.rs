@@ -2,11 +2,12 @@
 //! progress and result details go, a clock, user buffers, and the platform's IOMMU fault reports. The Linux guest
 //! program (NT model over VFIO) and vhca.sys (the WDK shim) each implement it once.
 
+use alloc::boxed::Box;
 use core::fmt;
 use core::time::Duration;
 
 use serde_json::Value;
-use vhca_driver_core::CommandTransport;
+use vhca_driver_core::{CommandTransport, CompletionCounts, CqCompletions};
 use vhca_ntapi::{NtKernel, PVOID};
 
 pub trait ScenarioHost {
@@ -36,6 +37,14 @@ pub trait ScenarioHost {
     fn report_platform_iommu_faults(&self, wait: Duration) -> Option<usize>;
     /// Whether the verifier checks DMA, where the driver can know it (for messages only).
     fn dma_checking(&self) -> Option<bool>;
+
+    /// The interrupt-driven completion path, connected, when the run asks for it (`vhca.completion=interrupt`) and
+    /// the kernel can (an NtAsyncKernel): the scenario's completion waits sleep on its events. None: they poll.
+    fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
+        Ok(None)
+    }
+    /// The completion path was disconnected: what its ISR and DPC did, for the result.
+    fn completion_counts(&self, _counts: CompletionCounts) {}
 
     /// The scenario returned and its events were drained; the driver is still open.
     fn scenario_finished(&self) {}

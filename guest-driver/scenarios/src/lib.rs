@@ -161,7 +161,8 @@ pub fn run<H: ScenarioHost>(
         hca.map_registers(),
         hca.attributes().map_registers_free.get()
     ));
-    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout);
+    let completions = host.connect_completions()?;
+    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions);
     let mut on_error_path = false;
     let result = match scenario.body(&mut ctx) {
         Err(e) if host.error_path(&e) => {
@@ -173,6 +174,10 @@ pub fn run<H: ScenarioHost>(
         r => r,
     };
     ctx.drain_events();
+    // Before any CQ is destroyed (the close, or the Ctx dropped after a failure): no ISR or DPC may run after.
+    if let Some(completions) = ctx.completions.take() {
+        host.completion_counts(completions.disconnect());
+    }
     let deferred = ctx.deferred.take();
     host.scenario_finished();
     let result = result.and_then(|()| {

@@ -55,7 +55,7 @@ pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     ctx.detail("failure", failure.to_string());
     ctx.say(format_args!("CQ {} refused cleanly: {failure}", cqs.len() + 1));
     for cq in &cqs {
-        ctx.hca.destroy_cq(*cq).map_err(anyhow::Error::msg)?;
+        ctx.destroy_cq(*cq).map_err(anyhow::Error::msg)?;
     }
     let device_refusal = DriverError::Device { opcode: Opcode::CreateCq, status: Status::MapRegistersExhausted };
     ensure!(failure == device_refusal, "create_cq failed with {failure}, expected the device's {device_refusal}");
@@ -70,7 +70,7 @@ pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
         Err(e) if e == refused => Ok(()),
         Err(e) => bail!("the {TOO_LARGE_CQ_ENTRIES}-entry CQ failed with {e}, expected {refused}"),
         Ok(cq) => {
-            ctx.hca.destroy_cq(cq).map_err(anyhow::Error::msg)?;
+            ctx.destroy_cq(cq).map_err(anyhow::Error::msg)?;
             bail!("a ring of more map registers than IoGetDmaAdapter granted ({granted}) was created")
         }
     }

@@ -232,7 +232,7 @@ impl Loopback {
             ctx.hca.destroy_qp(qp).map_err(driver("destroy_qp"))?;
         }
         for cq in self.cq {
-            ctx.hca.destroy_cq(cq).map_err(driver("destroy_cq"))?;
+            ctx.destroy_cq(cq).map_err(driver("destroy_cq"))?;
         }
         ctx.hca.dealloc_pd(self.pd).map_err(driver("dealloc_pd"))
     }
