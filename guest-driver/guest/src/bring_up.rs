@@ -157,7 +157,8 @@ pub fn run(
     let mut driver: DriverKeep = None;
     let result = match (target_device, scenario) {
         (TargetDevice::Vhca, Scenario::Driver(s)) => {
-            driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report)
+            let messages = model_messages(interrupts.as_ref());
+            driver_scenario(s, options, &transport, &mut queues, &mut driver, &mapper, timeout, report, messages)
         }
         // With the verifier on, smoke is the driver core under the NT model, so its checks run.
         (TargetDevice::Vhca, Scenario::Smoke) if options.verifier.enabled() => driver_scenario(
@@ -169,6 +170,7 @@ pub fn run(
             &mapper,
             timeout,
             report,
+            model_messages(interrupts.as_ref()),
         ),
         (TargetDevice::Vhca, _) => {
             vhca(scenario, options, &transport, &mut queues, &mut commands, &mapper, timeout, report, roundtrip)
@@ -221,6 +223,11 @@ pub fn run(
 
 pub(crate) type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
 
+/// The messages the native driver's NT model gets, when the run has interrupts.
+fn model_messages(interrupts: Option<&QueueInterrupts>) -> Option<driver_run::ModelMessages> {
+    interrupts.map(|i| driver_run::ModelMessages { sink: i.model_sink(), count: i.message_count() })
+}
+
 pub(crate) fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow::Result<Queue> {
     let max = transport.queue_max_size(index)?;
     ensure!(max > 0, "queue {index} has size 0");
@@ -258,6 +265,7 @@ fn driver_scenario(
     mapper: &Arc<DmaMapper>,
     timeout: Duration,
     report: &mut Report,
+    messages: Option<driver_run::ModelMessages>,
 ) -> anyhow::Result<()> {
     read_config(transport, report)?;
     let mut take =
@@ -271,7 +279,7 @@ fn driver_scenario(
     *keep = Some((channel.clone(), None));
     let sink = Arc::new(Mutex::new(report.clone()));
     progress(format_args!("driver scenario {}", scenario.name()));
-    let (run, result) = driver_run::run(scenario, options, channel, mapper.clone(), sink.clone(), timeout);
+    let (run, result) = driver_run::run(scenario, options, channel, mapper.clone(), sink.clone(), timeout, messages);
     if let Some(k) = keep.as_mut() {
         k.1 = run;
     }

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use vhca_driver_core::ClMutexKind;
-use vhca_ntmodel::{LowResourcesConfig, RuleId, VerifierFlags};
+use vhca_ntmodel::{LowResourcesConfig, RuleId, TimingConfig, VerifierFlags};
 
 /// PCI identity of the device to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +98,9 @@ pub struct Options {
     pub driver: Personality,
     /// How completions are waited for (`vhca.completion=poll|interrupt`, default poll).
     pub completion: Completion,
+    /// The NT model's clock tick and DPC watchdog (`vhca.clock_tick_us`, `vhca.dpc_time_limit`,
+    /// `vhca.dpc_watchdog_limit`).
+    pub timing: TimingConfig,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -123,6 +126,7 @@ impl Default for Options {
             samples: None,
             driver: Personality::Native,
             completion: Completion::Poll,
+            timing: TimingConfig::default(),
             warnings: Vec::new(),
         }
     }
@@ -156,6 +160,9 @@ impl Options {
         // The simulation's keys belong to the NT model, so every personality built on it parses them alike.
         if let Some(r) = self.low_resources.apply_option(key, value) {
             self.faults_seed_given |= key == "faults_seed" && r.is_ok();
+            return r;
+        }
+        if let Some(r) = self.timing.apply_option(key, value) {
             return r;
         }
         match key {
@@ -264,6 +271,17 @@ mod tests {
         assert_eq!(options.init.as_deref(), Some("hang"));
         assert!(options.warnings.is_empty(), "{:?}", options.warnings);
         assert_eq!(Options::parse("vhca.init=sing").warnings.len(), 1);
+    }
+
+    #[test]
+    fn the_model_timing_options_reach_its_timing_config() {
+        let options = Options::parse("vhca.clock_tick_us=1000 vhca.dpc_time_limit=7 vhca.dpc_watchdog_limit=0");
+        assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+        assert_eq!(options.timing.tick, std::time::Duration::from_millis(1));
+        assert_eq!((options.timing.dpc_time_limit, options.timing.dpc_watchdog_limit), (7, 0));
+        let bad = Options::parse("vhca.clock_tick_us=0");
+        assert_eq!(bad.timing, TimingConfig::default());
+        assert!(bad.warnings[0].contains("vhca.clock_tick_us"), "{:?}", bad.warnings);
     }
 
     #[test]

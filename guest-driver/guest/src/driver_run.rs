@@ -8,14 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use vhca_driver_core::{CompletionCounts, CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
 use vhca_ntapi::{PDEVICE_OBJECT, PVOID};
-use vhca_ntmodel::{InjectionMode, NtModel, NtModelConfig, VerifierFlags};
+use vhca_ntmodel::{InjectionMode, InterruptResources, NtModel, NtModelConfig, VerifierFlags};
 use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::Options;
 use crate::kmsg;
 use crate::low_resources;
+use crate::model_interrupts::{ModelDelivery, ModelInterrupts};
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
 use crate::vfio_command_transport::VfioCommandTransport;
@@ -35,10 +37,18 @@ pub fn scenario_options(options: &Options) -> ScenarioOptions {
     ScenarioOptions { lock: options.lock, break_fix: options.break_fix }
 }
 
-/// Keeps the NT model (and with it every buffer it mapped for the device) alive until the device is reset.
+/// Keeps the NT model (and with it every buffer it mapped for the device) alive until the device is reset; with
+/// interrupts, its delivery and clock threads too (field order is drop order: they stop first).
 pub struct DriverRun {
+    pub delivery: Option<ModelDelivery>,
     pub kernel: Arc<NtModel>,
     pub backend: Arc<VfioDmaBackend>,
+}
+
+/// The run's MSI-X messages for the model (`vhca.completion=interrupt`): their sink and how many there are.
+pub struct ModelMessages {
+    pub sink: Arc<ModelInterrupts>,
+    pub count: u32,
 }
 
 /// The Linux guest as a scenario's host.
@@ -48,6 +58,9 @@ struct GuestHost {
     report: Arc<Mutex<Report>>,
     /// NT pages still mapped for the device when the scenario finished, for the unload's progress line.
     mapped_at_finish: AtomicUsize,
+    /// The transport the interrupt path's DPC reads events and rings CQ-arm doorbells through, when the run is
+    /// interrupt-driven (a clone: the same queues the driver core's control path uses).
+    interrupt_transport: Option<VfioCommandTransport>,
 }
 
 impl GuestHost {
@@ -128,6 +141,22 @@ impl ScenarioHost for GuestHost {
         !self.kernel.injected_faults().is_empty()
     }
 
+    fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
+        let Some(transport) = &self.interrupt_transport else { return Ok(None) };
+        let waits = CompletionWaits::connect(self.kernel.clone(), Arc::new(transport.clone()), PDO, DEFAULT_CQE_BUDGET)
+            .map_err(|e| anyhow::anyhow!("interrupt path: {e}"))?;
+        progress(format_args!("interrupt path connected: {}", waits_kind(&waits)));
+        Ok(Some(Box::new(waits)))
+    }
+
+    fn completion_counts(&self, counts: CompletionCounts) {
+        progress(format_args!(
+            "interrupt path disconnected: {} ISR calls, {} DPC calls ({} re-queued), {} CQEs",
+            counts.isr_calls, counts.dpc_calls, counts.dpc_requeues, counts.cqes
+        ));
+        self.report().completion_path = Some(counts.into());
+    }
+
     fn scenario_finished(&self) {
         let (mapped, peak) = self.backend.mapped_pages();
         self.mapped_at_finish.store(mapped, Ordering::Relaxed);
@@ -159,6 +188,7 @@ pub fn run(
     mapper: Arc<DmaMapper>,
     report: Arc<Mutex<Report>>,
     timeout: Duration,
+    messages: Option<ModelMessages>,
 ) -> (Option<DriverRun>, anyhow::Result<()>) {
     let backend = Arc::new(VfioDmaBackend::new(mapper));
     let config = model_config(options);
@@ -173,17 +203,43 @@ pub fn run(
         r.details.insert("double_buffering".into(), json!(config.double_buffering));
     }
     let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
-    let kernel = Arc::new(NtModel::new(config.clone(), backend.clone(), handler));
+    let kernel = Arc::new(NtModel::new(config.clone(), backend.clone(), handler).with_timing(options.timing));
     low_resources::start(&kernel, &config.low_resources, &report);
-    let keep = DriverRun { kernel: kernel.clone(), backend: backend.clone() };
+    let mut delivery = None;
+    if let Some(messages) = &messages {
+        // The PnP manager's part: the device starts with the messages VFIO enabled.
+        kernel.assign_interrupts(PDO, InterruptResources::Messages(messages.count));
+        match messages.sink.attach(kernel.clone(), PDO) {
+            Ok(d) => delivery = Some(d),
+            Err(e) => return (None, Err(anyhow::anyhow!("NT model interrupt threads: {e}"))),
+        }
+    }
+    let interrupt_transport = messages.as_ref().map(|_| channel.clone());
+    let keep = DriverRun { delivery, kernel: kernel.clone(), backend: backend.clone() };
     progress(format_args!("NT model: verifier {:#x}", options.verifier.0));
-    let host =
-        GuestHost { kernel: kernel.clone(), backend, report: report.clone(), mapped_at_finish: AtomicUsize::new(0) };
+    let host = GuestHost {
+        kernel: kernel.clone(),
+        backend,
+        report: report.clone(),
+        mapped_at_finish: AtomicUsize::new(0),
+        interrupt_transport,
+    };
     let scenario_options = scenario_options(options);
     let result = vhca_scenarios::run(scenario, &host, kernel.clone(), channel, PDO, &scenario_options, timeout);
     // The failure points seen (a recording run's list is what the runner expands into runs of their own).
     low_resources::record_points(&kernel, &report);
     (Some(keep), result)
+}
+
+/// How IoConnectInterruptEx connected, for the progress line.
+fn waits_kind<C: vhca_driver_core::CommandTransport + Send + Sync + 'static>(
+    waits: &CompletionWaits<NtModel, C>,
+) -> &'static str {
+    match waits.connection() {
+        Some(vhca_ntapi::INTERRUPT_CONNECTION::MessageBased(_)) => "message-based",
+        Some(vhca_ntapi::INTERRUPT_CONNECTION::LineBased(_)) => "line-based",
+        None => "not connected",
+    }
 }
 
 /// The NT model a run's options ask for, the same for the native driver and vhca.sys (whose faultable imports name

@@ -12,6 +12,7 @@ pub mod hotplug_slot;
 pub mod interrupt_thread;
 pub mod kmsg;
 pub mod low_resources;
+pub mod model_interrupts;
 pub mod msix_vectors;
 pub mod nt_backend;
 pub mod pci;

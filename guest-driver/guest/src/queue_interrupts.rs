@@ -1,8 +1,9 @@
 //! A run's interrupts (`vhca.completion=interrupt`): the device's MSI-X entries enabled through VFIO, the vector plan
 //! written into its common config, and the interrupt thread delivering each message to the queues' waits.
 //!
-//! Only queue 0 waits by interrupt in this step (vhca's command queue, virtio-rng's request queue); the event and
-//! doorbell queues keep declining them until the driver core itself is interrupt-driven.
+//! Only queue 0 waits by interrupt (vhca's command queue, virtio-rng's request queue). Queue 1 (vhca's events) asks
+//! for interrupts without waiting: its completion events are what the driver's ISR and DPC hear of, through the
+//! NT model (`model_interrupts`); the doorbell queue keeps declining them.
 
 use std::sync::Arc;
 
@@ -11,7 +12,8 @@ use vhca_virtio::MsixPlan;
 
 use crate::cmdline::Completion;
 use crate::completion_wait::MessageSignals;
-use crate::interrupt_thread::{InterruptThread, MessageSource};
+use crate::interrupt_thread::{InterruptThread, MessageInterruptSink, MessageSource};
+use crate::model_interrupts::ModelInterrupts;
 use crate::msix_vectors::{self, MsixVectors};
 use crate::report::{progress, InterruptsView, Report};
 use crate::vfio::Device;
@@ -21,12 +23,29 @@ use crate::virtqueue::SplitQueue;
 
 /// The queues that ask for interrupts and wait for them.
 const WAITING_QUEUES: [u16; 1] = [0];
+/// The queues that ask for interrupts for the NT model's ISR, and poll.
+const ASKING_QUEUES: [u16; 1] = [1];
+
+/// Each message to the queues' waits first, so a command waiting for its message is released before the driver's
+/// DPC asks for the transport lock that command holds; then to the NT model.
+struct QueuesThenModel {
+    signals: Arc<MessageSignals>,
+    model: Arc<ModelInterrupts>,
+}
+
+impl MessageInterruptSink for QueuesThenModel {
+    fn message(&self, id: u32) {
+        self.signals.message(id);
+        self.model.message(id);
+    }
+}
 
 /// Field order is drop order: the thread is joined before MSI-X is disabled and the eventfds close.
 pub struct QueueInterrupts<'d> {
     thread: InterruptThread,
     vectors: MsixVectors<'d>,
     signals: Arc<MessageSignals>,
+    model: Arc<ModelInterrupts>,
     plan: MsixPlan,
     table_entries: u32,
     waiting: Vec<u16>,
@@ -60,7 +79,9 @@ impl<'d> QueueInterrupts<'d> {
             .map(|(id, fd)| fd.try_clone().map(|eventfd| MessageSource { id, eventfd }))
             .collect::<std::io::Result<Vec<_>>>()
             .context("eventfds for the interrupt thread")?;
-        let thread = InterruptThread::start(sources, signals.clone()).context("interrupt thread")?;
+        let model = Arc::new(ModelInterrupts::default());
+        let sink = Arc::new(QueuesThenModel { signals: signals.clone(), model: model.clone() });
+        let thread = InterruptThread::start(sources, sink).context("interrupt thread")?;
         plan.program(transport).context("MSI-X vectors in the common config")?;
         progress(format_args!(
             "MSI-X: {} of {table_entries} entries enabled, config on {}, queues on {:?}",
@@ -68,14 +89,29 @@ impl<'d> QueueInterrupts<'d> {
             plan.config,
             plan.queues
         ));
-        Ok(QueueInterrupts { thread, vectors, signals, plan, table_entries, waiting: Vec::new() })
+        Ok(QueueInterrupts { thread, vectors, signals, model, plan, table_entries, waiting: Vec::new() })
     }
 
-    /// Makes queue `index` wait by interrupt if it is one of `WAITING_QUEUES`; before its first chain.
+    /// Makes queue `index` wait by interrupt if it is one of `WAITING_QUEUES`, or ask for them if it is one of
+    /// `ASKING_QUEUES`; before its first chain.
     pub fn attach(&mut self, index: u16, queue: &mut SplitQueue<DmaRegion>) {
+        if ASKING_QUEUES.contains(&index) && self.plan.queue(index).is_some() {
+            queue.ask_for_interrupts();
+            return;
+        }
         let Some(vector) = self.plan.queue(index).filter(|_| WAITING_QUEUES.contains(&index)) else { return };
         queue.wait_by_interrupt(self.signals.clone(), u32::from(vector));
         self.waiting.push(index);
+    }
+
+    /// The NT model's end of the messages, for the native driver's run to attach its model to.
+    pub fn model_sink(&self) -> Arc<ModelInterrupts> {
+        self.model.clone()
+    }
+
+    /// MSI-X messages enabled: what the PnP manager would give the driver (`NtModel::assign_interrupts`).
+    pub fn message_count(&self) -> u32 {
+        self.vectors.len() as u32
     }
 
     /// Stops the thread, turns MSI-X off, and says what each vector delivered. After the device is reset, so no

@@ -107,6 +107,28 @@ impl From<&vhca_ntmodel::Bugcheck> for BugcheckView {
     }
 }
 
+/// The native driver's interrupt path (`vhca.completion=interrupt`): how often its ISR and DPC ran.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct CompletionPathView {
+    pub isr_calls: u64,
+    pub dpc_calls: u64,
+    /// DPC runs that stopped at their CQE budget and queued themselves again.
+    pub dpc_requeues: u64,
+    /// CQEs the DPC handed to completion callbacks.
+    pub cqes: u64,
+}
+
+impl From<vhca_driver_core::CompletionCounts> for CompletionPathView {
+    fn from(c: vhca_driver_core::CompletionCounts) -> CompletionPathView {
+        CompletionPathView {
+            isr_calls: c.isr_calls,
+            dpc_calls: c.dpc_calls,
+            dpc_requeues: c.dpc_requeues,
+            cqes: c.cqes,
+        }
+    }
+}
+
 /// The run's MSI-X interrupts (`vhca.completion=interrupt`): how vectors were routed and what each delivered.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct InterruptsView {
@@ -153,6 +175,8 @@ pub struct Report {
     pub completion: Option<&'static str>,
     /// With interrupts, their routing and counts; null when the run polled (no vector was enabled).
     pub interrupts: Option<InterruptsView>,
+    /// With interrupts, the native driver's ISR and DPC counts; null when it polled.
+    pub completion_path: Option<CompletionPathView>,
     pub query_device: Option<QueryDeviceView>,
     pub rng: Option<EntropyRead>,
     pub iovas: Iovas,

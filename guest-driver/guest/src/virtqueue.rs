@@ -29,6 +29,12 @@ impl<M: DmaMemory> SplitQueue<M> {
         self.interrupt = Some((signals, vector));
     }
 
+    /// From here on the queue asks the device for used-buffer notifications, and its waits still poll: for a queue
+    /// whose message another waiter takes (the event queue, whose completions the driver's ISR hears of).
+    pub fn ask_for_interrupts(&mut self) {
+        self.queue.set_interrupts_wanted(true);
+    }
+
     /// Each completion wait of this queue, allowing `limit`: for code that takes the queue apart (`into_inner`).
     pub fn completion_waits(&self, limit: Duration) -> CompletionWaits {
         CompletionWaits { limit, interrupt: self.interrupt.clone() }
