@@ -133,3 +133,33 @@ expect = "pass"
     assert_eq!(polled["rng"]["used_len"], 64, "{polled}");
     assert_polled(names[1], &polled);
 }
+
+#[test]
+fn verbs_loopback_completes_through_the_drivers_isr_and_dpc_with_the_verifier_off_and_on() {
+    if !ready("verbs_loopback_completes_through_the_drivers_isr_and_dpc_with_the_verifier_off_and_on") {
+        return;
+    }
+    // The driver core connects the NT model's interrupt (the MSI-X message VFIO enabled), and every completion
+    // the scenario waits for reaches it through its ISR, its DPC and a KEVENT its callback sets.
+    let toml = r#"
+name = "verbs-interrupts"
+
+[[run]]
+name = "verbs-loopback-interrupt"
+guest = { scenario = "verbs-loopback", extra = { completion = "interrupt" } }
+expect = "pass"
+"#;
+    let (_s, report) = run_suite("verbs-loopback-interrupts", toml, &["-j", "1"]);
+    let names: Vec<&str> = report["runs"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["verbs-loopback-interrupt/verifier-off", "verbs-loopback-interrupt/verifier-on"]);
+    for (index, run) in names.iter().enumerate() {
+        let result = guest_result(&report, index);
+        assert_interrupts_on_queue_0(run, &result);
+        let path = &result["completion_path"];
+        let count = |key: &str| path[key].as_u64().unwrap_or_else(|| panic!("{run}: no {key}: {result}"));
+        assert!(count("isr_calls") > 0 && count("dpc_calls") > 0, "{run}: {path}");
+        // Four completions the scenario waits for (write, read, send, receive) came through the DPC.
+        assert!(count("cqes") >= 4, "{run}: {path}");
+        eprintln!("{run}: {path}");
+    }
+}
