@@ -1,6 +1,7 @@
 //! The driver core's interrupt-driven completion path on the model: the ISR at DIRQL only queues the DPC, the DPC
 //! at DISPATCH_LEVEL hands CQEs to the consumers there and re-arms, its budget re-queues it, and teardown
-//! disconnects and flushes (an interrupt left connected at unload is the verifier's 0xC7).
+//! disconnects and flushes (an interrupt left connected at unload is the verifier's 0xC7); a waiter sleeps on the
+//! KEVENT the callback sets.
 
 mod common;
 
@@ -181,4 +182,48 @@ fn unloading_with_the_interrupt_still_connected_is_c7_under_the_verifier() {
     clean(|| drop(path));
     clean(|| hca.close());
     clean(|| k.unload_driver());
+}
+
+#[test]
+fn a_waiter_sleeps_on_the_cqs_kevent_until_its_callback_queued_the_cqe_and_times_out_without_one() {
+    let (k, backend) = machine(STANDARD);
+    let dev = FakeDevice::new(k.clone(), backend);
+    let mut hca = Hca::open(k.clone(), dev.clone(), PDO, HcaConfig::default()).expect("open");
+    let cq = hca.create_cq(16).expect("create_cq");
+    k.assign_interrupts(PDO, InterruptResources::Messages(1));
+    let waits: Box<dyn CqCompletions> =
+        Box::new(CompletionWaits::connect(k.clone(), Arc::new(dev.clone()), PDO, DEFAULT_CQE_BUDGET).expect("connect"));
+    waits.watch(cq, hca.cq_reader(cq).unwrap());
+    assert!(waits.is_watched(cq));
+    // Nothing arrived: the wait at PASSIVE_LEVEL ends at its timeout.
+    assert!(!clean(|| waits.wait(cq, std::time::Duration::from_millis(20))));
+    // A CQE from another thread (the platform's interrupt), as in the guest.
+    let (k2, dev2) = (k.clone(), dev.clone());
+    let platform = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        dev2.write_cqe(cq, 0, 42);
+        dev2.push_event(EventKind::CqCompletion, cq);
+        clean(|| k2.deliver(PDO, 0))
+    });
+    assert!(clean(|| waits.wait(cq, std::time::Duration::from_secs(5))), "the callback set the CQ's event");
+    assert!(platform.join().unwrap());
+    let got: Vec<u64> = waits.take(cq, 8).iter().map(|c| c.wr_id.get()).collect();
+    assert_eq!(got, vec![42]);
+    assert!(waits.take(cq, 8).is_empty(), "each CQE is taken once");
+    waits.unwatch(cq);
+    let counts = clean(|| waits.disconnect());
+    assert_eq!((counts.isr_calls, counts.dpc_calls, counts.cqes), (1, 1, 1));
+    clean(|| hca.close());
+    clean(|| k.unload_driver());
+}
+
+#[test]
+fn a_kick_makes_the_dpc_look_at_a_cq_whose_cqe_came_before_it_was_armed() {
+    let r = rig(STANDARD, InterruptResources::Messages(1), DEFAULT_CQE_BUDGET);
+    r.dev.write_cqe(r.cq, 0, 3);
+    // No event and no interrupt: without the kick nothing would read it.
+    clean(|| r.path.kick(r.cq));
+    assert_eq!(*r.seen.lock().unwrap(), vec![(r.cq, 3, DISPATCH_LEVEL)]);
+    assert_eq!(r.path.counts().isr_calls, 0);
+    clean(|| r.path.disconnect());
 }
