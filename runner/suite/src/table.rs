@@ -4,6 +4,9 @@
 use crate::report::SuiteReport;
 use crate::suite::Personality;
 
+/// The widest the verdict column is padded to.
+const VERDICT_COLUMN_MAX: usize = 72;
+
 /// Renders the table, a totals line, and one `reproduce:` line per failed run that has a reproducer.
 pub fn render_table(report: &SuiteReport) -> String {
     let header = ["RUN", "MODE", "VERDICT", "SECONDS", "ACCEL"].map(str::to_string);
@@ -29,6 +32,9 @@ pub fn render_table(report: &SuiteReport) -> String {
             *w = (*w).max(cell.chars().count());
         }
     }
+    // One long verdict (a guest's explanation runs to 170 characters) must not push every other row's seconds off
+    // the screen: longer verdicts run past the column on their own line only.
+    widths[2] = widths[2].min(VERDICT_COLUMN_MAX);
     let mut out = String::new();
     for row in std::iter::once(&header).chain(&rows) {
         let mut line = String::new();

@@ -309,3 +309,20 @@ fn the_driver_personality_shows_in_every_report() {
     let sys = &report.runs[1];
     assert!(sys.reproducer.as_deref().is_some_and(|r| r.ends_with(" --driver sys")), "{:?}", sys.reproducer);
 }
+
+#[test]
+fn one_long_verdict_does_not_push_the_other_rows_seconds_off_the_screen() {
+    let mut report = sample_report();
+    report.runs[0].actual_text = format!("pass, and then {}", "a long explanation from the guest ".repeat(5));
+    let table = render_table(&report);
+    let lines: Vec<&str> = table.lines().collect();
+    let seconds_end = lines[0].find("SECONDS").unwrap() + "SECONDS".len();
+    // The verdict column is padded to at most 72 characters, so SECONDS stays near the verdicts of ordinary length.
+    assert!(seconds_end < lines[0].find("VERDICT").unwrap() + 72 + 2 + 8, "{table}");
+    // Every other row keeps its seconds right under the header's; the long one runs past on its own line.
+    for line in &lines[2..6] {
+        let secs = line[..seconds_end].trim_end().rsplit(' ').next().unwrap();
+        assert!(secs.parse::<f64>().is_ok(), "seconds not under SECONDS in {line:?}:\n{table}");
+    }
+    assert!(lines[1].contains("a long explanation from the guest") && lines[1].len() > lines[2].len(), "{table}");
+}
