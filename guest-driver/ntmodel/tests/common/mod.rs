@@ -111,8 +111,7 @@ impl FakeDevice {
 
 impl CommandTransport for FakeDevice {
     fn execute(&self, request: &[u8], _response_capacity: usize) -> Result<Vec<u8>, CommandTransportError> {
-        let (header, body) =
-            CommandHeader::read_from_prefix(request).map_err(|_| CommandTransportError::Refused(1))?;
+        let (header, body) = CommandHeader::read_from_prefix(request).map_err(|_| CommandTransportError::Refused(1))?;
         let opcode = Opcode::from_u32(header.opcode.get()).ok_or(CommandTransportError::Refused(2))?;
         let mut s = self.state.lock().unwrap();
         s.commands.push(opcode);
