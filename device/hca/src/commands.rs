@@ -14,6 +14,7 @@ use crate::cq::Cq;
 use crate::dma_engine::DmaContext;
 use crate::event_records::HcaEvent;
 use crate::fault_injection::ContiguousPolicy;
+use crate::held_work::HoldEnd;
 use crate::map_registers::{Owner, RegisterRef};
 use crate::mapped_pages::MappedPages;
 use crate::mr::Mr;
@@ -438,6 +439,7 @@ impl Hca {
                     self.flush_qp(dma, qpn);
                 }
                 QpState::Reset => {
+                    self.end_hold(qpn, HoldEnd::Reset);
                     self.set_qp_state(qpn, QpState::Reset, "modify_qp".to_string());
                     if let Some(qp) = self.qps.get_mut(&qpn) {
                         // ibverbs: RESET discards outstanding work without completions and restarts the rings.
@@ -462,6 +464,7 @@ impl Hca {
     fn destroy_qp(&mut self, cmd: Cmd<'_>) -> CommandResult {
         let qpn = read_body::<HandleReq>(cmd.fixed)?.handle.get();
         let qp = self.qps.remove(&qpn).ok_or_else(|| refuse(Status::InvalidHandle, format!("no QP {qpn}")))?;
+        self.end_hold(qpn, HoldEnd::Destroyed);
         self.qp_handles.release();
         self.unmap(Owner::SendQueue(qpn), qp.sq.registers.registers());
         self.unmap(Owner::RecvQueue(qpn), qp.rq.registers.registers());

@@ -46,6 +46,13 @@ pub struct FaultInjection {
     /// Length of that range (default one page).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalidate_size: Option<u64>,
+    /// Hold the `hold_completion_wr`th send work request this many milliseconds before the device executes it (its
+    /// DMA into guest memory and its CQE): the late completion a driver's timeout must survive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_completion_ms: Option<u64>,
+    /// Which send work request `hold_completion_ms` holds, counting every one the device starts (default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_completion_wr: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,6 +69,8 @@ pub enum InjectionParseError {
     BadPolicy(String),
     #[error("injection config: {0}")]
     Json(String),
+    #[error("injection {key}: {value} is more than {max}")]
+    TooLong { key: String, value: u64, max: u64 },
 }
 
 impl FaultInjection {
@@ -98,6 +107,8 @@ impl FaultInjection {
             "invalidate_at_dma" => self.invalidate_at_dma = Some(count()?),
             "invalidate_iova" => self.invalidate_iova = Some(number()?),
             "invalidate_size" => self.invalidate_size = Some(count()?),
+            "hold_completion_ms" => self.hold_completion_ms = Some(hold_ms(key, count()?)?),
+            "hold_completion_wr" => self.hold_completion_wr = Some(count()?),
             other => return Err(InjectionParseError::UnknownKey(other.to_string())),
         }
         Ok(())
@@ -114,6 +125,8 @@ impl FaultInjection {
             ("delay_doorbells", self.delay_doorbells.map(u64::from)),
             ("max_contiguous_pages", self.max_contiguous_pages.map(u64::from)),
             ("invalidate_at_dma", self.invalidate_at_dma),
+            ("hold_completion_ms", self.hold_completion_ms),
+            ("hold_completion_wr", self.hold_completion_wr),
         ];
         let mut out: Vec<String> =
             numbers.iter().filter_map(|(key, value)| value.map(|v| format!("{key}={v}"))).collect();
@@ -147,12 +160,28 @@ impl FaultInjection {
             ("max_contiguous_pages", parsed.max_contiguous_pages.map(u64::from)),
             ("invalidate_at_dma", parsed.invalidate_at_dma),
             ("invalidate_size", parsed.invalidate_size),
+            ("hold_completion_ms", parsed.hold_completion_ms),
+            ("hold_completion_wr", parsed.hold_completion_wr),
         ];
         if let Some((key, _)) = counts.iter().find(|(_, value)| *value == Some(0)) {
             return Err(InjectionParseError::ZeroCount { key: key.to_string() });
         }
+        if let Some(ms) = parsed.hold_completion_ms {
+            hold_ms("hold_completion_ms", ms)?;
+        }
         Ok(parsed)
     }
+}
+
+/// Longest hold `hold_completion_ms` accepts: a minute is far past any driver's timeout, and the worker's deadline
+/// (`Instant + hold`) must never overflow.
+pub const MAX_HOLD_MS: u64 = 60_000;
+
+fn hold_ms(key: &str, ms: u64) -> Result<u64, InjectionParseError> {
+    if ms > MAX_HOLD_MS {
+        return Err(InjectionParseError::TooLong { key: key.to_string(), value: ms, max: MAX_HOLD_MS });
+    }
+    Ok(ms)
 }
 
 fn parse_number(key: &str, value: &str) -> Result<u64, InjectionParseError> {
@@ -180,6 +209,9 @@ pub struct Injector {
     ring_maps: u64,
     completions: u64,
     dmas: u64,
+    /// Send work requests started (the clock of `hold_completion_wr`); whether the hold fired already.
+    send_wrs: u64,
+    hold_fired: bool,
 }
 
 impl Injector {
@@ -215,6 +247,23 @@ impl Injector {
     pub fn dma(&mut self) -> (u64, bool) {
         self.dmas += 1;
         (self.dmas, self.config.invalidate_at_dma == Some(self.dmas))
+    }
+
+    /// Counts a send work request the device starts executing.
+    pub fn send_wr_started(&mut self) {
+        self.send_wrs += 1;
+    }
+
+    /// Whether the send work request about to start is the one `hold_completion_ms` holds: its ordinal and the hold.
+    /// Fires once per device, so the same request starting again after its hold runs.
+    pub fn hold_next_send_wr(&mut self) -> Option<(u64, u64)> {
+        let ms = self.config.hold_completion_ms?;
+        let n = self.send_wrs + 1;
+        if self.hold_fired || n != self.config.hold_completion_wr.unwrap_or(1) {
+            return None;
+        }
+        self.hold_fired = true;
+        Some((n, ms))
     }
 
     /// The longest contiguous run `pages` has, if it exceeds the cap.
@@ -259,6 +308,8 @@ mod tests {
             "invalidate_at_dma=7",
             "invalidate_iova=0x10000",
             "invalidate_size=8192",
+            "hold_completion_ms=250",
+            "hold_completion_wr=3",
         ] {
             f.parse_kv(kv).unwrap();
         }
@@ -273,6 +324,8 @@ mod tests {
             invalidate_at_dma: Some(7),
             invalidate_iova: Some(0x10000),
             invalidate_size: Some(8192),
+            hold_completion_ms: Some(250),
+            hold_completion_wr: Some(3),
         };
         assert_eq!(f, expected);
         let json = serde_json::to_string(&expected).unwrap();
@@ -305,12 +358,32 @@ mod tests {
         assert!(matches!(f.parse_kv("fail_reg_mr=0"), Err(InjectionParseError::ZeroCount { .. })));
         assert!(matches!(f.parse_kv("max_contiguous_pages=0x100000000"), Err(InjectionParseError::BadNumber { .. })));
         assert!(matches!(f.parse_kv("contiguous_policy=maybe"), Err(InjectionParseError::BadPolicy(_))));
+        assert!(matches!(f.parse_kv("hold_completion_ms=0"), Err(InjectionParseError::ZeroCount { .. })));
+        assert!(matches!(f.parse_kv("hold_completion_ms=60001"), Err(InjectionParseError::TooLong { .. })));
+        assert!(matches!(
+            FaultInjection::from_json("{\"hold_completion_ms\":99999999}"),
+            Err(InjectionParseError::TooLong { .. })
+        ));
         assert!(matches!(FaultInjection::from_json("{\"nope\":1}"), Err(InjectionParseError::Json(_))));
         assert!(matches!(
             FaultInjection::from_json("{\"drop_completion\":0}"),
             Err(InjectionParseError::ZeroCount { .. })
         ));
         assert_eq!(f, FaultInjection::default());
+    }
+
+    #[test]
+    fn the_hold_fires_once_at_its_send_work_request() {
+        let config = FaultInjection { hold_completion_ms: Some(5), hold_completion_wr: Some(2), ..Default::default() };
+        let mut injector = Injector::new(config);
+        assert_eq!(injector.hold_next_send_wr(), None, "the first request runs");
+        injector.send_wr_started();
+        assert_eq!(injector.hold_next_send_wr(), Some((2, 5)), "the second is held");
+        assert_eq!(injector.hold_next_send_wr(), None, "and starts after its hold without being held again");
+        injector.send_wr_started();
+        assert_eq!(injector.hold_next_send_wr(), None);
+        let mut unset = Injector::default();
+        assert_eq!(unset.hold_next_send_wr(), None);
     }
 
     #[test]

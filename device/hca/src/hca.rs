@@ -12,6 +12,7 @@ use crate::dma_engine::DmaEngine;
 use crate::event_records::HcaEvent;
 use crate::fault_injection::{FaultInjection, Injector};
 use crate::handles::HandleAllocator;
+use crate::held_work::HeldWork;
 use crate::map_registers::MapRegisterPool;
 use crate::mr::MrTable;
 use crate::notify::Notifier;
@@ -74,6 +75,10 @@ pub struct Hca {
     pub(crate) doorbells_done: u64,
     /// True while a doorbell record is being processed (a completion made then waits from the next record on).
     pub(crate) in_doorbell: bool,
+    /// The send work request the hold_completion knob holds, until the transport releases it (`held_work`).
+    pub(crate) held: Option<HeldWork>,
+    /// How long to hold the request held since the transport last asked (`Hca::take_new_hold`).
+    pub(crate) new_hold: Option<std::time::Duration>,
 }
 
 /// QP numbers start above the special QPs 0 and 1 of InfiniBand, so a zeroed dest_qpn never names a QP.
@@ -98,6 +103,8 @@ impl Hca {
             delayed: Vec::new(),
             doorbells_done: 0,
             in_doorbell: false,
+            held: None,
+            new_hold: None,
             config,
         }
     }

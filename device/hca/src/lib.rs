@@ -11,6 +11,7 @@ pub mod event_records;
 pub mod fault_injection;
 mod handles;
 mod hca;
+mod held_work;
 pub mod invariants;
 mod map_registers;
 mod mapped_pages;

@@ -13,6 +13,7 @@ use crate::completions::WorkCompletion;
 use crate::dma_access::CopyEnd;
 use crate::dma_engine::{DmaContext, DmaFault, DmaSpan};
 use crate::event_records::{FaultEvent, HcaEvent};
+use crate::held_work::HoldEnd;
 use crate::mr::{check_access, MrAccess};
 use crate::qp::Qp;
 use crate::{Dma, Hca};
@@ -92,6 +93,9 @@ impl Hca {
                     // Executing a WQE consumes exactly it from this SQ (only a doorbell moves the producer, only a
                     // command resets the ring): after the last one posted, the next look would find none pending.
                     let last = qp.sq.pending() == 1;
+                    if self.send_queue_held(qpn) || self.hold_if_chosen(qpn) {
+                        return;
+                    }
                     self.execute_send_wqe(dma, sender);
                     if last {
                         return;
@@ -103,8 +107,10 @@ impl Hca {
         }
     }
 
-    /// Completes every outstanding WR of both queues with WR_FLUSH_ERR, signaled or not.
+    /// Completes every outstanding WR of both queues with WR_FLUSH_ERR, signaled or not (a held one too: it is
+    /// still at its SQ's consumer index).
     pub(crate) fn flush_qp(&mut self, dma: &dyn Dma, qpn: u32) {
+        self.end_hold(qpn, HoldEnd::Flushed);
         for queue in [Queue::Send, Queue::Recv] {
             loop {
                 let Some(qp) = self.qps.get(&qpn) else { return };
@@ -149,6 +155,7 @@ impl Hca {
 
     fn execute_send_wqe(&mut self, dma: &dyn Dma, sender: Sender) {
         let Sender { qpn, send_cq, .. } = sender;
+        self.engine.injector.send_wr_started();
         let wqe = match self.read_wqe(dma, qpn, Queue::Send, "wqe") {
             Ok(wqe) => wqe,
             Err(fault) => {

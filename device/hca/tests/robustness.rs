@@ -379,6 +379,8 @@ enum Step {
     Remap {
         page: u64,
     },
+    /// The transport's timer for a held send request (hold_completion_ms) ran out.
+    ReleaseHold,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -394,6 +396,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (invalidate_iova, invalidate_size).prop_map(|(iova, size)| Step::Invalidate { iova, size }),
         1 => (0..POOL_PAGES).prop_map(|page| Step::Unmap { page }),
         1 => (0..POOL_PAGES).prop_map(|page| Step::Remap { page }),
+        1 => Just(Step::ReleaseHold),
     ]
 }
 
@@ -403,10 +406,14 @@ fn hca_config() -> impl Strategy<Value = HcaConfig> {
     let injection = (
         (count(), count(), count(), count(), prop::option::of(0..3u32)),
         (prop::option::weighted(0.2, 1..4u32), any::<bool>(), count(), prop::option::weighted(0.3, page_iova())),
-        prop::option::weighted(0.3, 1..3 * PAGE),
+        (prop::option::weighted(0.3, 1..3 * PAGE), count()),
     )
         .prop_map(
-            |((fail_reg_mr, fail_ring_map, drop, delay, delay_doorbells), (cap, split, inv, inv_iova), size)| {
+            |(
+                (fail_reg_mr, fail_ring_map, drop, delay, delay_doorbells),
+                (cap, split, inv, inv_iova),
+                (size, hold),
+            )| {
                 FaultInjection {
                     fail_reg_mr,
                     fail_ring_map,
@@ -418,6 +425,9 @@ fn hca_config() -> impl Strategy<Value = HcaConfig> {
                     invalidate_at_dma: inv,
                     invalidate_iova: inv_iova,
                     invalidate_size: size,
+                    // The time is the transport's: here a hold lasts until a ReleaseHold step.
+                    hold_completion_ms: hold.map(|_| 1),
+                    hold_completion_wr: hold,
                 }
             },
         );
@@ -863,6 +873,12 @@ impl Harness {
                 if self.mapped.insert(iova) {
                     self.rig.mem.map(iova, 1, true, true);
                 }
+            }
+            Step::ReleaseHold => {
+                let watched = watch(&self.model, &self.rig.mem, &[]);
+                self.rig.hca.release_held_work(&watched);
+                let strays = watched.strays.into_inner();
+                self.check_invariants("release of a held request", strays)?;
             }
         }
         Ok(())
