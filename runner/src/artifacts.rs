@@ -5,7 +5,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use vhca_suite::{render_timeline, ConcreteRun};
+use vhca_suite::{path_marks, render_timeline_with, ConcreteRun};
 
 use crate::evidence::Evidence;
 
@@ -39,6 +39,7 @@ pub fn store(root: &Path, run: &ConcreteRun, work: &Path, evidence: &Evidence) -
     fs::write(dir.join(OBSERVATION), observation)?;
     let mark = evidence.crash_mark.as_ref().map(|(t, label)| (*t, label.as_str()));
     let timeline = dir.join(TIMELINE);
-    fs::write(&timeline, render_timeline(&run.name, &evidence.event_log, mark))?;
+    let marks = path_marks(&evidence.observation, evidence.result_seen_us);
+    fs::write(&timeline, render_timeline_with(&run.name, &evidence.event_log, mark, &marks))?;
     Ok(Stored { dir, timeline })
 }

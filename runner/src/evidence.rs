@@ -17,6 +17,8 @@ pub struct Evidence {
     pub event_log: EventLog,
     /// The first bugcheck or panic on the event log's clock (µs) and its label, for the timeline.
     pub crash_mark: Option<(u64, String)>,
+    /// When the result line showed, on the same clock.
+    pub result_seen_us: Option<u64>,
 }
 
 /// A file a run may not have produced (QEMU never started, the device died first) reads as empty.
@@ -53,5 +55,5 @@ pub fn gather(run: &ConcreteRun, files: &RunFiles, watched: Watched, untimed: bo
             o.rig_problems.push(format!("the guest ran scenario {ran:?}, not {:?}", run.guest.scenario));
         }
     }
-    Ok(Evidence { observation: o, event_log, crash_mark: watched.crash_mark })
+    Ok(Evidence { observation: o, event_log, crash_mark: watched.crash_mark, result_seen_us: watched.result_seen_us })
 }

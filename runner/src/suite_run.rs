@@ -8,8 +8,8 @@ use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
 use vhca_suite::{
-    expand_recording, fault_points, injected_faults, judge_fail_point, judge_run, BootPath, ConcreteRun, Observation,
-    RunReport, Suite, SuiteReport,
+    completion_seen, expand_recording, fault_points, injected_faults, judge_fail_point, judge_run, BootPath,
+    ConcreteRun, Observation, RunReport, Suite, SuiteReport,
 };
 
 use crate::artifacts;
@@ -180,6 +180,7 @@ fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: R
     let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), record.path);
     report.fault_points = fault_points(observation);
     report.injected_faults = injected_faults(observation);
+    report.completion = completion_seen(observation);
     report.notes.extend(record.notes.iter().cloned());
     if let Some(root) = &opts.artifacts {
         match artifacts::store(root, run, record.work.path(), &record.evidence) {

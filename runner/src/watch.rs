@@ -41,6 +41,9 @@ pub struct Watched {
     pub rig_problems: Vec<String>,
     /// When the first bugcheck or panic showed, in µs on the device's event-log clock, and its label.
     pub crash_mark: Option<(u64, String)>,
+    /// When the guest's result line showed, on the same clock: the timeline places the guest's ISR and DPC times
+    /// back from it.
+    pub result_seen_us: Option<u64>,
 }
 
 /// The wait of one run: polls serial, QMP and both processes every tick.
@@ -297,6 +300,10 @@ impl Watch<'_> {
     /// timeline. The verdict itself reads the whole serial log afterwards, through the same parsers.
     fn absorb(&mut self, line: &str) -> Option<Duration> {
         if parse_result_line(line).is_some() {
+            if self.watched.result_seen_us.is_none() {
+                self.watched.result_seen_us =
+                    Some(u64::try_from(self.device_started.elapsed().as_micros()).unwrap_or(u64::MAX));
+            }
             return Some(AFTER_RESULT);
         }
         let label = match (parse_bugcheck(line), parse_linux_panic(line)) {

@@ -95,6 +95,9 @@ fn write_testcase(w: &mut Writer<Vec<u8>>, suite: &str, run: &RunReport) -> io::
             if let Some(svg) = &run.timeline_svg {
                 out.push_str(&format!("timeline: {}\n", svg.display()));
             }
+            if let Some(completion) = &run.completion {
+                out.push_str(&format!("completion: {completion}\n"));
+            }
             w.create_element("system-out").write_text_content(BytesText::new(&xml_safe(&out)))?;
             Ok(())
         })?;

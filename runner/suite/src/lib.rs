@@ -2,6 +2,7 @@
 //! Nothing here starts processes or prints; the runner fills an `Observation`, this crate judges and renders.
 
 mod bugcheck_params;
+mod completion_seen;
 mod event_log_reader;
 mod expect;
 mod fail_points;
@@ -25,6 +26,7 @@ mod verdict;
 mod xml_text;
 
 pub use bugcheck_params::{bugcheck_meaning, BugcheckMeaning};
+pub use completion_seen::{completion_seen, path_marks, CompletionSeen, PathMarks};
 pub use event_log_reader::{parse_event_log, DeviceFault, EventLog, LogEvent, LogLineError};
 pub use expect::{fault_cause_names, ExpectParseError, Expected, Param};
 pub use fail_points::{
@@ -49,5 +51,5 @@ pub use suite::{
 };
 pub use suite_file::{Problem, SuiteError, SEED_SUITE, SEED_SUITE_NAME};
 pub use table::render_table;
-pub use timeline::render_timeline;
+pub use timeline::{render_timeline, render_timeline_with};
 pub use verdict::{judge, judge_run, Actual, Outcome, Verdict};

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::completion_seen::CompletionSeen;
 use crate::expect::Expected;
 use crate::fail_points::{FaultPointSeen, InjectedFaultSeen};
 use crate::suite::{split_fail_point, ConcreteRun, Personality, Suite, VerifierMode};
@@ -56,6 +57,10 @@ pub struct RunReport {
     /// The failures it injected, in order, as `!verifier 4` lists them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub injected_faults: Vec<InjectedFaultSeen>,
+    /// How the driver waited for completions, and with interrupts how many came and how often its ISR and DPC ran
+    /// (`completion_seen`); absent when the guest's result did not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion: Option<CompletionSeen>,
 }
 
 impl RunReport {
@@ -78,6 +83,7 @@ impl RunReport {
             reproducer: None,
             fault_points: Vec::new(),
             injected_faults: Vec::new(),
+            completion: None,
         }
     }
 

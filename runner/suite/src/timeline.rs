@@ -1,9 +1,10 @@
-//! A run's timeline as a small SVG: map registers in use over time, DMA faults, commands, and the bugcheck, with a
-//! legend keying every kind of mark drawn and each fault's cause written next to it.
+//! A run's timeline as a small SVG: map registers in use over time, DMA faults, commands, the driver's ISR and DPC
+//! runs, and the bugcheck, with a legend keying every kind of mark drawn and each fault's cause written next to it.
 //! Hand-written SVG: no plotting crate draws exactly this, and the output is small enough to write by hand.
 
 use std::fmt::Write;
 
+use crate::completion_seen::PathMarks;
 use crate::event_log_reader::EventLog;
 use crate::xml_text::escape;
 
@@ -37,6 +38,11 @@ impl Scale {
 /// Renders the timeline of one run. `bugcheck` is the STOP's time on the event log's clock (µs since the device
 /// started) and its label (`STOP 0xE6`); the runner converts serial arrival time to that clock.
 pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &str)>) -> String {
+    render_timeline_with(run_name, log, bugcheck, &PathMarks::default())
+}
+
+/// The same, with the driver's ISR and DPC runs (`path_marks`) in two lanes above the commands'.
+pub fn render_timeline_with(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &str)>, path: &PathMarks) -> String {
     let usage: Vec<(u64, u64)> = log.events.iter().filter_map(|e| Some((e.t_us?, e.in_use()?))).collect();
     let faults: Vec<(u64, String)> = log
         .events
@@ -61,6 +67,7 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
         .map(|u| u.0)
         .chain(faults.iter().map(|f| f.0))
         .chain(commands.iter().map(|c| c.0))
+        .chain(path.isr_us.iter().chain(&path.dpc_us).copied())
         .chain(bugcheck.map(|b| b.0));
     let (t0, t1) = times.fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
     let total = log.map_register_total().unwrap_or(0);
@@ -130,6 +137,26 @@ pub fn render_timeline(run_name: &str, log: &EventLog, bugcheck: Option<(u64, &s
     if commands.iter().any(|c| !c.2) {
         keys.push(Key::CommandFailed);
     }
+    for (routine, times, untimed, y) in [
+        (Routine::Isr, &path.isr_us, path.isr_untimed, lane_y - 16.0),
+        (Routine::Dpc, &path.dpc_us, path.dpc_untimed, lane_y - 28.0),
+    ] {
+        for &t in times {
+            let _ = writeln!(
+                svg,
+                r#"<line class="{}" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{}"><title>{} (guest clock, placed back from the result line)</title></line>"#,
+                routine.class(),
+                y - 4.0,
+                y + 4.0,
+                routine.colour(),
+                routine.name(),
+                x = scale.x(t)
+            );
+        }
+        if !times.is_empty() {
+            keys.push(Key::Path(routine, times.len(), untimed));
+        }
+    }
     // Each cause is written once, at its first fault, one row per cause so two causes close in time stay legible.
     let mut causes: Vec<(&str, usize)> = Vec::new();
     for (t, cause) in &faults {
@@ -186,7 +213,37 @@ enum Key {
     CommandFailed,
     /// The text names the causes seen.
     Fault(String),
+    /// The routine, how many runs are drawn, how many more the guest counted without times.
+    Path(Routine, usize, u64),
     Bugcheck,
+}
+
+/// The driver's interrupt-path routines the timeline marks.
+#[derive(Clone, Copy)]
+enum Routine {
+    Isr,
+    Dpc,
+}
+
+impl Routine {
+    fn name(self) -> &'static str {
+        match self {
+            Routine::Isr => "ISR",
+            Routine::Dpc => "DPC",
+        }
+    }
+    fn class(self) -> &'static str {
+        match self {
+            Routine::Isr => "isr",
+            Routine::Dpc => "dpc",
+        }
+    }
+    fn colour(self) -> &'static str {
+        match self {
+            Routine::Isr => "purple",
+            Routine::Dpc => "teal",
+        }
+    }
 }
 
 /// `DMA fault: iommu_unmapped ×3, stale_translation`; past three causes the rest are counted, not named (the
@@ -220,6 +277,13 @@ fn legend(svg: &mut String, keys: &[Key]) {
             Key::CommandOk => (tick(x + 8.0, y, "gray"), "command (OK)".to_string()),
             Key::CommandFailed => (tick(x + 8.0, y, "darkorange"), "command failed".to_string()),
             Key::Fault(text) => (format!(r#"<circle cx="{}" cy="{y}" r="4" fill="red"/>"#, x + 8.0), text.clone()),
+            Key::Path(routine, drawn, untimed) => (
+                tick(x + 8.0, y, routine.colour()),
+                match untimed {
+                    0 => format!("{} ×{drawn}", routine.name()),
+                    n => format!("{} ×{drawn} (+{n} untimed)", routine.name()),
+                },
+            ),
             Key::Bugcheck => (
                 format!(
                     r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="darkred" stroke-width="2" stroke-dasharray="4,2"/>"#,

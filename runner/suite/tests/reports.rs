@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use quick_xml::events::Event;
 use quick_xml::Reader;
 use vhca_suite::{
-    judge, parse_event_log, render_junit, render_table, render_timeline, BootPath, Observation, ProcessExit, RunReport,
-    Suite, SuiteReport,
+    completion_seen, judge, parse_event_log, path_marks, render_junit, render_table, render_timeline,
+    render_timeline_with, BootPath, Observation, ProcessExit, RunReport, Suite, SuiteReport,
 };
 
 /// An element as read back: its name, attributes (unescaped) and text content.
@@ -325,4 +325,72 @@ fn one_long_verdict_does_not_push_the_other_rows_seconds_off_the_screen() {
         assert!(secs.parse::<f64>().is_ok(), "seconds not under SECONDS in {line:?}:\n{table}");
     }
     assert!(lines[1].contains("a long explanation from the guest") && lines[1].len() > lines[2].len(), "{table}");
+}
+
+/// An interrupt run's guest result: the mode, the messages per vector, the driver's ISR and DPC counts and times.
+const INTERRUPT_RESULT: &str = r#"VHCA-RESULT {"ok":true,"completion":"interrupt","interrupts":{"per_vector":[5]},"completion_path":{"isr_calls":5,"dpc_calls":4,"dpc_requeues":0,"cqes":6},"completion_times":{"isr_us_before_result":[3000,2500,1200],"dpc_us_before_result":[2900,1100],"isr_untimed":2,"dpc_untimed":0}}
+"#;
+
+/// ISR and DPC marks come from a result that has times, keyed in the legend, and are absent from one that has none
+/// (a polling run) or when the runner never saw the result line arrive.
+#[test]
+fn timeline_marks_the_isr_and_dpc_runs_a_result_reports_and_only_those() {
+    let log = parse_event_log(EVENTS);
+    let mut o = Observation::default();
+    o.add_serial(INTERRUPT_RESULT);
+    // The result line arrived at 4.5 ms: the first ISR 3 ms before it, at 1.5 ms, on the device's clock.
+    let marks = path_marks(&o, Some(4500));
+    let svg = render_timeline_with("verbs/verifier-off", &log, None, &marks);
+    let elements = parse_xml(&svg);
+    let of_class = |c: &str| elements.iter().filter(|e| e.attrs.get("class").map(String::as_str) == Some(c)).count();
+    assert_eq!((of_class("isr"), of_class("dpc")), (3, 2), "{svg}");
+    let legend: Vec<&str> =
+        elements.iter().filter(|e| e.depth == 2 && e.name == "text").map(|e| e.text.as_str()).collect();
+    assert!(legend.contains(&"ISR ×3 (+2 untimed)") && legend.contains(&"DPC ×2"), "{legend:?}");
+    // The first ISR lands where the grey CREATE_CQ command at 1.5 ms does.
+    let x_of = |class: &str| -> Vec<f64> {
+        elements
+            .iter()
+            .filter(|e| e.attrs.get("class").map(String::as_str) == Some(class))
+            .map(|e| e.attrs["x1"].parse().unwrap())
+            .collect()
+    };
+    assert_eq!(x_of("isr")[0], x_of("command")[0], "{svg}");
+
+    let mut polled = Observation::default();
+    polled.add_serial("VHCA-RESULT {\"ok\":true,\"completion\":\"poll\",\"interrupts\":null}\n");
+    for (what, marks) in [("a polling run", path_marks(&polled, Some(4500))), ("no arrival", path_marks(&o, None))] {
+        let svg = render_timeline_with("smoke/verifier-off", &log, None, &marks);
+        assert!(!svg.contains("class=\"isr\"") && !svg.contains("class=\"dpc\""), "{what}: {svg}");
+        assert!(!svg.contains("ISR ×") && !svg.contains("DPC ×"), "{what}: no legend entry without marks");
+    }
+    assert_eq!(render_timeline_with("t", &log, None, &Default::default()), render_timeline("t", &log, None));
+}
+
+/// The interrupt and DPC counts are the run's in the JSON report, one line in JUnit's system-out and the table's
+/// summary; a run whose guest said nothing of its completions has no such field (the JSON's shape is otherwise as
+/// before).
+#[test]
+fn interrupt_counts_are_in_each_runs_report() {
+    let mut report = sample_report();
+    let mut o = Observation::default();
+    o.add_serial(INTERRUPT_RESULT);
+    report.runs[0].completion = completion_seen(&o);
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(
+        json["runs"][0]["completion"],
+        serde_json::json!({"mode": "interrupt", "interrupts": [5], "isr_calls": 5, "dpc_calls": 4, "dpc_requeues": 0, "cqes": 6})
+    );
+    assert!(json["runs"][1].get("completion").is_none(), "{}", json["runs"][1]);
+    let junit = render_junit(&report);
+    assert_eq!(
+        junit.matches("completion: interrupt: 5 messages, 5 ISR calls, 4 DPC calls (0 re-queued), 6 CQEs").count(),
+        1,
+        "{junit}"
+    );
+    let table = render_table(&report);
+    assert!(
+        table.contains("completion: 1 runs by interrupt (5 messages, 5 ISR calls, 4 DPC calls), 0 polled\n"),
+        "{table}"
+    );
 }
