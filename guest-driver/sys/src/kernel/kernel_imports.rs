@@ -32,6 +32,11 @@ extern "system" {
     /// Raises to DISPATCH_LEVEL and takes the lock; returns the previous IRQL (KeAcquireSpinLock on x64).
     pub fn KeAcquireSpinLockRaiseToDpc(lock: *mut usize) -> u8;
     pub fn KeReleaseSpinLock(lock: *mut usize, new_irql: u8);
+    /// Takes the lock at DISPATCH_LEVEL or above without touching the IRQL (a DPC's spin lock). Functions on x64
+    /// (wdm.h declares them NTKERNELAPI; the x86 macros over KefAcquireSpinLockAtDpcLevel do not apply), absent
+    /// from windows-sys's metadata.
+    pub fn KeAcquireSpinLockAtDpcLevel(lock: *mut usize);
+    pub fn KeReleaseSpinLockFromDpcLevel(lock: *mut usize);
     pub fn ZwOpenKey(key: *mut HANDLE, desired_access: u32, attributes: *const OBJECT_ATTRIBUTES) -> NTSTATUS;
     pub fn ZwQueryValueKey(
         key: HANDLE,

@@ -8,6 +8,7 @@ mod debug_print;
 mod dma_operations;
 mod fdo;
 mod irp;
+mod kernel_callbacks;
 mod kernel_imports;
 mod mmio_registers;
 mod pnp;
@@ -20,6 +21,7 @@ mod scenario_services;
 mod spin_locked;
 mod started_device;
 mod sys_command_transport;
+mod wdk_async_kernel;
 mod wdk_kernel;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};

@@ -2,7 +2,8 @@
 //! name (ntoskrnl.exe / HAL.dll exports, or the adapter's DMA_OPERATIONS table); objects Windows expects the
 //! caller to allocate (FAST_MUTEX, KMUTEX, ERESOURCE, spin locks) come from non-paged pool here and are freed when
 //! the shim is dropped, after the driver core is closed. Every call runs at the caller's IRQL, holding whatever
-//! lock the caller holds, unless its comment says it raises.
+//! lock the caller holds, unless its comment says it raises. The asynchronous half (`NtAsyncKernel`: interrupts,
+//! DPCs, work items, timers, events) is wdk_async_kernel.rs, its objects kept in the same table.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -18,16 +19,19 @@ use super::dma_operations as dma;
 use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeLowerIrql, KeReleaseSpinLock};
 use super::pool_allocator::{POOL_FLAG_NON_PAGED, POOL_FLAG_PAGED};
 use super::spin_locked::SpinLocked;
+use super::wdk_async_kernel::{quiesce, AsyncObject};
 
 /// A kernel object the shim allocated for the caller; boxed so its address never moves. Held, not read: the box
 /// keeps the object alive until the shim is dropped.
 #[allow(dead_code)]
-enum Owned {
+pub(super) enum Owned {
     FastMutex(Box<FAST_MUTEX>),
     Mutex(Box<KMUTANT>),
     Resource(Box<ERESOURCE>),
     SpinLock(Box<usize>),
     CommonFromMdl(Box<dma::MdlCommonBuffer>, PDMA_ADAPTER),
+    /// The asynchronous objects (wdk_async_kernel.rs): quiesced at drop before they are freed.
+    Async(AsyncObject),
 }
 
 // SAFETY: kernel dispatcher objects and locks exist to be used from any thread; the raw pointers inside the WDK
@@ -55,7 +59,7 @@ impl WdkKernel {
     }
 
     /// Counts a refusal when `refused`, and passes `value` through.
-    fn noting<T>(&self, value: T, refused: bool) -> T {
+    pub(super) fn noting<T>(&self, value: T, refused: bool) -> T {
         if refused {
             self.refused.fetch_add(1, Ordering::Relaxed);
         }
@@ -66,8 +70,13 @@ impl WdkKernel {
         WdkKernel { owned: SpinLocked::new(Vec::new()), refused: AtomicU32::new(0) }
     }
 
-    fn keep(&self, object: Owned) {
+    pub(super) fn keep(&self, object: Owned) {
         self.owned.with(|owned| owned.push(object));
+    }
+
+    /// Takes the first kept object `pick` chooses out of the table (the caller frees it).
+    pub(super) fn forget(&self, pick: impl Fn(&Owned) -> bool) -> Option<Owned> {
+        self.owned.with(|owned| owned.iter().position(pick).map(|i| owned.swap_remove(i)))
     }
 }
 
@@ -75,6 +84,8 @@ impl Drop for WdkKernel {
     /// PASSIVE_LEVEL, at remove or stop, after the core closed: no lock the shim made is held any more.
     fn drop(&mut self) {
         let owned = self.owned.with(core::mem::take);
+        // Interrupts, timers and DPCs first: none may still run or be queued when their memory goes (0xC7).
+        quiesce(&owned);
         for object in owned {
             match object {
                 Owned::Resource(mut r) => {
@@ -86,7 +97,7 @@ impl Drop for WdkKernel {
                     // SAFETY: made by create_common_buffer_from_mdl on this adapter.
                     unsafe { free_mdl_common(adapter, &buffer) };
                 }
-                Owned::FastMutex(_) | Owned::Mutex(_) | Owned::SpinLock(_) => {}
+                Owned::FastMutex(_) | Owned::Mutex(_) | Owned::SpinLock(_) | Owned::Async(_) => {}
             }
         }
     }
