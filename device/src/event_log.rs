@@ -34,6 +34,8 @@ pub enum TransportEvent {
         max_qp: u32,
         max_mr: u32,
         injection: FaultInjection,
+        /// The per-queue notification bound (`--max-notifications-per-ms`).
+        max_notifications_per_ms: u32,
     },
     Connected,
     Disconnected {
@@ -74,6 +76,26 @@ pub enum TransportEvent {
         queue: u16,
         head: u16,
         cause: String,
+    },
+    /// The device wrote a queue's call eventfd (a used-buffer notification; QEMU makes it the queue's MSI-X message).
+    /// `buffers`: used since the queue's last notification; `cq`: the first CQ a `cq_event` names; `coalesced`: the
+    /// notifications the rate bound held back that this one stands for.
+    Notify {
+        queue: u16,
+        cause: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cq: Option<u32>,
+        buffers: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        coalesced: Option<u32>,
+    },
+    /// A queue's notifications met the rate bound (`limit` in any `window_us`): the excess is folded into one later
+    /// notification. Written once each time the bound engages.
+    NotifyBounded {
+        queue: u16,
+        cause: &'static str,
+        limit: u32,
+        window_us: u64,
     },
 }
 

@@ -7,6 +7,7 @@ pub mod iommu;
 pub mod iommu_dma;
 pub mod memory;
 pub mod miss_replies;
+pub mod notifications;
 pub mod queue_polling;
 pub mod queue_worker;
 pub mod sandbox;
@@ -40,6 +41,8 @@ pub struct DeviceOptions {
     pub poll_window: Duration,
     /// Scheduler slice of the device's threads (`thread_sched`); zero: the kernel's default.
     pub thread_slice: Duration,
+    /// Each queue's bound on used-buffer notifications (`notifications`).
+    pub notify_bound: notifications::RateBound,
     /// Largest queue SET_VRING_NUM may set up: a power of two up to `vring::MAX_QUEUE_SIZE` (the default). The
     /// fuzz harness lowers it to the carrier's 64 so that one input's rings cost it 64², not 1024², descriptor reads.
     pub max_queue_size: u16,
@@ -52,6 +55,7 @@ impl Default for DeviceOptions {
             miss_timeout: Duration::from_millis(1000),
             poll_window: Duration::from_micros(DEFAULT_POLL_WINDOW_US),
             thread_slice: thread_sched::SHORTEST,
+            notify_bound: notifications::RateBound::default(),
             max_queue_size: vring::MAX_QUEUE_SIZE,
         }
     }
@@ -93,7 +97,13 @@ pub fn serve_locked_down(
     let (shared, hca, config) = device_parts(&events, options)?;
     // Both threads start before the lockdown: the sandbox forbids starting one.
     let reader = miss_replies::spawn_reader(Arc::clone(&shared), options.thread_slice).map_err(ServeError::Reader)?;
-    let worker = match Worker::spawn(Arc::clone(&shared), hca, options.poll_window, options.thread_slice) {
+    let worker = match Worker::spawn(
+        Arc::clone(&shared),
+        hca,
+        options.poll_window,
+        options.thread_slice,
+        options.notify_bound,
+    ) {
         Ok(worker) => worker,
         Err(err) => {
             miss_replies::stop_reader(&shared, reader);

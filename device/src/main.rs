@@ -23,6 +23,8 @@ const MAX_MAP_REGISTERS: i64 = 1 << 20;
 const MAX_MISS_TIMEOUT_MS: u64 = vhca_device::shared::MAX_MISS_TIMEOUT.as_secs() * 1000;
 /// Longest `--thread-slice-us`.
 const MAX_THREAD_SLICE_US: u64 = vhca_device::thread_sched::LONGEST.as_micros() as u64;
+/// Most `--max-notifications-per-ms`.
+const MAX_NOTIFY_BURST: i64 = vhca_device::notifications::MAX_BURST as i64;
 /// Longest `--poll-window-us`.
 const MAX_POLL_WINDOW_US: u64 = vhca_device::queue_polling::MAX_POLL_WINDOW.as_micros() as u64;
 
@@ -53,9 +55,15 @@ struct Cli {
     #[arg(long, default_value_t = vhca_device::thread_sched::SHORTEST.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(0..=MAX_THREAD_SLICE_US))]
     thread_slice_us: u64,
+    /// Used-buffer notifications (call eventfd writes) each queue may send in any millisecond; the excess is folded
+    /// into one later notification, so no driver can make the device interrupt it without pause (docs/protocol.md).
+    #[arg(long, default_value_t = vhca_device::notifications::DEFAULT_BURST,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_NOTIFY_BURST))]
+    max_notifications_per_ms: u32,
     /// Fault injection, KEY=VALUE (repeatable; a later one wins): fail_reg_mr=N, fail_ring_map=N,
     /// drop_completion=N, delay_completion=N, delay_doorbells=K, max_contiguous_pages=P,
-    /// contiguous_policy=refuse|split, invalidate_at_dma=N, invalidate_iova=A, invalidate_size=S (docs/protocol.md).
+    /// contiguous_policy=refuse|split, invalidate_at_dma=N, invalidate_iova=A, invalidate_size=S,
+    /// hold_completion_ms=MS, hold_completion_wr=N (docs/protocol.md).
     #[arg(long, value_name = "KEY=VALUE")]
     inject: Vec<String>,
     /// Fault injection from a JSON object with the same keys; --inject flags override its knobs.
@@ -110,6 +118,10 @@ impl Cli {
                 miss_timeout: Duration::from_millis(self.miss_timeout_ms),
                 poll_window: Duration::from_micros(self.poll_window_us),
                 thread_slice: Duration::from_micros(self.thread_slice_us),
+                notify_bound: vhca_device::notifications::RateBound {
+                    burst: self.max_notifications_per_ms,
+                    window: vhca_device::notifications::DEFAULT_WINDOW,
+                },
                 ..DeviceOptions::default()
             },
             Err(err) => Cli::command().error(clap::error::ErrorKind::ValueValidation, err).exit(),
@@ -181,6 +193,7 @@ fn run(cli: &Cli, options: &DeviceOptions) -> anyhow::Result<ExitCode> {
         max_qp: hca.max_qp,
         max_mr: hca.max_mr,
         injection: injection.clone(),
+        max_notifications_per_ms: cli.max_notifications_per_ms,
     });
     match std::fs::remove_file(&cli.socket_path) {
         Ok(()) => tracing::info!("removed stale socket {}", cli.socket_path.display()),

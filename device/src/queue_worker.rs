@@ -1,6 +1,9 @@
 //! The queue worker: one thread that waits on the kick eventfds, pops descriptor chains through the
 //! IOMMU-translated memory and hands their bytes to the HCA. A chain whose rings or buffers miss in the IOTLB is
 //! parked (put back, untouched) until QEMU answers the miss, or refused as an IOMMU fault when it never does.
+//! After a pass it writes the call eventfd of each queue that used buffers and whose driver wants it, within the
+//! queue's rate bound (`notifications`); its timers are the parked chains' misses, the bound's deferred
+//! notifications and the request the hold_completion knob holds, so nothing it waits for stops the other queues.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -10,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use vhca_hca::Hca;
 use vhca_proto::{
-    FaultCause, EVENT_SIZE, MAX_REQUEST_SIZE, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_RESERVED,
+    EventKind, FaultCause, EVENT_SIZE, MAX_REQUEST_SIZE, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_RESERVED,
 };
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{QueueOwnedT, QueueT};
@@ -23,6 +26,7 @@ use crate::event_log::TransportEvent;
 use crate::iommu::{FaultKind, TranslationFault};
 use crate::iommu_dma::{fault_event, QueueDma};
 use crate::memory::GuestMem;
+use crate::notifications::{Decision, QueueNotifier, RateBound};
 use crate::queue_polling::{allow_kicks, suppress_kicks, KickSuppression, Next, PollWindow};
 use crate::shared::{lock, Shared};
 use crate::vring::{Parked, VringState};
@@ -68,11 +72,20 @@ pub struct Worker {
     head: u16,
     /// How long the thread keeps polling after the last work (`queue_polling`); zero: it only sleeps.
     poll_window: Duration,
+    /// Each queue's notifications: what it used since its last one, and its rate bound.
+    notifiers: Vec<QueueNotifier>,
+    /// The event the event-queue chain being served carries, for the cause of its notification.
+    chain_event: Option<(EventKind, u32)>,
+    /// When the request the hold_completion knob holds is released (`Hca::take_new_hold`).
+    hold_until: Option<Instant>,
 }
 
 impl Worker {
     pub fn new(shared: Arc<Shared>, hca: Hca) -> io::Result<Worker> {
         let epoll = Epoll::new()?;
+        let notifiers = (0..shared.vrings.len())
+            .map(|queue| QueueNotifier::new(u16::try_from(queue).unwrap_or(u16::MAX), RateBound::default()))
+            .collect();
         let mut worker = Worker {
             shared,
             hca,
@@ -82,6 +95,9 @@ impl Worker {
             desc_log: Vec::new(),
             head: 0,
             poll_window: Duration::ZERO,
+            notifiers,
+            chain_event: None,
+            hold_until: None,
         };
         worker.rebuild_epoll()?;
         Ok(worker)
@@ -89,10 +105,24 @@ impl Worker {
 
     /// The worker thread; it busy-polls for `poll_window` after each piece of work (zero: never), and runs with
     /// scheduler slice `slice` (`thread_sched`; zero: the kernel's default).
-    pub fn spawn(shared: Arc<Shared>, hca: Hca, poll_window: Duration, slice: Duration) -> io::Result<JoinHandle<()>> {
-        let mut worker = Worker::new(shared, hca)?;
+    pub fn spawn(
+        shared: Arc<Shared>,
+        hca: Hca,
+        poll_window: Duration,
+        slice: Duration,
+        notify_bound: RateBound,
+    ) -> io::Result<JoinHandle<()>> {
+        let mut worker = Worker::new(shared, hca)?.with_notify_bound(notify_bound);
         worker.poll_window = poll_window;
         crate::thread_sched::spawn("vhca-queues", slice, move || worker.run())
+    }
+
+    /// Every queue's notifications bounded by `bound` instead of `RateBound::default()`.
+    pub fn with_notify_bound(mut self, bound: RateBound) -> Worker {
+        for (queue, notifier) in self.notifiers.iter_mut().enumerate() {
+            *notifier = QueueNotifier::new(u16::try_from(queue).unwrap_or(u16::MAX), bound);
+        }
+        self
     }
 
     /// One pass over every queue, as the thread makes after each wake-up. For single-threaded drivers of the
@@ -104,11 +134,47 @@ impl Worker {
     /// `serve_queues`; true when a chain was returned to a used ring.
     fn serve_pass(&mut self) -> bool {
         self.tell_hca_invalidations();
+        let now = Instant::now();
+        self.release_held_work(now);
+        self.send_due_notifications(now);
         let mut served = false;
+        // The event queue last: the events the others' work raised go out in the same pass.
         for queue in [QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_RESERVED, QUEUE_EVENT] {
             served |= self.process_queue(queue);
         }
+        if let Some(hold) = self.hca.take_new_hold() {
+            self.hold_until = Some(Instant::now() + hold);
+        }
         served
+    }
+
+    /// Runs the request the hold_completion knob held, once its time is up. Its DMA is translated now, through the
+    /// doorbell queue's path as when it was rung: an IOVA the driver unmapped meanwhile is refused with its cause.
+    fn release_held_work(&mut self, now: Instant) {
+        if self.hold_until.is_none_or(|until| now < until) {
+            return;
+        }
+        self.hold_until = None;
+        let shared = Arc::clone(&self.shared);
+        let mem = shared.mem();
+        self.hca.release_held_work(&QueueDma::new(&shared, &mem, QUEUE_DOORBELL));
+    }
+
+    /// Sends each deferred notification that is due, unless its ring stopped or its driver declines them now.
+    fn send_due_notifications(&mut self, now: Instant) {
+        let shared = Arc::clone(&self.shared);
+        for (notifier, vring) in self.notifiers.iter_mut().zip(&shared.vrings) {
+            if notifier.due().is_none_or(|due| now < due) {
+                continue;
+            }
+            let vring = lock(vring);
+            let mem = shared.mem();
+            if !vring.runnable() || driver_declines_interrupts(&mem, vring.queue.avail_ring()) {
+                notifier.declined();
+            } else if let Some(line) = notifier.take_due(now) {
+                signal_call(&shared, &vring, &line);
+            }
+        }
     }
 
     fn run(mut self) {
@@ -196,7 +262,8 @@ impl Worker {
         Ok(())
     }
 
-    /// Sleep until the earliest parked chain's miss times out, or forever.
+    /// Sleep until the earliest parked chain's miss times out, a deferred notification is due or a held request
+    /// is released; or forever.
     fn timeout_ms(&self) -> i32 {
         let now = Instant::now();
         let deadline = self
@@ -204,6 +271,8 @@ impl Worker {
             .vrings
             .iter()
             .filter_map(|vring| lock(vring).parked.map(|parked| parked.since + self.shared.miss_timeout))
+            .chain(self.notifiers.iter().filter_map(QueueNotifier::due))
+            .chain(self.hold_until)
             .min();
         match deadline {
             None => -1,
@@ -243,20 +312,28 @@ impl Worker {
             }
         }
         if used {
-            match vring.queue.needs_notification(&*mem) {
-                Ok(true) if driver_declines_interrupts(&mem, vring.queue.avail_ring()) => {}
-                Ok(true) => {
-                    if let Some(call) = vring.call.as_ref() {
-                        if let Err(err) = call.write(1) {
-                            tracing::error!("queue {queue}: cannot signal call eventfd: {err}");
-                        }
-                    }
-                }
-                Ok(false) => {}
-                Err(err) => tracing::error!("queue {queue}: cannot decide on notification: {err}"),
-            }
+            self.notify(&shared, &mem, queue, &mut vring);
         }
         used
+    }
+
+    /// After a pass that used `queue`'s buffers: a notification if its driver wants one, within its rate bound.
+    fn notify(&mut self, shared: &Shared, mem: &GuestMem, queue: u16, vring: &mut VringState) {
+        let Some(notifier) = self.notifiers.get_mut(usize::from(queue)) else { return };
+        match vring.queue.needs_notification(mem) {
+            Ok(true) if driver_declines_interrupts(mem, vring.queue.avail_ring()) => notifier.declined(),
+            Ok(true) => match notifier.wanted(Instant::now()) {
+                Decision::Notify(line) => signal_call(shared, vring, &line),
+                Decision::Deferred { bounded: Some(line) } => {
+                    tracing::warn!("queue {queue}: notifications bounded, the excess is coalesced");
+                    shared.events.record(&line);
+                }
+                Decision::Deferred { bounded: None } => {}
+            },
+            // Only with VIRTIO_F_EVENT_IDX, which is not offered.
+            Ok(false) => notifier.declined(),
+            Err(err) => tracing::error!("queue {queue}: cannot decide on notification: {err}"),
+        }
     }
 
     fn next_chain(&mut self, shared: &Shared, mem: &GuestMem, queue: u16, vring: &mut VringState) -> Step {
@@ -297,6 +374,7 @@ impl Worker {
         };
         let head = chain.head_index();
         self.head = head;
+        self.chain_event = None;
         let descs: Vec<Descriptor> = chain.collect();
         let outcome = match iommu.take_fault() {
             Some(fault) if fault.kind == FaultKind::Unmapped => Outcome::Miss(fault),
@@ -358,6 +436,7 @@ impl Worker {
                 0
             }
         };
+        let event = self.chain_event.take();
         if let Err(err) = vring.queue.add_used(mem, head, len) {
             tracing::error!("queue {queue}: cannot return chain {head}: {err}");
             shared.events.record(&TransportEvent::ChainError {
@@ -367,6 +446,9 @@ impl Worker {
             });
             // A used ring that stopped translating is caught by the check at the top of the next chain.
             return Step::Dropped;
+        }
+        if let Some(notifier) = self.notifiers.get_mut(usize::from(queue)) {
+            notifier.buffer_used(event);
         }
         Step::Used
     }
@@ -480,6 +562,7 @@ impl Worker {
             self.pending_event = Some(event);
             return outcome;
         }
+        self.chain_event = EventKind::from_u32(event.kind.get()).map(|kind| (kind, event.handle.get()));
         self.scatter(shared, mem, queue, writable, event.as_bytes())
     }
 
@@ -647,6 +730,16 @@ fn split_chain(descs: &[Descriptor]) -> Result<(&[Descriptor], &[Descriptor]), S
         return Err("device-readable descriptor after a device-writable one".into());
     }
     Ok((readable, writable))
+}
+
+/// Writes the queue's call eventfd and logs `line` (its `notify` line) once it is written. A ring without a call fd
+/// (QEMU polls it, or none was set yet) is not notified and logs nothing.
+fn signal_call(shared: &Shared, vring: &VringState, line: &TransportEvent) {
+    let Some(call) = vring.call.as_ref() else { return };
+    match call.write(1) {
+        Ok(()) => shared.events.record(line),
+        Err(err) => tracing::error!("cannot signal call eventfd ({line:?}): {err}"),
+    }
 }
 
 /// Whether the driver set VRING_AVAIL_F_NO_INTERRUPT (virtio 1.2, 2.7.7) in the avail ring's flags, which
