@@ -23,6 +23,9 @@ pub const DRIVER_VERIFIER_DMA_VIOLATION: u32 = 0xE6;
 // bug-check-0x133-dpc-watchdog-violation.
 pub const TIMER_OR_DPC_INVALID: u32 = 0xC7;
 pub const DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS: u32 = 0xCE;
+/// 0xCE's form at raised IRQL (a DPC or ISR of an unloaded driver), page
+/// bug-check-0xd4--system-scan-at-raised-irql-caught-improper-driver-unlo.
+pub const SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD: u32 = 0xD4;
 pub const WORKER_INVALID: u32 = 0xE4;
 pub const DPC_WATCHDOG_VIOLATION: u32 = 0x133;
 
@@ -47,6 +50,9 @@ pub fn bugcheck_name(code: u32) -> Option<&'static str> {
         TIMER_OR_DPC_INVALID => "TIMER_OR_DPC_INVALID",
         DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS => {
             "DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS"
+        }
+        SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD => {
+            "SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD"
         }
         WORKER_INVALID => "WORKER_INVALID",
         DPC_WATCHDOG_VIOLATION => "DPC_WATCHDOG_VIOLATION",

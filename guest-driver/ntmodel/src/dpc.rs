@@ -211,7 +211,7 @@ impl NtModel {
     }
 
     fn run_dpc(&self, run: Run) {
-        self.before_unloaded_routine(run.routine_address);
+        self.before_unloaded_routine(run.routine_address, DISPATCH_LEVEL);
         // Each DPC starts at DISPATCH_LEVEL whatever the one before it left.
         self.with_thread(|t| t.irql = DISPATCH_LEVEL);
         let ((), started) = self.timed_routine(|| (run.routine)(run.dpc, run.arguments.0, run.arguments.1));

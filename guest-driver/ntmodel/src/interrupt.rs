@@ -175,7 +175,7 @@ impl NtModel {
             },
             Service::Line(_) => c.objects[0],
         };
-        self.before_unloaded_routine(c.service_address);
+        self.before_unloaded_routine(c.service_address, c.irql);
         let claimed = self.in_borrowed_context(c.irql, || {
             self.spin_lock_take(c.spin_lock);
             // Disconnected while this waited for the lock: the ISR is gone.

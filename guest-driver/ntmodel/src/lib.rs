@@ -120,7 +120,7 @@ pub struct NtModel {
     interrupts: interrupt::Interrupts,
     workers: work_item::SystemWorkers,
     next_routine: AtomicU64,
-    /// `unload_driver` ran: the kernel calling the driver's routines from now on is 0xCE.
+    /// `unload_driver` ran: the kernel calling the driver's routines from now on is 0xD4.
     unloaded: AtomicBool,
 }
 
@@ -374,7 +374,7 @@ impl NtModel {
     /// The driver unloads: its queued work items run first; with any verifier flag a timer still set, a DPC still
     /// queued or an interrupt still connected is 0xC7; with pool tracking, leaked pool is 0xC4/0x60; with DMA
     /// checking, an adapter never put back with resources outstanding is 0xE6/0x07..0x0A. After it, the kernel
-    /// calling a routine of the driver is 0xCE.
+    /// calling a routine of the driver (a DPC, an ISR: at raised IRQL) is 0xD4.
     pub fn unload_driver(&self) {
         let r = self.async_unload_checks().and_then(|()| self.unload_checks());
         self.ok(r)

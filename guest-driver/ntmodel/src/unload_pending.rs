@@ -1,5 +1,6 @@
 //! What unload finds still pending on the asynchronous paths (0xC7 TIMER_OR_DPC_INVALID, the verifier's check
-//! right after a driver unloads) and what the kernel meets when it later calls into the unloaded driver (0xCE).
+//! right after a driver unloads) and what the kernel meets when it later calls into the unloaded driver (0xD4: its
+//! DPCs and ISRs run at raised IRQL).
 
 use std::sync::atomic::Ordering;
 
@@ -35,17 +36,20 @@ impl NtModel {
         Ok(())
     }
 
-    /// The kernel is about to call `routine` (a DPC, an ISR) of a driver that has unloaded: 0xCE in every mode
-    /// (the memory manager's, not the verifier's). P1 the address touched, P2 0 (a read: the instruction fetch),
-    /// P3 the address that touched it, here the routine's own first instruction. Disabled, the routine runs.
-    pub(crate) fn before_unloaded_routine(&self, routine: u64) {
+    /// The kernel is about to call `routine` of a driver that has unloaded, at `irql`: a DPC at DISPATCH_LEVEL or
+    /// an ISR at DIRQL, so at raised IRQL, which is 0xD4, not 0xCE: 0xD4's page says the system "attempted to
+    /// access the driver's former location at a raised IRQL" (0xCE is the same stop below it, and nothing of the
+    /// driver's runs there after unload: queued work items are waited for). The memory manager's stop, not the
+    /// verifier's, so in every mode. P1 the address touched, P2 that IRQL, P3 0 (a read: the instruction fetch),
+    /// P4 the address that touched it, here the routine's own first instruction. Disabled, the routine runs.
+    pub(crate) fn before_unloaded_routine(&self, routine: u64, irql: KIRQL) {
         if self.unloaded.load(Ordering::Acquire) {
             self.violation(Bugcheck::new(
-                DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS,
+                SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD,
                 routine,
+                irql as u64,
                 0,
                 routine,
-                0,
             ));
         }
     }

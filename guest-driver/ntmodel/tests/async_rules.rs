@@ -952,24 +952,31 @@ fn an_interrupt_still_connected_at_unload_is_c7_2_with_its_isr() {
     clean(|| k.unload_driver());
 }
 
+/// A DPC and an ISR run at raised IRQL, so the kernel calling them after unload is 0xD4 (0xCE's form "at a raised
+/// IRQL"), with P2 the IRQL each runs at: DISPATCH_LEVEL for the timer's DPC, the DIRQL for the ISR.
 #[test]
-fn without_the_verifier_the_unloaded_drivers_routines_called_later_are_ce() {
+fn without_the_verifier_the_unloaded_drivers_routines_called_later_are_d4_at_their_irql() {
     let k = machine(0);
     let log = Log::default();
     let dpc = logging_dpc(&k, &log, "after unload");
     let timer = k.KeInitializeTimer();
     k.KeSetTimer(timer, -10 * MS, dpc);
-    connect(&k, 1, isr(&k, |_, _, _| true));
+    let connection = connect(&k, 1, isr(&k, |_, _, _| true));
+    let dirql = match &connection {
+        INTERRUPT_CONNECTION::MessageBased(info) => info.UnifiedIrql,
+        INTERRUPT_CONNECTION::LineBased(_) => unreachable!("the device has messages"),
+    };
     clean(|| k.unload_driver());
     let b = stop(|| k.advance_clock(Duration::from_millis(10)));
-    assert_eq!((b.code, b.params[1], b.params[3]), (DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS, 0, 0));
-    assert_eq!(b.params[0], b.params[2], "the routine touched is where the touch came from");
+    let raised = SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD;
+    assert_eq!((b.code, b.params[1], b.params[2]), (raised, DISPATCH_LEVEL as u64, 0));
+    assert_eq!(b.params[0], b.params[3], "the routine touched is where the touch came from");
     assert!(in_image(&k, b.params[0]));
     assert!(log.take().is_empty(), "the DPC routine did not run");
     let b = stop(|| k.deliver(PDO, 0));
-    assert_eq!(b.code, DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS);
-    assert_ne!(b.params[0], 0);
-    assert_eq!(b.name(), "DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS");
+    assert_eq!((b.code, b.params[1], b.params[2]), (raised, dirql as u64, 0));
+    assert!(in_image(&k, b.params[0]) && b.params[0] == b.params[3]);
+    assert_eq!(b.name(), "SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD");
 }
 
 #[test]
