@@ -138,6 +138,17 @@ enum Cmd {
         /// Samples of each kind for --roundtrip.
         #[arg(long, default_value_t = 10_000, requires = "roundtrip")]
         samples: usize,
+        /// Instead: the suite from the snapshot with each --completion mode in turn, alternated --rounds times at
+        /// each -j; per-run median and wall of each mode, and their ratios to the first.
+        #[arg(long, conflicts_with = "roundtrip")]
+        alternate_completion: bool,
+        /// The `vhca.completion` modes, in order: one guest each for --roundtrip, one suite run each per round for
+        /// --alternate-completion. Always passed to the guest, whatever its default.
+        #[arg(long, value_delimiter = ',', default_values_t = ["poll".to_string(), "interrupt".to_string()])]
+        completion: Vec<String>,
+        /// Rounds of --alternate-completion.
+        #[arg(long, default_value_t = 2, requires = "alternate_completion")]
+        rounds: usize,
     },
     /// N back-to-back runs mixing passes, bugchecks, a device fault, a hang and a guest panic; the runner's memory
     /// and fds after each run, one line per run; fails on a wrong verdict, a leak or growth (docs/fuzz.md).
@@ -586,19 +597,57 @@ fn real_main(cli: Cli) -> Result<bool> {
             }
             run_one(&ctx, &run, artifacts)
         }
-        Cmd::Bench { roundtrip: true, samples, .. } => {
+        Cmd::Bench { roundtrip: true, samples, completion, .. } => {
             let (ctx, _) = session(&cli.bins)?;
-            let (measured, report) = bench::roundtrip(&ctx, samples, &program(), &mut |e| {
-                if let vhca_run::suite_run::SuiteEvent::Finished { report, .. } = e {
-                    eprintln!("[roundtrip] {}", vhca_run::ui::finished_line(&report));
+            let mut passed = true;
+            for mode in &completion {
+                let (measured, report) = bench::roundtrip(&ctx, samples, mode, &program(), &mut |e| {
+                    if let vhca_run::suite_run::SuiteEvent::Finished { report, .. } = e {
+                        eprintln!("[roundtrip {mode}] {}", vhca_run::ui::finished_line(&report));
+                    }
+                })?;
+                if measured.is_null() {
+                    bail!("the guest reported no round trip: {}", render_table(&report));
                 }
-            })?;
-            if measured.is_null() {
-                bail!("the guest reported no round trip: {}", render_table(&report));
+                println!(
+                    "\nround trip in the guest, vhca.completion={mode}, accelerator {}, cold boot",
+                    ctx.accel.name()
+                );
+                print!("{}", bench::render_roundtrip(&measured));
+                passed &= report.all_passed();
             }
-            println!("round trip in the guest, accelerator {}, cold boot", ctx.accel.name());
-            print!("{}", bench::render_roundtrip(&measured));
-            Ok(report.all_passed())
+            Ok(passed)
+        }
+        Cmd::Bench { alternate_completion: true, file, jobs, filter, completion, rounds, .. } => {
+            let (suite, _) = load_suite(file.as_deref())?;
+            let runs = match &filter {
+                Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
+                None => suite.expand(),
+            };
+            if runs.is_empty() || jobs.is_empty() || jobs.contains(&0) || completion.is_empty() || rounds == 0 {
+                bail!("nothing to measure: {} runs, -j {jobs:?}, modes {completion:?}, {rounds} rounds", runs.len());
+            }
+            let (mut ctx, _) = session(&cli.bins)?;
+            ctx.reuse_guests = !cli.restore_per_run;
+            attach_snapshot(&mut ctx, None)?;
+            let Some(snap) = ctx.snapshot.clone() else { bail!("the completion bench runs from the snapshot: none") };
+            let started = std::time::Instant::now();
+            let ms =
+                bench::measure_completion(&ctx, &suite, &runs, &jobs, &completion, rounds, &program(), &mut |l, e| {
+                    if let vhca_run::suite_run::SuiteEvent::Finished { report, .. } = e {
+                        eprintln!("[{l}] {}", vhca_run::ui::finished_line(&report));
+                    }
+                })?;
+            println!(
+                "suite {} ({} runs), accelerator {}, snapshot {}; bench {:.0} s",
+                suite.name,
+                runs.len(),
+                ctx.accel.name(),
+                snap.key,
+                started.elapsed().as_secs_f64()
+            );
+            print!("{}", bench::render_completion(&ms));
+            Ok(ms.iter().all(|m| m.passed == m.runs && m.off_mode == 0))
         }
         Cmd::Bench { file, jobs, filter, .. } => {
             let (suite, _) = load_suite(file.as_deref())?;

@@ -6,6 +6,10 @@
 //! that exits to QEMU). QUERY_DEVICE is timed once more back to back, where a busy-polling device is still polling
 //! when the next request comes (no kick), and one poll of the used ring is timed (the spin's unit of cost). The
 //! runner's `bench --roundtrip` prints what this reports.
+//!
+//! QUERY_DEVICE waits as the run's `vhca.completion` says (polling, or its queue's MSI-X message); the rng is also
+//! read waiting for its own MSI-X message (`rng_read_interrupt`), through the same wait, so a run with
+//! `vhca.completion=interrupt` compares the two interrupt paths and a polling run the two polling ones.
 
 use std::ops::DerefMut;
 use std::time::{Duration, Instant};
@@ -14,9 +18,10 @@ use anyhow::{ensure, Context};
 use serde::Serialize;
 use vhca_virtio::PollWait;
 
-use crate::bring_up::{setup_queue, Queue};
-use crate::cmdline::{Options, PciId};
+use crate::bring_up::setup_queue;
+use crate::cmdline::{Completion, Options, PciId};
 use crate::pci;
+use crate::queue_interrupts::QueueInterrupts;
 use crate::report::{progress, Report};
 use crate::rng::ENTROPY_BYTES;
 use crate::vfio::{self, DmaAccess};
@@ -51,8 +56,16 @@ impl Series {
 /// What the scenario reports (under `details.roundtrip`).
 #[derive(Debug, Clone, Serialize)]
 pub struct RoundTrip {
-    /// QUERY_DEVICE through vhca: request written, chain added, kick, device, used ring polled, response checked.
+    /// How QUERY_DEVICE waited (`vhca.completion`): `poll` or `interrupt`.
+    pub completion: &'static str,
+    /// QUERY_DEVICE through vhca: request written, chain added, kick, device, used ring polled (or its MSI-X
+    /// message waited for), response checked.
     pub vhca_query_device: Series,
+    /// One 64-byte read from virtio-rng waiting for the queue's MSI-X message (VFIO eventfd, the interrupt thread,
+    /// the wait's wake-up), as a queue with `vhca.completion=interrupt` waits.
+    pub rng_read_interrupt: Series,
+    /// MSI-X messages the rng delivered in the run (at least one per read that asked for them).
+    pub rng_messages: u64,
     /// One 64-byte read from virtio-rng through the same wait, the queue asking for used-buffer notifications
     /// (interrupts): QEMU's rng answered faster so than with them declined (measured, docs/bench.md section 5).
     pub rng_read: Series,
@@ -87,12 +100,11 @@ impl PollWait for SleepsOnly {
     }
 }
 
-/// QEMU's virtio-rng opened through VFIO with its request queue, ready for reads.
+/// QEMU's virtio-rng opened through VFIO, its features negotiated: its MSI-X and queue come next.
 struct Rng {
-    _session: vfio::Session,
+    session: vfio::Session,
     mapper: DmaMapper,
-    _transport: VirtioPci,
-    queue: Queue,
+    transport: VirtioPci,
 }
 
 fn open_rng(timeout: Duration) -> anyhow::Result<Rng> {
@@ -105,9 +117,7 @@ fn open_rng(timeout: Duration) -> anyhow::Result<Rng> {
     transport.add_status(STATUS_ACKNOWLEDGE)?;
     transport.add_status(STATUS_DRIVER)?;
     transport.negotiate(F_VERSION_1 | F_ACCESS_PLATFORM, 0)?;
-    let queue = setup_queue(&transport, &mapper, 0)?;
-    transport.driver_ok()?;
-    Ok(Rng { _session: session, mapper, _transport: transport, queue })
+    Ok(Rng { session, mapper, transport })
 }
 
 /// The scenario's step on vhca's command queue (bring_up.rs calls it as its `RoundTripBench` once QUERY_DEVICE
@@ -119,34 +129,66 @@ pub fn measure_into(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let samples = options.samples.unwrap_or(DEFAULT_SAMPLES);
-    let measured = measure(commands, samples, timeout)?;
+    let measured = measure(commands, options.completion, samples, timeout)?;
     progress(format_args!(
-        "round trip: QUERY_DEVICE median {:.1} us, virtio-rng read median {:.1} us ({samples} each)",
-        measured.vhca_query_device.median_us, measured.rng_read.median_us
+        "round trip: QUERY_DEVICE by {} median {:.1} us, virtio-rng read median {:.1} us polled, {:.1} us by \
+         interrupt ({samples} each)",
+        measured.completion,
+        measured.vhca_query_device.median_us,
+        measured.rng_read.median_us,
+        measured.rng_read_interrupt.median_us
     ));
     report.details.insert("roundtrip".into(), serde_json::to_value(measured)?);
     Ok(())
 }
 
-/// Measures `samples` of each, interleaved so both devices see the same guest and host load.
-pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -> anyhow::Result<RoundTrip> {
-    let mut rng = open_rng(timeout)?;
+/// Measures `samples` of each, interleaved so both devices see the same guest and host load. `completion` is how
+/// `commands` was set up to wait, for the report.
+pub fn measure(
+    commands: &mut CommandQueue,
+    completion: Completion,
+    samples: usize,
+    timeout: Duration,
+) -> anyhow::Result<RoundTrip> {
+    let rng = open_rng(timeout)?;
+    // Its MSI-X before its queue, as bring-up does: the queue's vector is programmed before queue_enable.
+    let mut interrupts = QueueInterrupts::for_run(
+        Completion::Interrupt,
+        &rng.session.device,
+        &rng.transport,
+        1,
+        &mut Report::default(),
+    )?
+    .context("virtio-rng: no MSI-X")?;
+    let (mut queue, mut notifier) = setup_queue(&rng.transport, &rng.mapper, 0)?;
+    interrupts.attach(0, &mut queue);
+    rng.transport.driver_ok()?;
     let buffer = rng.mapper.alloc(ENTROPY_BYTES, DmaAccess::READ_WRITE)?;
     let chain = [Buffer { iova: buffer.iova(), len: ENTROPY_BYTES as u32, device_writes: true }];
-    let (queue, notifier) = &mut rng.queue;
-    // The in-process device at its best: asking for interrupts (see `RoundTrip::rng_read`).
-    queue.set_interrupts_wanted(true);
+    let queue = &mut queue;
+    let notifier = &mut notifier;
+    // The polling waits, whatever this queue's own wait is now (the interrupt's, used by `rng_read_interrupt`).
+    let polling = || Deadline::after(timeout);
     let (mut vhca, mut polled, mut spun, mut kicks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut slept, mut quiet) = (Vec::new(), Vec::new());
+    let (mut slept, mut quiet, mut by_interrupt) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
         let t = Instant::now();
         commands.query_device()?;
         vhca.push(t.elapsed().as_secs_f64() * 1e6);
 
+        // Interrupts asked for, as `wait_by_interrupt` left the queue: the MSI-X message ends the wait.
         let t = Instant::now();
         let head = queue.add_chain(&chain)?;
         notifier.notify()?;
         let used = queue.wait_used(timeout)?;
+        by_interrupt.push(t.elapsed().as_secs_f64() * 1e6);
+        ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
+
+        // The in-process device at its best: asking for interrupts, polling (see `RoundTrip::rng_read`).
+        let t = Instant::now();
+        let head = queue.add_chain(&chain)?;
+        notifier.notify()?;
+        let used = queue.deref_mut().wait_used(&mut polling())?;
         polled.push(t.elapsed().as_secs_f64() * 1e6);
         ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
 
@@ -154,7 +196,7 @@ pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -
         let t = Instant::now();
         let head = queue.add_chain(&chain)?;
         notifier.notify()?;
-        let used = queue.wait_used(timeout)?;
+        let used = queue.deref_mut().wait_used(&mut polling())?;
         quiet.push(t.elapsed().as_secs_f64() * 1e6);
         queue.set_interrupts_wanted(true);
         ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
@@ -191,15 +233,22 @@ pub fn measure(commands: &mut CommandQueue, samples: usize, timeout: Duration) -
     let mut bytes = [0u8; ENTROPY_BYTES];
     buffer.read_bytes(0, &mut bytes)?;
     ensure!(bytes.iter().any(|b| *b != 0), "virtio-rng completed but its buffer is still all zero");
+    let spin_poll_ns = spin_poll_ns(queue)?;
+    // The rng is reset before its MSI-X goes, so no message of the run is missed (as bring-up ends a run).
+    rng.transport.reset(timeout)?;
+    let rng_messages = interrupts.finish().per_vector.iter().sum();
     Ok(RoundTrip {
+        completion: completion.name(),
         vhca_query_device: Series::of(vhca),
+        rng_read_interrupt: Series::of(by_interrupt),
+        rng_messages,
         rng_read: Series::of(polled),
         rng_read_no_interrupt: Series::of(quiet),
         rng_read_sleeping: Series::of(slept),
         rng_read_spinning: Series::of(spun),
         kick: Series::of(kicks),
         vhca_query_device_back_to_back: Series::of(back_to_back),
-        spin_poll_ns: spin_poll_ns(queue)?,
+        spin_poll_ns,
         spin_us: crate::virtio_pci::SPIN_BEFORE_SLEEP.as_secs_f64() * 1e6,
     })
 }
