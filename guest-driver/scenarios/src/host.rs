@@ -8,10 +8,12 @@ use core::time::Duration;
 
 use serde_json::Value;
 use vhca_driver_core::{CommandTransport, CompletionCounts, CqCompletions};
-use vhca_ntapi::{NtKernel, PVOID};
+use vhca_ntapi::{NtAsyncKernel, PVOID};
 
 pub trait ScenarioHost {
-    type Kernel: NtKernel + 'static;
+    /// NtAsyncKernel: scenarios drive timers and DPCs themselves (the driver's own watchdog timer, its teardown),
+    /// and every kernel they run on has them (the NT model, vhca.sys's ntoskrnl.exe).
+    type Kernel: NtAsyncKernel + 'static;
     type Channel: CommandTransport;
 
     /// A progress line (the guest's console, the kernel debugger).

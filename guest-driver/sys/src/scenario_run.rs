@@ -12,7 +12,7 @@ use core::time::Duration;
 
 use serde_json::Value;
 use vhca_driver_core::CommandTransport;
-use vhca_ntapi::{NtKernel, PDEVICE_OBJECT, PVOID};
+use vhca_ntapi::{NtAsyncKernel, PDEVICE_OBJECT, PVOID};
 use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
 use crate::result_line::RunResult;
@@ -22,7 +22,7 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The kernel services a scenario's host needs beyond `NtKernel`.
 pub trait DriverServices {
-    type Kernel: NtKernel + 'static;
+    type Kernel: NtAsyncKernel + 'static;
     type Channel: CommandTransport;
     /// One progress line to the kernel debugger.
     fn print(&self, line: &str);
