@@ -6,6 +6,7 @@ pub mod agent;
 pub mod bring_up;
 pub mod bugcheck_handler;
 pub mod cmdline;
+pub mod completion_times;
 pub mod completion_wait;
 pub mod driver_run;
 pub mod hotplug_slot;

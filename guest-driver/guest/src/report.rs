@@ -2,8 +2,10 @@
 //! lines (`vhca-guest: ...`). The only module that decides how output looks.
 
 use std::io::Write;
+use std::time::Instant;
 
-use serde::Serialize;
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
 use vhca_proto::{DeviceConfig, QueryDeviceResp, CONFIG_MAGIC};
 
 pub const RESULT_PREFIX: &str = "VHCA-RESULT ";
@@ -129,6 +131,35 @@ impl From<vhca_driver_core::CompletionCounts> for CompletionPathView {
     }
 }
 
+/// When the native driver's ISR and DPC ran (`completion_times`), written as µs before the result line itself was
+/// written: the one instant the runner also sees (the line's arrival), so it can place them on the device's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompletionTimesView {
+    pub isr: Vec<Instant>,
+    pub dpc: Vec<Instant>,
+    /// Runs counted past the ones timed.
+    pub isr_untimed: u64,
+    pub dpc_untimed: u64,
+}
+
+impl Serialize for CompletionTimesView {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let now = Instant::now();
+        let before = |times: &[Instant]| -> Vec<u64> {
+            times
+                .iter()
+                .map(|t| u64::try_from(now.saturating_duration_since(*t).as_micros()).unwrap_or(u64::MAX))
+                .collect()
+        };
+        let mut map = s.serialize_map(Some(4))?;
+        map.serialize_entry("isr_us_before_result", &before(&self.isr))?;
+        map.serialize_entry("dpc_us_before_result", &before(&self.dpc))?;
+        map.serialize_entry("isr_untimed", &self.isr_untimed)?;
+        map.serialize_entry("dpc_untimed", &self.dpc_untimed)?;
+        map.end()
+    }
+}
+
 /// The run's MSI-X interrupts (`vhca.completion=interrupt`): how vectors were routed and what each delivered.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct InterruptsView {
@@ -177,6 +208,8 @@ pub struct Report {
     pub interrupts: Option<InterruptsView>,
     /// With interrupts, the native driver's ISR and DPC counts; null when it polled.
     pub completion_path: Option<CompletionPathView>,
+    /// With interrupts, when the ISR and DPC ran; null when it polled or nothing timed them.
+    pub completion_times: Option<CompletionTimesView>,
     pub query_device: Option<QueryDeviceView>,
     pub rng: Option<EntropyRead>,
     pub iovas: Iovas,
@@ -249,6 +282,20 @@ mod tests {
         assert_eq!(json["interrupts"]["per_vector"], serde_json::json!([3]));
         assert_eq!(json["interrupts"]["queue_vectors"][0], 0);
         assert_eq!(json["interrupts"]["waiting_queues"], serde_json::json!([0]));
+    }
+
+    #[test]
+    fn isr_and_dpc_times_are_written_back_from_the_result_line() {
+        let ran = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let times = CompletionTimesView { isr: vec![ran], dpc: vec![], isr_untimed: 4, dpc_untimed: 0 };
+        let report = Report { completion_times: Some(times), ..Report::default() };
+        let json: serde_json::Value = serde_json::from_str(report.line().strip_prefix(RESULT_PREFIX).unwrap()).unwrap();
+        let before = json["completion_times"]["isr_us_before_result"][0].as_u64().unwrap();
+        assert!((2_000..60_000_000).contains(&before), "{before} µs before the line");
+        assert_eq!(json["completion_times"]["dpc_us_before_result"], serde_json::json!([]));
+        assert_eq!(json["completion_times"]["isr_untimed"], 4);
+        assert!(Report::default().line().contains("\"completion_times\":null"));
     }
 
     #[test]
