@@ -1,10 +1,11 @@
 //! The result of a Windows run as the runner reads it: the same `VHCA-RESULT {json}` line the Linux guest prints
-//! (`ok`, `scenario`, `lock`, `error`, `details`). vhca.sys prints it with DbgPrintEx and stores it in the registry value
+//! (`ok`, `scenario`, `lock`, `error`, `completion`, `completion_path`, `details`). vhca.sys prints it with DbgPrintEx and stores it in the registry value
 //! `Result` under the service's Parameters key, where the guest's script copies it to the serial console.
 
 use alloc::string::{String, ToString};
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
+use vhca_driver_core::CompletionCounts;
 
 pub const RESULT_PREFIX: &str = "VHCA-RESULT ";
 
@@ -16,11 +17,16 @@ pub struct RunResult {
     pub lock: Option<&'static str>,
     pub error: Option<String>,
     pub details: Map<String, Value>,
+    /// How the scenario waited for completions: "interrupt" (the ISR, its DPC and KEVENTs) or "poll"; None
+    /// before a scenario ran.
+    pub completion: Option<&'static str>,
+    /// With interrupts, what the path's ISR and DPC did (the Linux guest's `completion_path`, same names).
+    pub completion_path: Option<CompletionCounts>,
 }
 
 impl RunResult {
     pub fn new(scenario: &'static str) -> RunResult {
-        RunResult { scenario, lock: None, error: None, details: Map::new() }
+        RunResult { scenario, lock: None, error: None, details: Map::new(), completion: None, completion_path: None }
     }
 
     pub fn detail(&mut self, key: &str, value: impl Into<Value>) {
@@ -48,6 +54,13 @@ impl RunResult {
         }
         if let Some(e) = &self.error {
             object.insert("error".into(), Value::String(e.clone()));
+        }
+        if let Some(mode) = self.completion {
+            object.insert("completion".into(), Value::String(mode.into()));
+            let path = self.completion_path.map(|c| {
+                json!({"isr_calls": c.isr_calls, "dpc_calls": c.dpc_calls, "dpc_requeues": c.dpc_requeues, "cqes": c.cqes})
+            });
+            object.insert("completion_path".into(), path.unwrap_or(Value::Null));
         }
         object.insert("details".into(), Value::Object(self.details.clone()));
         let mut line = String::from(RESULT_PREFIX);
@@ -81,5 +94,27 @@ mod tests {
         assert_eq!(parsed["error"], "CREATE_CQ refused: \"bad\"\n");
         assert_eq!(parsed["details"]["later_error"], "second");
         assert!(!failed.line().contains('\n'), "one line");
+        assert!(parsed.get("completion").is_none(), "no scenario wait yet, no completion mode");
+    }
+
+    /// The completion fields have the Linux guest's names and shape, so the runner's reader takes them alike.
+    #[test]
+    fn the_completion_path_is_reported_as_the_linux_guest_does() {
+        let mut polled = RunResult::new("smoke");
+        polled.completion = Some("poll");
+        let parsed = vhca_suite::parse_result_line(&polled.line()).unwrap().unwrap();
+        assert_eq!(parsed["completion"], "poll");
+        assert!(parsed["completion_path"].is_null());
+
+        let mut interrupts = RunResult::new("verbs-loopback");
+        interrupts.completion = Some("interrupt");
+        interrupts.completion_path = Some(CompletionCounts { isr_calls: 9, dpc_calls: 8, dpc_requeues: 1, cqes: 12 });
+        let parsed = vhca_suite::parse_result_line(&interrupts.line()).unwrap().unwrap();
+        assert_eq!(parsed["completion"], "interrupt");
+        let path = &parsed["completion_path"];
+        assert_eq!(
+            (&path["isr_calls"], &path["dpc_calls"], &path["dpc_requeues"], &path["cqes"]),
+            (&9.into(), &8.into(), &1.into(), &12.into())
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! How vhca.sys runs a scenario: the seed scenarios are vhca-scenarios (the same code the Linux guest program runs);
 //! this is their host in the driver, collecting details into the result line. What needs the kernel (debugger
-//! output, the clock, user buffers) is `DriverServices`, implemented over ntoskrnl.exe in src/kernel and over the
-//! NT model in this crate's tests.
+//! output, the clock, user buffers, the interrupt path) is `DriverServices`, implemented over ntoskrnl.exe in
+//! src/kernel and over the NT model in this crate's tests.
 
+use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::ToString;
 use alloc::sync::Arc;
@@ -11,7 +12,7 @@ use core::fmt;
 use core::time::Duration;
 
 use serde_json::Value;
-use vhca_driver_core::CommandTransport;
+use vhca_driver_core::{CommandTransport, CompletionCounts, CqCompletions};
 use vhca_ntapi::{NtAsyncKernel, PDEVICE_OBJECT, PVOID};
 use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
@@ -36,6 +37,11 @@ pub trait DriverServices {
     /// Whether the kernel refused the driver a resource so far (an allocation returned NULL, a routine returned
     /// STATUS_INSUFFICIENT_RESOURCES).
     fn resources_refused(&self) -> bool;
+    /// The interrupt-driven completion path, connected (PASSIVE_LEVEL). Ok(None): the device has no interrupt, so
+    /// the scenario polls; an error: a connection was tried and not kept, which the host reports and polls after.
+    fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
+        Ok(None)
+    }
 }
 
 /// The scenario's host in vhca.sys: details and the lock go into the run's result as they come, progress to the
@@ -94,6 +100,27 @@ impl<S: DriverServices> ScenarioHost for DriverHost<'_, S> {
     /// evidence (vhca_scenarios::run). The driver knows only what its kernel calls returned, as on Windows.
     fn error_path(&self, _error: &anyhow::Error) -> bool {
         self.services.resources_refused()
+    }
+
+    /// The scenario's waits sleep on the path's KEVENTs when it connected, and poll otherwise: a refused or
+    /// unusable connection is not the scenario's failure (the device still works polled), so it becomes a detail
+    /// and a progress line, and the result says which way the run completed (`completion`, as the Linux guest).
+    fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
+        let connected = self.services.connect_completions().unwrap_or_else(|e| {
+            self.say(format_args!("interrupt path not connected ({e:#}); completions are polled"));
+            self.detail("interrupt_path_refused", Value::String(format!("{e:#}")));
+            None
+        });
+        self.result.borrow_mut().completion = Some(if connected.is_some() { "interrupt" } else { "poll" });
+        Ok(connected)
+    }
+
+    fn completion_counts(&self, counts: CompletionCounts) {
+        self.say(format_args!(
+            "interrupt path disconnected: {} ISR calls, {} DPC calls ({} re-queued), {} CQEs",
+            counts.isr_calls, counts.dpc_calls, counts.dpc_requeues, counts.cqes
+        ));
+        self.result.borrow_mut().completion_path = Some(counts);
     }
 }
 

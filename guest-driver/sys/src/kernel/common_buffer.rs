@@ -30,6 +30,10 @@ impl CommonBuffer {
     }
 }
 
+// SAFETY: a common buffer is non-paged kernel memory, reachable from any processor at any IRQL <= DISPATCH_LEVEL;
+// the value owns it alone (freed once, in drop), so moving it to another thread moves that ownership.
+unsafe impl Send for CommonBuffer {}
+
 // SAFETY: AllocateCommonBuffer returns page-aligned memory of `len` bytes that the device reaches at `logical`,
 // valid until FreeCommonBuffer in drop.
 unsafe impl DmaMemory for CommonBuffer {

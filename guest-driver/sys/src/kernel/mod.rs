@@ -7,6 +7,7 @@ mod config_space;
 mod debug_print;
 mod dma_operations;
 mod fdo;
+mod interrupt_completions;
 mod irp;
 mod kernel_callbacks;
 mod kernel_imports;

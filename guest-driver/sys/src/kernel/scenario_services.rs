@@ -1,18 +1,24 @@
 //! The kernel services vhca.sys's scenario host needs beyond the WDK shim: the debugger for progress, the interrupt
-//! clock, delays, and user buffers (virtual memory in the current process's user address space).
+//! clock, delays, user buffers (virtual memory in the current process's user address space), and the interrupt
+//! path over the interrupts START_DEVICE gave the device.
 
+use alloc::boxed::Box;
+use alloc::sync::Arc;
 use core::ffi::c_void;
-use core::marker::PhantomData;
 use core::time::Duration;
 
-use vhca_ntapi::PVOID;
+use vhca_driver_core::{CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
+use vhca_ntapi::{INTERRUPT_CONNECTION, PDEVICE_OBJECT, PVOID};
+use vhca_virtio::{MsixPlan, VirtioPci};
 use windows_sys::Wdk::System::SystemServices::{KeDelayExecutionThread, KernelMode};
 
 use super::debug_print::print_line;
+use super::interrupt_completions::InterruptCompletions;
 use super::kernel_imports::{ZwAllocateVirtualMemory, ZwFreeVirtualMemory};
-use super::mmio_registers;
+use super::mmio_registers::{self, MmioBar};
 use super::sys_command_transport::SysCommandTransport;
 use super::wdk_kernel::WdkKernel;
+use crate::interrupt_resources::InterruptResources;
 use crate::scenario_run::DriverServices;
 
 /// NtCurrentProcess(): the handle wdm.h defines as -1.
@@ -23,15 +29,40 @@ const MEM_RELEASE: u32 = 0x8000;
 const PAGE_READWRITE: u32 = 0x04;
 const PAGE: u64 = 4096;
 
-/// The services for one run on one started device's channel (the lifetime is the channel's borrow).
+/// What the started device has for an interrupt path: START_DEVICE's interrupt descriptors, the MSI-X routing the
+/// device took (None: it has no messages), its registers, and the PDO IoConnectInterruptEx connects for.
+pub struct DeviceInterrupts<'a> {
+    pub resources: &'a InterruptResources,
+    pub msix: Option<&'a MsixPlan>,
+    pub transport: &'a Arc<VirtioPci<MmioBar>>,
+    pub pdo: PDEVICE_OBJECT,
+}
+
+/// The services for one run on one started device's channel (the lifetime is the started device's borrow).
 pub struct KernelServices<'a> {
-    kernel: &'a WdkKernel,
-    _channel: PhantomData<&'a SysCommandTransport>,
+    kernel: &'a Arc<WdkKernel>,
+    channel: &'a Arc<SysCommandTransport>,
+    interrupts: DeviceInterrupts<'a>,
 }
 
 impl<'a> KernelServices<'a> {
-    pub fn new(_channel: &'a SysCommandTransport, kernel: &'a WdkKernel) -> Self {
-        KernelServices { kernel, _channel: PhantomData }
+    pub fn new(
+        channel: &'a Arc<SysCommandTransport>,
+        kernel: &'a Arc<WdkKernel>,
+        interrupts: DeviceInterrupts<'a>,
+    ) -> Self {
+        KernelServices { kernel, channel, interrupts }
+    }
+}
+
+/// How IoConnectInterruptEx connected, in words.
+fn connection_kind(connection: Option<&INTERRUPT_CONNECTION>) -> alloc::string::String {
+    match connection {
+        Some(INTERRUPT_CONNECTION::MessageBased(info)) => {
+            alloc::format!("message-based, {} messages at IRQL {}", info.MessageInfo.len(), info.UnifiedIrql)
+        }
+        Some(INTERRUPT_CONNECTION::LineBased(_)) => "line-based (the fallback)".into(),
+        None => "not connected".into(),
     }
 }
 
@@ -49,6 +80,27 @@ impl<'a> DriverServices for KernelServices<'a> {
 
     fn resources_refused(&self) -> bool {
         self.kernel.refusals() > 0
+    }
+
+    /// IoConnectInterruptEx, CONNECT_MESSAGE_BASED with the line-based fallback, only when START_DEVICE gave the
+    /// device an interrupt (without one it returns STATUS_NOT_FOUND, and the run polls as before). The path is
+    /// kept only when messages were connected and the device took their routing: the device signals its queues by
+    /// MSI-X, and the driver core's ISR claims every call without reading virtio's ISR status register, which a
+    /// level-triggered line would need to be deasserted.
+    fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
+        let i = &self.interrupts;
+        if i.resources.is_empty() {
+            return Ok(None);
+        }
+        let waits = CompletionWaits::connect(self.kernel.clone(), self.channel.clone(), i.pdo, DEFAULT_CQE_BUDGET)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let kind = connection_kind(waits.connection());
+        let (Some(plan), Some(INTERRUPT_CONNECTION::MessageBased(_))) = (i.msix, waits.connection()) else {
+            let counts = Box::new(waits).disconnect();
+            anyhow::bail!("IoConnectInterruptEx connected {kind}, without the MSI-X routing the queues signal by ({} ISR calls meanwhile)", counts.isr_calls);
+        };
+        print_line(&alloc::format!("vhca: interrupt path connected: {kind}"));
+        Ok(Some(Box::new(InterruptCompletions::new(waits, i.transport.clone(), plan.clone()))))
     }
 
     fn sleep(&self, duration: Duration) {

@@ -1,6 +1,7 @@
 //! The device while started: its BARs mapped from the translated resources, the shared virtio transport brought
-//! up over them, every queue the device has and the command transport in common buffers, and the WDK shim the driver core
-//! runs on. Dropping it quiesces the device (reset) before any of its memory is freed.
+//! up over them, every queue the device has and the command transport in common buffers, the interrupts START_DEVICE
+//! gave it (its MSI-X messages routed to the queues), and the WDK shim the driver core runs on. Dropping it quiesces
+//! the device (reset) before any of its memory is freed.
 
 use alloc::format;
 use alloc::string::String;
@@ -14,8 +15,8 @@ use vhca_proto::{
     DeviceConfig, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
 };
 use vhca_virtio::{
-    command_with_decoding_and_mastering, parse_capabilities, RingLayout, SplitQueue, VirtioPci, F_ACCESS_PLATFORM,
-    F_VERSION_1, PCI_COMMAND, PCI_CONFIG_SPACE_SIZE, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
+    command_with_decoding_and_mastering, parse_capabilities, MsixPlan, RingLayout, SplitQueue, VirtioPci,
+    F_ACCESS_PLATFORM, F_VERSION_1, PCI_COMMAND, PCI_CONFIG_SPACE_SIZE, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
 };
 use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
 use windows_sys::Wdk::System::SystemServices::{
@@ -25,11 +26,13 @@ use zerocopy::FromBytes;
 
 use super::common_buffer::CommonBuffer;
 use super::config_space;
+use super::debug_print::print_line;
 use super::mmio_registers::{KernelWait, MmioBar};
-use super::scenario_services::KernelServices;
+use super::scenario_services::{DeviceInterrupts, KernelServices};
 use super::sys_command_transport::{Queue, SysCommandTransport, TransportBuffers};
 use super::wdk_kernel::WdkKernel;
 use crate::bar_resources::{locate_bar, memory_resources};
+use crate::interrupt_resources::{interrupt_resources, InterruptResources};
 use crate::result_line::RunResult;
 use crate::scenario_run;
 use vhca_scenarios::{Scenario, ScenarioOptions};
@@ -58,8 +61,14 @@ impl Drop for MappedBar {
 pub struct StartedDevice {
     pdo: *mut DEVICE_OBJECT,
     kernel: Arc<WdkKernel>,
-    transport: VirtioPci<MmioBar>,
-    channel: Option<SysCommandTransport>,
+    /// Shared with the interrupt path, which routes the device's MSI-X vectors off before it disconnects.
+    transport: Arc<VirtioPci<MmioBar>>,
+    channel: Option<Arc<SysCommandTransport>>,
+    /// The interrupt descriptors of START_DEVICE's lists.
+    interrupts: InterruptResources,
+    /// Which message each virtio source signals, when START_DEVICE gave messages and the device took the routing:
+    /// then the event queue asks for interrupts and a scenario's completions come through the ISR and its DPC.
+    msix: Option<MsixPlan>,
     /// The queues the channel does not use (queue 3), set up only because QEMU needs every queue set up; their
     /// common buffers are freed after the reset in drop.
     unused_queues: Vec<Queue>,
@@ -114,7 +123,9 @@ impl StartedDevice {
         check("IRP_MN_READ_CONFIG", config_space::read(pdo, 0, &mut config))?;
         let caps = parse_capabilities(&config).map_err(|e| format!("virtio capabilities: {e}"))?;
         // SAFETY: the caller's contract.
-        let resources = unsafe { memory_resources(list_bytes(raw), list_bytes(translated)) };
+        let (raw, translated) = unsafe { (list_bytes(raw), list_bytes(translated)) };
+        let resources = memory_resources(raw, translated);
+        let interrupts = interrupt_resources(raw, translated);
         let mut bars: Vec<MappedBar> = Vec::new();
         for bar in [Some(caps.common.bar), Some(caps.notify.bar), caps.device.map(|d| d.bar)].into_iter().flatten() {
             if bars.iter().any(|b| b.index == bar) {
@@ -149,15 +160,24 @@ impl StartedDevice {
         if adapter.is_null() {
             return Err("IoGetDmaAdapter for the channel failed".into());
         }
-        let mut device =
-            StartedDevice { pdo, kernel, transport, channel: None, unused_queues: Vec::new(), adapter, _bars: bars };
+        let mut device = StartedDevice {
+            pdo,
+            kernel,
+            transport: Arc::new(transport),
+            channel: None,
+            interrupts,
+            msix: None,
+            unused_queues: Vec::new(),
+            adapter,
+            _bars: bars,
+        };
         device.bring_up()?;
         Ok(device)
     }
 
     /// virtio initialisation (virtio 1.x, 3.1.1) and the channel. On error the caller drops `self`, which resets.
     fn bring_up(&mut self) -> Result<(), String> {
-        let t = &self.transport;
+        let t: &VirtioPci<MmioBar> = &self.transport;
         t.reset(&mut KernelWait::after(RESET_TIMEOUT)).map_err(|e| format!("reset: {e}"))?;
         t.add_status(STATUS_ACKNOWLEDGE).map_err(|e| format!("status: {e}"))?;
         t.add_status(STATUS_DRIVER).map_err(|e| format!("status: {e}"))?;
@@ -188,6 +208,16 @@ impl StartedDevice {
         if num_queues < NUM_QUEUES {
             return Err(format!("device has {num_queues} queues, vhca needs {NUM_QUEUES}"));
         }
+        // The MSI-X routing before any queue is enabled (virtio 1.2, 4.1.5.1.3 step 3), when START_DEVICE gave
+        // messages. A device that refuses it leaves the driver polling, as without messages.
+        let messages = u16::try_from(self.interrupts.messages()).unwrap_or(u16::MAX);
+        self.msix = MsixPlan::new(messages, num_queues.min(MAX_QUEUES)).and_then(|plan| match plan.program(t) {
+            Ok(()) => Some(plan),
+            Err(e) => {
+                print_line(&format!("vhca: MSI-X routing refused ({e}); completions are polled"));
+                None
+            }
+        });
         let mut queues = Vec::new();
         // Declared after `queues`, so dropped before them: on an error return the device is reset before a ring it
         // was told of is freed (freeing first lets the device DMA to an unmapped ring: 0xE6/0x26, found by the low
@@ -204,12 +234,17 @@ impl StartedDevice {
         let mut channel_queue = |index: u16| queues[index as usize].take().ok_or(format!("queue {index} taken twice"));
         let commands = channel_queue(QUEUE_COMMAND)?;
         let events = channel_queue(QUEUE_EVENT)?;
+        if self.msix.is_some() {
+            // Before its first chain, so no event can come without a notification (the Linux guest's event queue
+            // asks the same way). The command and doorbell queues keep declining: their waits poll.
+            events.ring.set_interrupts_wanted(true);
+        }
         let doorbells = channel_queue(QUEUE_DOORBELL)?;
         self.unused_queues = queues.into_iter().flatten().collect();
-        self.channel = Some(
+        self.channel = Some(Arc::new(
             SysCommandTransport::new(buffers, commands, events, doorbells)
                 .ok_or("command transport: event posting failed")?,
-        );
+        ));
         reset.armed = false;
         Ok(())
     }
@@ -218,9 +253,15 @@ impl StartedDevice {
     pub fn run_scenario(&self, scenario: Scenario, options: &ScenarioOptions) -> RunResult {
         match &self.channel {
             Some(channel) => {
-                let services = KernelServices::new(channel, &self.kernel);
                 let pdo = PDEVICE_OBJECT(self.pdo as u64);
-                scenario_run::run(scenario, &services, self.kernel.clone(), channel, pdo, options)
+                let interrupts = DeviceInterrupts {
+                    resources: &self.interrupts,
+                    msix: self.msix.as_ref(),
+                    transport: &self.transport,
+                    pdo,
+                };
+                let services = KernelServices::new(channel, &self.kernel, interrupts);
+                scenario_run::run(scenario, &services, self.kernel.clone(), &**channel, pdo, options)
             }
             None => {
                 let mut result = RunResult::new(scenario.name());
@@ -250,6 +291,9 @@ impl Drop for StartedDevice {
     /// device no longer reads or writes the rings and buffers freed next.
     fn drop(&mut self) {
         let _ = self.transport.reset(&mut KernelWait::after(RESET_TIMEOUT));
+        // The device is quiet (Microsoft: disable the interrupts, then IoDisconnectInterruptEx); a connection a
+        // scenario left behind is disconnected and every DPC flushed before the queues they read are freed.
+        self.kernel.quiesce_async();
         self.channel = None;
         self.unused_queues.clear();
         // The channel's adapter, every common buffer on it freed just above; PASSIVE_LEVEL.

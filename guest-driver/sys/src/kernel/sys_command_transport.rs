@@ -1,19 +1,27 @@
 //! The driver core's `CommandTransport` in vhca.sys: vhca-queues (the code the Linux guest program runs too) over
-//! common buffers and mapped BARs, waiting with `KernelWait`. Polled: the core waits for each completion; no
-//! interrupt is connected.
+//! common buffers and mapped BARs, waiting with `KernelWait`. Commands are polled (the core waits for each
+//! completion); events and doorbells are shared with the interrupt path's DPC.
+//!
+//! Why three locks and not one: the DPC (DISPATCH_LEVEL, any processor) reads events and rings CQ-arm doorbells
+//! while the control path may be waiting up to 10 s for a command. A command's wait sleeps below DISPATCH_LEVEL,
+//! so it cannot hold a spin lock, and a DPC cannot wait for a lock that sleeps; so the command queue has the
+//! control path's own lock (a second caller is refused, as the RefCell did before), and the event and doorbell
+//! queues each a KSPIN_LOCK the DPC and the control path both take. No path holds two of them.
 
-use core::cell::RefCell;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 
 use vhca_driver_core::{CommandTransport, CommandTransportError};
 use vhca_ntapi::PDMA_ADAPTER;
 use vhca_proto::{Event, EVENT_SIZE, MAX_REQUEST_SIZE, PAGE_SIZE};
-use vhca_queues::{CommandQueue, DoorbellQueue, EventQueue, HcaQueues, WaitSource};
-use vhca_virtio::{QueueNotifier, SplitQueue};
+use vhca_queues::{CommandError, CommandQueue, DoorbellQueue, EventQueue, RingError, WaitSource};
+use vhca_virtio::{QueueError, QueueNotifier, SplitQueue};
 
 use super::common_buffer::CommonBuffer;
 use super::debug_print::print_line;
 use super::mmio_registers::{KernelWait, MmioBar};
+use super::spin_locked::SpinLocked;
 
 /// Event buffers kept posted.
 const EVENT_BUFFERS: usize = 16;
@@ -36,12 +44,40 @@ impl WaitSource for CompletionWait {
     }
 }
 
-type Queues = HcaQueues<CommonBuffer, QueueNotifier<MmioBar>, CompletionWait>;
+type Notifier = QueueNotifier<MmioBar>;
 
-/// The channel. The core uses it from one thread at a time (its verbs take `&mut Hca`); the RefCell turns a
-/// re-entrant use into an error instead of a data race.
+/// The channel.
 pub struct SysCommandTransport {
-    queues: RefCell<Queues>,
+    commands: Exclusive<CommandQueue<CommonBuffer, Notifier, CompletionWait>>,
+    doorbells: SpinLocked<DoorbellQueue<CommonBuffer, Notifier, CompletionWait>>,
+    events: SpinLocked<EventQueue<CommonBuffer, Notifier>>,
+}
+
+/// A value one caller at a time uses; a second is refused rather than made to wait. The core's control path is one
+/// thread (its verbs take `&mut Hca`), so a refusal means re-entrance, which becomes an error instead of a race.
+struct Exclusive<T> {
+    busy: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: `value` is reached only by the one caller that turned `busy` from false to true (`try_with`).
+unsafe impl<T: Send> Sync for Exclusive<T> {}
+
+impl<T> Exclusive<T> {
+    fn new(value: T) -> Exclusive<T> {
+        Exclusive { busy: AtomicBool::new(false), value: UnsafeCell::new(value) }
+    }
+
+    fn try_with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        if self.busy.swap(true, Ordering::Acquire) {
+            return None;
+        }
+        // SAFETY: this caller set `busy`; no other reference exists until it is cleared below (a panic stops the
+        // machine, so it is never left set by an unwound caller).
+        let r = f(unsafe { &mut *self.value.get() });
+        self.busy.store(false, Ordering::Release);
+        Some(r)
+    }
 }
 
 /// The channel's notes go to the kernel debugger.
@@ -87,23 +123,59 @@ impl SysCommandTransport {
         let count = EVENT_BUFFERS.min(events.ring.size() as usize);
         let events = EventQueue::new(events.ring, events.notifier, slots, count).ok()?;
         let doorbells = DoorbellQueue::new(doorbells.ring, doorbells.notifier, doorbell, CompletionWait);
-        Some(SysCommandTransport { queues: RefCell::new(HcaQueues { commands, doorbells, events }) })
+        Some(SysCommandTransport {
+            commands: Exclusive::new(commands),
+            doorbells: SpinLocked::new(doorbells),
+            events: SpinLocked::new(events),
+        })
     }
 }
 
-/// A re-entrant use of the channel (the RefCell already borrowed).
+/// A re-entrant use of the command queue (its lock already held).
 const REENTERED: CommandTransportError = CommandTransportError::Refused(6);
 
+/// The command queue's failures as the core's, as `vhca_queues::HcaQueues::execute` maps them (the queues are
+/// held apart here, so that method, which takes all three, is not used).
+fn command_error<E: core::fmt::Display + core::fmt::Debug>(e: CommandError<E>) -> CommandTransportError {
+    match e {
+        CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => CommandTransportError::Timeout,
+        other => {
+            note(format_args!("command queue: {other}"));
+            CommandTransportError::Refused(4)
+        }
+    }
+}
+
+impl CommandTransport for SysCommandTransport {
+    /// PASSIVE_LEVEL (the control path): the wait may sleep.
+    fn execute(&self, request: &[u8], response_capacity: usize) -> Result<alloc::vec::Vec<u8>, CommandTransportError> {
+        let done = self.commands.try_with(|q| q.execute_raw(request, response_capacity).map_err(command_error));
+        done.unwrap_or(Err(REENTERED))
+    }
+
+    /// IRQL <= DISPATCH_LEVEL (the control path or the DPC): under the doorbell queue's spin lock, where the wait
+    /// for the device to take the records stalls instead of sleeping (KernelWait at DISPATCH_LEVEL).
+    fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
+        self.doorbells.with(|q| q.ring(records, &note))
+    }
+
+    /// IRQL <= DISPATCH_LEVEL, under the event queue's spin lock.
+    fn poll_event(&self) -> Option<Event> {
+        self.events.with(|q| q.poll(&note))
+    }
+}
+
+/// The core's control path holds the channel by reference (`Hca::open`); the interrupt path by `Arc`.
 impl CommandTransport for &SysCommandTransport {
     fn execute(&self, request: &[u8], response_capacity: usize) -> Result<alloc::vec::Vec<u8>, CommandTransportError> {
-        self.queues.try_borrow_mut().map_err(|_| REENTERED)?.execute(request, response_capacity, &note)
+        (**self).execute(request, response_capacity)
     }
 
     fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
-        self.queues.try_borrow_mut().map_err(|_| REENTERED)?.ring_doorbell(records, &note)
+        (**self).ring_doorbell(records)
     }
 
     fn poll_event(&self) -> Option<Event> {
-        self.queues.try_borrow_mut().ok()?.poll_event(&note)
+        (**self).poll_event()
     }
 }

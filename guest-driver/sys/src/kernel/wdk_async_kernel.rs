@@ -138,6 +138,20 @@ impl WdkKernel {
     fn keep_async(&self, object: AsyncObject) {
         self.keep(Owned::Async(object));
     }
+
+    /// IRQL = PASSIVE_LEVEL, at stop or remove after the device was reset: disconnects every interrupt still
+    /// connected, cancels the timers and flushes the DPCs, so nothing runs into the queues freed next. The DPC,
+    /// timer and event objects stay kept (whoever made them may still name them) until the shim is dropped.
+    pub fn quiesce_async(&self) {
+        let owned = self.forget_all();
+        quiesce(&owned);
+        for object in owned {
+            // Disconnected above: dropped, never disconnected twice.
+            if !matches!(object, Owned::Async(AsyncObject::Interrupt(_))) {
+                self.keep(object);
+            }
+        }
+    }
 }
 
 impl NtAsyncKernel for WdkKernel {
@@ -159,7 +173,9 @@ impl NtAsyncKernel for WdkKernel {
         let mut p = wdk::IO_CONNECT_INTERRUPT_PARAMETERS { Version: wdk::CONNECT_MESSAGE_BASED, ..Default::default() };
         p.Anonymous.MessageBased = wdk::IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
             PhysicalDeviceObject: parameters.PhysicalDeviceObject.0 as *mut DEVICE_OBJECT,
-            ConnectionContext: wdk::IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS_0 { Generic: &mut connection.context },
+            ConnectionContext: wdk::IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS_0 {
+                Generic: &mut connection.context,
+            },
             MessageServiceRoutine: callbacks::message_service(),
             ServiceContext: service_context,
             SpinLock: parameters.SpinLock.0 as *mut usize,
@@ -391,4 +407,3 @@ impl NtAsyncKernel for WdkKernel {
         unsafe { wdk::KeStallExecutionProcessor(microseconds) }
     }
 }
-

@@ -74,6 +74,11 @@ impl WdkKernel {
         self.owned.with(|owned| owned.push(object));
     }
 
+    /// Takes every kept object out of the table (the caller puts back what it keeps).
+    pub(super) fn forget_all(&self) -> Vec<Owned> {
+        self.owned.with(core::mem::take)
+    }
+
     /// Takes the first kept object `pick` chooses out of the table (the caller frees it).
     pub(super) fn forget(&self, pick: impl Fn(&Owned) -> bool) -> Option<Owned> {
         self.owned.with(|owned| owned.iter().position(pick).map(|i| owned.swap_remove(i)))
