@@ -196,6 +196,10 @@ fn vhca_sys_is_a_signed_wdm_driver_entered_at_driver_entry() {
     let facts = facts.unwrap();
     assert_eq!(facts.entry_rva, driver_entry_rva(&dir, &image), "entry point is not DriverEntry");
     assert!(facts.imports.iter().any(|(m, r)| m == "ntoskrnl.exe" && r == "IoGetDmaAdapter"), "{:?}", facts.imports);
+    // The interrupt path is in the image: connected message-based, disconnected and its DPCs flushed at teardown.
+    for routine in ["IoConnectInterruptEx", "IoDisconnectInterruptEx", "KeInsertQueueDpc", "KeFlushQueuedDpcs"] {
+        assert!(facts.imports.iter().any(|(m, r)| m == "ntoskrnl.exe" && r == routine), "no {routine} import");
+    }
     let file = PeFile64::parse(&image[..]).unwrap();
     let security = file.data_directory(pe::IMAGE_DIRECTORY_ENTRY_SECURITY).expect("a security directory");
     assert!(security.size.get(LE) > 0, "no Authenticode signature");
@@ -281,4 +285,90 @@ fn the_inf_installs_both_device_ids_with_dma_remapping() {
     assert!(section.lines().any(|l| l.trim() == "HKR,Parameters,DmaRemappingCompatible,0x00010001,1"), "{section}");
     assert!(inf.contains("ServiceBinary = %13%\\vhca.sys") && inf.contains("CatalogFile = vhca.cat"));
     assert!(dir.join("vhca-test.cer").is_file() && dir.join("vhca.pdb").is_file());
+}
+
+/// The INF's sections by name (INF section names compare without case), each with its lines, comments and blank
+/// lines left out.
+fn inf_sections(inf: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut sections = std::collections::BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in inf.lines() {
+        let line = line.split(';').next().unwrap_or("").trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let name = name.trim().to_ascii_lowercase();
+            sections.entry(name.clone()).or_insert_with(Vec::new);
+            current = Some(name);
+        } else if let (Some(name), false) = (&current, line.is_empty()) {
+            sections.get_mut(name).expect("section opened").push(line.to_string());
+        }
+    }
+    sections
+}
+
+/// What is wrong with the INF's MSI-X opt-in, in words: the hardware section must be the models' DDInstall section
+/// decorated as it is installed (its name + .HW), and its AddReg must write MSISupported = 1 and a
+/// MessageNumberLimit of one message per virtio interrupt source (config + each queue) under the device's key.
+fn msi_problems(inf: &str) -> Vec<String> {
+    let sections = inf_sections(inf);
+    let mut problems = Vec::new();
+    // The models section's lines name the DDInstall section: `%DeviceDesc% = vhca_Install, PCI\...`.
+    let models = sections.get("vhca.ntamd64").cloned().unwrap_or_default();
+    let Some(install) =
+        models.iter().find_map(|l| l.split_once('=')?.1.split(',').next().map(|s| s.trim().to_string()))
+    else {
+        return vec!["no DDInstall section named by [vhca.NTamd64]".into()];
+    };
+    // Windows picks the most specific decoration that exists: .NTamd64, else .NT, else none.
+    let Some(decorated) = [".ntamd64", ".nt", ""]
+        .iter()
+        .map(|d| format!("{}{d}", install.to_ascii_lowercase()))
+        .find(|name| sections.contains_key(name))
+    else {
+        return vec![format!("no [{install}.NT] section")];
+    };
+    let hw = format!("{decorated}.hw");
+    let Some(hw_lines) = sections.get(&hw) else {
+        problems.push(format!("no [{hw}] section: MSI-X is never enabled"));
+        return problems;
+    };
+    let add_reg: Vec<String> = hw_lines
+        .iter()
+        .filter_map(|l| l.split_once('=').filter(|(k, _)| k.trim().eq_ignore_ascii_case("AddReg")).map(|(_, v)| v))
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect();
+    let entries: Vec<String> =
+        add_reg.iter().flat_map(|name| sections.get(name).cloned().unwrap_or_default()).collect();
+    let key = r"HKR,Interrupt Management\MessageSignaledInterruptProperties";
+    let value = |name: &str| {
+        entries
+            .iter()
+            .find_map(|e| e.strip_prefix(&format!("{key},{name},0x00010001,")))
+            .map(str::trim)
+            .map(String::from)
+    };
+    if value("MSISupported").as_deref() != Some("1") {
+        problems.push(format!("[{hw}]'s AddReg does not set MSISupported to 1 under {key}"));
+    }
+    let wanted = 1 + vhca_proto::NUM_QUEUES as u32;
+    match value("MessageNumberLimit").map(|v| v.parse::<u32>()) {
+        Some(Ok(n)) if n == wanted => {}
+        other => problems.push(format!("MessageNumberLimit {other:?}, not {wanted} (config + each queue)")),
+    }
+    problems
+}
+
+#[test]
+fn the_inf_enables_msi_x_in_its_ddinstall_hw_section() {
+    let Some(dir) = package() else { return };
+    let inf = String::from_utf8(read(&dir, "vhca.inf")).unwrap();
+    assert_eq!(msi_problems(&inf), Vec::<String>::new());
+    assert_eq!(inf, include_str!("../vhca.inf"), "the package's INF is the source's");
+
+    // Each broken form is caught: the HW section under another decoration than the DDInstall section's, a value off.
+    let misnamed = inf.replace("[vhca_Install.NT.HW]", "[vhca_Install.HW]");
+    assert!(msi_problems(&misnamed).iter().any(|p| p.contains("no [vhca_install.nt.hw] section")), "{misnamed}");
+    let off = inf.replace("MSISupported,0x00010001,1", "MSISupported,0x00010001,0");
+    assert!(msi_problems(&off).iter().any(|p| p.contains("MSISupported")));
+    let one = inf.replace("MessageNumberLimit,0x00010001,5", "MessageNumberLimit,0x00010001,1");
+    assert!(msi_problems(&one).iter().any(|p| p.contains("MessageNumberLimit")));
 }
