@@ -4,8 +4,12 @@
 #[path = "../../ntmodel/tests/common/mod.rs"]
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use vhca_driver_core::{CompletionCounts, CqCompletions, CqReader};
+use vhca_proto::{Cqe, Event};
 
 use common::{machine, HcaChannel, PDO};
 use vhca_ntapi::PVOID;
@@ -19,6 +23,58 @@ struct ModelServices {
     kernel: Arc<NtModel>,
     origin: Instant,
     printed: Mutex<Vec<String>>,
+    interrupts: Interrupts,
+}
+
+/// What `connect_completions` gives the host.
+#[derive(Clone, Copy, PartialEq)]
+enum Interrupts {
+    /// No interrupt resources: the default, polling.
+    None,
+    /// A path that connected (`FixedPath`).
+    Connected,
+    /// A connection tried and refused, as vhca.sys's line-based fallback is.
+    Refused,
+}
+
+/// The counts `FixedPath` reports at its disconnect.
+const FIXED_COUNTS: CompletionCounts = CompletionCounts { isr_calls: 7, dpc_calls: 6, dpc_requeues: 1, cqes: 0 };
+
+/// A connected path whose DPC is the caller: each take reads the watched CQ's ring itself. It shows what the host
+/// makes of a connection (the result's completion fields), the part of the interrupt path vhca.sys's host adds over
+/// the driver core (whose own path the NT model's tests cover).
+struct FixedPath {
+    kernel: Arc<NtModel>,
+    watched: Mutex<BTreeMap<u32, CqReader>>,
+}
+
+impl CqCompletions for FixedPath {
+    fn watch(&self, cq: u32, reader: CqReader) {
+        self.watched.lock().unwrap().insert(cq, reader);
+    }
+    fn unwatch(&self, cq: u32) {
+        self.watched.lock().unwrap().remove(&cq);
+    }
+    fn is_watched(&self, cq: u32) -> bool {
+        self.watched.lock().unwrap().contains_key(&cq)
+    }
+    fn kick(&self, _cq: u32) {}
+    fn take(&self, cq: u32, max: usize) -> Vec<Cqe> {
+        self.watched.lock().unwrap().get(&cq).map_or_else(Vec::new, |r| r.poll(&*self.kernel, max))
+    }
+    fn wait(&self, _cq: u32, timeout: Duration) -> bool {
+        std::thread::sleep(timeout.min(Duration::from_millis(1)));
+        false
+    }
+    fn take_event(&self) -> Option<Event> {
+        None
+    }
+    fn counts(&self) -> CompletionCounts {
+        FIXED_COUNTS
+    }
+    fn disconnect(self: Box<Self>) -> CompletionCounts {
+        FIXED_COUNTS
+    }
 }
 
 impl DriverServices for ModelServices {
@@ -42,14 +98,60 @@ impl DriverServices for ModelServices {
     fn resources_refused(&self) -> bool {
         !self.kernel.injected_faults().is_empty()
     }
+    fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
+        match self.interrupts {
+            Interrupts::None => Ok(None),
+            Interrupts::Connected => {
+                Ok(Some(Box::new(FixedPath { kernel: self.kernel.clone(), watched: Mutex::default() })))
+            }
+            Interrupts::Refused => anyhow::bail!("IoConnectInterruptEx connected line-based (the fallback)"),
+        }
+    }
 }
 
 fn run_on_model(scenario: Scenario, flags: u32, options: &ScenarioOptions) -> (RunResult, Arc<ModelServices>) {
+    run_with(scenario, flags, options, Interrupts::None)
+}
+
+fn run_with(
+    scenario: Scenario,
+    flags: u32,
+    options: &ScenarioOptions,
+    interrupts: Interrupts,
+) -> (RunResult, Arc<ModelServices>) {
     let (kernel, backend) = machine(flags);
-    let services =
-        Arc::new(ModelServices { kernel: kernel.clone(), origin: Instant::now(), printed: Mutex::new(Vec::new()) });
+    let services = Arc::new(ModelServices {
+        kernel: kernel.clone(),
+        origin: Instant::now(),
+        printed: Mutex::new(Vec::new()),
+        interrupts,
+    });
     let result = run(scenario, &*services, kernel, HcaChannel::new(backend), PDO, options);
     (result, services)
+}
+
+/// The host reports how the scenario completed as the Linux guest does: `interrupt` with the path's counts when it
+/// connected, `poll` without resources, and `poll` after a refused connection, which is a detail and a progress
+/// line, never the scenario's failure (the device still works polled).
+#[test]
+fn the_result_says_how_completions_came() {
+    let (polled, _) = run_on_model(Scenario::Smoke, 0, &ScenarioOptions::default());
+    assert_eq!((polled.error.as_deref(), polled.completion, polled.completion_path), (None, Some("poll"), None));
+    assert!(polled.details.get("interrupt_path_refused").is_none());
+
+    let (connected, services) = run_with(Scenario::Smoke, 0, &ScenarioOptions::default(), Interrupts::Connected);
+    assert_eq!(connected.error, None, "{connected:?}");
+    assert_eq!((connected.completion, connected.completion_path), (Some("interrupt"), Some(FIXED_COUNTS)));
+    let line = connected.line();
+    assert!(line.contains(r#""completion":"interrupt""#), "{line}");
+    assert!(line.contains(r#""completion_path":{"cqes":0,"dpc_calls":6,"dpc_requeues":1,"isr_calls":7}"#), "{line}");
+    let printed = services.printed.lock().unwrap().join("\n");
+    assert!(printed.contains("interrupt path disconnected: 7 ISR calls, 6 DPC calls (1 re-queued)"), "{printed}");
+
+    let (refused, services) = run_with(Scenario::Smoke, 0, &ScenarioOptions::default(), Interrupts::Refused);
+    assert_eq!((refused.error.as_deref(), refused.completion), (None, Some("poll")), "{refused:?}");
+    assert_eq!(refused.details["interrupt_path_refused"], "IoConnectInterruptEx connected line-based (the fallback)");
+    assert!(services.printed.lock().unwrap().iter().any(|l| l.contains("completions are polled")));
 }
 
 /// The scenarios whose device needs nothing the in-process model lacks (a small map-register pool, a fragmented
