@@ -348,6 +348,25 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
         self.command(Opcode::ModifyQp, req.as_bytes(), &[]).map(|_| ())
     }
 
+    /// Moves the QP to ERR, the state attribute alone: the device stops the QP's work and completes every request
+    /// still outstanding with WR_FLUSH_ERR, without its DMA (ibverbs' flush). A driver whose request timed out
+    /// does this and reaps the flushed completion before it unmaps, frees or completes the request's buffers:
+    /// until the device has let go of the request it may still DMA into them, late, after the memory went back.
+    pub fn flush_qp(&mut self, qpn: u32) -> Result<(), DriverError> {
+        if !self.qps.contains_key(&qpn) {
+            return Err(DriverError::UnknownHandle(qpn));
+        }
+        let req = ModifyQpReq {
+            qpn: qpn.into(),
+            attr_mask: QP_ATTR_STATE.into(),
+            state: (QpState::Err as u32).into(),
+            dest_qpn: 0.into(),
+            access: 0.into(),
+            reserved: 0.into(),
+        };
+        self.command(Opcode::ModifyQp, req.as_bytes(), &[]).map(|_| ())
+    }
+
     /// RESET → INIT → RTR → RTS towards `dest_qpn` (loopback on this device).
     pub fn connect_qp(&mut self, qpn: u32, dest_qpn: u32, access: u32) -> Result<(), DriverError> {
         for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
