@@ -11,10 +11,13 @@ mod host;
 
 mod cq_fallback;
 mod create_cq_lock;
+mod health_watchdog;
+mod late_completion;
 mod map_registers;
 mod pool_exhaustion;
 mod shared_buffer;
 mod smoke;
+mod unload_timer;
 mod use_after_unmap;
 mod user_buffer;
 mod verbs;
@@ -70,12 +73,16 @@ pub enum Scenario {
     UserBufferProbeLock,
     UserBufferNoLock,
     IoMapCommonBuffer,
+    UnloadTimerSet,
+    UnloadTimerCancelled,
+    TimeoutFreesBuffer,
+    TimeoutFlushesQp,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 12] = [
+    pub const DRIVER: [Scenario; 16] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -88,6 +95,10 @@ impl Scenario {
         Scenario::UserBufferProbeLock,
         Scenario::UserBufferNoLock,
         Scenario::IoMapCommonBuffer,
+        Scenario::UnloadTimerSet,
+        Scenario::UnloadTimerCancelled,
+        Scenario::TimeoutFreesBuffer,
+        Scenario::TimeoutFlushesQp,
     ];
 
     pub fn name(self) -> &'static str {
@@ -105,6 +116,10 @@ impl Scenario {
             Scenario::UserBufferProbeLock => "user-buffer-probe-lock",
             Scenario::UserBufferNoLock => "user-buffer-no-lock",
             Scenario::IoMapCommonBuffer => "io-map-common-buffer",
+            Scenario::UnloadTimerSet => "unload-timer-set",
+            Scenario::UnloadTimerCancelled => "unload-timer-cancelled",
+            Scenario::TimeoutFreesBuffer => "timeout-frees-buffer",
+            Scenario::TimeoutFlushesQp => "timeout-flushes-qp",
         }
     }
 
@@ -119,6 +134,15 @@ impl Scenario {
             Scenario::ContiguousCqFallback => cq_fallback::config(options),
             Scenario::MapRegisterExhaustion => map_registers::config(options),
             _ => HcaConfig::default(),
+        }
+    }
+
+    /// How long the system runs on after the driver unloaded, for scenarios whose bug shows only then (a timer
+    /// left set expires later); the others end at the unload.
+    pub fn runs_on_after_unload(self) -> Option<Duration> {
+        match self {
+            Scenario::UnloadTimerSet | Scenario::UnloadTimerCancelled => Some(unload_timer::RUNS_ON),
+            _ => None,
         }
     }
 
@@ -137,6 +161,10 @@ impl Scenario {
             Scenario::UserBufferProbeLock => user_buffer::probe_lock(ctx),
             Scenario::UserBufferNoLock => user_buffer::no_lock(ctx),
             Scenario::IoMapCommonBuffer => shared_buffer::io_map_common_buffer(ctx),
+            Scenario::UnloadTimerSet => unload_timer::timer_set(ctx),
+            Scenario::UnloadTimerCancelled => unload_timer::timer_cancelled(ctx),
+            Scenario::TimeoutFreesBuffer => late_completion::frees_buffer(ctx),
+            Scenario::TimeoutFlushesQp => late_completion::flushes_qp(ctx),
         }
     }
 }
@@ -188,7 +216,13 @@ pub fn run<H: ScenarioHost>(
         common.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
         ctx.hca.close();
         rest.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
-        host.driver_closed()
+        host.driver_closed()?;
+        if let Some(runs_on) = scenario.runs_on_after_unload() {
+            // Windows runs on after an unload: what the driver left behind meets the kernel now.
+            host.say(format_args!("driver unloaded; the system runs on for {runs_on:?}"));
+            host.sleep(runs_on);
+        }
+        Ok(())
     });
     match (result, deferred) {
         (Ok(()), Some(why)) => Err(anyhow::Error::msg(why)),
