@@ -25,6 +25,10 @@ use crate::error::DriverError;
 /// order. It may set an event or queue a work item, not wait.
 pub type CompletionCallback = Arc<dyn Fn(u32, &Cqe) + Send + Sync>;
 
+/// What the DPC does with an event that is not a CQ completion, once one is set (`on_event`): called at
+/// DISPATCH_LEVEL, outside the spin lock, in arrival order. Without one the events wait for `take_event`.
+pub type EventCallback = Arc<dyn Fn(&Event) + Send + Sync>;
+
 /// CQEs one DPC run hands out before it queues itself again, when the caller does not say: the order of what HCA
 /// drivers use (a few dozen completions per pass).
 pub const DEFAULT_CQE_BUDGET: usize = 64;
@@ -52,6 +56,7 @@ struct Guarded {
     notified: BTreeSet<u32>,
     /// Events that are not CQ completions, kept for the control path (QP errors, DMA faults).
     other_events: VecDeque<Event>,
+    on_event: Option<EventCallback>,
 }
 
 struct Shared<K: NtAsyncKernel, C: CommandTransport> {
@@ -60,6 +65,8 @@ struct Shared<K: NtAsyncKernel, C: CommandTransport> {
     lock: PKSPIN_LOCK,
     guarded: UnsafeCell<Guarded>,
     dpc: PKDPC,
+    /// Set on every DPC run: the command queue's completion wait sleeps on it (`command_event`).
+    command_event: PKEVENT,
     budget: usize,
     /// Set at teardown: a DPC that runs after it does not queue itself again, so KeFlushQueuedDpcs ends.
     stopping: AtomicBool,
@@ -106,16 +113,21 @@ impl<K: NtAsyncKernel, C: CommandTransport> Shared<K, C> {
     /// then call the consumers outside the lock (a callback may take locks of its own).
     fn dpc(&self) {
         self.dpc_calls.fetch_add(1, Ordering::Relaxed);
+        // The carrier's one vector serves every queue, and which one completed is known only behind the command
+        // queue's own lock: every run wakes the command wait, which polls its used ring and sleeps again if empty.
+        self.kernel.KeSetEvent(self.command_event, 0, false);
         let mut left = self.budget;
         // The events are read before the lock is taken: the transport may wait for its own lock (a command in
         // flight on another processor), and nothing else should wait behind this spin lock meanwhile.
         let events: Vec<Event> = core::iter::from_fn(|| self.transport.poll_event()).collect();
-        let (handed, more) = self.locked(true, |g| {
+        let mut others = Vec::new();
+        let (handed, more, on_event) = self.locked(true, |g| {
             for event in events {
                 match EventKind::from_u32(event.kind.get()) {
                     Some(EventKind::CqCompletion) => {
                         g.notified.insert(event.handle.get());
                     }
+                    _ if g.on_event.is_some() => others.push(event),
                     _ => g.other_events.push_back(event),
                 }
             }
@@ -141,8 +153,11 @@ impl<K: NtAsyncKernel, C: CommandTransport> Shared<K, C> {
                     break;
                 }
             }
-            (handed, !g.notified.is_empty())
+            (handed, !g.notified.is_empty(), g.on_event.clone())
         });
+        if let Some(on_event) = on_event {
+            others.iter().for_each(|event| on_event(event));
+        }
         for (callback, cq, cqes) in handed {
             self.cqes.fetch_add(cqes.len() as u64, Ordering::Relaxed);
             for cqe in &cqes {
@@ -201,6 +216,7 @@ where
                 transport,
                 guarded: UnsafeCell::new(Guarded::default()),
                 dpc,
+                command_event: kernel.KeInitializeEvent(EVENT_TYPE::SynchronizationEvent, false),
                 budget: budget.max(1),
                 stopping: AtomicBool::new(false),
                 isr_calls: AtomicU64::new(0),
@@ -248,6 +264,16 @@ where
     pub fn kick(&self, cq: u32) {
         self.shared.locked(false, |g| g.notified.insert(cq));
         self.shared.kernel.KeInsertQueueDpc(self.shared.dpc, PVOID::NULL, PVOID::NULL);
+    }
+
+    /// The KEVENT every DPC run sets (a synchronization event: it releases one wait and resets itself).
+    pub fn command_event(&self) -> PKEVENT {
+        self.shared.command_event
+    }
+
+    /// From here on the DPC hands each event that is not a CQ completion to `callback` instead of keeping it.
+    pub fn on_event(&self, callback: EventCallback) {
+        self.shared.locked(false, |g| g.on_event = Some(callback));
     }
 
     /// The next event that was not a CQ completion (the DPC took every event off the device).

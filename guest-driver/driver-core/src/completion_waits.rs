@@ -1,5 +1,7 @@
 //! Waiting for completions on the interrupt path: each watched CQ's callback (at DISPATCH_LEVEL, from the DPC)
-//! queues its CQEs and sets the CQ's KEVENT; a control-path thread waits on that event at PASSIVE_LEVEL.
+//! queues its CQEs and sets the CQ's KEVENT; a control-path thread waits on that event at PASSIVE_LEVEL. Commands
+//! wait the same way (`CommandEvent`, handed to the transport), and events that are not CQ completions go from the
+//! DPC to a work item, which hands them to the control path at PASSIVE_LEVEL (`EventHandOff`).
 //!
 //! `CqCompletions` is object-safe so code written for any `NtKernel` (the scenarios, which also run on vhca.sys's
 //! kernel without NtAsyncKernel) can hold the interrupt path its host built, without naming NtAsyncKernel itself.
@@ -14,10 +16,12 @@ use core::time::Duration;
 use vhca_ntapi::*;
 use vhca_proto::{Cqe, Event};
 
-use crate::command_transport::CommandTransport;
+use crate::command_event::CommandEvent;
+use crate::command_transport::{CommandTransport, CompletionSignal};
 use crate::completion_path::{CompletionCounts, CompletionPath};
 use crate::cq_reader::CqReader;
 use crate::error::DriverError;
+use crate::event_hand_off::{EventHandOff, HandOffCounts};
 
 /// The interrupt path as the control path sees it.
 pub trait CqCompletions {
@@ -34,6 +38,11 @@ pub trait CqCompletions {
     fn wait(&self, cq: u32, timeout: Duration) -> bool;
     /// The next event that was not a CQ completion.
     fn take_event(&self) -> Option<Event>;
+    /// PASSIVE_LEVEL. Waits up to `timeout` for the work item to hand over an event (`take_event` then has it):
+    /// false when it passed first. A path without a work item returns false at once, and the caller polls.
+    fn wait_event(&self, _timeout: Duration) -> bool {
+        false
+    }
     fn counts(&self) -> CompletionCounts;
     /// PASSIVE_LEVEL. Disconnects the interrupt and flushes the DPC (before the CQs are destroyed).
     fn disconnect(self: Box<Self>) -> CompletionCounts;
@@ -67,10 +76,35 @@ impl<K: NtAsyncKernel> Mailboxes<K> {
     }
 }
 
-/// `CqCompletions` over a connected `CompletionPath`.
+/// The transport's command waits on the path's `CommandEvent` while this lives. Dropped before the path: once
+/// the interrupt is disconnected nothing sets the event, and a command waiting on it would only time out.
+struct CommandWaitsAttached<K: NtAsyncKernel, C: CommandTransport> {
+    transport: Arc<C>,
+    event: Arc<CommandEvent<K>>,
+}
+
+impl<K: NtAsyncKernel, C: CommandTransport> Drop for CommandWaitsAttached<K, C> {
+    fn drop(&mut self) {
+        self.transport.wait_for_interrupts(None);
+    }
+}
+
+/// `CqCompletions` over a connected `CompletionPath`. Field order is drop order, the teardown's: the command waits
+/// poll again, the interrupt is disconnected and the DPCs flushed, then the work item is waited for and freed.
 pub struct CompletionWaits<K: NtAsyncKernel, C: CommandTransport> {
+    commands: CommandWaitsAttached<K, C>,
     path: CompletionPath<K, C>,
+    events: StopOnDrop<K>,
     mailboxes: Arc<Mailboxes<K>>,
+}
+
+/// The event hand-off, stopped (its work item waited for and freed) when dropped.
+struct StopOnDrop<K: NtAsyncKernel>(Arc<EventHandOff<K>>);
+
+impl<K: NtAsyncKernel> Drop for StopOnDrop<K> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 impl<K, C> CompletionWaits<K, C>
@@ -78,7 +112,9 @@ where
     K: NtAsyncKernel + Send + Sync + 'static,
     C: CommandTransport + Send + Sync + 'static,
 {
-    /// IRQL = PASSIVE_LEVEL. Connects the device's interrupt (`CompletionPath::connect`).
+    /// IRQL = PASSIVE_LEVEL, no command in flight. Connects the device's interrupt (`CompletionPath::connect`),
+    /// hands the DPC's non-CQ events to a work item of `device`'s, and from then on the transport's commands wait
+    /// on the DPC's KEVENT (`CommandTransport::wait_for_interrupts`).
     pub fn connect(
         kernel: Arc<K>,
         transport: Arc<C>,
@@ -87,8 +123,24 @@ where
     ) -> Result<CompletionWaits<K, C>, DriverError> {
         let lock = kernel.KeInitializeSpinLock();
         let mailboxes = Arc::new(Mailboxes { kernel: kernel.clone(), lock, boxes: UnsafeCell::new(BTreeMap::new()) });
-        let path = CompletionPath::connect(kernel, transport, device, budget)?;
-        Ok(CompletionWaits { path, mailboxes })
+        let path = CompletionPath::connect(kernel.clone(), transport.clone(), device, budget)?;
+        let hand_off = EventHandOff::new(kernel.clone(), device);
+        let for_dpc = hand_off.clone();
+        path.on_event(Arc::new(move |event: &Event| for_dpc.from_dpc(event)));
+        let event = Arc::new(CommandEvent::new(kernel, path.command_event()));
+        transport.wait_for_interrupts(Some(event.clone() as Arc<dyn CompletionSignal>));
+        let commands = CommandWaitsAttached { transport, event };
+        Ok(CompletionWaits { commands, path, events: StopOnDrop(hand_off), mailboxes })
+    }
+
+    /// How the commands waited on the DPC's KEVENT so far: (sleeps, of which woken before the deadline).
+    pub fn command_waits(&self) -> (u64, u64) {
+        self.commands.event.counts()
+    }
+
+    /// What the work item did with the events that were not CQ completions.
+    pub fn event_hand_offs(&self) -> HandOffCounts {
+        self.events.0.counts()
     }
 
     /// What IoConnectInterruptEx connected.
@@ -163,8 +215,13 @@ where
         status == STATUS_SUCCESS
     }
 
+    /// What the work item handed over; events the DPC kept before the hand-off was set up come after.
     fn take_event(&self) -> Option<Event> {
-        self.path.take_event()
+        self.events.0.take().or_else(|| self.path.take_event())
+    }
+
+    fn wait_event(&self, timeout: Duration) -> bool {
+        self.events.0.wait(timeout)
     }
 
     fn counts(&self) -> CompletionCounts {
@@ -172,6 +229,11 @@ where
     }
 
     fn disconnect(self: Box<Self>) -> CompletionCounts {
-        self.path.disconnect()
+        let CompletionWaits { commands, path, events, mailboxes } = *self;
+        drop(commands);
+        let counts = path.disconnect();
+        drop(events);
+        drop(mailboxes);
+        counts
     }
 }

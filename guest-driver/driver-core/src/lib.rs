@@ -6,20 +6,24 @@ extern crate alloc;
 
 mod cl_mutex;
 mod command_codec;
+mod command_event;
 mod command_transport;
 mod completion_path;
 mod completion_waits;
 mod cq_reader;
 mod dma_delivery;
 mod error;
+mod event_hand_off;
 mod hca;
 mod ring;
 
 pub use cl_mutex::{ClMutex, ClMutexKind};
-pub use command_transport::{CommandTransport, CommandTransportError};
-pub use completion_path::{CompletionCallback, CompletionCounts, CompletionPath, DEFAULT_CQE_BUDGET};
+pub use command_event::CommandEvent;
+pub use command_transport::{CommandTransport, CommandTransportError, CompletionSignal};
+pub use completion_path::{CompletionCallback, CompletionCounts, CompletionPath, EventCallback, DEFAULT_CQE_BUDGET};
 pub use completion_waits::{CompletionWaits, CqCompletions};
 pub use cq_reader::CqReader;
 pub use error::DriverError;
+pub use event_hand_off::HandOffCounts;
 pub use hca::{Hca, HcaConfig, MrMapping, MrSource, RegisteredMr};
 pub use ring::RingMemory;

@@ -5,6 +5,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
+use vhca_driver_core::CommandTransportError;
 use vhca_proto::{
     encode_request, request_len, Opcode, QueryDeviceResp, ResponseHeader, Status, ABI_VERSION, PAGE_SIZE,
     RESPONSE_HEADER_SIZE,
@@ -12,7 +13,7 @@ use vhca_proto::{
 use vhca_virtio::{Buffer, DmaMemory, DmaRangeError, QueueError, SplitQueue, Used};
 use zerocopy::FromBytes;
 
-use crate::{Notify, RingError, WaitSource};
+use crate::{Note, Notify, RingError, WaitSource};
 
 /// Poison for the response buffer: a device that completes without writing leaves it, and a status of
 /// 0xa5a5a5a5 names no `Status`, so a silent non-write is never read as success.
@@ -80,6 +81,34 @@ impl<M: DmaMemory, N: Notify, W: WaitSource> CommandQueue<M, N, W> {
     /// The request and response buffers (their addresses go into reports).
     pub fn buffers(&self) -> (&M, &M) {
         (&self.request, &self.response)
+    }
+
+    /// The same queue waiting another way (a program's polling waits wrapped in `SignalledWaits`).
+    pub fn map_waits<W2: WaitSource>(self, f: impl FnOnce(W) -> W2) -> CommandQueue<M, N, W2> {
+        let CommandQueue { queue, notifier, request, response, next_tag, waits } = self;
+        CommandQueue { queue, notifier, request, response, next_tag, waits: f(waits) }
+    }
+
+    /// Where the waits come from, to change them between commands (`SignalledWaits::attach`).
+    pub fn waits_mut(&mut self) -> &mut W {
+        &mut self.waits
+    }
+
+    /// `CommandTransport::execute`: the transport's failures are noted and become the core's
+    /// `CommandTransportError` (a timeout stays one, for the core to report as such).
+    pub fn execute_for_core(
+        &mut self,
+        request: &[u8],
+        response_capacity: usize,
+        note: Note<'_>,
+    ) -> Result<Vec<u8>, CommandTransportError> {
+        self.execute_raw(request, response_capacity).map_err(|e| match e {
+            CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => CommandTransportError::Timeout,
+            other => {
+                note(format_args!("command queue: {other}"));
+                CommandTransportError::Refused(4)
+            }
+        })
     }
 
     /// Sends one command and waits for its response; anything but a well-formed Ok response is an error.

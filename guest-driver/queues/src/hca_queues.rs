@@ -1,5 +1,6 @@
-//! The three queues as the driver core's `CommandTransport` sees them. Each program wraps this in its own lock (the
-//! guest a Mutex, vhca.sys a RefCell) and implements `CommandTransport` as one call per method.
+//! The three queues as the driver core's `CommandTransport` sees them, for a program that keeps them behind one lock
+//! (the tests). One with an interrupt path gives each queue its own lock instead (the DPC reads events and rings
+//! doorbells while a command waits), and calls the queues' methods directly.
 
 use alloc::vec::Vec;
 
@@ -7,7 +8,7 @@ use vhca_driver_core::CommandTransportError;
 use vhca_proto::Event;
 use vhca_virtio::{DmaMemory, QueueError};
 
-use crate::{CommandError, CommandQueue, DoorbellQueue, EventQueue, Note, Notify, RingError, WaitSource};
+use crate::{CommandQueue, DoorbellQueue, EventQueue, Note, Notify, WaitSource};
 
 pub struct HcaQueues<M: DmaMemory, N: Notify, W: WaitSource> {
     pub commands: CommandQueue<M, N, W>,
@@ -23,13 +24,7 @@ impl<M: DmaMemory, N: Notify, W: WaitSource> HcaQueues<M, N, W> {
         response_capacity: usize,
         note: Note<'_>,
     ) -> Result<Vec<u8>, CommandTransportError> {
-        self.commands.execute_raw(request, response_capacity).map_err(|e| match e {
-            CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => CommandTransportError::Timeout,
-            other => {
-                note(format_args!("command queue: {other}"));
-                CommandTransportError::Refused(4)
-            }
-        })
+        self.commands.execute_for_core(request, response_capacity, note)
     }
 
     pub fn ring_doorbell(&mut self, records: &[u8], note: Note<'_>) -> Result<(), CommandTransportError> {

@@ -1,8 +1,8 @@
 //! The vhca command transport over the shared virtio transport, written once for the Linux guest program (VFIO
 //! memory, sleeps on the monotonic clock) and vhca.sys (common buffers, KeDelayExecutionThread): commands on queue
 //! 0, event buffers kept posted on queue 1, doorbell records on queue 2. DMA memory stands behind
-//! `vhca_virtio::DmaMemory`, the doorbell behind `Notify`, waiting behind `WaitSource`; the lock around
-//! the queues is each program's own.
+//! `vhca_virtio::DmaMemory`, the doorbell behind `Notify`, waiting behind `WaitSource` (`SignalledWaits`: on the
+//! driver's KEVENT once its interrupt is connected); the locks around the queues are each program's own.
 #![cfg_attr(not(test), no_std)]
 
 extern crate alloc;
@@ -12,12 +12,14 @@ mod doorbell_queue;
 mod event_queue;
 mod hca_queues;
 mod ring_error;
+mod signalled_waits;
 
 pub use command_queue::{CommandError, CommandQueue, Response};
 pub use doorbell_queue::DoorbellQueue;
 pub use event_queue::EventQueue;
 pub use hca_queues::HcaQueues;
 pub use ring_error::RingError;
+pub use signalled_waits::{SignalWait, SignalledWait, SignalledWaits};
 
 use vhca_virtio::{PollWait, QueueNotifier, Registers, TransportError};
 
