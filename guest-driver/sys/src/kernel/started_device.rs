@@ -291,9 +291,9 @@ impl Drop for StartedDevice {
     /// device no longer reads or writes the rings and buffers freed next.
     fn drop(&mut self) {
         let _ = self.transport.reset(&mut KernelWait::after(RESET_TIMEOUT));
-        // The device is quiet (Microsoft: disable the interrupts, then IoDisconnectInterruptEx); a connection a
-        // scenario left behind is disconnected and every DPC flushed before the queues they read are freed.
-        self.kernel.quiesce_async();
+        // No interrupt is connected here: the interrupt path lives for one scenario inside START_DEVICE, and was
+        // disconnected (vectors off, IoDisconnectInterruptEx, KeFlushQueuedDpcs) before the scenario destroyed its
+        // first CQ (vhca_scenarios::run; the path's own drop does the same on any other way out).
         self.channel = None;
         self.unused_queues.clear();
         // The channel's adapter, every common buffer on it freed just above; PASSIVE_LEVEL.

@@ -1,6 +1,12 @@
 //! `vhca_ntapi::NtAsyncKernel` over the real kernel: each method calls the ntoskrnl.exe / HAL.dll routine of the
 //! same name. KDPC, KTIMER, KEVENT and each interrupt connection's context live in boxes kept by the shim (non-paged
-//! pool) until it is dropped, and are quiesced first (`quiesce`); Windows calls back through kernel_callbacks.rs.
+//! pool) until it is dropped; Windows calls back through kernel_callbacks.rs.
+//!
+//! Why the drop cancels, flushes and disconnects nothing: teardown is the driver's, in the order Microsoft gives
+//! (the driver core's CompletionPath disconnects and flushes before its CQs go, a watchdog cancels its timer and
+//! flushes), and a driver that forgets is the bug Windows must see: a timer still set when its memory goes back to
+//! pool is 0xC7 at unload. A shim that cancelled on the driver's behalf would hide exactly the bugs the seed
+//! scenarios reproduce (unload-timer-set) from vhca.sys.
 
 use alloc::boxed::Box;
 use core::ffi::c_void;
@@ -16,12 +22,12 @@ use super::kernel_callbacks::{self as callbacks, DpcObject, InterruptRoutines};
 use super::kernel_imports::{KeAcquireSpinLockAtDpcLevel, KeReleaseSpinLockFromDpcLevel};
 use super::wdk_kernel::{Owned, WdkKernel};
 
-/// An asynchronous object the shim keeps for the driver core.
+/// An asynchronous object the shim keeps for the driver core. Held, not read: the box keeps the object (and the
+/// closure Windows calls back into) alive until the shim is dropped.
+#[allow(dead_code)]
 pub enum AsyncObject {
     Dpc(Box<DpcObject>),
     Timer(Box<wdk::KTIMER>),
-    /// Held, not read: a KEVENT needs no teardown, only to outlive its waiters and setters.
-    #[allow(dead_code)]
     Event(Box<KEVENT>),
     Interrupt(Box<Connection>),
     /// A device object whose Dpc IoInitializeDpcRequest initialised (the KDPC is the device object's own).
@@ -51,38 +57,9 @@ impl Connection {
     }
 }
 
-/// IRQL = PASSIVE_LEVEL, at the shim's drop: disconnects what is still connected, cancels every timer, takes every
-/// DPC off its queue and waits for the ones running (KeFlushQueuedDpcs), so nothing Windows might still call into
-/// is freed: a freed KTIMER or KDPC, or a DPC routine in an unloaded image, is 0xC7 under Driver Verifier.
-pub fn quiesce(owned: &[Owned]) {
-    let mut flush = false;
-    for object in owned {
-        let Owned::Async(object) = object else { continue };
-        match object {
-            AsyncObject::Interrupt(connection) => connection.disconnect(),
-            AsyncObject::Timer(timer) => {
-                // SAFETY: PASSIVE_LEVEL; a KTIMER initialised by KeInitializeTimerEx, alive until after this.
-                unsafe { wdk::KeCancelTimer(&**timer as *const wdk::KTIMER as *mut wdk::KTIMER) };
-                flush = true;
-            }
-            AsyncObject::Dpc(dpc) => {
-                // SAFETY: any IRQL; a KDPC initialised by KeInitializeDpc.
-                unsafe { wdk::KeRemoveQueueDpc(&dpc.dpc as *const KDPC as *mut KDPC) };
-                flush = true;
-            }
-            AsyncObject::DpcForIsr(device) => {
-                // SAFETY: any IRQL; the device object's Dpc, initialised by IoInitializeDpcRequest, on a device
-                // object that outlives the shim (the FDO is deleted after the started device is dropped).
-                unsafe { wdk::KeRemoveQueueDpc(&mut (*(device.0 as *mut DEVICE_OBJECT)).Dpc) };
-                flush = true;
-            }
-            AsyncObject::Event(_) => {}
-        }
-    }
-    if flush {
-        // SAFETY: PASSIVE_LEVEL; returns once every DPC queued on any processor ran.
-        unsafe { wdk::KeFlushQueuedDpcs() };
-    }
+/// At the shim's drop, before the objects are freed: the DpcForIsr table forgets this shim's device objects (their
+/// closures go with the shim). Nothing else is undone (the module's head says why).
+pub fn release(owned: &[Owned]) {
     for object in owned {
         if let Owned::Async(AsyncObject::DpcForIsr(device)) = object {
             callbacks::unregister_dpc_for_isr(*device);
@@ -137,20 +114,6 @@ unsafe fn message_info(table: *const wdk::IO_INTERRUPT_MESSAGE_INFO) -> IO_INTER
 impl WdkKernel {
     fn keep_async(&self, object: AsyncObject) {
         self.keep(Owned::Async(object));
-    }
-
-    /// IRQL = PASSIVE_LEVEL, at stop or remove after the device was reset: disconnects every interrupt still
-    /// connected, cancels the timers and flushes the DPCs, so nothing runs into the queues freed next. The DPC,
-    /// timer and event objects stay kept (whoever made them may still name them) until the shim is dropped.
-    pub fn quiesce_async(&self) {
-        let owned = self.forget_all();
-        quiesce(&owned);
-        for object in owned {
-            // Disconnected above: dropped, never disconnected twice.
-            if !matches!(object, Owned::Async(AsyncObject::Interrupt(_))) {
-                self.keep(object);
-            }
-        }
     }
 }
 

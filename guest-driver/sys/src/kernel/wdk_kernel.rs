@@ -19,7 +19,7 @@ use super::dma_operations as dma;
 use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeLowerIrql, KeReleaseSpinLock};
 use super::pool_allocator::{POOL_FLAG_NON_PAGED, POOL_FLAG_PAGED};
 use super::spin_locked::SpinLocked;
-use super::wdk_async_kernel::{quiesce, AsyncObject};
+use super::wdk_async_kernel::{release, AsyncObject};
 
 /// A kernel object the shim allocated for the caller; boxed so its address never moves. Held, not read: the box
 /// keeps the object alive until the shim is dropped.
@@ -30,7 +30,7 @@ pub(super) enum Owned {
     Resource(Box<ERESOURCE>),
     SpinLock(Box<usize>),
     CommonFromMdl(Box<dma::MdlCommonBuffer>, PDMA_ADAPTER),
-    /// The asynchronous objects (wdk_async_kernel.rs): quiesced at drop before they are freed.
+    /// The asynchronous objects (wdk_async_kernel.rs).
     Async(AsyncObject),
 }
 
@@ -74,11 +74,6 @@ impl WdkKernel {
         self.owned.with(|owned| owned.push(object));
     }
 
-    /// Takes every kept object out of the table (the caller puts back what it keeps).
-    pub(super) fn forget_all(&self) -> Vec<Owned> {
-        self.owned.with(core::mem::take)
-    }
-
     /// Takes the first kept object `pick` chooses out of the table (the caller frees it).
     pub(super) fn forget(&self, pick: impl Fn(&Owned) -> bool) -> Option<Owned> {
         self.owned.with(|owned| owned.iter().position(pick).map(|i| owned.swap_remove(i)))
@@ -89,8 +84,9 @@ impl Drop for WdkKernel {
     /// PASSIVE_LEVEL, at remove or stop, after the core closed: no lock the shim made is held any more.
     fn drop(&mut self) {
         let owned = self.owned.with(core::mem::take);
-        // Interrupts, timers and DPCs first: none may still run or be queued when their memory goes (0xC7).
-        quiesce(&owned);
+        // The driver disconnected, cancelled and flushed what it used (wdk_async_kernel.rs says why the shim does
+        // not do it for the driver).
+        release(&owned);
         for object in owned {
             match object {
                 Owned::Resource(mut r) => {
