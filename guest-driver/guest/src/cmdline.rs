@@ -36,13 +36,16 @@ pub enum Personality {
     Sys,
 }
 
-/// How the guest program waits for its queues' completions (`vhca.completion`).
+/// How the guest program waits for its queues' completions (`vhca.completion`). Interrupts are the default: a
+/// Windows driver does not poll, so neither do the runs; polling stays for comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Completion {
     /// Poll the used ring, sleeping between polls; every queue declines interrupts.
     Poll,
     /// Queue 0 (vhca's command queue, virtio-rng's request queue) asks for interrupts and its waits sleep until
-    /// its MSI-X message fires (queue_interrupts.rs); the other queues poll. The native personality's only.
+    /// its MSI-X message fires, or, for the native driver once it connected its interrupt, until its DPC sets the
+    /// command KEVENT (queue_interrupts.rs); queue 1 asks for them for the driver's ISR. vhca.sys polls until its
+    /// interrupt path is wired to the run.
     Interrupt,
 }
 
@@ -96,7 +99,7 @@ pub struct Options {
     /// Which driver runs the scenario (`vhca.driver=native|sys`): the driver core built into this program, or the
     /// signed vhca.sys from the initramfs through the PE loader.
     pub driver: Personality,
-    /// How completions are waited for (`vhca.completion=poll|interrupt`, default poll).
+    /// How completions are waited for (`vhca.completion=poll|interrupt`, default interrupt).
     pub completion: Completion,
     /// The NT model's clock tick and DPC watchdog (`vhca.clock_tick_us`, `vhca.dpc_time_limit`,
     /// `vhca.dpc_watchdog_limit`).
@@ -125,7 +128,7 @@ impl Default for Options {
             init: None,
             samples: None,
             driver: Personality::Native,
-            completion: Completion::Poll,
+            completion: Completion::Interrupt,
             timing: TimingConfig::default(),
             warnings: Vec::new(),
         }
@@ -143,14 +146,17 @@ impl Options {
     /// Parses words in order (a later word overrides an earlier one): the kernel command line, then a run request's.
     pub fn parse_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Options {
         let mut options = Options::default();
+        let mut completion_asked = false;
         for word in words {
             let Some(setting) = word.strip_prefix(PREFIX) else { continue };
             let (key, value) = setting.split_once('=').unwrap_or((setting, ""));
+            completion_asked |= key == "completion";
             if let Err(why) = options.apply(key, value) {
                 options.warnings.push(format!("{PREFIX}{key}: {why}"));
             }
         }
-        if options.driver == Personality::Sys && options.completion == Completion::Interrupt {
+        // Only when asked for: the default is every personality's, and vhca.sys takes it once its path is wired.
+        if completion_asked && options.driver == Personality::Sys && options.completion == Completion::Interrupt {
             options.warnings.push(format!("{PREFIX}completion=interrupt: vhca.sys connects no interrupts yet"));
         }
         options
@@ -340,16 +346,18 @@ mod tests {
     }
 
     #[test]
-    fn completion_is_poll_unless_interrupt_is_asked_for() {
-        assert_eq!(Options::parse("").completion, Completion::Poll);
-        let interrupt = Options::parse("vhca.completion=interrupt");
-        assert_eq!((interrupt.completion, interrupt.warnings.len()), (Completion::Interrupt, 0));
-        assert_eq!(Options::parse("vhca.completion=interrupt vhca.completion=poll").completion, Completion::Poll);
+    fn completion_is_interrupt_unless_poll_is_asked_for() {
+        let default = Options::parse("");
+        assert_eq!((default.completion, default.warnings.len()), (Completion::Interrupt, 0));
+        let poll = Options::parse("vhca.completion=poll");
+        assert_eq!((poll.completion, poll.warnings.len()), (Completion::Poll, 0));
+        assert_eq!(Options::parse("vhca.completion=poll vhca.completion=interrupt").completion, Completion::Interrupt);
         let bad = Options::parse("vhca.completion=msi");
-        assert_eq!(bad.completion, Completion::Poll);
+        assert_eq!(bad.completion, Completion::Interrupt, "a bad value leaves the default");
         assert!(bad.warnings[0].contains("not poll or interrupt"), "{:?}", bad.warnings);
         let sys = Options::parse("vhca.completion=interrupt vhca.driver=sys");
         assert!(sys.warnings.iter().any(|w| w.contains("vhca.sys connects no interrupts")), "{:?}", sys.warnings);
+        assert!(Options::parse("vhca.driver=sys").warnings.is_empty(), "the default asks vhca.sys for nothing");
     }
 
     #[test]

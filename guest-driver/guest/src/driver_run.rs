@@ -154,6 +154,13 @@ impl ScenarioHost for GuestHost {
             "interrupt path disconnected: {} ISR calls, {} DPC calls ({} re-queued), {} CQEs",
             counts.isr_calls, counts.dpc_calls, counts.dpc_requeues, counts.cqes
         ));
+        if let Some(transport) = &self.interrupt_transport {
+            // Commands before the driver connected its interrupt (Hca::open's) poll, as do those after it
+            // disconnected (the close's); the ones between sleep on the DPC's KEVENT.
+            let (kevent, poll) = transport.command_waits();
+            progress(format_args!("commands: {kevent} waited on the DPC's KEVENT, {poll} polled"));
+            self.detail("command_waits", json!({"kevent": kevent, "poll": poll}));
+        }
         self.report().completion_path = Some(counts.into());
     }
 

@@ -1,9 +1,11 @@
 //! The NT model's side of a run's interrupts: each MSI-X message goes to the model (the driver's ISR at its DIRQL,
 //! then its DPC) on a delivery thread, and a clock thread gives the model its clock interrupt every tick.
 //!
-//! Why a delivery thread and not the interrupt thread: the DPC reads the event queue behind the command transport's
-//! one lock, which a command holds while it waits for its queue's message; the interrupt thread must stay free to
-//! signal that wait, or command and DPC would wait for each other.
+//! Why a delivery thread and not the interrupt thread: the ISR and DPC are the driver's code and may run long (a
+//! DPC that rings CQ-arm doorbells waits for the device to fetch them; the scenarios that spin or wait in a DPC
+//! on purpose run until the watchdog stops them), and the interrupt thread must meanwhile keep counting messages
+//! and waking the program's own waits. (The transport no longer makes it a deadlock: each queue has its own lock,
+//! so the DPC never waits behind a command, vfio_command_transport.rs.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};

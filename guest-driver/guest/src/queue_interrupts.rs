@@ -1,9 +1,12 @@
-//! A run's interrupts (`vhca.completion=interrupt`): the device's MSI-X entries enabled through VFIO, the vector plan
-//! written into its common config, and the interrupt thread delivering each message to the queues' waits.
+//! A run's interrupts (`vhca.completion=interrupt`, the default): the device's MSI-X entries enabled through VFIO,
+//! the vector plan written into its common config, and the interrupt thread delivering each message to the queues'
+//! waits and to the NT model.
 //!
-//! Only queue 0 waits by interrupt (vhca's command queue, virtio-rng's request queue). Queue 1 (vhca's events) asks
-//! for interrupts without waiting: its completion events are what the driver's ISR and DPC hear of, through the
-//! NT model (`model_interrupts`); the doorbell queue keeps declining them.
+//! Only queue 0 waits by interrupt (vhca's command queue, virtio-rng's request queue): on the message itself where
+//! no driver runs (the transport's own checks, virtio-rng), on the KEVENT the native driver's DPC sets once it has
+//! connected its interrupt (`vfio_command_transport`). Queue 1 (vhca's events) asks for interrupts without
+//! waiting: its completion events are what the driver's ISR and DPC hear of, through the NT model
+//! (`model_interrupts`); the doorbell queue keeps declining them (the DPC rings it, and polls it, at DISPATCH_LEVEL).
 
 use std::sync::Arc;
 
@@ -26,8 +29,8 @@ const WAITING_QUEUES: [u16; 1] = [0];
 /// The queues that ask for interrupts for the NT model's ISR, and poll.
 const ASKING_QUEUES: [u16; 1] = [1];
 
-/// Each message to the queues' waits first, so a command waiting for its message is released before the driver's
-/// DPC asks for the transport lock that command holds; then to the NT model.
+/// Each message to the program's own waits (a command of the transport's own checks, an entropy read) and to the
+/// NT model, whose ISR and DPC wake the driver's waits.
 struct QueuesThenModel {
     signals: Arc<MessageSignals>,
     model: Arc<ModelInterrupts>,

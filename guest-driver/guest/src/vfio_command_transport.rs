@@ -1,14 +1,21 @@
 //! The vhca command transport (vhca-queues, the code vhca.sys runs too) bound to this program: its buffers are VFIO
 //! DMA regions, its registers VFIO BARs, its waits sleep on the monotonic clock or until the queue's MSI-X message
-//! (`completion_wait`, as each queue was set up), and its queues sit behind one Mutex so `CommandTransport`'s `&self`
-//! methods can reach them.
+//! (`completion_wait`, as each queue was set up), and each queue sits behind its own Mutex so `CommandTransport`'s
+//! `&self` methods can reach them. The driver core's commands poll until it connects its interrupt, then sleep on
+//! the KEVENT its DPC sets (`SignalledWaits`).
+//!
+//! Lock order: there is none, as no path holds two of the three locks. `commands` is held by a command for its
+//! whole wait (up to the command timeout); `events` by one read of the event queue (the DPC's, or the control
+//! path's when it polls); `doorbells` by one ring, until the device has fetched the records (the DPC's CQ arms,
+//! the control path's posts). So the DPC, which takes the last two, never waits behind a command in flight.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vhca_driver_core::{CommandTransport, CommandTransportError};
+use vhca_driver_core::{CommandTransport, CommandTransportError, CompletionSignal};
 use vhca_proto::{Event, EVENT_SIZE, MAX_REQUEST_SIZE};
-use vhca_queues::{DoorbellQueue, EventQueue, HcaQueues, RingError};
+use vhca_queues::{DoorbellQueue, EventQueue, RingError, SignalledWaits};
 
 use crate::completion_wait::CompletionWaits;
 
@@ -25,7 +32,16 @@ const RESPONSE_BUFFER: usize = PAGE_SIZE;
 
 pub type CommandQueue = vhca_queues::CommandQueue<DmaRegion, QueueNotifier, CompletionWaits>;
 pub type CommandError = vhca_queues::CommandError<TransportError>;
-type Queues = HcaQueues<DmaRegion, QueueNotifier, CompletionWaits>;
+/// The driver core's command queue: polling until its interrupt path hands it the DPC's KEVENT.
+type DriverCommandQueue = vhca_queues::CommandQueue<DmaRegion, QueueNotifier, SignalledWaits<CompletionWaits>>;
+
+struct Queues {
+    commands: Mutex<DriverCommandQueue>,
+    /// Commands that waited on the driver's KEVENT, and that polled (before the interrupt path, after it).
+    waited: [AtomicU64; 2],
+    doorbells: Mutex<DoorbellQueue<DmaRegion, QueueNotifier, CompletionWaits>>,
+    events: Mutex<EventQueue<DmaRegion, QueueNotifier>>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelSetupError {
@@ -65,12 +81,17 @@ fn note(message: std::fmt::Arguments<'_>) {
 /// outlives the driver until the device is reset.
 #[derive(Clone)]
 pub struct VfioCommandTransport {
-    queues: Arc<Mutex<Queues>>,
+    queues: Arc<Queues>,
+}
+
+fn lock<T>(queue: &Mutex<T>) -> MutexGuard<'_, T> {
+    queue.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl VfioCommandTransport {
-    /// Queue 0 as made by `command_queue`; queue 1 stocked with `EVENT_BUFFERS` event buffers; queue 2 with a page
-    /// for doorbell records.
+    /// Queue 0 as made by `command_queue`, polling until the driver's interrupt path is connected (its waits are
+    /// the NT model's then, never the program's own message wait); queue 1 stocked with `EVENT_BUFFERS` event
+    /// buffers; queue 2 with a page for doorbell records.
     pub fn new(
         commands: CommandQueue,
         (events, event_notifier): (SplitQueue<DmaRegion>, QueueNotifier),
@@ -84,25 +105,45 @@ impl VfioCommandTransport {
         let buffer = mapper.alloc(PAGE_SIZE, DmaAccess::READ_WRITE)?;
         let waits = doorbells.completion_waits(timeout);
         let doorbells = DoorbellQueue::new(doorbells.into_inner(), doorbell_notifier, buffer, waits);
-        let queues = Queues { commands, doorbells, events };
-        Ok(VfioCommandTransport { queues: Arc::new(Mutex::new(queues)) })
+        let commands = commands.map_waits(|w| SignalledWaits::new(CompletionWaits::polling(w.limit)));
+        let queues = Queues {
+            commands: Mutex::new(commands),
+            waited: Default::default(),
+            doorbells: Mutex::new(doorbells),
+            events: Mutex::new(events),
+        };
+        Ok(VfioCommandTransport { queues: Arc::new(queues) })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Queues> {
-        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    /// (commands that waited on the driver's KEVENT, commands that polled) so far.
+    pub fn command_waits(&self) -> (u64, u64) {
+        let [kevent, poll] = &self.queues.waited;
+        (kevent.load(Ordering::Relaxed), poll.load(Ordering::Relaxed))
     }
 }
 
 impl CommandTransport for VfioCommandTransport {
     fn execute(&self, request: &[u8], response_capacity: usize) -> Result<Vec<u8>, CommandTransportError> {
-        self.lock().execute(request, response_capacity, &note)
+        let mut commands = lock(&self.queues.commands);
+        let way = if commands.waits_mut().is_signalled() { 0 } else { 1 };
+        self.queues.waited[way].fetch_add(1, Ordering::Relaxed);
+        commands.execute_for_core(request, response_capacity, &note)
     }
 
     fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
-        self.lock().ring_doorbell(records, &note)
+        lock(&self.queues.doorbells).ring(records, &note)
     }
 
     fn poll_event(&self) -> Option<Event> {
-        self.lock().poll_event(&note)
+        lock(&self.queues.events).poll(&note)
+    }
+
+    fn wait_for_interrupts(&self, signal: Option<Arc<dyn CompletionSignal>>) {
+        let waiting = signal.is_some();
+        lock(&self.queues.commands).waits_mut().attach(signal);
+        progress(format_args!(
+            "command queue: {}",
+            if waiting { "waits on the driver's KEVENT (its DPC sets it)" } else { "polls (interrupt disconnected)" }
+        ));
     }
 }
