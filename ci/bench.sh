@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Times the seed suite from the snapshot and cold in one session (`vhca-run bench`, default -j 1,2) and prints a
-# Markdown table: wall time, per-run median, speed-up. Arguments are passed on (e.g. -j 2, a suite file).
+# Markdown table: wall time, per-run median, speed-up. Arguments are passed on (e.g. -j 2, a suite file), so
+# `ci/bench.sh --alternate-completion --rounds 3 --filter RE` times vhca.completion=poll against =interrupt, and
+# `ci/bench.sh --roundtrip` the guest round trip in both modes (docs/bench.md sections 5 and 6).
 #
 #   ci/bench.sh --compare OLD_BIN_DIR [ROUNDS]
 # instead times the suite from the snapshot with an older build (OLD_BIN_DIR holding its vhca-run, vhca-device and
