@@ -50,12 +50,7 @@ impl ScenarioHost for UnloadingHost {
 }
 
 /// Runs `scenario` on a fresh model: Ok(scenario result) or the bugcheck that stopped it.
-fn run_on(
-    scenario: Scenario,
-    flags: u32,
-    disabled: &[&str],
-    break_fix: bool,
-) -> Result<anyhow::Result<()>, Bugcheck> {
+fn run_on(scenario: Scenario, flags: u32, disabled: &[&str], break_fix: bool) -> Result<anyhow::Result<()>, Bugcheck> {
     let config = NtModelConfig {
         verifier: VerifierFlags(flags),
         disabled_rules: disabled.iter().map(|r| RuleId::parse(r).unwrap()).collect(),
