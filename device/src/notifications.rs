@@ -145,7 +145,7 @@ impl QueueNotifier {
             self.engaged = false;
             return Decision::Notify(self.line(None));
         }
-        let due = scheduled - self.bound.tolerance();
+        let due = scheduled.checked_sub(self.bound.tolerance()).unwrap_or(scheduled);
         self.deferred = Some((due, 1));
         let bounded = (!self.engaged).then(|| TransportEvent::NotifyBounded {
             queue: self.queue,

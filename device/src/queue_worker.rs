@@ -744,9 +744,10 @@ fn signal_call(shared: &Shared, vring: &VringState, line: &TransportEvent) {
 
 /// Whether the driver set VRING_AVAIL_F_NO_INTERRUPT (virtio 1.2, 2.7.7) in the avail ring's flags, which
 /// virtio-queue's `needs_notification` does not look at. Without VIRTIO_F_EVENT_IDX (never offered) the flag is the
-/// driver's whole say; vhca's drivers poll and set it, so a completion then costs no call eventfd write (and under TCG
-/// no wake-up of QEMU's main loop, which reads that eventfd). A flags read that fails counts as wanting the
-/// notification.
+/// driver's whole say; a polling driver sets it (vhca's on every queue with `vhca.completion=poll`, on the doorbell
+/// queue always), so a completion then costs no call eventfd write (and under TCG no wake-up of QEMU's main loop,
+/// which reads that eventfd). Read again before a notification the rate bound held back goes out. A flags read that
+/// fails counts as wanting the notification.
 fn driver_declines_interrupts(mem: &GuestMem, avail_ring: u64) -> bool {
     let no_interrupt = virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT as u16;
     mem.read_obj::<u16>(GuestAddress(avail_ring)).is_ok_and(|flags| u16::from_le(flags) & no_interrupt != 0)
