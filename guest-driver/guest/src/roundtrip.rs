@@ -64,6 +64,10 @@ pub struct RoundTrip {
     /// One 64-byte read from virtio-rng waiting for the queue's MSI-X message (VFIO eventfd, the interrupt thread,
     /// the wait's wake-up), as a queue with `vhca.completion=interrupt` waits.
     pub rng_read_interrupt: Series,
+    /// The same read, the waiter spinning (yielding the vCPU) until the interrupt thread has counted the rng's
+    /// message, then taking the used entry: the interrupt's way into this program without the waiter's own sleep
+    /// and wake-up, which is what `rng_read_interrupt` adds to it.
+    pub rng_read_interrupt_seen: Series,
     /// MSI-X messages the rng delivered in the run (at least one per read that asked for them).
     pub rng_messages: u64,
     /// One 64-byte read from virtio-rng through the same wait, the queue asking for used-buffer notifications
@@ -165,12 +169,13 @@ pub fn measure(
     rng.transport.driver_ok()?;
     let buffer = rng.mapper.alloc(ENTROPY_BYTES, DmaAccess::READ_WRITE)?;
     let chain = [Buffer { iova: buffer.iova(), len: ENTROPY_BYTES as u32, device_writes: true }];
+    let (signals, vector) = queue.completion_waits(timeout).interrupt.context("virtio-rng waits by no message")?;
     let queue = &mut queue;
     let notifier = &mut notifier;
     // The polling waits, whatever this queue's own wait is now (the interrupt's, used by `rng_read_interrupt`).
     let polling = || Deadline::after(timeout);
     let (mut vhca, mut polled, mut spun, mut kicks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut slept, mut quiet, mut by_interrupt) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut slept, mut quiet, mut by_interrupt, mut seen) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
         let t = Instant::now();
         commands.query_device()?;
@@ -182,6 +187,19 @@ pub fn measure(
         notifier.notify()?;
         let used = queue.wait_used(timeout)?;
         by_interrupt.push(t.elapsed().as_secs_f64() * 1e6);
+        ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
+
+        let t = Instant::now();
+        let before = signals.fired(vector);
+        let head = queue.add_chain(&chain)?;
+        notifier.notify()?;
+        while signals.fired(vector) == before {
+            ensure!(t.elapsed() < timeout, "virtio-rng's message did not come within {timeout:?}");
+            // One vCPU: the interrupt thread needs it to count the message.
+            std::thread::yield_now();
+        }
+        let used = queue.deref_mut().wait_used(&mut polling())?;
+        seen.push(t.elapsed().as_secs_f64() * 1e6);
         ensure!(used.head == head && used.len as usize == ENTROPY_BYTES, "virtio-rng answered {used:?}");
 
         // The in-process device at its best: asking for interrupts, polling (see `RoundTrip::rng_read`).
@@ -241,6 +259,7 @@ pub fn measure(
         completion: completion.name(),
         vhca_query_device: Series::of(vhca),
         rng_read_interrupt: Series::of(by_interrupt),
+        rng_read_interrupt_seen: Series::of(seen),
         rng_messages,
         rng_read: Series::of(polled),
         rng_read_no_interrupt: Series::of(quiet),
