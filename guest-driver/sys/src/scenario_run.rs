@@ -42,6 +42,10 @@ pub trait DriverServices {
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         Ok(None)
     }
+    /// (commands that waited on the DPC's KEVENT, commands that polled) so far, where the channel counts them.
+    fn command_waits(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// The scenario's host in vhca.sys: details and the lock go into the run's result as they come, progress to the
@@ -120,6 +124,12 @@ impl<S: DriverServices> ScenarioHost for DriverHost<'_, S> {
             "interrupt path disconnected: {} ISR calls, {} DPC calls ({} re-queued), {} CQEs",
             counts.isr_calls, counts.dpc_calls, counts.dpc_requeues, counts.cqes
         ));
+        if let Some((kevent, poll)) = self.services.command_waits() {
+            // Commands before the connection (Hca::open's) poll, as do those after the disconnect (the close's);
+            // the ones between sleep on the DPC's KEVENT. The Linux guest's detail, by the same name.
+            self.say(format_args!("commands: {kevent} waited on the DPC's KEVENT, {poll} polled"));
+            self.detail("command_waits", serde_json::json!({"kevent": kevent, "poll": poll}));
+        }
         self.result.borrow_mut().completion_path = Some(counts);
     }
 }

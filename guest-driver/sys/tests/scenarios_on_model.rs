@@ -107,6 +107,9 @@ impl DriverServices for ModelServices {
             Interrupts::Refused => anyhow::bail!("IoConnectInterruptEx connected line-based (the fallback)"),
         }
     }
+    fn command_waits(&self) -> Option<(u64, u64)> {
+        Some((2, 3))
+    }
 }
 
 fn run_on_model(scenario: Scenario, flags: u32, options: &ScenarioOptions) -> (RunResult, Arc<ModelServices>) {
@@ -138,6 +141,7 @@ fn the_result_says_how_completions_came() {
     let (polled, _) = run_on_model(Scenario::Smoke, 0, &ScenarioOptions::default());
     assert_eq!((polled.error.as_deref(), polled.completion, polled.completion_path), (None, Some("poll"), None));
     assert!(polled.details.get("interrupt_path_refused").is_none());
+    assert!(polled.details.get("command_waits").is_none(), "counted only when a path was disconnected");
 
     let (connected, services) = run_with(Scenario::Smoke, 0, &ScenarioOptions::default(), Interrupts::Connected);
     assert_eq!(connected.error, None, "{connected:?}");
@@ -145,6 +149,7 @@ fn the_result_says_how_completions_came() {
     let line = connected.line();
     assert!(line.contains(r#""completion":"interrupt""#), "{line}");
     assert!(line.contains(r#""completion_path":{"cqes":0,"dpc_calls":6,"dpc_requeues":1,"isr_calls":7}"#), "{line}");
+    assert_eq!(connected.details["command_waits"], serde_json::json!({"kevent": 2, "poll": 3}));
     let printed = services.printed.lock().unwrap().join("\n");
     assert!(printed.contains("interrupt path disconnected: 7 ISR calls, 6 DPC calls (1 re-queued)"), "{printed}");
 

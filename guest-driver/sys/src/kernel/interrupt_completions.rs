@@ -24,14 +24,15 @@ pub struct InterruptCompletions {
     waits: CompletionWaits<WdkKernel, SysCommandTransport>,
     /// The device's registers, for the vector routing; the started device outlives the scenario holding this.
     transport: Arc<VirtioPci<MmioBar>>,
-    plan: MsixPlan,
+    /// The routing written after the connection (None: none was, nothing to clear).
+    plan: Option<MsixPlan>,
 }
 
 impl InterruptCompletions {
     pub fn new(
         waits: CompletionWaits<WdkKernel, SysCommandTransport>,
         transport: Arc<VirtioPci<MmioBar>>,
-        plan: MsixPlan,
+        plan: Option<MsixPlan>,
     ) -> InterruptCompletions {
         InterruptCompletions { waits, transport, plan }
     }
@@ -39,10 +40,11 @@ impl InterruptCompletions {
     /// PASSIVE_LEVEL. Every source the plan routed, to no vector. A register the device does not take is noted, not
     /// fatal: the disconnect that follows is what must happen.
     fn route_to_no_vector(&self) {
+        let Some(plan) = &self.plan else { return };
         let t = &self.transport;
         let config = t.set_config_msix_vector(NO_VECTOR).err();
         let queues =
-            (0u16..).zip(&self.plan.queues).filter_map(|(index, _)| t.set_queue_msix_vector(index, NO_VECTOR).err());
+            (0u16..).zip(&plan.queues).filter_map(|(index, _)| t.set_queue_msix_vector(index, NO_VECTOR).err());
         for e in config.into_iter().chain(queues) {
             print_line(&alloc::format!("vhca: MSI-X routing not cleared before disconnect: {e}"));
         }

@@ -84,9 +84,14 @@ impl<'a> DriverServices for KernelServices<'a> {
 
     /// IoConnectInterruptEx, CONNECT_MESSAGE_BASED with the line-based fallback, only when START_DEVICE gave the
     /// device an interrupt (without one it returns STATUS_NOT_FOUND, and the run polls as before). The path is
-    /// kept only when messages were connected and the device took their routing: the device signals its queues by
-    /// MSI-X, and the driver core's ISR claims every call without reading virtio's ISR status register, which a
-    /// level-triggered line would need to be deasserted.
+    /// kept only when messages were connected and the device took their routing, written here: the device signals
+    /// its queues by MSI-X, and the driver core's ISR claims every call without reading virtio's ISR status
+    /// register, which a level-triggered line would need to be deasserted. Otherwise it is disconnected again (the
+    /// routing cleared first) and the error says why.
+    fn command_waits(&self) -> Option<(u64, u64)> {
+        Some(self.channel.command_waits())
+    }
+
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         let i = &self.interrupts;
         if i.resources.is_empty() {
@@ -95,12 +100,26 @@ impl<'a> DriverServices for KernelServices<'a> {
         let waits = CompletionWaits::connect(self.kernel.clone(), self.channel.clone(), i.pdo, DEFAULT_CQE_BUDGET)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let kind = connection_kind(waits.connection());
-        let (Some(plan), Some(INTERRUPT_CONNECTION::MessageBased(_))) = (i.msix, waits.connection()) else {
-            let counts = Box::new(waits).disconnect();
-            anyhow::bail!("IoConnectInterruptEx connected {kind}, without the MSI-X routing the queues signal by ({} ISR calls meanwhile)", counts.isr_calls);
+        let routed = match (i.msix, waits.connection()) {
+            (Some(plan), Some(INTERRUPT_CONNECTION::MessageBased(_))) => {
+                // The routing only now that the ISR is connected (started_device.rs says why).
+                plan.program(&**i.transport).map(|()| plan).map_err(|e| alloc::format!("MSI-X routing refused: {e}"))
+            }
+            _ => Err("without the MSI-X routing the queues signal by".into()),
+        };
+        let plan = match routed {
+            Ok(plan) => plan,
+            Err(why) => {
+                let completions = InterruptCompletions::new(waits, i.transport.clone(), i.msix.cloned());
+                let counts = Box::new(completions).disconnect();
+                anyhow::bail!(
+                    "IoConnectInterruptEx connected {kind}, {why} ({} ISR calls meanwhile)",
+                    counts.isr_calls
+                );
+            }
         };
         print_line(&alloc::format!("vhca: interrupt path connected: {kind}"));
-        Ok(Some(Box::new(InterruptCompletions::new(waits, i.transport.clone(), plan.clone()))))
+        Ok(Some(Box::new(InterruptCompletions::new(waits, i.transport.clone(), Some(plan.clone())))))
     }
 
     fn sleep(&self, duration: Duration) {

@@ -26,7 +26,6 @@ use zerocopy::FromBytes;
 
 use super::common_buffer::CommonBuffer;
 use super::config_space;
-use super::debug_print::print_line;
 use super::mmio_registers::{KernelWait, MmioBar};
 use super::scenario_services::{DeviceInterrupts, KernelServices};
 use super::sys_command_transport::{Queue, SysCommandTransport, TransportBuffers};
@@ -66,8 +65,8 @@ pub struct StartedDevice {
     channel: Option<Arc<SysCommandTransport>>,
     /// The interrupt descriptors of START_DEVICE's lists.
     interrupts: InterruptResources,
-    /// Which message each virtio source signals, when START_DEVICE gave messages and the device took the routing:
-    /// then the event queue asks for interrupts and a scenario's completions come through the ISR and its DPC.
+    /// Which message each virtio source is to signal, when START_DEVICE gave messages: the interrupt path writes it
+    /// once connected (scenario_services.rs), and the command and event queues ask for notifications from the start.
     msix: Option<MsixPlan>,
     /// The queues the channel does not use (queue 3), set up only because QEMU needs every queue set up; their
     /// common buffers are freed after the reset in drop.
@@ -208,16 +207,11 @@ impl StartedDevice {
         if num_queues < NUM_QUEUES {
             return Err(format!("device has {num_queues} queues, vhca needs {NUM_QUEUES}"));
         }
-        // The MSI-X routing before any queue is enabled (virtio 1.2, 4.1.5.1.3 step 3), when START_DEVICE gave
-        // messages. A device that refuses it leaves the driver polling, as without messages.
+        // The MSI-X routing for the messages START_DEVICE gave. It is written only once the ISR is connected
+        // (scenario_services.rs), so no message can come before there is one to take it: until then every source
+        // stays on VIRTIO_MSI_NO_VECTOR, as the reset left it.
         let messages = u16::try_from(self.interrupts.messages()).unwrap_or(u16::MAX);
-        self.msix = MsixPlan::new(messages, num_queues.min(MAX_QUEUES)).and_then(|plan| match plan.program(t) {
-            Ok(()) => Some(plan),
-            Err(e) => {
-                print_line(&format!("vhca: MSI-X routing refused ({e}); completions are polled"));
-                None
-            }
-        });
+        self.msix = MsixPlan::new(messages, num_queues.min(MAX_QUEUES));
         let mut queues = Vec::new();
         // Declared after `queues`, so dropped before them: on an error return the device is reset before a ring it
         // was told of is freed (freeing first lets the device DMA to an unmapped ring: 0xE6/0x26, found by the low
@@ -235,9 +229,11 @@ impl StartedDevice {
         let commands = channel_queue(QUEUE_COMMAND)?;
         let events = channel_queue(QUEUE_EVENT)?;
         if self.msix.is_some() {
-            // Before its first chain, so no event can come without a notification (the Linux guest's event queue
-            // asks the same way). The command and doorbell queues keep declining: their waits poll.
+            // Before their first chains, so no completion can come without a notification once the routing is
+            // written (the Linux guest's queues ask the same way): the event queue for the DPC, the command queue
+            // for the command's KEVENT the DPC sets. The doorbell queue keeps declining: its short wait stalls.
             events.ring.set_interrupts_wanted(true);
+            commands.ring.set_interrupts_wanted(true);
         }
         let doorbells = channel_queue(QUEUE_DOORBELL)?;
         self.unused_queues = queues.into_iter().flatten().collect();

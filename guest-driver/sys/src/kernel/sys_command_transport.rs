@@ -1,6 +1,7 @@
 //! The driver core's `CommandTransport` in vhca.sys: vhca-queues (the code the Linux guest program runs too) over
-//! common buffers and mapped BARs, waiting with `KernelWait`. Commands are polled (the core waits for each
-//! completion); events and doorbells are shared with the interrupt path's DPC.
+//! common buffers and mapped BARs. A command's wait polls with `KernelWait` until the interrupt path is connected,
+//! then sleeps on the DPC's KEVENT (`SignalledWaits`, handed over by `wait_for_interrupts`); events and doorbells
+//! are shared with that DPC.
 //!
 //! Why three locks and not one: the DPC (DISPATCH_LEVEL, any processor) reads events and rings CQ-arm doorbells
 //! while the control path may be waiting up to 10 s for a command. A command's wait sleeps below DISPATCH_LEVEL,
@@ -9,14 +10,16 @@
 //! queues each a KSPIN_LOCK the DPC and the control path both take. No path holds two of them.
 
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use core::time::Duration;
 
-use vhca_driver_core::{CommandTransport, CommandTransportError};
+use alloc::sync::Arc;
+
+use vhca_driver_core::{CommandTransport, CommandTransportError, CompletionSignal};
 use vhca_ntapi::PDMA_ADAPTER;
 use vhca_proto::{Event, EVENT_SIZE, MAX_REQUEST_SIZE, PAGE_SIZE};
-use vhca_queues::{CommandError, CommandQueue, DoorbellQueue, EventQueue, RingError, WaitSource};
-use vhca_virtio::{QueueError, QueueNotifier, SplitQueue};
+use vhca_queues::{CommandQueue, DoorbellQueue, EventQueue, SignalledWaits, WaitSource};
+use vhca_virtio::{QueueNotifier, SplitQueue};
 
 use super::common_buffer::CommonBuffer;
 use super::debug_print::print_line;
@@ -48,9 +51,11 @@ type Notifier = QueueNotifier<MmioBar>;
 
 /// The channel.
 pub struct SysCommandTransport {
-    commands: Exclusive<CommandQueue<CommonBuffer, Notifier, CompletionWait>>,
+    commands: Exclusive<CommandQueue<CommonBuffer, Notifier, SignalledWaits<CompletionWait>>>,
     doorbells: SpinLocked<DoorbellQueue<CommonBuffer, Notifier, CompletionWait>>,
     events: SpinLocked<EventQueue<CommonBuffer, Notifier>>,
+    /// Commands that waited on the DPC's KEVENT, and commands that polled (before the connection, after it).
+    waited: [AtomicU64; 2],
 }
 
 /// A value one caller at a time uses; a second is refused rather than made to wait. The core's control path is one
@@ -119,7 +124,8 @@ impl SysCommandTransport {
         doorbells: Queue,
     ) -> Option<SysCommandTransport> {
         let TransportBuffers { request, response, slots, doorbell } = buffers;
-        let commands = CommandQueue::new(commands.ring, commands.notifier, request, response, CompletionWait);
+        let waits = SignalledWaits::new(CompletionWait);
+        let commands = CommandQueue::new(commands.ring, commands.notifier, request, response, waits);
         let count = EVENT_BUFFERS.min(events.ring.size() as usize);
         let events = EventQueue::new(events.ring, events.notifier, slots, count).ok()?;
         let doorbells = DoorbellQueue::new(doorbells.ring, doorbells.notifier, doorbell, CompletionWait);
@@ -127,29 +133,28 @@ impl SysCommandTransport {
             commands: Exclusive::new(commands),
             doorbells: SpinLocked::new(doorbells),
             events: SpinLocked::new(events),
+            waited: Default::default(),
         })
+    }
+
+    /// (commands that waited on the DPC's KEVENT, commands that polled) so far.
+    pub fn command_waits(&self) -> (u64, u64) {
+        let [kevent, poll] = &self.waited;
+        (kevent.load(Ordering::Relaxed), poll.load(Ordering::Relaxed))
     }
 }
 
 /// A re-entrant use of the command queue (its lock already held).
 const REENTERED: CommandTransportError = CommandTransportError::Refused(6);
 
-/// The command queue's failures as the core's, as `vhca_queues::HcaQueues::execute` maps them (the queues are
-/// held apart here, so that method, which takes all three, is not used).
-fn command_error<E: core::fmt::Display + core::fmt::Debug>(e: CommandError<E>) -> CommandTransportError {
-    match e {
-        CommandError::Ring(RingError::Queue(QueueError::Timeout(_))) => CommandTransportError::Timeout,
-        other => {
-            note(format_args!("command queue: {other}"));
-            CommandTransportError::Refused(4)
-        }
-    }
-}
-
 impl CommandTransport for SysCommandTransport {
     /// PASSIVE_LEVEL (the control path): the wait may sleep.
     fn execute(&self, request: &[u8], response_capacity: usize) -> Result<alloc::vec::Vec<u8>, CommandTransportError> {
-        let done = self.commands.try_with(|q| q.execute_raw(request, response_capacity).map_err(command_error));
+        let done = self.commands.try_with(|q| {
+            let way = if q.waits_mut().is_signalled() { 0 } else { 1 };
+            self.waited[way].fetch_add(1, Ordering::Relaxed);
+            q.execute_for_core(request, response_capacity, &note)
+        });
         done.unwrap_or(Err(REENTERED))
     }
 
@@ -162,6 +167,16 @@ impl CommandTransport for SysCommandTransport {
     /// IRQL <= DISPATCH_LEVEL, under the event queue's spin lock.
     fn poll_event(&self) -> Option<Event> {
         self.events.with(|q| q.poll(&note))
+    }
+
+    /// PASSIVE_LEVEL, no command in flight (the interrupt path's connect and disconnect): from the next command on,
+    /// its wait sleeps on `signal` (Some) or polls again (None). The command queue asks the device for
+    /// notifications from the start when START_DEVICE gave messages (started_device.rs), so the DPC runs for each.
+    fn wait_for_interrupts(&self, signal: Option<Arc<dyn CompletionSignal>>) {
+        let waiting = signal.is_some();
+        if self.commands.try_with(|q| q.waits_mut().attach(signal)).is_none() {
+            note(format_args!("command queue busy: its waits were not switched (waiting on the KEVENT: {waiting})"));
+        }
     }
 }
 
@@ -177,5 +192,9 @@ impl CommandTransport for &SysCommandTransport {
 
     fn poll_event(&self) -> Option<Event> {
         (**self).poll_event()
+    }
+
+    fn wait_for_interrupts(&self, signal: Option<Arc<dyn CompletionSignal>>) {
+        (**self).wait_for_interrupts(signal)
     }
 }
