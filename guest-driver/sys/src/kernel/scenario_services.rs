@@ -82,16 +82,16 @@ impl<'a> DriverServices for KernelServices<'a> {
         self.kernel.refusals() > 0
     }
 
+    fn command_waits(&self) -> Option<(u64, u64)> {
+        Some(self.channel.command_waits())
+    }
+
     /// IoConnectInterruptEx, CONNECT_MESSAGE_BASED with the line-based fallback, only when START_DEVICE gave the
     /// device an interrupt (without one it returns STATUS_NOT_FOUND, and the run polls as before). The path is
     /// kept only when messages were connected and the device took their routing, written here: the device signals
     /// its queues by MSI-X, and the driver core's ISR claims every call without reading virtio's ISR status
     /// register, which a level-triggered line would need to be deasserted. Otherwise it is disconnected again (the
     /// routing cleared first) and the error says why.
-    fn command_waits(&self) -> Option<(u64, u64)> {
-        Some(self.channel.command_waits())
-    }
-
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         let i = &self.interrupts;
         if i.resources.is_empty() {
