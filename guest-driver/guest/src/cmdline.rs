@@ -157,7 +157,9 @@ impl Options {
         }
         // Only when asked for: the default is every personality's, and vhca.sys takes it once its path is wired.
         if completion_asked && options.driver == Personality::Sys && options.completion == Completion::Interrupt {
-            options.warnings.push(format!("{PREFIX}completion=interrupt: vhca.sys connects no interrupts yet"));
+            options.warnings.push(format!(
+                "{PREFIX}completion=interrupt: vhca.sys connects no interrupts yet (the loader gives it none)"
+            ));
         }
         options
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// What receives the messages: the guest's completion waits now, the NT model's interrupt object later. It knows
+/// What receives the messages: the program's own completion waits and the NT model's interrupts. It knows
 /// message ids only (the MSI-X table entry, as an NT driver's MessageID), never the eventfds behind them.
 pub trait MessageInterruptSink: Send + Sync {
     /// Message `id` fired once. Called on the interrupt thread, one call per message the kernel signalled.

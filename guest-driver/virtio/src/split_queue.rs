@@ -91,8 +91,8 @@ pub struct SplitQueue<M: DmaMemory> {
 
 impl<M: DmaMemory> SplitQueue<M> {
     /// Lays the rings out at the start of `mem` and zeroes them, with VRING_AVAIL_F_NO_INTERRUPT in the avail ring's
-    /// flags: a driver that polls its used ring (vhca.sys, which connects no interrupt yet, and the Linux guest
-    /// program unless `vhca.completion=interrupt`) only pays for an interrupt per used buffer; one that waits for
+    /// flags: a driver that polls its used ring (vhca.sys until its interrupt is connected, the Linux guest program
+    /// with `vhca.completion=poll`, any doorbell queue) only pays for an interrupt per used buffer; one that waits for
     /// its queue's MSI-X message asks for them with `set_interrupts_wanted`. Under TCG an unwanted interrupt cost a
     /// wake-up of QEMU's main loop per completion (QEMU reads the call eventfd there: no irqfd without KVM),
     /// competing for the CPU with the vCPU and the device. Virtio 1.2, 2.7.7: the flag is advice the device may
