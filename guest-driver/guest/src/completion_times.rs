@@ -45,7 +45,12 @@ pub struct CompletionTimes {
 impl CompletionTimes {
     /// `routine` ran now. Cheap: one clock read and a push under an uncontended lock.
     pub fn ran(&self, routine: PathRoutine) {
-        let at = Instant::now();
+        self.ran_at(routine, Instant::now());
+    }
+
+    /// `routine` ran at `at`: for a caller that reads the clock before it knows whether the routine ran (the
+    /// model's `deliver` says afterwards whether an ISR was connected).
+    pub fn ran_at(&self, routine: PathRoutine, at: Instant) {
         let kept = match routine {
             PathRoutine::Isr => &self.isr,
             PathRoutine::Dpc => &self.dpc,
@@ -74,10 +79,13 @@ mod tests {
         for _ in 0..KEPT + 3 {
             times.ran(PathRoutine::Isr);
         }
+        let earlier = Instant::now();
         times.ran(PathRoutine::Dpc);
+        times.ran_at(PathRoutine::Dpc, earlier);
         let view = times.view();
         assert_eq!((view.isr.len(), view.isr_untimed), (KEPT, 3));
-        assert_eq!((view.dpc.len(), view.dpc_untimed), (1, 0));
+        assert_eq!((view.dpc.len(), view.dpc_untimed), (2, 0));
+        assert_eq!(view.dpc[1], earlier, "kept as given");
         assert!(view.isr.windows(2).all(|w| w[0] <= w[1]));
     }
 }
