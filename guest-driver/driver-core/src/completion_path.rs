@@ -33,6 +33,23 @@ pub type EventCallback = Arc<dyn Fn(&Event) + Send + Sync>;
 /// drivers use (a few dozen completions per pass).
 pub const DEFAULT_CQE_BUDGET: usize = 64;
 
+/// Work a driver variant's ISR does at DIRQL, the interrupt spin lock held, before it queues the DPC (the
+/// scenarios' ISR bugs and their fixes). The core's own ISR does none.
+pub type IsrWork = Arc<dyn Fn() + Send + Sync>;
+
+/// The seams a driver variant's consumers and ISR plug into, object-safe so scenarios reach them through the
+/// `CqCompletions` their host connected: the bugs of the interrupt path live in the variants, not in the core.
+pub trait CompletionHooks {
+    /// `cq`'s completions go to the consumer's own `callback` (DISPATCH_LEVEL, from the DPC); the caller arms the
+    /// CQ after, and `CqCompletions::unwatch` lets go of it as of any watched CQ.
+    fn watch_with(&self, cq: u32, reader: CqReader, callback: CompletionCallback);
+    /// IRQL <= DIRQL. From here on every ISR call runs `work` first (None: none). Set through
+    /// KeSynchronizeExecution, as anything the ISR reads is changed.
+    fn set_isr_work(&self, work: Option<IsrWork>);
+    /// The interrupt object KeSynchronizeExecution takes for state shared with the ISR; None when not connected.
+    fn interrupt(&self) -> Option<PKINTERRUPT>;
+}
+
 /// How often each part of the path ran, for the run's result line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CompletionCounts {
@@ -70,6 +87,9 @@ struct Shared<K: NtAsyncKernel, C: CommandTransport> {
     budget: usize,
     /// Set at teardown: a DPC that runs after it does not queue itself again, so KeFlushQueuedDpcs ends.
     stopping: AtomicBool,
+    /// A variant's ISR work: written only inside KeSynchronizeExecution and read only by the ISR, both under the
+    /// interrupt spin lock.
+    isr_work: UnsafeCell<Option<IsrWork>>,
     isr_calls: AtomicU64,
     dpc_calls: AtomicU64,
     dpc_requeues: AtomicU64,
@@ -77,7 +97,8 @@ struct Shared<K: NtAsyncKernel, C: CommandTransport> {
 }
 
 // SAFETY: `guarded` is touched only between KeAcquireSpinLock(AtDpcLevel) and its release on `lock` (see
-// `Shared::locked`), which excludes every other processor; the rest is atomics and kernel handles.
+// `Shared::locked`), which excludes every other processor; `isr_work` only under the interrupt spin lock (see
+// `Shared::isr`); the rest is atomics and kernel handles.
 unsafe impl<K: NtAsyncKernel + Send + Sync, C: CommandTransport + Send + Sync> Sync for Shared<K, C> {}
 // SAFETY: as above; nothing in Shared is tied to the thread that made it.
 unsafe impl<K: NtAsyncKernel + Send + Sync, C: CommandTransport + Send + Sync> Send for Shared<K, C> {}
@@ -105,6 +126,11 @@ impl<K: NtAsyncKernel, C: CommandTransport> Shared<K, C> {
     /// one vector for config and every queue, so every message is ours. Queue the DPC and claim it.
     fn isr(&self) -> bool {
         self.isr_calls.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the kernel calls the ISR with the interrupt spin lock held, and `isr_work` is written only under
+        // the same lock (`set_isr_work`), so nothing writes it meanwhile.
+        if let Some(work) = unsafe { &*self.isr_work.get() } {
+            work();
+        }
         self.kernel.KeInsertQueueDpc(self.dpc, PVOID::NULL, PVOID::NULL);
         true
     }
@@ -219,6 +245,7 @@ where
                 command_event: kernel.KeInitializeEvent(EVENT_TYPE::SynchronizationEvent, false),
                 budget: budget.max(1),
                 stopping: AtomicBool::new(false),
+                isr_work: UnsafeCell::new(None),
                 isr_calls: AtomicU64::new(0),
                 dpc_calls: AtomicU64::new(0),
                 dpc_requeues: AtomicU64::new(0),
@@ -297,6 +324,35 @@ where
     pub fn disconnect(mut self) -> CompletionCounts {
         self.teardown();
         self.counts()
+    }
+}
+
+impl<K, C> CompletionHooks for CompletionPath<K, C>
+where
+    K: NtAsyncKernel + Send + Sync + 'static,
+    C: CommandTransport + Send + Sync + 'static,
+{
+    fn watch_with(&self, cq: u32, reader: CqReader, callback: CompletionCallback) {
+        self.watch(cq, reader, callback);
+    }
+
+    fn set_isr_work(&self, work: Option<IsrWork>) {
+        let Some(interrupt) = self.interrupt() else {
+            // Not connected: no ISR runs that could read it.
+            // SAFETY: without a connection the kernel calls no ISR of this path, so nothing reads it meanwhile.
+            unsafe { *self.shared.isr_work.get() = work };
+            return;
+        };
+        let mut work = Some(work);
+        self.shared.kernel.KeSynchronizeExecution(interrupt, &mut || {
+            // SAFETY: KeSynchronizeExecution holds the interrupt spin lock, which the ISR runs under.
+            unsafe { *self.shared.isr_work.get() = work.take().flatten() };
+            true
+        });
+    }
+
+    fn interrupt(&self) -> Option<PKINTERRUPT> {
+        self.connection.as_ref().map(INTERRUPT_CONNECTION::InterruptObject)
     }
 }
 

@@ -18,7 +18,7 @@ use vhca_proto::{Cqe, Event};
 
 use crate::command_event::CommandEvent;
 use crate::command_transport::{CommandTransport, CompletionSignal};
-use crate::completion_path::{CompletionCounts, CompletionPath};
+use crate::completion_path::{CompletionCounts, CompletionHooks, CompletionPath};
 use crate::cq_reader::CqReader;
 use crate::error::DriverError;
 use crate::event_hand_off::{EventHandOff, HandOffCounts};
@@ -44,6 +44,11 @@ pub trait CqCompletions {
         false
     }
     fn counts(&self) -> CompletionCounts;
+    /// The path's seams for a driver variant's own consumers and ISR (the scenarios' interrupt-path bugs); None
+    /// where the path has none.
+    fn hooks(&self) -> Option<&dyn CompletionHooks> {
+        None
+    }
     /// PASSIVE_LEVEL. Disconnects the interrupt and flushes the DPC (before the CQs are destroyed).
     fn disconnect(self: Box<Self>) -> CompletionCounts;
 }
@@ -226,6 +231,10 @@ where
 
     fn counts(&self) -> CompletionCounts {
         self.path.counts()
+    }
+
+    fn hooks(&self) -> Option<&dyn CompletionHooks> {
+        Some(&self.path)
     }
 
     fn disconnect(self: Box<Self>) -> CompletionCounts {

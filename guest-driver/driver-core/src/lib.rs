@@ -20,7 +20,9 @@ mod ring;
 pub use cl_mutex::{ClMutex, ClMutexKind};
 pub use command_event::CommandEvent;
 pub use command_transport::{CommandTransport, CommandTransportError, CompletionSignal};
-pub use completion_path::{CompletionCallback, CompletionCounts, CompletionPath, EventCallback, DEFAULT_CQE_BUDGET};
+pub use completion_path::{
+    CompletionCallback, CompletionCounts, CompletionHooks, CompletionPath, EventCallback, IsrWork, DEFAULT_CQE_BUDGET,
+};
 pub use completion_waits::{CompletionWaits, CqCompletions};
 pub use cq_reader::CqReader;
 pub use error::DriverError;
