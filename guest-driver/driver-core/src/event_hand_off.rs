@@ -75,6 +75,12 @@ impl<K: NtAsyncKernel + Send + Sync + 'static> EventHandOff<K> {
     /// DISPATCH_LEVEL, from the DPC (`CompletionPath::on_event`). Queues the item unless it is queued already: one
     /// routine call takes every event that arrived until it runs.
     pub fn from_dpc(self: &Arc<Self>, event: &Event) {
+        if self.item.is_null() {
+            // IoAllocateWorkItem returned NULL (Windows may): the events still reach the control path, unhandled.
+            self.locked(|s| s.for_control.push_back(*event));
+            self.kernel.KeSetEvent(self.arrived, 0, false);
+            return;
+        }
         let queue = self.locked(|s| {
             s.from_dpc.push_back(*event);
             let queue = !s.queued && !s.stopping;
@@ -152,7 +158,7 @@ impl<K: NtAsyncKernel> EventHandOff<K> {
     /// from a bugcheck at raised IRQL) it neither waits nor frees: a leaked item beats a second bugcheck.
     pub fn stop(&self) {
         self.locked(|s| s.stopping = true);
-        if self.kernel.KeGetCurrentIrql() > APC_LEVEL {
+        if self.item.is_null() || self.kernel.KeGetCurrentIrql() > APC_LEVEL {
             return;
         }
         let _ = self.kernel.KeWaitForSingleObject(
