@@ -14,6 +14,7 @@ use core::time::Duration;
 use serde::Serialize;
 use serde_json::{json, Value};
 use vhca_driver_core::{ClMutexKind, CqCompletions, Hca};
+use vhca_ntapi::PDEVICE_OBJECT;
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
 use crate::verbs::Buffer;
@@ -33,6 +34,8 @@ pub struct Ctx<'a, H: ScenarioHost> {
     buffers: RefCell<Vec<Buffer>>,
     /// The interrupt path, when the host connected one: CQ waits and events come from it.
     pub(crate) completions: Option<Box<dyn CqCompletions>>,
+    /// The device object the driver was opened on: what its work items are allocated for.
+    pub(crate) pdo: PDEVICE_OBJECT,
 }
 
 impl<'a, H: ScenarioHost> Ctx<'a, H> {
@@ -43,6 +46,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
         options: &'a ScenarioOptions,
         timeout: Duration,
         completions: Option<Box<dyn CqCompletions>>,
+        pdo: PDEVICE_OBJECT,
     ) -> Self {
         Ctx {
             hca,
@@ -54,6 +58,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
             deferred: None,
             buffers: RefCell::new(Vec::new()),
             completions,
+            pdo,
         }
     }
 

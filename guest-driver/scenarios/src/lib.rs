@@ -10,10 +10,15 @@ mod context;
 mod host;
 
 mod cq_fallback;
+mod cq_growth;
 mod create_cq_lock;
+mod dpc_consumer;
+mod dpc_wait;
 mod health_watchdog;
+mod isr_state;
 mod late_completion;
 mod map_registers;
+mod paged_context;
 mod pool_exhaustion;
 mod shared_buffer;
 mod smoke;
@@ -77,12 +82,21 @@ pub enum Scenario {
     UnloadTimerCancelled,
     TimeoutFreesBuffer,
     TimeoutFlushesQp,
+    DpcGrowsCq,
+    WorkItemGrowsCq,
+    DpcReadsPagedContext,
+    DpcReadsNonpagedContext,
+    IsrTakesSpinLock,
+    IsrSynchronizesState,
+    DpcWaitsForDevice,
+    DpcSpinsOnCompletion,
+    DpcBoundedBatch,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 16] = [
+    pub const DRIVER: [Scenario; 25] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -99,6 +113,15 @@ impl Scenario {
         Scenario::UnloadTimerCancelled,
         Scenario::TimeoutFreesBuffer,
         Scenario::TimeoutFlushesQp,
+        Scenario::DpcGrowsCq,
+        Scenario::WorkItemGrowsCq,
+        Scenario::DpcReadsPagedContext,
+        Scenario::DpcReadsNonpagedContext,
+        Scenario::IsrTakesSpinLock,
+        Scenario::IsrSynchronizesState,
+        Scenario::DpcWaitsForDevice,
+        Scenario::DpcSpinsOnCompletion,
+        Scenario::DpcBoundedBatch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -120,6 +143,15 @@ impl Scenario {
             Scenario::UnloadTimerCancelled => "unload-timer-cancelled",
             Scenario::TimeoutFreesBuffer => "timeout-frees-buffer",
             Scenario::TimeoutFlushesQp => "timeout-flushes-qp",
+            Scenario::DpcGrowsCq => "dpc-grows-cq",
+            Scenario::WorkItemGrowsCq => "work-item-grows-cq",
+            Scenario::DpcReadsPagedContext => "dpc-reads-paged-context",
+            Scenario::DpcReadsNonpagedContext => "dpc-reads-nonpaged-context",
+            Scenario::IsrTakesSpinLock => "isr-takes-spin-lock",
+            Scenario::IsrSynchronizesState => "isr-synchronizes-state",
+            Scenario::DpcWaitsForDevice => "dpc-waits-for-device",
+            Scenario::DpcSpinsOnCompletion => "dpc-spins-on-completion",
+            Scenario::DpcBoundedBatch => "dpc-bounded-batch",
         }
     }
 
@@ -165,6 +197,15 @@ impl Scenario {
             Scenario::UnloadTimerCancelled => unload_timer::timer_cancelled(ctx),
             Scenario::TimeoutFreesBuffer => late_completion::frees_buffer(ctx),
             Scenario::TimeoutFlushesQp => late_completion::flushes_qp(ctx),
+            Scenario::DpcGrowsCq => cq_growth::in_dpc(ctx),
+            Scenario::WorkItemGrowsCq => cq_growth::by_work_item(ctx),
+            Scenario::DpcReadsPagedContext => paged_context::paged(ctx),
+            Scenario::DpcReadsNonpagedContext => paged_context::nonpaged(ctx),
+            Scenario::IsrTakesSpinLock => isr_state::spin_lock(ctx),
+            Scenario::IsrSynchronizesState => isr_state::synchronized(ctx),
+            Scenario::DpcWaitsForDevice => dpc_wait::waits(ctx),
+            Scenario::DpcSpinsOnCompletion => dpc_wait::spins(ctx),
+            Scenario::DpcBoundedBatch => dpc_wait::bounded_batch(ctx),
         }
     }
 }
@@ -190,7 +231,7 @@ pub fn run<H: ScenarioHost>(
         hca.attributes().map_registers_free.get()
     ));
     let completions = host.connect_completions()?;
-    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions);
+    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions, pdo);
     let mut on_error_path = false;
     let result = match scenario.body(&mut ctx) {
         Err(e) if host.error_path(&e) => {
