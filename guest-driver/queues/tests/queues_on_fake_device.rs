@@ -302,9 +302,46 @@ fn doorbell_records_reach_the_device_whole() {
     doorbells.ring(&[7; 24], &note).unwrap();
     doorbells.ring(&[9; 48], &note).unwrap();
     assert_eq!(*seen.borrow(), vec![vec![7u8; 24], vec![9u8; 48]]);
-    assert_eq!(
-        doorbells.ring(&[0; 8192], &note),
-        Err(CommandTransportError::Refused(8192)),
-        "larger than the buffer"
-    );
+    assert_eq!(doorbells.ring(&[0; 8192], &note), Err(CommandTransportError::Refused(8192)), "larger than the buffer");
+}
+
+/// A signal that records its calls and lets its deadline pass after two sleeps.
+#[derive(Default)]
+struct CountedSignal(std::sync::Mutex<Vec<&'static str>>);
+
+impl vhca_driver_core::CompletionSignal for CountedSignal {
+    fn begin(&self, _limit: Duration) {
+        self.0.lock().unwrap().push("begin");
+    }
+    fn sleep(&self) -> bool {
+        let mut calls = self.0.lock().unwrap();
+        calls.push("sleep");
+        calls.iter().filter(|c| **c == "sleep").count() < 2
+    }
+    fn end(&self) {
+        self.0.lock().unwrap().push("end");
+    }
+}
+
+#[test]
+fn a_command_on_a_signalled_queue_sleeps_on_the_signal_between_polls_and_ends_its_wait_on_every_path() {
+    let arena = Arena::new();
+    let silent = command_queue(&arena, Box::new(|_, _| None));
+    let mut commands = silent.map_waits(vhca_queues::SignalledWaits::new);
+    let signal = std::sync::Arc::new(CountedSignal::default());
+    commands.waits_mut().attach(Some(signal.clone()));
+    let note = |_: std::fmt::Arguments<'_>| {};
+    // The device never answers: the wait sleeps until the signal's deadline, and the core hears a timeout.
+    assert_eq!(commands.execute_for_core(&[0u8; 16], 64, &note), Err(CommandTransportError::Timeout));
+    assert_eq!(*signal.0.lock().unwrap(), ["begin", "sleep", "sleep", "end"]);
+    // An answering device: the first poll finds the response, and the wait still ends.
+    let mut answering = command_queue(&arena, answering_device(None)).map_waits(vhca_queues::SignalledWaits::new);
+    let signal = std::sync::Arc::new(CountedSignal::default());
+    answering.waits_mut().attach(Some(signal.clone()));
+    answering.query_device().expect("query_device");
+    assert_eq!(*signal.0.lock().unwrap(), ["begin", "end"], "answered before any sleep");
+    // Detached: polling again, the signal is left alone.
+    answering.waits_mut().attach(None);
+    answering.query_device().expect("query_device");
+    assert_eq!(signal.0.lock().unwrap().len(), 2);
 }
