@@ -110,6 +110,8 @@ pub struct NtModel {
     locks: Mutex<locks::LockTable>,
     next_object: AtomicU64,
     bugchecks: Mutex<Vec<Bugcheck>>,
+    /// Held while a bugcheck stops the machine: the first processor to stop reports, the others wait behind it.
+    stopping: Mutex<()>,
     iommu_faults: Mutex<Vec<IommuFault>>,
     low_resources: Mutex<low_resources::LowResources>,
     timing: TimingConfig,
@@ -151,6 +153,7 @@ impl NtModel {
             locks: Mutex::new(locks::LockTable::default()),
             next_object: AtomicU64::new(1),
             bugchecks: Mutex::new(Vec::new()),
+            stopping: Mutex::new(()),
             iommu_faults: Mutex::new(Vec::new()),
             low_resources: Mutex::new(low_resources),
             timing: TimingConfig::default(),
@@ -255,7 +258,13 @@ impl NtModel {
     }
 
     /// Stops the machine. Callers must hold no model mutex guard.
+    ///
+    /// One stop at a time: KeBugCheckEx freezes the other processors, so a second processor that finds a violation
+    /// meanwhile (the clock interrupt and the DPC itself both seeing one overrun: 0x133) never reports it. A
+    /// handler that stops the machine never returns and keeps the others waiting here; one that unwinds (the tests')
+    /// lets the next through.
     pub(crate) fn raise(&self, bugcheck: Bugcheck) -> ! {
+        let _stopping = lock(&self.stopping);
         lock(&self.bugchecks).push(bugcheck);
         self.handler.bugcheck(&bugcheck)
     }

@@ -1021,3 +1021,33 @@ fn a_disabled_rule_lets_the_unchecked_path_run() {
         k.unload_driver();
     });
 }
+
+// ---- Stopping the machine ----
+
+/// A handler that stops the machine as the guest's does: it never returns. It counts who got to report.
+struct StopsForGood(AtomicU32);
+
+impl vhca_ntmodel::BugcheckHandler for StopsForGood {
+    fn bugcheck(&self, _: &Bugcheck) -> ! {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+#[test]
+fn two_processors_finding_a_violation_at_once_report_one_stop() {
+    // The clock interrupt and the overrunning DPC both see one 0x133; Windows' first KeBugCheckEx freezes the rest.
+    let handler = Arc::new(StopsForGood(AtomicU32::new(0)));
+    let backend = Arc::new(vhca_ntmodel::HostDmaBackend::default());
+    let k = Arc::new(NtModel::new(NtModelConfig::default(), backend, handler.clone()));
+    for _ in 0..2 {
+        let k = k.clone();
+        // Detached: a stopped processor never comes back.
+        std::thread::spawn(move || k.KeBugCheckEx(DPC_WATCHDOG_VIOLATION, 0, 65, 64, 0));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(handler.0.load(Ordering::SeqCst), 1, "the second stop was reported too");
+    assert_eq!(k.bugchecks().len(), 1);
+}
