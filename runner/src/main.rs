@@ -143,7 +143,8 @@ enum Cmd {
         #[arg(long, conflicts_with = "roundtrip")]
         alternate_completion: bool,
         /// The `vhca.completion` modes, in order: one guest each for --roundtrip, one suite run each per round for
-        /// --alternate-completion. Always passed to the guest, whatever its default.
+        /// --alternate-completion. Always passed to the guest, over its default and a suite entry's own `completion`
+        /// (an entry that needs interrupts then fails its polling runs: leave it out with --filter).
         #[arg(long, value_delimiter = ',', default_values_t = ["poll".to_string(), "interrupt".to_string()])]
         completion: Vec<String>,
         /// Rounds of --alternate-completion.
