@@ -11,7 +11,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use vhca_driver_core::{CompletionCounts, CompletionWaits, CqCompletions, CqReader};
+use vhca_driver_core::{CompletionCounts, CompletionHooks, CompletionWaits, CqCompletions, CqReader};
 use vhca_proto::{Cqe, Event};
 use vhca_virtio::{MsixPlan, VirtioPci, NO_VECTOR};
 
@@ -73,8 +73,16 @@ impl CqCompletions for InterruptCompletions {
     fn take_event(&self) -> Option<Event> {
         self.waits.take_event()
     }
+    fn wait_event(&self, timeout: Duration) -> bool {
+        self.waits.wait_event(timeout)
+    }
     fn counts(&self) -> CompletionCounts {
         self.waits.counts()
+    }
+    /// The scenarios' interrupt-path variants (their own consumers and ISR work) reach the path through these, on
+    /// vhca.sys as in the Linux guest.
+    fn hooks(&self) -> Option<&dyn CompletionHooks> {
+        self.waits.hooks()
     }
     /// The device's interrupts off, then IoDisconnectInterruptEx and KeFlushQueuedDpcs (`CompletionPath`), before
     /// the scenario destroys any CQ the DPC reads.
