@@ -49,10 +49,34 @@ pub fn fault_bugcheck(address: u64, rip: u64, error_code: u64) -> (u32, [u64; 4]
 /// Installs the handlers for the image at `base`..`base + size`. Once per process.
 pub fn install(base: usize, size: usize, name: &str, symbols: DriverSymbols) {
     let _ = IMAGE.set(Image { base, size, name: name.to_string(), symbols });
-    // SAFETY: an alternate stack for the handler (a driver overflowing its stack still gets a verdict), then
-    // SA_SIGINFO handlers for SIGSEGV and SIGBUS; both are process-wide settings made before any driver code runs.
+    prepare_thread();
+    // SAFETY: SA_SIGINFO handlers for SIGSEGV and SIGBUS, a process-wide setting made before any driver code runs.
     unsafe {
-        let stack_size = 64 * 1024;
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_fault as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &action, std::ptr::null_mut());
+        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+    }
+}
+
+thread_local! {
+    static ALTERNATE_STACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives the calling thread an alternate signal stack, once: the fault handlers are process-wide, an alternate
+/// stack is per thread, and driver code also runs on the NT model's threads (the ISR on the interrupt delivery
+/// thread, DPCs where they drain, work items on the worker thread), where a driver overflowing its stack must still
+/// get its verdict. The callbacks into driver code call this before they enter it.
+pub fn prepare_thread() {
+    if ALTERNATE_STACK.with(|done| done.replace(true)) {
+        return;
+    }
+    let stack_size = 64 * 1024;
+    // SAFETY: a fresh anonymous mapping, kept for the thread's life (a thread's alternate stack must outlive it),
+    // registered as this thread's alternate signal stack.
+    unsafe {
         let stack = libc::mmap(
             std::ptr::null_mut(),
             stack_size,
@@ -65,12 +89,6 @@ pub fn install(base: usize, size: usize, name: &str, symbols: DriverSymbols) {
             let ss = libc::stack_t { ss_sp: stack, ss_flags: 0, ss_size: stack_size };
             libc::sigaltstack(&ss, std::ptr::null_mut());
         }
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_fault as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut action.sa_mask);
-        libc::sigaction(libc::SIGSEGV, &action, std::ptr::null_mut());
-        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
     }
 }
 

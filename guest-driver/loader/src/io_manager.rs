@@ -46,6 +46,12 @@ pub trait BusDriver: Send + Sync {
     fn memory_resources(&self) -> Vec<(u64, u32)> {
         Vec::new()
     }
+    /// How many MSI-X messages the platform enabled for the device, for START_DEVICE's interrupt descriptors and
+    /// the NT model's assignment: 0 (the default) gives no interrupt resources, as on a machine without MSI, and
+    /// the driver polls.
+    fn message_interrupts(&self) -> u32 {
+        0
+    }
     /// MmMapIoSpaceEx on one of the device's translated memory ranges: where the CPU reaches it, or None.
     fn map_io_space(&self, _physical: u64, _length: usize) -> Option<*mut u8> {
         None
@@ -68,6 +74,8 @@ pub struct IoManager {
     bus_driver: *mut DRIVER_OBJECT,
     /// The device's PDO once made: what the platform names when it reports the device (an IOMMU fault).
     pdo: std::sync::atomic::AtomicUsize,
+    /// Held while the PDO is made, so two first asks make one.
+    enumeration: Mutex<()>,
 }
 
 // SAFETY: the raw objects are the driver's shared kernel objects, as on Windows; the tables are under a mutex.
@@ -84,7 +92,13 @@ impl IoManager {
             (*bus_driver).Type = IO_TYPE_DRIVER;
             (*bus_driver).Size = size_of::<DRIVER_OBJECT>() as i16;
         }
-        IoManager { objects: Mutex::new(Objects::default()), bus, bus_driver, pdo: Default::default() }
+        IoManager {
+            objects: Mutex::new(Objects::default()),
+            bus,
+            bus_driver,
+            pdo: Default::default(),
+            enumeration: Mutex::new(()),
+        }
     }
 
     pub(crate) fn bus(&self) -> &dyn BusDriver {
@@ -113,8 +127,17 @@ impl IoManager {
         driver
     }
 
-    /// The PCI bus driver's PDO for the device.
-    pub(crate) fn new_pdo(&self) -> *mut DEVICE_OBJECT {
+    /// The PCI bus driver's PDO for the device, made on the first call (the bus enumerated its device): the
+    /// platform names it when it delivers the device's interrupts, so it may ask before the PnP life starts.
+    pub fn device_pdo(&self) -> *mut DEVICE_OBJECT {
+        let _enumerating = crate::lock(&self.enumeration);
+        match self.pdo() {
+            Some(pdo) => pdo as *mut DEVICE_OBJECT,
+            None => self.new_pdo(),
+        }
+    }
+
+    fn new_pdo(&self) -> *mut DEVICE_OBJECT {
         let mut pdo = std::ptr::null_mut();
         let status = self.create_device(self.bus_driver, 0, &mut pdo);
         assert_eq!(status, STATUS_SUCCESS, "out of memory for the PDO");

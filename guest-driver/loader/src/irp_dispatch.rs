@@ -106,7 +106,8 @@ pub(crate) unsafe fn complete_irp(io: &IoManager, irp: *mut IRP) {
         }
         let event = (*irp).UserEvent;
         if !event.is_null() {
-            (*event).Header.SignalState = 1;
+            // Through the model, so a thread waiting on it in KeWaitForSingleObject wakes.
+            crate::kernel_context::kernel().signal_event(event as usize);
         }
         // An IRP built for a caller's event (IoBuildSynchronousFsdRequest) belongs to the I/O manager again.
         if !event.is_null() {

@@ -5,15 +5,17 @@
 
 use std::sync::{Arc, OnceLock};
 
-use vhca_ntapi::NtKernel;
+use vhca_ntapi::{NtAsyncKernel, NtKernel, PKDPC, PKEVENT, PKTIMER};
 use vhca_ntmodel::NtModel;
 
 use crate::address_space::AddressSpace;
 use crate::debug_log::DebugLog;
 use crate::dma_table::DmaObjects;
+use crate::interrupt_table::InterruptConnections;
 use crate::io_manager::IoManager;
 use crate::lock_table::LockObjects;
 use crate::mdl_table::MdlTable;
+use crate::object_table::ObjectTable;
 use crate::registry_table::Registry;
 use crate::remove_lock_table::RemoveLocks;
 
@@ -26,6 +28,11 @@ pub struct LoaderKernel {
     pub locks: LockObjects,
     pub registry: Registry,
     pub remove_locks: RemoveLocks,
+    /// The model's DPC, timer and event behind each KDPC, KTIMER and KEVENT in driver memory.
+    pub dpcs: ObjectTable<PKDPC>,
+    pub timers: ObjectTable<PKTIMER>,
+    pub events: ObjectTable<PKEVENT>,
+    pub interrupts: InterruptConnections,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
     pub debug_log: DebugLog,
     /// Whether the driver's own `VHCA-RESULT` lines go to stdout too; off where the caller reports the run itself
@@ -44,8 +51,24 @@ impl LoaderKernel {
             locks: LockObjects::default(),
             registry: Registry::default(),
             remove_locks: RemoveLocks::default(),
+            dpcs: ObjectTable::default(),
+            timers: ObjectTable::default(),
+            events: ObjectTable::default(),
+            interrupts: InterruptConnections::default(),
             debug_log: DebugLog::default(),
             echo_results: true,
+        }
+    }
+
+    /// Signals the KEVENT at `event` as KeSetEvent does (an IRP's UserEvent at completion); an event the driver
+    /// never initialized through the kernel gets its DISPATCHER_HEADER's SignalState set, as before.
+    pub fn signal_event(&self, event: usize) {
+        match self.events.get(event) {
+            Some(e) => {
+                self.model.KeSetEvent(e, 0, false);
+            }
+            // SAFETY: the driver's KEVENT: SignalState is the DISPATCHER_HEADER's i32 at offset 4.
+            None => unsafe { ((event + 4) as *mut i32).write_volatile(1) },
         }
     }
 

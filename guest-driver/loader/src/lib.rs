@@ -7,12 +7,16 @@
 
 pub mod address_space;
 pub mod debug_log;
+pub mod dispatcher_thunks;
 pub mod dma_table;
 pub mod dma_thunks;
+pub mod dpc_thunks;
 pub mod driver_fault;
 pub mod driver_stack;
 pub mod driver_symbols;
 pub mod image_mapping;
+pub mod interrupt_table;
+pub mod interrupt_thunks;
 pub mod io_manager;
 mod irp_dispatch;
 pub mod kernel_context;
@@ -23,6 +27,7 @@ pub mod lock_thunks;
 pub mod mdl_table;
 pub mod memory_thunks;
 pub mod nt_thunks;
+pub mod object_table;
 pub mod pe_image;
 pub mod pnp_life;
 pub mod registry_table;
@@ -30,7 +35,9 @@ pub mod registry_thunks;
 pub mod remove_lock_table;
 pub mod remove_lock_thunks;
 pub mod start_resources;
+pub mod timer_thunks;
 pub mod unbound_import_trap;
+pub mod work_item_thunks;
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -4,7 +4,7 @@
 //! verifier's checks (the same rules the native build runs under); `lock_table` keeps the bindings.
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement, as the driver imports them.
 
-use vhca_ntapi::NtKernel;
+use vhca_ntapi::{NtAsyncKernel, NtKernel};
 
 use crate::kernel_context::kernel;
 
@@ -48,6 +48,20 @@ unsafe extern "win64" fn KeReleaseSpinLock(lock: usize, new_irql: u8) {
     let k = kernel();
     let l = k.locks.spin_locks.bound(lock, || k.model.KeInitializeSpinLock());
     k.model.KeReleaseSpinLock(l, new_irql)
+}
+
+/// KeAcquireSpinLockAtDpcLevel: a DPC's (or an ISR's) spin lock, taken without touching the IRQL; below
+/// DISPATCH_LEVEL the model's verifier says 0xC4/0x40, as Windows'.
+unsafe extern "win64" fn KeAcquireSpinLockAtDpcLevel(lock: usize) {
+    let k = kernel();
+    let l = k.locks.spin_locks.bound(lock, || k.model.KeInitializeSpinLock());
+    k.model.KeAcquireSpinLockAtDpcLevel(l)
+}
+
+unsafe extern "win64" fn KeReleaseSpinLockFromDpcLevel(lock: usize) {
+    let k = kernel();
+    let l = k.locks.spin_locks.bound(lock, || k.model.KeInitializeSpinLock());
+    k.model.KeReleaseSpinLockFromDpcLevel(l)
 }
 
 // ---- ERESOURCE and critical regions ----
@@ -115,7 +129,7 @@ unsafe extern "win64" fn KeReleaseGuardedMutex(mutex: usize) {
 }
 
 /// (routine, thunk) for the lock routines, all ntoskrnl.exe's.
-pub fn lock_thunks() -> [(&'static str, usize); 16] {
+pub fn lock_thunks() -> [(&'static str, usize); 18] {
     [
         ("ExAcquireFastMutex", ExAcquireFastMutex as *const () as usize),
         ("ExReleaseFastMutex", ExReleaseFastMutex as *const () as usize),
@@ -123,6 +137,8 @@ pub fn lock_thunks() -> [(&'static str, usize); 16] {
         ("KeReleaseMutex", KeReleaseMutex as *const () as usize),
         ("KeAcquireSpinLockRaiseToDpc", KeAcquireSpinLockRaiseToDpc as *const () as usize),
         ("KeReleaseSpinLock", KeReleaseSpinLock as *const () as usize),
+        ("KeAcquireSpinLockAtDpcLevel", KeAcquireSpinLockAtDpcLevel as *const () as usize),
+        ("KeReleaseSpinLockFromDpcLevel", KeReleaseSpinLockFromDpcLevel as *const () as usize),
         ("ExInitializeResourceLite", ExInitializeResourceLite as *const () as usize),
         ("ExAcquireResourceExclusiveLite", ExAcquireResourceExclusiveLite as *const () as usize),
         ("ExAcquireResourceSharedLite", ExAcquireResourceSharedLite as *const () as usize),

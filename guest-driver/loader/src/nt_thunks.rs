@@ -7,14 +7,18 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use vhca_ntapi::NtKernel;
+use vhca_ntapi::{NtAsyncKernel, NtKernel};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP, KEVENT};
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
+use windows_sys::Win32::System::Kernel::PROCESSOR_NUMBER;
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
 use crate::debug_log::RESULT_MARK;
+use crate::dispatcher_thunks::dispatcher_thunks;
 use crate::dma_thunks::dma_thunks;
+use crate::dpc_thunks::dpc_thunks;
 use crate::image_mapping::ImportResolver;
+use crate::interrupt_thunks::interrupt_thunks;
 use crate::io_manager::IoManager;
 use crate::irp_dispatch;
 use crate::kernel_context::{bugcheck, kernel};
@@ -22,6 +26,8 @@ use crate::lock_thunks::lock_thunks;
 use crate::memory_thunks::memory_thunks;
 use crate::registry_thunks::registry_thunks;
 use crate::remove_lock_thunks::remove_lock_thunks;
+use crate::timer_thunks::timer_thunks;
+use crate::work_item_thunks::work_item_thunks;
 
 /// DbgPrintEx cuts a message at 512 bytes.
 const DBGPRINT_MAX: usize = 512;
@@ -298,55 +304,7 @@ unsafe extern "win64" fn IoBuildSynchronousFsdRequest(
     irp
 }
 
-// ---- Dispatcher objects and time ----
-
-/// KeInitializeEvent(Event, Type, State): the dispatcher header as wdm.h's KeInitializeEvent writes it.
-unsafe extern "win64" fn KeInitializeEvent(event: *mut KEVENT, event_type: u32, state: u8) {
-    // SAFETY: the driver's event.
-    unsafe {
-        std::ptr::write_bytes(event, 0, 1);
-        // DISPATCHER_HEADER's first byte is its Type (0 notification, 1 synchronization event).
-        *(event as *mut u8) = event_type as u8;
-        (*event).Header.SignalState = state as i32;
-    }
-}
-
-/// KeWaitForSingleObject on an event: returns once it is signalled (a synchronization event resets). Nothing in
-/// this kernel completes an IRP later, so an unsignalled event with no timeout waits for another thread or forever
-/// (the run's hang verdict), as on Windows.
-unsafe extern "win64" fn KeWaitForSingleObject(
-    object: *mut c_void,
-    _reason: u32,
-    _mode: i8,
-    _alertable: u8,
-    timeout: *const i64,
-) -> NTSTATUS {
-    let k = kernel();
-    if let Some(mutex) = k.locks.kmutex(object as usize) {
-        return k.model.KeWaitForMutexObject(mutex).0;
-    }
-    let event = object as *mut KEVENT;
-    // SAFETY: the driver's dispatcher object; read volatile, another thread may signal it.
-    let relative = if timeout.is_null() { None } else { Some(unsafe { *timeout }) };
-    let deadline = relative.map(|t| Instant::now() + Duration::from_nanos(t.unsigned_abs() * 100));
-    loop {
-        // SAFETY: as above.
-        unsafe {
-            let signal = std::ptr::addr_of_mut!((*event).Header.SignalState);
-            if signal.read_volatile() != 0 {
-                // Type 1 = SynchronizationEvent: satisfying the wait resets it.
-                if *(event as *const u8) == 1 {
-                    signal.write_volatile(0);
-                }
-                return STATUS_SUCCESS;
-            }
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return 0x102; // STATUS_TIMEOUT
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
+// ---- Time and the processor ----
 
 /// KeDelayExecutionThread(WaitMode, Alertable, Interval): a relative interval (negative, 100 ns units) sleeps.
 unsafe extern "win64" fn KeDelayExecutionThread(_mode: i8, _alertable: u8, interval: *const i64) -> NTSTATUS {
@@ -358,12 +316,21 @@ unsafe extern "win64" fn KeDelayExecutionThread(_mode: i8, _alertable: u8, inter
     STATUS_SUCCESS
 }
 
-/// KeStallExecutionProcessor(MicroSeconds): busy-waits, as the HAL does.
+/// KeStallExecutionProcessor(MicroSeconds): the model's stall, which busy-waits on its clock and counts against the
+/// DPC watchdog when a DPC or an ISR stalls, as the native build's.
 unsafe extern "win64" fn KeStallExecutionProcessor(micros: u32) {
-    let until = Instant::now() + Duration::from_micros(micros as u64);
-    while Instant::now() < until {
-        std::hint::spin_loop();
+    NtAsyncKernel::KeStallExecutionProcessor(&*kernel().model, micros)
+}
+
+/// KeGetCurrentProcessorNumberEx(ProcNumber): the system-wide index of the processor the model runs the caller on;
+/// with ProcNumber, its PROCESSOR_NUMBER too (group 0: the model has no processor groups).
+unsafe extern "win64" fn KeGetCurrentProcessorNumberEx(number: *mut PROCESSOR_NUMBER) -> u32 {
+    let n = kernel().model.KeGetCurrentProcessorNumber();
+    if !number.is_null() {
+        // SAFETY: the driver's out structure.
+        unsafe { *number = PROCESSOR_NUMBER { Group: 0, Number: n as u8, Reserved: 0 } };
     }
+    n
 }
 
 /// KeQueryInterruptTimePrecise: 100 ns units since boot (here, since the loader started).
@@ -400,7 +367,7 @@ unsafe extern "win64" fn MmUnmapIoSpace(base: *mut c_void, length: usize) {
 }
 
 /// (module, routine, thunk): every routine the model implements for a driver. Modules compare without case.
-pub fn thunks() -> [(&'static str, &'static str, usize); 29] {
+pub fn thunks() -> [(&'static str, &'static str, usize); 28] {
     [
         ("ntoskrnl.exe", "DbgPrintEx", DbgPrintEx as *const () as usize),
         ("ntoskrnl.exe", "KeGetCurrentIrql", KeGetCurrentIrql as *const () as usize),
@@ -422,11 +389,10 @@ pub fn thunks() -> [(&'static str, &'static str, usize); 29] {
         ("ntoskrnl.exe", "IoGetAttachedDeviceReference", IoGetAttachedDeviceReference as *const () as usize),
         ("ntoskrnl.exe", "ObfDereferenceObject", ObfDereferenceObject as *const () as usize),
         ("ntoskrnl.exe", "IoBuildSynchronousFsdRequest", IoBuildSynchronousFsdRequest as *const () as usize),
-        ("ntoskrnl.exe", "KeInitializeEvent", KeInitializeEvent as *const () as usize),
-        ("ntoskrnl.exe", "KeWaitForSingleObject", KeWaitForSingleObject as *const () as usize),
         ("ntoskrnl.exe", "KeDelayExecutionThread", KeDelayExecutionThread as *const () as usize),
         ("ntoskrnl.exe", "KeQueryInterruptTimePrecise", KeQueryInterruptTimePrecise as *const () as usize),
         ("hal.dll", "KeStallExecutionProcessor", KeStallExecutionProcessor as *const () as usize),
+        ("ntoskrnl.exe", "KeGetCurrentProcessorNumberEx", KeGetCurrentProcessorNumberEx as *const () as usize),
         ("ntoskrnl.exe", "PoCallDriver", PoCallDriver as *const () as usize),
         ("ntoskrnl.exe", "PoStartNextPowerIrp", PoStartNextPowerIrp as *const () as usize),
         ("ntoskrnl.exe", "MmMapIoSpaceEx", MmMapIoSpaceEx as *const () as usize),
@@ -446,6 +412,11 @@ impl ImportResolver for NtThunks {
             .chain(memory_thunks())
             .chain(dma_thunks())
             .chain(remove_lock_thunks())
+            .chain(interrupt_thunks())
+            .chain(dpc_thunks())
+            .chain(work_item_thunks())
+            .chain(timer_thunks())
+            .chain(dispatcher_thunks())
             .map(|(n, a)| ("ntoskrnl.exe", n, a));
         thunks()
             .into_iter()

@@ -1,6 +1,7 @@
 //! The life the PnP manager gives a WDM function driver, on Windows-layout objects: DriverEntry, AddDevice with the
-//! bus driver's PDO, START_DEVICE (when a device is there to start), REMOVE_DEVICE, DriverUnload, then the unload
-//! checks: no device left, then the NT model's own (pool under pool tracking, adapters under DMA checking).
+//! bus driver's PDO, START_DEVICE (when a device is there to start, with its memory and message interrupt
+//! resources), REMOVE_DEVICE, DriverUnload, then the unload checks: no device left, then the NT model's own (pool
+//! under pool tracking, adapters under DMA checking).
 
 use std::ffi::c_void;
 
@@ -13,8 +14,9 @@ use crate::image_mapping::MappedImage;
 use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager, UnloadFn};
 use crate::irp_dispatch;
 use crate::kernel_context::{bugcheck, kernel};
-use crate::start_resources::ResourceList;
-use vhca_ntmodel::VerifierFlags;
+use crate::start_resources::{model_messages, ListKind, ResourceList};
+use vhca_ntapi::PDEVICE_OBJECT;
+use vhca_ntmodel::{InterruptResources, VerifierFlags};
 
 /// How the life ended short of a clean unload. Devices left behind are not a bugcheck on Windows (the I/O manager
 /// does not unload a driver that still has device objects); here that is a failed step.
@@ -56,7 +58,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
     let k = kernel();
     let io = &k.io;
     let driver = io.new_driver_object(image.base(), image.size());
-    let pdo = io.new_pdo();
+    let pdo = io.device_pdo();
     let registry_path = UNICODE_STRING::default();
 
     step("DriverEntry");
@@ -89,7 +91,15 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
     if start {
         step("IRP_MN_START_DEVICE");
         let ranges = io.bus().memory_resources();
-        let (raw, translated) = (ResourceList::memory(&ranges), ResourceList::memory(&ranges));
+        // The PnP manager's part: the messages the platform enabled are the device's, in the model (which
+        // IoConnectInterruptEx connects) and in both lists; none (a polling run) gives no interrupt descriptor.
+        let count = io.bus().message_interrupts();
+        if count > 0 {
+            k.model.assign_interrupts(PDEVICE_OBJECT(pdo as u64), InterruptResources::Messages(count));
+        }
+        let messages = model_messages(count);
+        let raw = ResourceList::new(&ranges, &messages, ListKind::Raw);
+        let translated = ResourceList::new(&ranges, &messages, ListKind::Translated);
         let status = pnp_irp(io, pdo, IRP_MN_START_DEVICE, Some((&raw, &translated)));
         if status < 0 {
             // Windows sends REMOVE_DEVICE to a stack whose start failed; the driver frees there.
