@@ -1,7 +1,11 @@
 //! `vhca.driver=sys`: the run's scenario by the signed vhca.sys from the initramfs instead of the driver core built
 //! into this program. The PE loader maps it over the NT model (DMA through this VFIO container, the run's verifier
 //! flags) and this module is the PCI bus driver below it: config space for IRP_MN_READ_CONFIG, the BARs as
-//! START_DEVICE's resources and MmMapIoSpaceEx's mappings. The driver's result line becomes the run's.
+//! START_DEVICE's resources and MmMapIoSpaceEx's mappings. With `vhca.completion=interrupt` it enables the MSI-X
+//! messages the PnP manager would grant and hands each to the NT model (`message_interrupts`), and START_DEVICE
+//! carries them. The driver's result line becomes the run's.
+
+mod message_interrupts;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -24,8 +28,9 @@ use vhca_loader::windows_sys::Win32::Foundation::{
 use vhca_loader::{driver_fault, driver_stack, load, MappedImage};
 use vhca_ntmodel::{InjectionMode, NtModel};
 
+use self::message_interrupts::SysInterrupts;
 use crate::bugcheck_handler::ConsoleBugcheck;
-use crate::cmdline::Options;
+use crate::cmdline::{Completion, Options};
 use crate::low_resources;
 use crate::nt_backend::VfioDmaBackend;
 use crate::report::{progress, Report};
@@ -51,10 +56,12 @@ struct Bar {
 struct VfioBus {
     config: Region,
     bars: Vec<Bar>,
+    /// MSI-X messages enabled through VFIO (0: the run polls).
+    messages: u32,
 }
 
 impl VfioBus {
-    fn open(device: &vfio::Device) -> anyhow::Result<VfioBus> {
+    fn open(device: &vfio::Device, messages: u32) -> anyhow::Result<VfioBus> {
         let config = device.region(CONFIG_REGION).context("config space")?;
         let mut raw = [0u8; 0x28];
         config.pread(0, &mut raw).context("config space")?;
@@ -73,7 +80,7 @@ impl VfioBus {
             }
             index += if is_64 { 2 } else { 1 };
         }
-        Ok(VfioBus { config, bars })
+        Ok(VfioBus { config, bars, messages })
     }
 }
 
@@ -118,6 +125,10 @@ impl BusDriver for VfioBus {
 
     fn memory_resources(&self) -> Vec<(u64, u32)> {
         self.bars.iter().map(|b| (b.address, b.length as u32)).collect()
+    }
+
+    fn message_interrupts(&self) -> u32 {
+        self.messages
     }
 
     fn map_io_space(&self, physical: u64, length: usize) -> Option<*mut u8> {
@@ -266,7 +277,14 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         Some(loaded) => loaded?,
         None => read_and_load()?,
     };
-    let bus = VfioBus::open(&session.device)?;
+    // MSI-X before START_DEVICE, as the PCI bus driver has it set up when the device starts; no ISR runs until
+    // vhca.sys connects one (messages before that find nothing connected in the model).
+    report.completion = Some(options.completion.name());
+    let mut interrupts = match options.completion {
+        Completion::Interrupt => Some(SysInterrupts::enable(&session.device)?),
+        Completion::Poll => None,
+    };
+    let bus = VfioBus::open(&session.device, interrupts.as_ref().map_or(0, SysInterrupts::messages))?;
     progress(format_args!(
         "vhca.sys: BARs {}",
         bus.bars
@@ -281,9 +299,13 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     // A bugcheck prints the STOP lines and the run's result as far as it got, then powers off, as natively.
     let sink = Arc::new(Mutex::new(report.clone()));
     let handler = Arc::new(ConsoleBugcheck::new(sink.clone(), options.poweroff));
-    let model = Arc::new(NtModel::new(config.clone(), Arc::new(VfioDmaBackend::new(mapper)), handler));
+    // The native run's timing (the clock's tick, the DPC watchdog's allotment), so the watchdog judges alike.
+    let model = Arc::new(
+        NtModel::new(config.clone(), Arc::new(VfioDmaBackend::new(mapper)), handler).with_timing(options.timing),
+    );
     low_resources::start(&model, &config.low_resources, &sink);
     let model_for_faults = model.clone();
+    let model_for_interrupts = model.clone();
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
     // The run's scenario and its options, as the runner's guest script sets them on Windows (Lock with the
@@ -298,6 +320,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         bail!("a driver kernel is already installed in this process");
     }
     driver_fault::install(mapped.base(), mapped.size(), "vhca.sys", symbols);
+    if let Some(interrupts) = interrupts.as_mut() {
+        let pdo = vhca_ntapi::PDEVICE_OBJECT(kernel().io.device_pdo() as u64);
+        interrupts.deliver_to(model_for_interrupts, pdo)?;
+    }
     progress(format_args!("vhca.sys mapped at {:#x}, {} imports bound", mapped.base(), mapped.image.imports.len()));
 
     // Set-up, the read of the file and the load; then the PnP life, where the scenario runs.
@@ -306,6 +332,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
     let life = run_life(&mapped, true);
     watcher.stop();
+    report.interrupts = interrupts.map(SysInterrupts::finish);
     report.phases_ms.push(("sys_life", life_started.elapsed().as_secs_f64() * 1000.0));
     let model = kernel().model.clone();
     // The simulation's log, as natively: the failure points and every failure injected (the runner expands a
