@@ -1,7 +1,8 @@
 //! The runner shows the interrupt path: under QEMU with the real device, a run that waits by interrupt has its mode,
 //! MSI-X messages and the driver's ISR and DPC counts in report.json, junit.xml and the table, a polling run only
-//! its mode, and timeline.svg draws ISR and DPC lanes exactly when the guest's result timed them. And the two
-//! interrupt benches run: `bench --roundtrip` prints the interrupt ratio, `bench --alternate-completion` both modes.
+//! its mode, and timeline.svg marks every interrupt the device raised and draws ISR and DPC lanes exactly when the
+//! guest's result timed them. And the two interrupt benches run: `bench --roundtrip` prints the interrupt ratio,
+//! `bench --alternate-completion` both modes.
 //! Prerequisites missing: the test fails under CI=true, and is skipped with the reason elsewhere.
 
 use std::path::PathBuf;
@@ -76,7 +77,14 @@ fn each_runs_report_says_how_it_waited_and_its_timeline_marks_what_the_guest_tim
         assert_eq!(svg.contains("class=\"isr\""), timed, "{}: ISR marks iff timed:\n{svg}", run["name"]);
         assert_eq!(svg.contains(">ISR ×"), timed, "{}: a legend entry iff marks", run["name"]);
         eprintln!("{}: ISR/DPC times in the result: {timed}", run["name"]);
+        // The interrupts the device raised are its own notify lines, drawn on its clock.
+        let raised = artifact(run, "events.jsonl").lines().filter(|l| l.contains("\"kind\":\"notify\"")).count();
+        assert_eq!(svg.matches("class=\"notify\"").count(), raised, "{}: one mark per notify line", run["name"]);
+        assert_eq!(svg.contains(&format!(">interrupt raised ×{raised}<")), raised > 0, "{}", run["name"]);
+        eprintln!("{}: {raised} interrupts raised by the device", run["name"]);
     }
+    let raised = artifact(&runs[0], "events.jsonl").matches("\"kind\":\"notify\"").count();
+    assert!(raised > 0, "the interrupt run's device raised no interrupt");
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! A run's timeline as a small SVG: map registers in use over time, DMA faults, commands, the driver's ISR and DPC
-//! runs, and the bugcheck, with a legend keying every kind of mark drawn and each fault's cause written next to it.
+//! A run's timeline as a small SVG: map registers in use over time, DMA faults, commands, the interrupts the device
+//! raised, the driver's ISR and DPC runs, and the bugcheck, with a legend keying every kind of mark drawn and each
+//! fault's cause written next to it.
 //! Hand-written SVG: no plotting crate draws exactly this, and the output is small enough to write by hand.
 
 use std::fmt::Write;
@@ -61,12 +62,23 @@ pub fn render_timeline_with(run_name: &str, log: &EventLog, bugcheck: Option<(u6
             Some((e.t_us?, label, status == vhca_proto::Status::Ok.name()))
         })
         .collect();
+    // The device's call-eventfd writes, each one MSI-X message: on the device's own clock, so exact.
+    let notifies: Vec<(u64, String)> = log
+        .events
+        .iter()
+        .filter(|e| e.kind == "notify")
+        .filter_map(|e| {
+            let queue = e.u64_field("queue").map_or("?".to_string(), |q| q.to_string());
+            Some((e.t_us?, format!("interrupt raised: queue {queue}, {}", e.str_field("cause").unwrap_or("?"))))
+        })
+        .collect();
 
     let times = usage
         .iter()
         .map(|u| u.0)
         .chain(faults.iter().map(|f| f.0))
         .chain(commands.iter().map(|c| c.0))
+        .chain(notifies.iter().map(|n| n.0))
         .chain(path.isr_us.iter().chain(&path.dpc_us).copied())
         .chain(bugcheck.map(|b| b.0));
     let (t0, t1) = times.fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
@@ -136,6 +148,19 @@ pub fn render_timeline_with(run_name: &str, log: &EventLog, bugcheck: Option<(u6
     }
     if commands.iter().any(|c| !c.2) {
         keys.push(Key::CommandFailed);
+    }
+    for (t, label) in &notifies {
+        let x = scale.x(*t);
+        let _ = writeln!(
+            svg,
+            r#"<line class="notify" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{NOTIFY_COLOUR}"><title>{}</title></line>"#,
+            lane_y - 44.0,
+            lane_y - 36.0,
+            escape(label)
+        );
+    }
+    if !notifies.is_empty() {
+        keys.push(Key::Notify(notifies.len()));
     }
     for (routine, times, untimed, y) in [
         (Routine::Isr, &path.isr_us, path.isr_untimed, lane_y - 16.0),
@@ -213,10 +238,14 @@ enum Key {
     CommandFailed,
     /// The text names the causes seen.
     Fault(String),
+    /// How many interrupts the device raised (its `notify` lines).
+    Notify(usize),
     /// The routine, how many runs are drawn, how many more the guest counted without times.
     Path(Routine, usize, u64),
     Bugcheck,
 }
+
+const NOTIFY_COLOUR: &str = "olive";
 
 /// The driver's interrupt-path routines the timeline marks.
 #[derive(Clone, Copy)]
@@ -277,6 +306,7 @@ fn legend(svg: &mut String, keys: &[Key]) {
             Key::CommandOk => (tick(x + 8.0, y, "gray"), "command (OK)".to_string()),
             Key::CommandFailed => (tick(x + 8.0, y, "darkorange"), "command failed".to_string()),
             Key::Fault(text) => (format!(r#"<circle cx="{}" cy="{y}" r="4" fill="red"/>"#, x + 8.0), text.clone()),
+            Key::Notify(n) => (tick(x + 8.0, y, NOTIFY_COLOUR), format!("interrupt raised ×{n}")),
             Key::Path(routine, drawn, untimed) => (
                 tick(x + 8.0, y, routine.colour()),
                 match untimed {

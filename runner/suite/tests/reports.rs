@@ -394,3 +394,23 @@ fn interrupt_counts_are_in_each_runs_report() {
         "{table}"
     );
 }
+
+/// The interrupts the device raised (its `notify` lines) are drawn on its own clock, keyed in the legend with
+/// their count; a log without them (a polling run) has no such marks.
+#[test]
+fn timeline_marks_the_interrupts_the_device_raised() {
+    let notifies =
+        "{\"seq\":8,\"t_us\":1600,\"kind\":\"notify\",\"queue\":0,\"cause\":\"used_buffer\",\"buffers\":1}\n\
+        {\"seq\":9,\"t_us\":2600,\"kind\":\"notify\",\"queue\":1,\"cause\":\"cq_event\",\"cq\":1,\"buffers\":1}\n";
+    let svg = render_timeline("verbs/verifier-off", &parse_event_log(&format!("{EVENTS}{notifies}")), None);
+    let elements = parse_xml(&svg);
+    let marks: Vec<&Element> =
+        elements.iter().filter(|e| e.attrs.get("class").map(String::as_str) == Some("notify")).collect();
+    assert_eq!(marks.len(), 2, "{svg}");
+    assert!(svg.contains("stroke=\"olive\"><title>interrupt raised: queue 1, cq_event</title>"), "{svg}");
+    let legend: Vec<&str> =
+        elements.iter().filter(|e| e.depth == 2 && e.name == "text").map(|e| e.text.as_str()).collect();
+    assert!(legend.contains(&"interrupt raised ×2"), "{legend:?}");
+    let without = render_timeline("smoke/verifier-off", &parse_event_log(EVENTS), None);
+    assert!(!without.contains("class=\"notify\"") && !without.contains("interrupt raised"), "{without}");
+}
