@@ -44,8 +44,8 @@ pub enum Completion {
     Poll,
     /// Queue 0 (vhca's command queue, virtio-rng's request queue) asks for interrupts and its waits sleep until
     /// its MSI-X message fires, or, for the native driver once it connected its interrupt, until its DPC sets the
-    /// command KEVENT (queue_interrupts.rs); queue 1 asks for them for the driver's ISR. vhca.sys polls until its
-    /// interrupt path is wired to the run.
+    /// command KEVENT (queue_interrupts.rs); queue 1 asks for them for the driver's ISR. vhca.sys gets the messages
+    /// as START_DEVICE's interrupt resources and waits the same way (sys_driver.rs).
     Interrupt,
 }
 
@@ -146,20 +146,12 @@ impl Options {
     /// Parses words in order (a later word overrides an earlier one): the kernel command line, then a run request's.
     pub fn parse_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Options {
         let mut options = Options::default();
-        let mut completion_asked = false;
         for word in words {
             let Some(setting) = word.strip_prefix(PREFIX) else { continue };
             let (key, value) = setting.split_once('=').unwrap_or((setting, ""));
-            completion_asked |= key == "completion";
             if let Err(why) = options.apply(key, value) {
                 options.warnings.push(format!("{PREFIX}{key}: {why}"));
             }
-        }
-        // Only when asked for: the default is every personality's, and vhca.sys takes it once its path is wired.
-        if completion_asked && options.driver == Personality::Sys && options.completion == Completion::Interrupt {
-            options.warnings.push(format!(
-                "{PREFIX}completion=interrupt: vhca.sys connects no interrupts yet (the loader gives it none)"
-            ));
         }
         options
     }
@@ -357,9 +349,8 @@ mod tests {
         let bad = Options::parse("vhca.completion=msi");
         assert_eq!(bad.completion, Completion::Interrupt, "a bad value leaves the default");
         assert!(bad.warnings[0].contains("not poll or interrupt"), "{:?}", bad.warnings);
-        let sys = Options::parse("vhca.completion=interrupt vhca.driver=sys");
-        assert!(sys.warnings.iter().any(|w| w.contains("vhca.sys connects no interrupts")), "{:?}", sys.warnings);
-        assert!(Options::parse("vhca.driver=sys").warnings.is_empty(), "the default asks vhca.sys for nothing");
+        let sys = Options::parse("vhca.driver=sys");
+        assert_eq!((sys.completion, sys.warnings.len()), (Completion::Interrupt, 0), "vhca.sys's default too");
     }
 
     #[test]
