@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use vhca_ntapi::PDEVICE_OBJECT;
 use vhca_ntmodel::NtModel;
@@ -54,9 +55,17 @@ impl ModelInterrupts {
         let stop = stop_clock.clone();
         let clock = std::thread::Builder::new().name("nt-clock".into()).spawn(move || {
             let tick = kernel.timing().tick;
+            let mut next = Instant::now() + tick;
             while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(tick);
+                let now = Instant::now();
+                if now < next {
+                    // Parked, not slept: the drop unparks it, so a run's teardown does not wait out a tick (15.6 ms
+                    // by default); a wake before the tick only looks again.
+                    std::thread::park_timeout(next - now);
+                    continue;
+                }
                 kernel.clock_interrupt();
+                next = Instant::now() + tick;
             }
         });
         let clock = match clock {
@@ -73,10 +82,12 @@ impl ModelInterrupts {
 }
 
 impl Drop for ModelDelivery {
-    /// Closing the channel ends the delivery thread after the messages already sent; the flag ends the clock's.
+    /// Closing the channel ends the delivery thread after the messages already sent; the flag and an unpark end
+    /// the clock's at once.
     fn drop(&mut self) {
         self.sink.delivery.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.stop_clock.store(true, Ordering::Release);
+        self.threads.iter().for_each(|t| t.thread().unpark());
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
                 crate::report::progress("an NT model interrupt thread panicked");
@@ -102,5 +113,17 @@ mod tests {
         assert!(sink.delivery.lock().unwrap().is_none(), "detached on drop");
         // The threads were joined: the model is held only here again.
         assert_eq!(Arc::strong_count(&kernel), 1);
+    }
+
+    #[test]
+    fn the_clock_thread_ends_at_once_and_does_not_wait_out_its_tick() {
+        let timing = vhca_ntmodel::TimingConfig { tick: std::time::Duration::from_secs(5), ..Default::default() };
+        let (kernel, _backend) = NtModel::for_tests_with_timing(NtModelConfig::default(), timing);
+        let delivery = Arc::new(ModelInterrupts::default()).attach(kernel.clone(), crate::driver_run::PDO).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let started = Instant::now();
+        drop(delivery);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "waited {:?}", started.elapsed());
+        assert_eq!(Arc::strong_count(&kernel), 1, "both threads joined");
     }
 }
