@@ -6,7 +6,7 @@
 mod common;
 
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use common::{routine, NoBus};
 use vhca_loader::io_manager::IoManager;
@@ -25,14 +25,18 @@ const PDO: u64 = 0xFFFF_C000_0000_2000;
 const LINE_PDO: u64 = 0xFFFF_C000_0000_3000;
 const SERVICE_CONTEXT: usize = 0x5E41_C000;
 
-fn setup() -> &'static LoaderKernel {
+/// The installed kernel, and the turn of the calling test: the model's processors are shared by every thread, so
+/// one test's DPC drain must not run another's.
+fn setup() -> (&'static LoaderKernel, MutexGuard<'static, ()>) {
     static ONCE: OnceLock<()> = OnceLock::new();
+    static TURN: Mutex<()> = Mutex::new(());
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     ONCE.get_or_init(|| {
         let config = NtModelConfig { verifier: VerifierFlags::IRQL_CHECKING, ..Default::default() };
         let (model, _backend) = NtModel::for_tests(config);
         assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));
     });
-    kernel()
+    (kernel(), turn)
 }
 
 fn irql() -> u8 {
@@ -128,7 +132,7 @@ fn deliver(pdo: u64, id: u32) -> bool {
 
 #[test]
 fn a_message_isr_runs_at_the_dirql_start_device_named_and_its_dpc_at_dispatch() {
-    let k = setup();
+    let (k, _turn) = setup();
     let init_dpc: unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void) = routine("KeInitializeDpc");
     type Deferred = unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void, *mut c_void);
     // SAFETY: the thunk with the driver's KDPC and routine; any IRQL.
@@ -191,7 +195,7 @@ fn a_message_isr_runs_at_the_dirql_start_device_named_and_its_dpc_at_dispatch() 
 
 #[test]
 fn a_device_with_only_a_line_gets_the_fallback_routine() {
-    let k = setup();
+    let (k, _turn) = setup();
     k.model.assign_interrupts(PDEVICE_OBJECT(LINE_PDO), InterruptResources::Line);
     let (status, version, context) = connect(LINE_PDO, true);
     assert_eq!((status, version), (0, 2), "CONNECT_LINE_BASED: the fallback was connected");
@@ -204,7 +208,7 @@ fn a_device_with_only_a_line_gets_the_fallback_routine() {
 
 #[test]
 fn start_device_lists_read_back_through_vhca_sys_reader_as_the_messages_granted() {
-    setup();
+    let _turn = setup();
     let bars = [(0xfea0_0000u64, 0x4000u32)];
     let messages = model_messages(5);
     let raw = ResourceList::new(&bars, &messages, ListKind::Raw);
