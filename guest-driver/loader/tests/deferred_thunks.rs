@@ -53,8 +53,9 @@ fn resident<T>() -> *mut T {
     Box::into_raw(Box::new(unsafe { std::mem::zeroed::<T>() }))
 }
 
-/// (which routine, IRQL, KDPC, DeferredContext, SystemArgument1) per DPC call.
-static DPC_CALLS: Mutex<Vec<(&str, u8, usize, usize, usize)>> = Mutex::new(Vec::new());
+/// (which routine, IRQL, KDPC, DeferredContext, SystemArgument1) of one DPC call.
+type DpcCall = (&'static str, u8, usize, usize, usize);
+static DPC_CALLS: Mutex<Vec<DpcCall>> = Mutex::new(Vec::new());
 
 unsafe extern "win64" fn first(dpc: *mut KDPC, context: *mut c_void, argument1: *mut c_void, _a2: *mut c_void) {
     DPC_CALLS.lock().unwrap().push(("first", irql(), dpc as usize, context as usize, argument1 as usize));

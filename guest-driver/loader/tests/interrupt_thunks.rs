@@ -136,7 +136,7 @@ fn a_message_isr_runs_at_the_dirql_start_device_named_and_its_dpc_at_dispatch() 
     let init_dpc: unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void) = routine("KeInitializeDpc");
     type Deferred = unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void, *mut c_void);
     // SAFETY: the thunk with the driver's KDPC and routine; any IRQL.
-    unsafe { init_dpc(isr_dpc(), std::mem::transmute::<Deferred, *mut c_void>(deferred), 0xD0C as *mut c_void) };
+    unsafe { init_dpc(isr_dpc(), deferred as Deferred as *mut c_void, 0xD0C as *mut c_void) };
 
     // Nothing assigned: no interrupt to connect, as on a machine without MSI.
     assert_eq!(connect(0xFFFF_C000_0000_9000, false).0, 0xC000_0225u32 as i32, "STATUS_NOT_FOUND");
@@ -178,7 +178,7 @@ fn a_message_isr_runs_at_the_dirql_start_device_named_and_its_dpc_at_dispatch() 
     let object = entries[0].InterruptObject as *mut c_void;
     // SAFETY: the thunks at PASSIVE_LEVEL, on the connection's interrupt object; `seen` outlives the call.
     unsafe {
-        let routine = std::mem::transmute::<Sync, *mut c_void>(synchronized);
+        let routine = synchronized as Sync as *mut c_void;
         assert_eq!(sync(object, routine, (&mut seen as *mut u8).cast()), 1);
         assert_eq!((seen, irql()), (DEVICE_DIRQL, 0));
         let old = acquire(object);
