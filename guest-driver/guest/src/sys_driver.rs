@@ -33,7 +33,7 @@ use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::{Completion, Options};
 use crate::low_resources;
 use crate::nt_backend::VfioDmaBackend;
-use crate::report::{progress, Report};
+use crate::report::{progress, CompletionPathView, Report};
 use crate::vfio::{self, Region, CONFIG_REGION};
 use crate::vfio_dma::DmaMapper;
 
@@ -350,6 +350,22 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         let value: serde_json::Value = serde_json::from_str(&json).context("vhca.sys's result line")?;
         if let Some(details) = value.get("details").and_then(|d| d.as_object()) {
             report.details = details.clone();
+        }
+        // How vhca.sys waited (it polls where it could not connect) and what its ISR and DPC did, in the fields a
+        // native run reports them in.
+        match value.get("completion").and_then(|c| c.as_str()) {
+            Some("interrupt") => report.completion = Some("interrupt"),
+            Some("poll") => report.completion = Some("poll"),
+            _ => {}
+        }
+        if let Some(path) = value.get("completion_path").filter(|p| p.is_object()) {
+            let count = |key: &str| path.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
+            report.completion_path = Some(CompletionPathView {
+                isr_calls: count("isr_calls"),
+                dpc_calls: count("dpc_calls"),
+                dpc_requeues: count("dpc_requeues"),
+                cqes: count("cqes"),
+            });
         }
         match value.get("error").and_then(|e| e.as_str()) {
             Some(error) if injected && error.starts_with("START_DEVICE:") => error_path = Some(error.to_string()),
