@@ -331,6 +331,13 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let life_started = std::time::Instant::now();
     let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
     let life = run_life(&mapped, true);
+    // Windows runs on after an unload: for the scenarios whose bug shows only then (a timer left set expires later,
+    // its DPC in an unloaded driver), the model's clock keeps ticking for as long as the native run gives it.
+    let runs_on = crate::driver_run::find(&options.scenario).and_then(|s| s.runs_on_after_unload());
+    if let (Some(runs_on), Some(_)) = (runs_on, interrupts.as_ref()) {
+        progress(format_args!("vhca.sys unloaded; the system runs on for {runs_on:?}"));
+        std::thread::sleep(runs_on);
+    }
     watcher.stop();
     report.interrupts = interrupts.map(SysInterrupts::finish);
     report.phases_ms.push(("sys_life", life_started.elapsed().as_secs_f64() * 1000.0));
