@@ -20,7 +20,8 @@ use windows_sys::Wdk::System::SystemServices as wdk;
 
 use super::spin_locked::SpinLocked;
 
-/// wdm.h's BOOLEAN: a UCHAR, TRUE = 1.
+/// wdm.h's BOOLEAN: a UCHAR, TRUE = 1 (named as Windows names it).
+#[allow(clippy::upper_case_acronyms)]
 pub type BOOLEAN = u8;
 
 /// A KDPC and the routine its DeferredContext leads to. `repr(C)` with the KDPC first: the PKDPC the driver core
