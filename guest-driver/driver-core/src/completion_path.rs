@@ -37,6 +37,18 @@ pub const DEFAULT_CQE_BUDGET: usize = 64;
 /// scenarios' ISR bugs and their fixes). The core's own ISR does none.
 pub type IsrWork = Arc<dyn Fn() + Send + Sync>;
 
+/// The path's routines, as a host's observer sees them run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathRoutine {
+    Isr,
+    Dpc,
+}
+
+/// Called at the start of every ISR run (at DIRQL, the interrupt spin lock held) and every DPC run (at
+/// DISPATCH_LEVEL), on whatever thread or processor runs it: it must not wait or take a lock the control path
+/// holds. The host reads its own clock there; the core has none (no_std, and the kernel's clock is the host's).
+pub type RoutineObserver = Arc<dyn Fn(PathRoutine) + Send + Sync>;
+
 /// The seams a driver variant's consumers and ISR plug into, object-safe so scenarios reach them through the
 /// `CqCompletions` their host connected: the bugs of the interrupt path live in the variants, not in the core.
 pub trait CompletionHooks {
@@ -48,6 +60,9 @@ pub trait CompletionHooks {
     fn set_isr_work(&self, work: Option<IsrWork>);
     /// The interrupt object KeSynchronizeExecution takes for state shared with the ISR; None when not connected.
     fn interrupt(&self) -> Option<PKINTERRUPT>;
+    /// Stops reading every watched CQ: once this returns no DPC touches their rings, so the close may free them
+    /// while the interrupt stays connected for its commands.
+    fn unwatch_all(&self);
 }
 
 /// How often each part of the path ran, for the run's result line.
@@ -90,6 +105,8 @@ struct Shared<K: NtAsyncKernel, C: CommandTransport> {
     /// A variant's ISR work: written only inside KeSynchronizeExecution and read only by the ISR, both under the
     /// interrupt spin lock.
     isr_work: UnsafeCell<Option<IsrWork>>,
+    /// Set once at connect, before any routine can run, and only read after.
+    observer: Option<RoutineObserver>,
     isr_calls: AtomicU64,
     dpc_calls: AtomicU64,
     dpc_requeues: AtomicU64,
@@ -125,6 +142,9 @@ impl<K: NtAsyncKernel, C: CommandTransport> Shared<K, C> {
     /// The ISR: MSI-X needs no acknowledgement read (unlike a line interrupt's ISR status), and the carrier gives
     /// one vector for config and every queue, so every message is ours. Queue the DPC and claim it.
     fn isr(&self) -> bool {
+        if let Some(observer) = &self.observer {
+            observer(PathRoutine::Isr);
+        }
         self.isr_calls.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the kernel calls the ISR with the interrupt spin lock held, and `isr_work` is written only under
         // the same lock (`set_isr_work`), so nothing writes it meanwhile.
@@ -138,6 +158,9 @@ impl<K: NtAsyncKernel, C: CommandTransport> Shared<K, C> {
     /// The DPC: collect the device's events, drain each notified CQ up to the budget and re-arm the drained ones,
     /// then call the consumers outside the lock (a callback may take locks of its own).
     fn dpc(&self) {
+        if let Some(observer) = &self.observer {
+            observer(PathRoutine::Dpc);
+        }
         self.dpc_calls.fetch_add(1, Ordering::Relaxed);
         // The carrier's one vector serves every queue, and which one completed is known only behind the command
         // queue's own lock: every run wakes the command wait, which polls its used ring and sleeps again if empty.
@@ -229,6 +252,17 @@ where
         device: PDEVICE_OBJECT,
         budget: usize,
     ) -> Result<CompletionPath<K, C>, DriverError> {
+        Self::connect_observed(kernel, transport, device, budget, None)
+    }
+
+    /// `connect`, with `observer` told of every ISR and DPC run from the first on (`RoutineObserver`).
+    pub fn connect_observed(
+        kernel: Arc<K>,
+        transport: Arc<C>,
+        device: PDEVICE_OBJECT,
+        budget: usize,
+        observer: Option<RoutineObserver>,
+    ) -> Result<CompletionPath<K, C>, DriverError> {
         let shared = Arc::new_cyclic(|weak: &Weak<Shared<K, C>>| {
             let for_dpc = weak.clone();
             let dpc = kernel.KeInitializeDpc(Arc::new(move |_, _, _| {
@@ -246,6 +280,7 @@ where
                 budget: budget.max(1),
                 stopping: AtomicBool::new(false),
                 isr_work: UnsafeCell::new(None),
+                observer,
                 isr_calls: AtomicU64::new(0),
                 dpc_calls: AtomicU64::new(0),
                 dpc_requeues: AtomicU64::new(0),
@@ -283,6 +318,14 @@ where
         self.shared.locked(false, |g| {
             g.watched.remove(&cq);
             g.notified.remove(&cq);
+        });
+    }
+
+    /// Stops reading every CQ (`CompletionHooks::unwatch_all`).
+    pub fn unwatch_all(&self) {
+        self.shared.locked(false, |g| {
+            g.watched.clear();
+            g.notified.clear();
         });
     }
 
@@ -353,6 +396,10 @@ where
 
     fn interrupt(&self) -> Option<PKINTERRUPT> {
         self.connection.as_ref().map(INTERRUPT_CONNECTION::InterruptObject)
+    }
+
+    fn unwatch_all(&self) {
+        CompletionPath::unwatch_all(self);
     }
 }
 

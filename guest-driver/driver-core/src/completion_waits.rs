@@ -18,7 +18,7 @@ use vhca_proto::{Cqe, Event};
 
 use crate::command_event::CommandEvent;
 use crate::command_transport::{CommandTransport, CompletionSignal};
-use crate::completion_path::{CompletionCounts, CompletionHooks, CompletionPath};
+use crate::completion_path::{CompletionCounts, CompletionHooks, CompletionPath, RoutineObserver};
 use crate::cq_reader::CqReader;
 use crate::error::DriverError;
 use crate::event_hand_off::{EventHandOff, HandOffCounts};
@@ -29,6 +29,13 @@ pub trait CqCompletions {
     fn watch(&self, cq: u32, reader: CqReader);
     /// Before destroy_cq: no DPC reads the CQ once this returns.
     fn unwatch(&self, cq: u32);
+    /// Before the close destroys every CQ left: no DPC reads any once this returns, and the interrupt stays
+    /// connected for the close's commands. Through the path's hooks, so a wrapper that forwards those has it.
+    fn unwatch_all(&self) {
+        if let Some(hooks) = self.hooks() {
+            hooks.unwatch_all();
+        }
+    }
     fn is_watched(&self, cq: u32) -> bool;
     /// Looks at the CQ once more from the DPC: CQEs written before the CQ was armed raise no event.
     fn kick(&self, cq: u32);
@@ -126,9 +133,23 @@ where
         device: PDEVICE_OBJECT,
         budget: usize,
     ) -> Result<CompletionWaits<K, C>, DriverError> {
+        Self::connect_observed(kernel, transport, device, budget, None)
+    }
+
+    /// `connect`, with `observer` told of every ISR and DPC run (`CompletionPath::connect_observed`): the Linux
+    /// guest's times for the timeline. vhca.sys connects without one: its routines would need a clock read at DIRQL
+    /// (KeQueryPerformanceCounter) and a bounded buffer for the result line, and its result has no
+    /// `completion_times`, so the runner draws no ISR or DPC lanes for a sys run (its counts are still reported).
+    pub fn connect_observed(
+        kernel: Arc<K>,
+        transport: Arc<C>,
+        device: PDEVICE_OBJECT,
+        budget: usize,
+        observer: Option<RoutineObserver>,
+    ) -> Result<CompletionWaits<K, C>, DriverError> {
         let lock = kernel.KeInitializeSpinLock();
         let mailboxes = Arc::new(Mailboxes { kernel: kernel.clone(), lock, boxes: UnsafeCell::new(BTreeMap::new()) });
-        let path = CompletionPath::connect(kernel.clone(), transport.clone(), device, budget)?;
+        let path = CompletionPath::connect_observed(kernel.clone(), transport.clone(), device, budget, observer)?;
         let hand_off = EventHandOff::new(kernel.clone(), device);
         let for_dpc = hand_off.clone();
         path.on_event(Arc::new(move |event: &Event| for_dpc.from_dpc(event)));
@@ -186,6 +207,11 @@ where
     fn unwatch(&self, cq: u32) {
         self.path.unwatch(cq);
         self.mailboxes.locked(|b| b.remove(&cq));
+    }
+
+    fn unwatch_all(&self) {
+        self.path.unwatch_all();
+        self.mailboxes.locked(|b| b.clear());
     }
 
     fn is_watched(&self, cq: u32) -> bool {

@@ -21,7 +21,8 @@ pub use cl_mutex::{ClMutex, ClMutexKind};
 pub use command_event::CommandEvent;
 pub use command_transport::{CommandTransport, CommandTransportError, CompletionSignal};
 pub use completion_path::{
-    CompletionCallback, CompletionCounts, CompletionHooks, CompletionPath, EventCallback, IsrWork, DEFAULT_CQE_BUDGET,
+    CompletionCallback, CompletionCounts, CompletionHooks, CompletionPath, EventCallback, IsrWork, PathRoutine,
+    RoutineObserver, DEFAULT_CQE_BUDGET,
 };
 pub use completion_waits::{CompletionWaits, CqCompletions};
 pub use cq_reader::CqReader;
