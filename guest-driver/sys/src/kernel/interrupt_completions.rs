@@ -21,7 +21,8 @@ use super::sys_command_transport::SysCommandTransport;
 use super::wdk_kernel::WdkKernel;
 
 pub struct InterruptCompletions {
-    waits: CompletionWaits<WdkKernel, SysCommandTransport>,
+    /// Taken only by `disconnect`, which consumes the value.
+    waits: Option<CompletionWaits<WdkKernel, SysCommandTransport>>,
     /// The device's registers, for the vector routing; the started device outlives the scenario holding this.
     transport: Arc<VirtioPci<MmioBar>>,
     /// The routing written after the connection (None: none was, nothing to clear).
@@ -34,13 +35,17 @@ impl InterruptCompletions {
         transport: Arc<VirtioPci<MmioBar>>,
         plan: Option<MsixPlan>,
     ) -> InterruptCompletions {
-        InterruptCompletions { waits, transport, plan }
+        InterruptCompletions { waits: Some(waits), transport, plan }
+    }
+
+    fn waits(&self) -> &CompletionWaits<WdkKernel, SysCommandTransport> {
+        self.waits.as_ref().expect("the waits are taken only by disconnect, which consumes the value")
     }
 
     /// PASSIVE_LEVEL. Every source the plan routed, to no vector. A register the device does not take is noted, not
     /// fatal: the disconnect that follows is what must happen.
-    fn route_to_no_vector(&self) {
-        let Some(plan) = &self.plan else { return };
+    fn route_to_no_vector(&mut self) {
+        let Some(plan) = self.plan.take() else { return };
         let t = &self.transport;
         let config = t.set_config_msix_vector(NO_VECTOR).err();
         let queues =
@@ -53,42 +58,50 @@ impl InterruptCompletions {
 
 impl CqCompletions for InterruptCompletions {
     fn watch(&self, cq: u32, reader: CqReader) {
-        self.waits.watch(cq, reader)
+        self.waits().watch(cq, reader)
     }
     fn unwatch(&self, cq: u32) {
-        self.waits.unwatch(cq)
+        self.waits().unwatch(cq)
     }
     fn is_watched(&self, cq: u32) -> bool {
-        self.waits.is_watched(cq)
+        self.waits().is_watched(cq)
     }
     fn kick(&self, cq: u32) {
-        self.waits.kick(cq)
+        self.waits().kick(cq)
     }
     fn take(&self, cq: u32, max: usize) -> Vec<Cqe> {
-        self.waits.take(cq, max)
+        self.waits().take(cq, max)
     }
     fn wait(&self, cq: u32, timeout: Duration) -> bool {
-        self.waits.wait(cq, timeout)
+        self.waits().wait(cq, timeout)
     }
     fn take_event(&self) -> Option<Event> {
-        self.waits.take_event()
+        self.waits().take_event()
     }
     fn wait_event(&self, timeout: Duration) -> bool {
-        self.waits.wait_event(timeout)
+        self.waits().wait_event(timeout)
     }
     fn counts(&self) -> CompletionCounts {
-        self.waits.counts()
+        self.waits().counts()
     }
     /// The scenarios' interrupt-path variants (their own consumers and ISR work) reach the path through these, on
     /// vhca.sys as in the Linux guest.
     fn hooks(&self) -> Option<&dyn CompletionHooks> {
-        self.waits.hooks()
+        self.waits().hooks()
     }
     /// The device's interrupts off, then IoDisconnectInterruptEx and KeFlushQueuedDpcs (`CompletionPath`), before
     /// the scenario destroys any CQ the DPC reads.
-    fn disconnect(self: Box<Self>) -> CompletionCounts {
+    fn disconnect(mut self: Box<Self>) -> CompletionCounts {
         self.route_to_no_vector();
-        let InterruptCompletions { waits, .. } = *self;
+        let waits = self.waits.take().expect("disconnect runs once: it consumes the value");
         Box::new(waits).disconnect()
+    }
+}
+
+impl Drop for InterruptCompletions {
+    /// Dropped without `disconnect` (a way out that skipped it): the interrupts off first here too, then the waits'
+    /// own drop disconnects and flushes (`CompletionPath`'s drop).
+    fn drop(&mut self) {
+        self.route_to_no_vector();
     }
 }
