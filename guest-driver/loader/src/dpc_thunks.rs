@@ -33,6 +33,7 @@ unsafe extern "win64" fn KeInitializeDpc(dpc: *mut KDPC, routine: DeferredRoutin
     let k = kernel();
     let model = k.model.KeInitializeDpc(std::sync::Arc::new(move |_model_dpc, argument1: PVOID, argument2: PVOID| {
         crate::driver_fault::prepare_thread();
+        kernel().raised();
         // SAFETY: the driver's DeferredRoutine with the KDPC it was initialized for, its context and the system
         // arguments KeInsertQueueDpc passed, at DISPATCH_LEVEL as Windows calls it.
         unsafe {

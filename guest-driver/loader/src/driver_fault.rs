@@ -1,10 +1,13 @@
 //! A fault inside driver code ends the run with the bugcheck Windows gives, never a silent exit: SIGSEGV/SIGBUS
 //! with the instruction pointer in the image becomes 0x7E (an access violation at a user-space address such as NULL,
 //! raised as an exception no handler takes in a system thread) or 0x50 (a reference to an invalid kernel address),
-//! with a line naming the RVA and the nearest symbol. A fault outside the image is the loader's own crash and is
-//! left to the default action.
+//! with a line naming the RVA and the nearest symbol. A touch of paged pool the verifier trimmed (pageable_pool.rs),
+//! from any code, pages it in below DISPATCH_LEVEL and is 0xD1 at or above it. Any other fault outside the image is
+//! the loader's own crash and is left to the default action.
 
 use std::sync::OnceLock;
+
+use vhca_ntapi::{NtKernel, DISPATCH_LEVEL};
 
 use crate::driver_symbols::DriverSymbols;
 
@@ -46,9 +49,31 @@ pub fn fault_bugcheck(address: u64, rip: u64, error_code: u64) -> (u32, [u64; 4]
     }
 }
 
+/// DRIVER_IRQL_NOT_LESS_OR_EQUAL (Microsoft, "Bug Check 0xD1"): P1 the address referenced, P2 the IRQL, P3 0 read /
+/// 1 write / 8 execute, P4 the address of the instruction that referenced it.
+pub const DRIVER_IRQL_NOT_LESS_OR_EQUAL: u32 = 0xD1;
+
+/// The bugcheck for a touch of trimmed paged pool at `irql` (DISPATCH_LEVEL or above) by the instruction at `rip`.
+pub fn paged_touch_bugcheck(address: u64, irql: u8, rip: u64, error_code: u64) -> (u32, [u64; 4]) {
+    let access = if error_code & 0x10 != 0 {
+        8
+    } else if error_code & 0x2 != 0 {
+        1
+    } else {
+        0
+    };
+    (DRIVER_IRQL_NOT_LESS_OR_EQUAL, [address, irql as u64, access, rip])
+}
+
 /// Installs the handlers for the image at `base`..`base + size`. Once per process.
 pub fn install(base: usize, size: usize, name: &str, symbols: DriverSymbols) {
     let _ = IMAGE.set(Image { base, size, name: name.to_string(), symbols });
+    install_handlers();
+}
+
+/// The process-wide handlers alone, with no image to name (a test whose driver routines are the test's own: a
+/// trimmed paged pool touch still gets its verdict).
+pub fn install_handlers() {
     prepare_thread();
     // SAFETY: SA_SIGINFO handlers for SIGSEGV and SIGBUS, a process-wide setting made before any driver code runs.
     unsafe {
@@ -102,6 +127,18 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
             ctx.uc_mcontext.gregs[libc::REG_ERR as usize] as u64,
         )
     };
+    // Paged pool the verifier trimmed (pageable_pool.rs), touched by the driver or a CRT routine it called: paged
+    // back in below DISPATCH_LEVEL (the instruction runs again), 0xD1 at or above it.
+    if let Some(k) = crate::kernel_context::installed().filter(|k| k.pageable.is_trimmed(address as usize)) {
+        let irql = k.model.KeGetCurrentIrql();
+        if irql < DISPATCH_LEVEL {
+            k.pageable.page_in(address as usize);
+            return;
+        }
+        println!("VHCA-LOADER: paged pool at {address:#x} touched at IRQL {irql} by the instruction at {rip:#x}");
+        let (code, [p1, p2, p3, p4]) = paged_touch_bugcheck(address, irql, rip, error_code);
+        crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
+    }
     let Some(image) = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size) else {
         // Not the driver: the loader's own fault takes the default action (a core, an abnormal exit).
         // SAFETY: restoring the default disposition; returning re-runs the faulting instruction.
@@ -139,5 +176,11 @@ mod tests {
             (PAGE_FAULT_IN_NONPAGED_AREA, [0xdead_0000, 2, 0x2000, 0])
         );
         assert_eq!(fault_bugcheck(0xdead_0000, 0x2000, 0x14).1[1], 0x10);
+    }
+
+    #[test]
+    fn trimmed_paged_pool_at_dispatch_is_0xd1_read_or_write() {
+        assert_eq!(paged_touch_bugcheck(0x7f00_1000, 2, 0x1234, 0x4), (0xD1, [0x7f00_1000, 2, 0, 0x1234]));
+        assert_eq!(paged_touch_bugcheck(0x7f00_1000, 5, 0x1234, 0x6).1[2], 1);
     }
 }

@@ -67,6 +67,7 @@ unsafe extern "win64" fn IoConnectInterruptEx(parameters: *mut IO_CONNECT_INTERR
         PhysicalDeviceObject: PDEVICE_OBJECT(p.PhysicalDeviceObject as u64),
         MessageServiceRoutine: Arc::new(move |interrupt: PKINTERRUPT, message_id: u32| {
             crate::driver_fault::prepare_thread();
+            kernel().raised();
             // SAFETY: the driver's ISR with its interrupt object, ServiceContext and MessageID, at the message's
             // DIRQL with the interrupt spin lock held, as Windows calls it.
             unsafe { message(interrupt.0 as *mut c_void, service_context as *mut c_void, message_id) != 0 }
@@ -77,6 +78,8 @@ unsafe extern "win64" fn IoConnectInterruptEx(parameters: *mut IO_CONNECT_INTERR
         FallBackServiceRoutine: fallback.map(|line| {
             Arc::new(move |interrupt: PKINTERRUPT| {
                 crate::driver_fault::prepare_thread();
+                kernel().raised();
+                kernel().raised();
                 // SAFETY: as the message routine, without a MessageID.
                 unsafe { line(interrupt.0 as *mut c_void, service_context as *mut c_void) != 0 }
             }) as vhca_ntapi::PKSERVICE_ROUTINE
@@ -160,13 +163,19 @@ unsafe extern "win64" fn KeSynchronizeExecution(
 ) -> BOOLEAN {
     let k = kernel();
     let context = context as usize;
-    // SAFETY: the driver's routine and context, under the interrupt spin lock as Windows calls it.
-    let mut call = || unsafe { routine(context as *mut c_void) != 0 };
+    let mut call = || {
+        k.raised();
+        // SAFETY: the driver's routine and context, under the interrupt spin lock as Windows calls it.
+        unsafe { routine(context as *mut c_void) != 0 }
+    };
     k.model.KeSynchronizeExecution(PKINTERRUPT(interrupt as u64), &mut call) as BOOLEAN
 }
 
 unsafe extern "win64" fn KeAcquireInterruptSpinLock(interrupt: *mut c_void) -> u8 {
-    kernel().model.KeAcquireInterruptSpinLock(PKINTERRUPT(interrupt as u64))
+    let k = kernel();
+    let old = k.model.KeAcquireInterruptSpinLock(PKINTERRUPT(interrupt as u64));
+    k.raised();
+    old
 }
 
 unsafe extern "win64" fn KeReleaseInterruptSpinLock(interrupt: *mut c_void, old_irql: u8) {

@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use vhca_ntapi::{NtAsyncKernel, NtKernel, PKDPC, PKEVENT, PKTIMER};
-use vhca_ntmodel::NtModel;
+use vhca_ntmodel::{NtModel, VerifierFlags};
 
 use crate::address_space::AddressSpace;
 use crate::debug_log::DebugLog;
@@ -16,6 +16,7 @@ use crate::io_manager::IoManager;
 use crate::lock_table::LockObjects;
 use crate::mdl_table::MdlTable;
 use crate::object_table::ObjectTable;
+use crate::pageable_pool::PageablePool;
 use crate::registry_table::Registry;
 use crate::remove_lock_table::RemoveLocks;
 
@@ -33,6 +34,8 @@ pub struct LoaderKernel {
     pub timers: ObjectTable<PKTIMER>,
     pub events: ObjectTable<PKEVENT>,
     pub interrupts: InterruptConnections,
+    /// The driver's paged pool blocks, trimmed under IRQL checking when IRQL is raised.
+    pub pageable: PageablePool,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
     pub debug_log: DebugLog,
     /// Whether the driver's own `VHCA-RESULT` lines go to stdout too; off where the caller reports the run itself
@@ -55,8 +58,18 @@ impl LoaderKernel {
             timers: ObjectTable::default(),
             events: ObjectTable::default(),
             interrupts: InterruptConnections::default(),
+            pageable: PageablePool::default(),
             debug_log: DebugLog::default(),
             echo_results: true,
+        }
+    }
+
+    /// IRQL went to DISPATCH_LEVEL or above on the driver's behalf (a raise, a spin lock, a DPC, an ISR,
+    /// KeSynchronizeExecution): under IRQL checking the verifier trims pageable memory then, so a touch of paged
+    /// pool at raised IRQL faults (0xD1) as on Windows.
+    pub fn raised(&self) {
+        if self.model.verifier().contains(VerifierFlags::IRQL_CHECKING) {
+            self.pageable.trim();
         }
     }
 

@@ -28,6 +28,7 @@ pub mod mdl_table;
 pub mod memory_thunks;
 pub mod nt_thunks;
 pub mod object_table;
+pub mod pageable_pool;
 pub mod pe_image;
 pub mod pnp_life;
 pub mod registry_table;

@@ -41,7 +41,9 @@ unsafe extern "win64" fn KeReleaseMutex(mutex: usize, wait: u8) -> i32 {
 unsafe extern "win64" fn KeAcquireSpinLockRaiseToDpc(lock: usize) -> u8 {
     let k = kernel();
     let l = k.locks.spin_locks.bound(lock, || k.model.KeInitializeSpinLock());
-    k.model.KeAcquireSpinLock(l)
+    let old = k.model.KeAcquireSpinLock(l);
+    k.raised();
+    old
 }
 
 unsafe extern "win64" fn KeReleaseSpinLock(lock: usize, new_irql: u8) {
@@ -55,7 +57,8 @@ unsafe extern "win64" fn KeReleaseSpinLock(lock: usize, new_irql: u8) {
 unsafe extern "win64" fn KeAcquireSpinLockAtDpcLevel(lock: usize) {
     let k = kernel();
     let l = k.locks.spin_locks.bound(lock, || k.model.KeInitializeSpinLock());
-    k.model.KeAcquireSpinLockAtDpcLevel(l)
+    k.model.KeAcquireSpinLockAtDpcLevel(l);
+    k.raised();
 }
 
 unsafe extern "win64" fn KeReleaseSpinLockFromDpcLevel(lock: usize) {

@@ -38,12 +38,17 @@ unsafe extern "win64" fn ExAllocatePool2(flags: u64, bytes: usize, tag: u32) -> 
     };
     let k = kernel();
     let va = at_driver_site(|| k.model.ExAllocatePoolWithTag(pool_type, bytes, tag));
-    k.addresses.to_host(&k.model, va) as *mut c_void
+    let at = k.addresses.to_host(&k.model, va);
+    if pool_type == POOL_TYPE::PagedPool {
+        k.pageable.insert(at, bytes);
+    }
+    at as *mut c_void
 }
 
 unsafe extern "win64" fn ExFreePoolWithTag(p: *mut c_void, tag: u32) {
     let k = kernel();
     let va = k.addresses.to_model(p as usize);
+    k.pageable.remove(p as usize);
     // The model checks the free (double free, a block it never gave out) and stops the machine as Windows does.
     k.model.ExFreePoolWithTag(va, tag);
     k.addresses.forget(p as usize);

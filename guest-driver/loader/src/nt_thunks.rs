@@ -156,7 +156,12 @@ unsafe extern "win64" fn KeGetCurrentIrql() -> u8 {
 }
 
 unsafe extern "win64" fn KfRaiseIrql(new_irql: u8) -> u8 {
-    kernel().model.KeRaiseIrql(new_irql)
+    let k = kernel();
+    let old = k.model.KeRaiseIrql(new_irql);
+    if new_irql >= vhca_ntapi::DISPATCH_LEVEL {
+        k.raised();
+    }
+    old
 }
 
 unsafe extern "win64" fn KeLowerIrql(new_irql: u8) {
