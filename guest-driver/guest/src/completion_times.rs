@@ -4,20 +4,18 @@
 //! Why only the first `KEPT`: the result line is one console line, and a run's first interrupts are where its
 //! story is (bring-up, the first CQEs); every later run is still counted, as untimed.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use vhca_driver_core::RoutineObserver;
 
 use crate::report::CompletionTimesView;
 
 /// Runs of each routine timed; the rest are counted.
 pub const KEPT: usize = 256;
 
-/// The driver's interrupt path routines this records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathRoutine {
-    Isr,
-    Dpc,
-}
+/// The driver's interrupt path routines this records: the driver core's own, as its observer reports them.
+pub use vhca_driver_core::PathRoutine;
 
 #[derive(Debug, Default)]
 struct Kept {
@@ -35,7 +33,8 @@ impl Kept {
     }
 }
 
-/// Shared by whatever runs the routines (the NT model's delivery thread, the DPC): each call is one run, now.
+/// Shared by whatever runs the routines (the NT model's delivery thread, the DPC), through the driver core's
+/// `RoutineObserver` (`observer`): each call is one run, now.
 #[derive(Debug, Default)]
 pub struct CompletionTimes {
     isr: Mutex<Kept>,
@@ -56,6 +55,14 @@ impl CompletionTimes {
             PathRoutine::Dpc => &self.dpc,
         };
         kept.lock().unwrap_or_else(|e| e.into_inner()).push(at);
+    }
+
+    /// The driver core's observer (`CompletionWaits::connect_observed`), recording into `self`. It runs at the
+    /// model's DIRQL and DISPATCH_LEVEL, which are this program's threads: a clock read and a push under a lock
+    /// only these records take, held for no wait, so the routines it times never wait behind the control path.
+    pub fn observer(self: &Arc<Self>) -> RoutineObserver {
+        let times = self.clone();
+        Arc::new(move |routine| times.ran(routine))
     }
 
     /// What the result line carries (its times are written relative to the line's own writing).
@@ -87,5 +94,16 @@ mod tests {
         assert_eq!((view.dpc.len(), view.dpc_untimed), (2, 0));
         assert_eq!(view.dpc[1], earlier, "kept as given");
         assert!(view.isr.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn the_observer_records_each_routine_in_its_own_lane() {
+        let times = Arc::new(CompletionTimes::default());
+        let observer = times.observer();
+        observer(PathRoutine::Dpc);
+        observer(PathRoutine::Isr);
+        observer(PathRoutine::Dpc);
+        let view = times.view();
+        assert_eq!((view.isr.len(), view.dpc.len()), (1, 2));
     }
 }

@@ -15,6 +15,7 @@ use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
 use crate::cmdline::Options;
+use crate::completion_times::CompletionTimes;
 use crate::kmsg;
 use crate::low_resources;
 use crate::model_interrupts::{ModelDelivery, ModelInterrupts};
@@ -61,6 +62,9 @@ struct GuestHost {
     /// The transport the interrupt path's DPC reads events and rings CQ-arm doorbells through, when the run is
     /// interrupt-driven (a clone: the same queues the driver core's control path uses).
     interrupt_transport: Option<VfioCommandTransport>,
+    /// When the interrupt path's ISR and DPC ran, recorded by the driver core's observer from the connection on;
+    /// the report holds it live (its `completion_times`).
+    times: Arc<CompletionTimes>,
 }
 
 impl GuestHost {
@@ -143,9 +147,12 @@ impl ScenarioHost for GuestHost {
 
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         let Some(transport) = &self.interrupt_transport else { return Ok(None) };
-        let waits = CompletionWaits::connect(self.kernel.clone(), Arc::new(transport.clone()), PDO, DEFAULT_CQE_BUDGET)
+        let observer = Some(self.times.observer());
+        let transport = Arc::new(transport.clone());
+        let waits = CompletionWaits::connect_observed(self.kernel.clone(), transport, PDO, DEFAULT_CQE_BUDGET, observer)
             .map_err(|e| anyhow::anyhow!("interrupt path: {e}"))?;
         progress(format_args!("interrupt path connected: {}", waits_kind(&waits)));
+        self.report().completion_times = Some(self.times.clone());
         Ok(Some(Box::new(waits)))
     }
 
@@ -230,6 +237,7 @@ pub fn run(
         report: report.clone(),
         mapped_at_finish: AtomicUsize::new(0),
         interrupt_transport,
+        times: Arc::new(CompletionTimes::default()),
     };
     let scenario_options = scenario_options(options);
     let result = vhca_scenarios::run(scenario, &host, kernel.clone(), channel, PDO, &scenario_options, timeout);

@@ -2,11 +2,14 @@
 //! lines (`vhca-guest: ...`). The only module that decides how output looks.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use vhca_proto::{DeviceConfig, QueryDeviceResp, CONFIG_MAGIC};
+
+use crate::completion_times::CompletionTimes;
 
 pub const RESULT_PREFIX: &str = "VHCA-RESULT ";
 pub const PROGRESS_PREFIX: &str = "vhca-guest: ";
@@ -208,8 +211,10 @@ pub struct Report {
     pub interrupts: Option<InterruptsView>,
     /// With interrupts, the native driver's ISR and DPC counts; null when it polled.
     pub completion_path: Option<CompletionPathView>,
-    /// With interrupts, when the ISR and DPC ran; null when it polled or nothing timed them.
-    pub completion_times: Option<CompletionTimesView>,
+    /// With interrupts, when the ISR and DPC ran; null when it polled or nothing timed them. The live record, read
+    /// when the line is written: a run that stops on a bugcheck in its ISR or DPC still shows them on the timeline.
+    #[serde(serialize_with = "live_times")]
+    pub completion_times: Option<Arc<CompletionTimes>>,
     pub query_device: Option<QueryDeviceView>,
     pub rng: Option<EntropyRead>,
     pub iovas: Iovas,
@@ -236,6 +241,10 @@ pub struct Report {
     pub phases_ms: Vec<(&'static str, f64)>,
     /// Time since the kernel started, when the result was printed: boot to result.
     pub uptime_ms: Option<u64>,
+}
+
+fn live_times<S: Serializer>(times: &Option<Arc<CompletionTimes>>, s: S) -> Result<S::Ok, S::Error> {
+    times.as_ref().map(|t| t.view()).serialize(s)
 }
 
 impl Report {
@@ -266,6 +275,7 @@ pub fn uptime_ms() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::completion_times::PathRoutine;
 
     #[test]
     fn interrupt_counts_are_in_the_result_line_per_vector() {
@@ -288,13 +298,19 @@ mod tests {
     fn isr_and_dpc_times_are_written_back_from_the_result_line() {
         let ran = Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let times = CompletionTimesView { isr: vec![ran], dpc: vec![], isr_untimed: 4, dpc_untimed: 0 };
-        let report = Report { completion_times: Some(times), ..Report::default() };
+        let times = Arc::new(CompletionTimes::default());
+        times.ran_at(PathRoutine::Isr, ran);
+        let report = Report { completion_times: Some(times.clone()), ..Report::default() };
+        // Runs recorded after the record went into the report are in the line too.
+        for _ in 0..crate::completion_times::KEPT + 3 {
+            times.ran_at(PathRoutine::Isr, ran);
+        }
         let json: serde_json::Value = serde_json::from_str(report.line().strip_prefix(RESULT_PREFIX).unwrap()).unwrap();
         let before = json["completion_times"]["isr_us_before_result"][0].as_u64().unwrap();
         assert!((2_000..60_000_000).contains(&before), "{before} µs before the line");
         assert_eq!(json["completion_times"]["dpc_us_before_result"], serde_json::json!([]));
         assert_eq!(json["completion_times"]["isr_untimed"], 4);
+        assert_eq!(json["completion_times"]["isr_us_before_result"].as_array().unwrap().len(), crate::completion_times::KEPT);
         assert!(Report::default().line().contains("\"completion_times\":null"));
     }
 
