@@ -147,6 +147,9 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, in_dpc: InDpc) -> anyhow::Result<()> {
     let batch: Vec<_> = (0..BATCH).map(|i| pair_b.write(100 + i, i * LEN as u64, LEN)).collect();
     ctx.hca.post_send_many(lb.qp[1], &batch).map_err(|e| anyhow::anyhow!("post_send_many b: {e}"))?;
     let finished = all.wait(ctx.timeout);
+    // A callback still running (the spinning one reads QP a's ring through its own reader) has returned once this
+    // does: only then may the CQs go.
+    ctx.kernel.KeFlushQueuedDpcs();
     if let Some(c) = &ctx.completions {
         let counts = c.counts();
         ctx.detail("dpc_calls_so_far", counts.dpc_calls);
