@@ -386,12 +386,16 @@ where
             unsafe { *self.shared.isr_work.get() = work };
             return;
         };
-        let mut work = Some(work);
+        // The old work is swapped out under the interrupt spin lock and dropped only after KeSynchronizeExecution
+        // returned: dropping it inside would free pool at DIRQL (an assignment drops the old value in place), which
+        // vhca.sys's heap, guarded by a spin lock, stops as 0xC4/0x42 where the native build's allocator hid it.
+        let mut slot = work;
         self.shared.kernel.KeSynchronizeExecution(interrupt, &mut || {
             // SAFETY: KeSynchronizeExecution holds the interrupt spin lock, which the ISR runs under.
-            unsafe { *self.shared.isr_work.get() = work.take().flatten() };
+            unsafe { core::mem::swap(&mut *self.shared.isr_work.get(), &mut slot) };
             true
         });
+        drop(slot);
     }
 
     fn interrupt(&self) -> Option<PKINTERRUPT> {
