@@ -103,8 +103,7 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, grow: Grow) -> anyhow::Result<()> {
             Grow::ByWorkItem => "from a work item (PASSIVE_LEVEL)",
         }
     ));
-    let writes: alloc::vec::Vec<_> =
-        (0..GROW_AT).map(|i| pair.write(i + 1, i * LEN as u64, LEN)).collect();
+    let writes: alloc::vec::Vec<_> = (0..GROW_AT).map(|i| pair.write(i + 1, i * LEN as u64, LEN)).collect();
     ctx.hca.post_send_many(lb.qp[0], &writes).map_err(|e| anyhow::anyhow!("post_send_many: {e}"))?;
     let all = done.wait(ctx.timeout);
     let irql = grown.irql.load(Ordering::Acquire);
@@ -121,7 +120,13 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, grow: Grow) -> anyhow::Result<()> {
     }
     pair.free(ctx)?;
     lb.destroy(ctx)?;
-    ensure!(all, "the consumer saw {} of {} completions and growths within {:?}", GROW_AT + 1 - done.left(), GROW_AT + 1, ctx.timeout);
+    ensure!(
+        all,
+        "the consumer saw {} of {} completions and growths within {:?}",
+        GROW_AT + 1 - done.left(),
+        GROW_AT + 1,
+        ctx.timeout
+    );
     ensure!(failed.load(Ordering::Relaxed) == 0, "{} completions failed", failed.load(Ordering::Relaxed));
     ensure!(!va.is_null(), "AllocateCommonBuffer gave no ring for the grown CQ");
     ensure!(data["matches"] == serde_json::json!(true), "the RDMA writes' data did not arrive: {data}");

@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::{BackendDma, PDO};
 use serde_json::Value;
-use vhca_driver_core::{
-    CommandTransport, CommandTransportError, CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET,
-};
+use vhca_driver_core::{CommandTransport, CommandTransportError, CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
 use vhca_hca::{EventSink, FaultInjection, HcaConfig, HcaEvent};
 use vhca_ntapi::*;
 use vhca_ntmodel::{Bugcheck, InterruptResources, NtModel, NtModelConfig, RuleId, TimingConfig, VerifierFlags};
@@ -160,7 +158,9 @@ fn run_on(scenario: Scenario, flags: u32, disabled: &[&str], break_fix: bool) ->
     let scenario_thread = std::thread::spawn(move || {
         let host = Host { kernel: k.clone(), device: d.clone(), origin: Instant::now() };
         let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
-        NtModel::run_guarded(|| run(scenario, &host, k.clone(), Channel(d.clone()), PDO, &options, Duration::from_secs(2)))
+        NtModel::run_guarded(|| {
+            run(scenario, &host, k.clone(), Channel(d.clone()), PDO, &options, Duration::from_secs(2))
+        })
     });
     let deadline = Instant::now() + Duration::from_secs(20);
     while kernel.bugchecks().is_empty() && !scenario_thread.is_finished() {
