@@ -12,6 +12,7 @@
 //! - dpc-spins-on-completion: KeStallExecutionProcessor in a loop, reading QP a's CQ, until the held write
 //!   completes: the DPC runs past its allotment, 0x133 DPC_WATCHDOG_VIOLATION with P1 0 in every mode (the
 //!   kernel's own watchdog: https://learn.microsoft.com/windows-hardware/drivers/debugger/bug-check-0x133-dpc-watchdog-violation).
+//!
 //! The fix (dpc-bounded-batch): the callbacks only record what completed and return; the driver core's DPC hands
 //! out at most its budget of CQEs per run and queues itself again for the rest (`DEFAULT_CQE_BUDGET`), and the pair
 //! is finished at PASSIVE_LEVEL, where waiting for the device is allowed.
