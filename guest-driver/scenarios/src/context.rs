@@ -129,17 +129,23 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
         self.host.report_platform_iommu_faults(wait)
     }
 
-    /// Waits (polling) for an event of `kind`; every event seen on the way is drained as above.
+    /// Waits for an event of `kind`; every event seen on the way is drained as above. With the interrupt path it
+    /// sleeps on the KEVENT its work item sets when it hands events over (`CqCompletions::wait_event`); without
+    /// one, or on a path without a work item (whose wait returns at once), it polls.
     pub fn wait_event(&mut self, kind: EventKind, wait: Duration) -> Option<Event> {
         let deadline = self.host.now() + wait;
         loop {
             if let Some(e) = self.drain_events().into_iter().find(|e| e.kind.get() == kind as u32) {
                 return Some(e);
             }
-            if self.host.now() >= deadline {
+            let now = self.host.now();
+            if now >= deadline {
                 return None;
             }
-            self.host.sleep(Duration::from_millis(2));
+            let handed_over = self.completions.as_ref().is_some_and(|c| c.wait_event(deadline - now));
+            if !handed_over && self.host.now() < deadline {
+                self.host.sleep(Duration::from_millis(2));
+            }
         }
     }
 

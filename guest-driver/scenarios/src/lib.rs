@@ -223,14 +223,24 @@ pub fn run<H: ScenarioHost>(
     options: &ScenarioOptions,
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let hca = Hca::open(kernel.clone(), channel, pdo, scenario.config(options))
-        .map_err(|e| anyhow::anyhow!("Hca::open: {e}"))?;
+    // The interrupt first, as a Windows driver connects it in START_DEVICE before it talks to the device: the path
+    // needs only the transport and the device object, so Hca::open's QUERY_DEVICE already waits on the DPC's
+    // KEVENT, as every command after it does.
+    let completions = host.connect_completions()?;
+    let hca = match Hca::open(kernel.clone(), channel, pdo, scenario.config(options)) {
+        Ok(hca) => hca,
+        Err(e) => {
+            if let Some(completions) = completions {
+                host.completion_counts(completions.disconnect());
+            }
+            anyhow::bail!("Hca::open: {e}");
+        }
+    };
     host.say(format_args!(
         "driver open: adapter map registers {}, device map registers {} free",
         hca.map_registers(),
         hca.attributes().map_registers_free.get()
     ));
-    let completions = host.connect_completions()?;
     let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions, pdo);
     let mut on_error_path = false;
     let result = match scenario.body(&mut ctx) {
@@ -243,20 +253,29 @@ pub fn run<H: ScenarioHost>(
         r => r,
     };
     ctx.drain_events();
-    // Before any CQ is destroyed (the close, or the Ctx dropped after a failure): no ISR or DPC may run after.
-    if let Some(completions) = ctx.completions.take() {
-        host.completion_counts(completions.disconnect());
-    }
+    let completions = ctx.completions.take();
     let deferred = ctx.deferred.take();
     host.scenario_finished();
-    let result = result.and_then(|()| {
+    let result = result.map(|()| {
         // After the error path, what the stopped scenario held goes back: common buffers while the adapter is
         // still there, the rest after the close. A scenario that ran to its end has freed everything itself.
         let (common, rest) = if on_error_path { ctx.take_leftovers() } else { Default::default() };
         let adapter = ctx.hca.adapter();
         common.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
+        // The DPC lets go of every CQ before the close frees their rings; the interrupt stays connected, so the
+        // close's commands wait on the DPC's KEVENT too.
+        if let Some(completions) = &completions {
+            completions.unwatch_all();
+        }
         ctx.hca.close();
         rest.into_iter().for_each(|b| b.give_back(&*kernel, host, adapter));
+    });
+    // After the close's last command and before the unload (an interrupt still connected there is the verifier's
+    // 0xC7). After a failure the driver stays open, its CQs with it, so nothing the DPC reads is gone before this.
+    if let Some(completions) = completions {
+        host.completion_counts(completions.disconnect());
+    }
+    let result = result.and_then(|()| {
         host.driver_closed()?;
         if let Some(runs_on) = scenario.runs_on_after_unload() {
             // Windows runs on after an unload: what the driver left behind meets the kernel now.
