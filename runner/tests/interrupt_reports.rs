@@ -1,7 +1,7 @@
 //! The runner shows the interrupt path: under QEMU with the real device, a run that waits by interrupt has its mode,
 //! MSI-X messages and the driver's ISR and DPC counts in report.json, junit.xml and the table, a polling run only
-//! its mode, and timeline.svg marks every interrupt the device raised and draws ISR and DPC lanes exactly when the
-//! guest's result timed them. And the two interrupt benches run: `bench --roundtrip` prints the interrupt ratio,
+//! its mode, and timeline.svg marks every interrupt the device raised and draws ISR and DPC lanes with a mark for
+//! every run the guest timed (all of them, for an interrupt run), while no command of that run polled. And the two interrupt benches run: `bench --roundtrip` prints the interrupt ratio,
 //! `bench --alternate-completion` both modes.
 //! Prerequisites missing: the test fails under CI=true, and is skipped with the reason elsewhere.
 
@@ -67,16 +67,37 @@ fn each_runs_report_says_how_it_waited_and_its_timeline_marks_what_the_guest_tim
     let junit = std::fs::read_to_string(s.artifacts.path().join("junit.xml")).unwrap();
     assert!(junit.contains("completion: interrupt: ") && junit.contains("completion: poll\n"), "{junit}");
 
-    // Marks iff the guest's result timed the routines: the runner draws what it is given, never a guess.
-    for run in runs {
+    // The interrupt run's guest timed every ISR and DPC run (the driver core's observer), the polling run's none;
+    // the runner draws exactly what it is given, one mark per time, never a guess.
+    for (run, interrupt) in runs.iter().zip([true, false]) {
         let observation: Value = serde_json::from_str(&artifact(run, "observation.json")).unwrap();
-        let timed = observation["guest_result"]["completion_times"]["isr_us_before_result"]
-            .as_array()
-            .is_some_and(|t| !t.is_empty());
+        let result = &observation["guest_result"];
         let svg = artifact(run, "timeline.svg");
-        assert_eq!(svg.contains("class=\"isr\""), timed, "{}: ISR marks iff timed:\n{svg}", run["name"]);
-        assert_eq!(svg.contains(">ISR ×"), timed, "{}: a legend entry iff marks", run["name"]);
-        eprintln!("{}: ISR/DPC times in the result: {timed}", run["name"]);
+        if !interrupt {
+            assert!(result["completion_times"].is_null(), "{}: {}", run["name"], result["completion_times"]);
+        }
+        for (routine, class, calls) in [("isr", "ISR", "isr_calls"), ("dpc", "DPC", "dpc_calls")] {
+            let times = &result["completion_times"];
+            let timed = times[format!("{routine}_us_before_result")].as_array().map_or(0, Vec::len);
+            let untimed = times[format!("{routine}_untimed")].as_u64().unwrap_or(0);
+            assert_eq!(timed > 0, interrupt, "{}: {routine} times: {times}", run["name"]);
+            if interrupt {
+                // Every run seen, whatever thread ran it: the timed and the untimed add up to the path's count.
+                let counted = result["completion_path"][calls].as_u64();
+                assert_eq!(Some(timed as u64 + untimed), counted, "{}: {routine} runs seen: {result}", run["name"]);
+            }
+            let marks = svg.matches(&format!("class=\"{routine}\"")).count();
+            assert_eq!(marks, timed, "{}: one {class} mark per time:\n{svg}", run["name"]);
+            assert_eq!(svg.contains(&format!(">{class} ×")), interrupt, "{}: a {class} legend entry", run["name"]);
+            eprintln!("{}: {timed} {class} runs timed, {untimed} untimed", run["name"]);
+        }
+        if interrupt {
+            // The path connects before the first command and disconnects after the last: none polls.
+            let waits = &result["details"]["command_waits"];
+            assert_eq!(waits["poll"], 0, "{}: commands polled: {waits}", run["name"]);
+            assert!(waits["kevent"].as_u64().is_some_and(|n| n > 0), "{}: {waits}", run["name"]);
+            eprintln!("{}: command waits {waits}", run["name"]);
+        }
         // The interrupts the device raised are its own notify lines, drawn on its clock.
         let raised = artifact(run, "events.jsonl").lines().filter(|l| l.contains("\"kind\":\"notify\"")).count();
         assert_eq!(svg.matches("class=\"notify\"").count(), raised, "{}: one mark per notify line", run["name"]);

@@ -162,8 +162,9 @@ impl ScenarioHost for GuestHost {
             counts.isr_calls, counts.dpc_calls, counts.dpc_requeues, counts.cqes
         ));
         if let Some(transport) = &self.interrupt_transport {
-            // Commands before the driver connected its interrupt (Hca::open's) poll, as do those after it
-            // disconnected (the close's); the ones between sleep on the DPC's KEVENT.
+            // The path connects before Hca::open's first command and disconnects after the close's last (as a
+            // Windows driver connects in START_DEVICE before it talks to the device), so every command sleeps on
+            // the DPC's KEVENT: a command that polled ran outside that window.
             let (kevent, poll) = transport.command_waits();
             progress(format_args!("commands: {kevent} waited on the DPC's KEVENT, {poll} polled"));
             self.detail("command_waits", json!({"kevent": kevent, "poll": poll}));
