@@ -79,7 +79,6 @@ unsafe extern "win64" fn IoConnectInterruptEx(parameters: *mut IO_CONNECT_INTERR
             Arc::new(move |interrupt: PKINTERRUPT| {
                 crate::driver_fault::prepare_thread();
                 kernel().raised();
-                kernel().raised();
                 // SAFETY: as the message routine, without a MessageID.
                 unsafe { line(interrupt.0 as *mut c_void, service_context as *mut c_void) != 0 }
             }) as vhca_ntapi::PKSERVICE_ROUTINE
@@ -89,18 +88,19 @@ unsafe extern "win64" fn IoConnectInterruptEx(parameters: *mut IO_CONNECT_INTERR
         Ok(c) => c,
         Err(status) => return status.0,
     };
-    let (written_version, message_table) = match &connection {
-        INTERRUPT_CONNECTION::MessageBased(info) => (connection.Version(), Some(message_table(info))),
-        INTERRUPT_CONNECTION::LineBased(_) => (connection.Version(), None),
+    // The ConnectionContext: the message table for a message-based connection, the line's KINTERRUPT otherwise.
+    let message_table = match &connection {
+        INTERRUPT_CONNECTION::MessageBased(info) => Some(message_table(info)),
+        INTERRUPT_CONNECTION::LineBased(_) => None,
     };
-    let context = match (&message_table, &connection) {
-        (Some(table), _) => table.as_ptr() as usize,
-        (None, c) => c.InterruptObject().0 as usize,
+    let context = match &message_table {
+        Some(table) => table.as_ptr() as usize,
+        None => connection.InterruptObject().0 as usize,
     };
     // SAFETY: the driver's parameters and its ConnectionContext slot (checked non-NULL above).
     unsafe {
         *context_slot = context as *mut c_void;
-        (*parameters).Version = written_version;
+        (*parameters).Version = connection.Version();
     }
     k.interrupts.insert(context, Connection { model: connection, message_table });
     STATUS_SUCCESS
