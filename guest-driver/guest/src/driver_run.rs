@@ -147,9 +147,8 @@ impl ScenarioHost for GuestHost {
 
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         let Some(transport) = &self.interrupt_transport else { return Ok(None) };
-        let observer = Some(self.times.observer());
-        let transport = Arc::new(transport.clone());
-        let waits = CompletionWaits::connect_observed(self.kernel.clone(), transport, PDO, DEFAULT_CQE_BUDGET, observer)
+        let (kernel, transport, observer) = (self.kernel.clone(), Arc::new(transport.clone()), self.times.observer());
+        let waits = CompletionWaits::connect_observed(kernel, transport, PDO, DEFAULT_CQE_BUDGET, Some(observer))
             .map_err(|e| anyhow::anyhow!("interrupt path: {e}"))?;
         progress(format_args!("interrupt path connected: {}", waits_kind(&waits)));
         self.report().completion_times = Some(self.times.clone());
