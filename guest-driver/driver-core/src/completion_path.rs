@@ -391,8 +391,9 @@ where
         // vhca.sys's heap, guarded by a spin lock, stops as 0xC4/0x42 where the native build's allocator hid it.
         let mut slot = work;
         self.shared.kernel.KeSynchronizeExecution(interrupt, &mut || {
-            // SAFETY: KeSynchronizeExecution holds the interrupt spin lock, which the ISR runs under.
-            unsafe { core::mem::swap(&mut *self.shared.isr_work.get(), &mut slot) };
+            // SAFETY: the cell's pointer is valid and aligned for the path's life, and KeSynchronizeExecution holds
+            // the interrupt spin lock, which the ISR runs under, so nothing else reads or writes it meanwhile.
+            unsafe { core::ptr::swap(self.shared.isr_work.get(), &mut slot) };
             true
         });
         drop(slot);
