@@ -1,5 +1,5 @@
 //! How this program waits for a used buffer (`vhca.completion`): polling the ring with sleeps on the monotonic clock
-//! (`Deadline`), or, after the same short spin, sleeping until its queue's MSI-X message fires and polling once more.
+//! (`Deadline`), or sleeping until its queue's MSI-X message fires and then polling once more.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use vhca_queues::WaitSource;
 use vhca_virtio::PollWait;
 
 use crate::interrupt_thread::MessageInterruptSink;
-use crate::virtio_pci::{Deadline, SPIN_BEFORE_SLEEP};
+use crate::virtio_pci::Deadline;
 
 /// How many times each message has fired, with a wake-up for whoever waits on one. The waits' side of the
 /// interrupt thread: its sink.
@@ -59,18 +59,12 @@ impl MessageInterruptSink for MessageSignals {
 
 /// One wait for a completion signalled by message `vector`. No race with the device: the count is taken before
 /// the ring's first poll, so a message that fires after it, even before the first pause, ends that pause at once;
-/// one from before it means the used entry was already there for that poll.
-///
-/// It spins `SPIN_BEFORE_SLEEP` first, as the polled wait does: an answer within it (most of vhca's and
-/// virtio-rng's under TCG, docs/bench.md section 5) is found before its message has made its way in through vfio-pci,
-/// the eventfd, the interrupt thread and the condvar (60–80 µs more under TCG); only slower answers sleep for it.
-/// Their message still comes, and is counted: the next wait's `seen` starts past it.
+/// one from before it means the used entry was already there for that poll. No spin: that is the point.
 #[derive(Debug)]
 pub struct InterruptWait {
     signals: Arc<MessageSignals>,
     vector: u32,
     seen: u64,
-    spin_until: Instant,
     deadline: Instant,
     limit: Duration,
 }
@@ -89,7 +83,7 @@ impl PollWait for InterruptWait {
         self.limit
     }
     fn keep_spinning(&mut self, _polls: u32) -> bool {
-        Instant::now() < self.spin_until
+        false
     }
 }
 
@@ -136,17 +130,13 @@ impl CompletionWaits {
     pub fn start(&self) -> CompletionWait {
         match &self.interrupt {
             None => CompletionWait::Poll(Deadline::after(self.limit)),
-            Some((signals, vector)) => {
-                let now = Instant::now();
-                CompletionWait::Interrupt(InterruptWait {
-                    signals: signals.clone(),
-                    vector: *vector,
-                    seen: signals.fired(*vector),
-                    spin_until: now + SPIN_BEFORE_SLEEP.min(self.limit),
-                    deadline: now + self.limit,
-                    limit: self.limit,
-                })
-            }
+            Some((signals, vector)) => CompletionWait::Interrupt(InterruptWait {
+                signals: signals.clone(),
+                vector: *vector,
+                seen: signals.fired(*vector),
+                deadline: Instant::now() + self.limit,
+                limit: self.limit,
+            }),
         }
     }
 }
@@ -170,6 +160,7 @@ mod tests {
     fn a_pause_ends_when_its_vector_fires_and_not_for_another() {
         let signals = MessageSignals::new(2);
         let mut wait = interrupt_waits(&signals, 1, Duration::from_secs(10)).start();
+        assert!(!wait.keep_spinning(0), "an interrupt wait never spins");
         let started = Instant::now();
         let waited = std::thread::scope(|scope| {
             let firing = scope.spawn(|| {
@@ -200,32 +191,6 @@ mod tests {
         let mut short = interrupt_waits(&signals, 0, Duration::from_millis(30)).start();
         assert!(!short.pause(), "no new message: the wait gives up");
         assert_eq!(short.limit(), Duration::from_millis(30));
-    }
-
-    #[test]
-    fn an_interrupt_wait_spins_its_spin_time_only_then_sleeps_for_the_message() {
-        let signals = MessageSignals::new(1);
-        let started = Instant::now();
-        let mut wait = interrupt_waits(&signals, 0, Duration::from_secs(10)).start();
-        assert!(wait.keep_spinning(0), "a fresh interrupt wait spins before its first sleep");
-        let mut polls = 0;
-        while wait.keep_spinning(polls) {
-            polls += 1;
-            assert!(started.elapsed() < Duration::from_secs(5), "the spin is bounded");
-        }
-        assert!(started.elapsed() >= SPIN_BEFORE_SLEEP);
-        // Spun out, the wait sleeps until the message and not less.
-        let slept = Instant::now();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                std::thread::sleep(Duration::from_millis(20));
-                signals.message(0);
-            });
-            assert!(wait.pause());
-        });
-        assert!(slept.elapsed() >= Duration::from_millis(20));
-        // A limit shorter than the spin bounds the spin too.
-        assert!(!interrupt_waits(&signals, 0, Duration::ZERO).start().keep_spinning(0));
     }
 
     #[test]
