@@ -125,8 +125,9 @@ impl<S: DriverServices> ScenarioHost for DriverHost<'_, S> {
             counts.isr_calls, counts.dpc_calls, counts.dpc_requeues, counts.cqes
         ));
         if let Some((kevent, poll)) = self.services.command_waits() {
-            // Commands before the connection (Hca::open's) poll, as do those after the disconnect (the close's);
-            // the ones between sleep on the DPC's KEVENT. The Linux guest's detail, by the same name.
+            // The scenarios connect before Hca::open's first command and disconnect after the close's last, so every
+            // command sleeps on the DPC's KEVENT; one that polled would show here. The Linux guest's detail, by the
+            // same name.
             self.say(format_args!("commands: {kevent} waited on the DPC's KEVENT, {poll} polled"));
             self.detail("command_waits", serde_json::json!({"kevent": kevent, "poll": poll}));
         }
