@@ -79,10 +79,11 @@ impl PollWindow {
         }
     }
 
-    /// Closes the window without a pass (the rings changed under it: they are re-checked by the next pass).
-    pub fn close(&mut self, rings: &mut dyn KickSuppression) {
+    /// Closes the window without a pass (the rings changed under it). True when a chain waits untaken: published
+    /// under the flag, it has no kick coming, so the caller must serve it without waiting for one.
+    pub fn close(&mut self, rings: &mut dyn KickSuppression) -> bool {
         self.until = None;
-        rings.allow();
+        rings.allow()
     }
 }
 
@@ -192,8 +193,12 @@ mod tests {
     fn close_allows_kicks_at_once() {
         let (mut window, mut ring, t) = (PollWindow::new(W), FakeRing::default(), Instant::now());
         window.after_pass(true, t, &mut ring);
-        window.close(&mut ring);
+        assert!(!window.close(&mut ring), "nothing waits");
         assert!(!ring.flag && !window.is_open());
+        // A chain published under the flag, with no kick coming: the close says so, for the caller to serve it.
+        window.after_pass(true, t, &mut ring);
+        ring.pending = 1;
+        assert!(window.close(&mut ring));
     }
 
     #[test]

@@ -190,11 +190,14 @@ impl Worker {
                     tracing::error!("queue worker: cannot watch kick fds: {err}");
                     break;
                 }
-                // A ring (re)started: one that stopped mid-window may still carry this device's flag.
-                window.close(&mut RequestRings(&self.shared));
+                // A ring (re)started: one that stopped mid-window may still carry this device's flag. A chain the
+                // driver published under the flag, without a kick, is served now: the epoll wait below may be
+                // forever, and no kick will come for it (a queue set up late, mid-window, lost requests so).
+                serve_now |= window.close(&mut RequestRings(&self.shared));
             } else if !window.is_open() {
-                // A ring stopped with the flag set and enabled again since: clear it before sleeping on its kicks.
-                RequestRings(&self.shared).allow();
+                // A ring stopped with the flag set and enabled again since: clear it before sleeping on its kicks,
+                // and serve at once what was published under it.
+                serve_now |= RequestRings(&self.shared).allow();
             }
             let timeout = if window.is_open() || serve_now { 0 } else { self.timeout_ms() };
             let count = match self.epoll.wait(timeout, &mut events) {
