@@ -6,113 +6,40 @@
 //!
 //! The model's DPC allotment is 8 ticks (125 ms) here and the device's hold 400 ms, so the watchdog runs stay short.
 
-#[path = "../../ntmodel/tests/common/mod.rs"]
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{BackendDma, PDO};
-use serde_json::Value;
-use vhca_driver_core::{CommandTransport, CommandTransportError, CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
-use vhca_hca::{EventSink, FaultInjection, HcaConfig, HcaEvent};
+use support::common::PDO;
+use support::{model_config, HeldChannel, HeldDevice, ModelHost, NoEvents, Platform, STANDARD};
+use vhca_driver_core::{CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
 use vhca_ntapi::*;
-use vhca_ntmodel::{Bugcheck, InterruptResources, NtModel, NtModelConfig, RuleId, TimingConfig, VerifierFlags};
-use vhca_proto::Event;
-use vhca_scenarios::{run, Scenario, ScenarioHost, ScenarioOptions};
+use vhca_ntmodel::{Bugcheck, InterruptResources, NtModel, TimingConfig, VerifierFlags};
+use vhca_scenarios::{run, Scenario, ScenarioOptions};
 
-const STANDARD: u32 = 0xAA;
 const ALLOTMENT: u64 = 8;
+const HOLD_MS: u64 = 400;
 
-struct NoEvents;
+/// The interrupt path connected over the held device, whose release is the device thread's (not the host's sleeps);
+/// the platform checks for IOMMU faults and finds none.
+struct Interrupting(Arc<HeldDevice>);
 
-impl EventSink for NoEvents {
-    fn emit(&self, _: HcaEvent) {}
-}
-
-/// The device and what its transport keeps: when the held request is due.
-struct Device {
-    hca: Mutex<vhca_hca::Hca>,
-    dma: BackendDma,
-    release_at: Mutex<Option<Instant>>,
-}
-
-impl Device {
-    fn note_hold(&self, hca: &mut vhca_hca::Hca) {
-        if let Some(hold) = hca.take_new_hold() {
-            *self.release_at.lock().unwrap() = Some(Instant::now() + hold);
-        }
-    }
-
-    fn release_if_due(&self) {
-        let due = self.release_at.lock().unwrap().is_some_and(|at| Instant::now() >= at);
-        if due {
-            *self.release_at.lock().unwrap() = None;
-            self.hca.lock().unwrap().release_held_work(&self.dma);
-        }
-    }
-}
-
-#[derive(Clone)]
-struct Channel(Arc<Device>);
-
-impl CommandTransport for Channel {
-    fn execute(&self, request: &[u8], _capacity: usize) -> Result<Vec<u8>, CommandTransportError> {
-        let mut hca = self.0.hca.lock().unwrap();
-        let response = hca.execute(&self.0.dma, request);
-        self.0.note_hold(&mut hca);
-        Ok(response)
-    }
-    fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
-        let mut hca = self.0.hca.lock().unwrap();
-        hca.doorbell(&self.0.dma, records);
-        self.0.note_hold(&mut hca);
-        Ok(())
-    }
-    fn poll_event(&self) -> Option<Event> {
-        self.0.hca.lock().unwrap().pop_async_event()
-    }
-}
-
-struct Host {
-    kernel: Arc<NtModel>,
-    device: Arc<Device>,
-    origin: Instant,
-}
-
-impl ScenarioHost for Host {
-    type Kernel = NtModel;
-    type Channel = Channel;
-    fn say(&self, _: std::fmt::Arguments<'_>) {}
-    fn detail(&self, _: &str, _: Value) {}
-    fn lock_chosen(&self, _: &'static str) {}
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-    fn sleep(&self, duration: Duration) {
-        std::thread::sleep(duration);
-    }
-    fn alloc_user_buffer(&self, _: u32, _: u64) -> PVOID {
-        PVOID::NULL
-    }
-    fn free_user_buffer(&self, _: PVOID) {}
-    fn report_platform_iommu_faults(&self, _: Duration) -> Option<usize> {
+impl Platform for Interrupting {
+    type Channel = HeldChannel;
+    fn report_iommu_faults(&self, _: &NtModel, _: Duration) -> Option<usize> {
         Some(0)
     }
-    fn dma_checking(&self) -> Option<bool> {
-        Some(self.kernel.verifier().contains(VerifierFlags::DMA_CHECKING))
+    fn dma_checking(&self, kernel: &NtModel) -> Option<bool> {
+        Some(kernel.verifier().contains(VerifierFlags::DMA_CHECKING))
     }
-    fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
-        let channel = Arc::new(Channel(self.device.clone()));
-        let waits = CompletionWaits::connect(self.kernel.clone(), channel, PDO, DEFAULT_CQE_BUDGET)
+    fn connect_completions(&self, kernel: &Arc<NtModel>) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
+        let channel = Arc::new(HeldChannel(self.0.clone()));
+        let waits = CompletionWaits::connect(kernel.clone(), channel, PDO, DEFAULT_CQE_BUDGET)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(Some(Box::new(waits)))
-    }
-    fn driver_closed(&self) -> anyhow::Result<()> {
-        self.kernel.unload_driver();
-        Ok(())
     }
 }
 
@@ -132,18 +59,10 @@ fn ticker(period: Duration, stop: Arc<AtomicBool>, tick: impl Fn() + Send + 'sta
 /// bugcheck stops the machine: the scenario's thread is left where it is (it may wait on a lock the stopped
 /// processor held), as nothing of a stopped machine runs on.
 fn run_on(scenario: Scenario, flags: u32, disabled: &[&str], break_fix: bool) -> Result<anyhow::Result<()>, Bugcheck> {
-    let config = NtModelConfig {
-        verifier: VerifierFlags(flags),
-        disabled_rules: disabled.iter().map(|r| RuleId::parse(r).unwrap()).collect(),
-        ..NtModelConfig::default()
-    };
     let timing = TimingConfig { dpc_time_limit: ALLOTMENT, ..TimingConfig::default() };
-    let (kernel, backend) = NtModel::for_tests_with_timing(config, timing);
+    let (kernel, backend) = NtModel::for_tests_with_timing(model_config(flags, disabled), timing);
     kernel.assign_interrupts(PDO, InterruptResources::Messages(1));
-    let mut injection = FaultInjection::default();
-    injection.parse_kv("hold_completion_ms=400").unwrap();
-    let hca = vhca_hca::Hca::new(HcaConfig { injection, ..HcaConfig::default() }, Arc::new(NoEvents));
-    let device = Arc::new(Device { hca: Mutex::new(hca), dma: BackendDma(backend), release_at: Mutex::new(None) });
+    let device = HeldDevice::new(backend, HOLD_MS, Arc::new(NoEvents));
     let stop = Arc::new(AtomicBool::new(false));
     // The device runs apart from the processor its interrupts are taken on, as a real one does.
     let d = device.clone();
@@ -156,10 +75,10 @@ fn run_on(scenario: Scenario, flags: u32, disabled: &[&str], break_fix: bool) ->
     let clock = ticker(Duration::from_micros(15_625), stop.clone(), move || k.clock_interrupt());
     let (k, d) = (kernel.clone(), device.clone());
     let scenario_thread = std::thread::spawn(move || {
-        let host = Host { kernel: k.clone(), device: d.clone(), origin: Instant::now() };
+        let host = ModelHost::new(k.clone(), Interrupting(d.clone()));
         let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
         NtModel::run_guarded(|| {
-            run(scenario, &host, k.clone(), Channel(d.clone()), PDO, &options, Duration::from_secs(2))
+            run(scenario, &host, k.clone(), HeldChannel(d.clone()), PDO, &options, Duration::from_secs(2))
         })
     });
     let deadline = Instant::now() + Duration::from_secs(20);

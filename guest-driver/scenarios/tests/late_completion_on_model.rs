@@ -3,24 +3,21 @@
 //! its time is up, whenever the driver sleeps) and the platform (the device's refusal of an unmapped IOVA is the
 //! IOMMU fault it reports), so each verdict of the seed suite shows without QEMU.
 
-#[path = "../../ntmodel/tests/common/mod.rs"]
-mod common;
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{machine_with, BackendDma, PDO};
-use serde_json::Value;
-use vhca_driver_core::{CommandTransport, CommandTransportError};
-use vhca_hca::{EventSink, FaultInjection, HcaConfig, HcaEvent};
+use support::common::{machine_with, PDO};
+use support::{model_config, HeldChannel, HeldDevice, ModelHost, Platform, STANDARD};
+use vhca_hca::{EventSink, HcaEvent};
 use vhca_ntapi::*;
-use vhca_ntmodel::{Bugcheck, NtModel, NtModelConfig, RuleId, VerifierFlags};
-use vhca_proto::Event;
-use vhca_scenarios::{run, Scenario, ScenarioHost, ScenarioOptions};
+use vhca_ntmodel::{Bugcheck, NtModel, VerifierFlags};
+use vhca_scenarios::{run, Scenario, ScenarioOptions};
 
 /// The hold the seed suite's device gets is 1 s; a shorter one (still past the driver's 200 ms timeout) keeps the
 /// test quick.
-const HOLD: &str = "hold_completion_ms=400";
+const HOLD_MS: u64 = 400;
 /// VT-d's fault reason for a write the IOMMU does not permit, as the guest's DMAR record gives it.
 const WRITE_NOT_PERMITTED: u64 = 5;
 
@@ -38,92 +35,32 @@ impl EventSink for Refusals {
     }
 }
 
-/// The device and what its transport keeps: when the held request is due.
-struct Device {
-    hca: Mutex<vhca_hca::Hca>,
-    dma: BackendDma,
-    release_at: Mutex<Option<Instant>>,
+/// The held device, released whenever the driver sleeps, and the platform whose IOMMU refused its unmapped writes.
+struct TimedOut {
+    device: Arc<HeldDevice>,
     refusals: Arc<Refusals>,
 }
 
-impl Device {
-    fn note_hold(&self, hca: &mut vhca_hca::Hca) {
-        if let Some(hold) = hca.take_new_hold() {
-            *self.release_at.lock().unwrap() = Some(Instant::now() + hold);
-        }
-    }
-
-    /// The transport's deadline: the held request runs once its time is up.
-    fn release_if_due(&self) {
-        let due = self.release_at.lock().unwrap().is_some_and(|at| Instant::now() >= at);
-        if due {
-            *self.release_at.lock().unwrap() = None;
-            self.hca.lock().unwrap().release_held_work(&self.dma);
-        }
-    }
-}
-
-struct Channel(Arc<Device>);
-
-impl CommandTransport for Channel {
-    fn execute(&self, request: &[u8], _capacity: usize) -> Result<Vec<u8>, CommandTransportError> {
-        let mut hca = self.0.hca.lock().unwrap();
-        let response = hca.execute(&self.0.dma, request);
-        self.0.note_hold(&mut hca);
-        Ok(response)
-    }
-    fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
-        let mut hca = self.0.hca.lock().unwrap();
-        hca.doorbell(&self.0.dma, records);
-        self.0.note_hold(&mut hca);
-        Ok(())
-    }
-    fn poll_event(&self) -> Option<Event> {
-        self.0.hca.lock().unwrap().pop_async_event()
-    }
-}
-
-struct Host {
-    kernel: Arc<NtModel>,
-    device: Arc<Device>,
-    origin: Instant,
-}
-
-impl ScenarioHost for Host {
-    type Kernel = NtModel;
-    type Channel = Channel;
-    fn say(&self, _: std::fmt::Arguments<'_>) {}
-    fn detail(&self, _: &str, _: Value) {}
-    fn lock_chosen(&self, _: &'static str) {}
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-    fn sleep(&self, duration: Duration) {
-        std::thread::sleep(duration);
+impl Platform for TimedOut {
+    type Channel = HeldChannel;
+    fn time_passed(&self, _: &NtModel) {
         self.device.release_if_due();
     }
-    fn alloc_user_buffer(&self, _: u32, _: u64) -> PVOID {
-        PVOID::NULL
-    }
-    fn free_user_buffer(&self, _: PVOID) {}
     /// Waits as the guest does for DMAR records, then hands the kernel each refusal (0xE6/0x26 with DMA checking).
-    fn report_platform_iommu_faults(&self, wait: Duration) -> Option<usize> {
+    fn report_iommu_faults(&self, kernel: &NtModel, wait: Duration) -> Option<usize> {
         let deadline = Instant::now() + wait;
-        while self.device.refusals.0.lock().unwrap().is_empty() && Instant::now() < deadline {
-            self.sleep(Duration::from_millis(5));
+        while self.refusals.0.lock().unwrap().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            self.time_passed(kernel);
         }
-        let refused = self.device.refusals.0.lock().unwrap().clone();
+        let refused = self.refusals.0.lock().unwrap().clone();
         for iova in &refused {
-            self.kernel.report_iommu_fault(PDO, *iova, WRITE_NOT_PERMITTED);
+            kernel.report_iommu_fault(PDO, *iova, WRITE_NOT_PERMITTED);
         }
         Some(refused.len())
     }
-    fn dma_checking(&self) -> Option<bool> {
-        Some(self.kernel.verifier().contains(VerifierFlags::DMA_CHECKING))
-    }
-    fn driver_closed(&self) -> anyhow::Result<()> {
-        self.kernel.unload_driver();
-        Ok(())
+    fn dma_checking(&self, kernel: &NtModel) -> Option<bool> {
+        Some(kernel.verifier().contains(VerifierFlags::DMA_CHECKING))
     }
 }
 
@@ -135,32 +72,17 @@ fn run_on(
     disabled: &[&str],
     break_fix: bool,
 ) -> (Result<anyhow::Result<()>, Bugcheck>, Vec<u64>) {
-    let config = NtModelConfig {
-        verifier: VerifierFlags(flags),
-        disabled_rules: disabled.iter().map(|r| RuleId::parse(r).unwrap()).collect(),
-        ..NtModelConfig::default()
-    };
-    let (kernel, backend) = machine_with(config);
-    let mut injection = FaultInjection::default();
-    injection.parse_kv(HOLD).unwrap();
+    let (kernel, backend) = machine_with(model_config(flags, disabled));
     let refusals = Arc::new(Refusals::default());
-    let hca = vhca_hca::Hca::new(HcaConfig { injection, ..HcaConfig::default() }, refusals.clone());
-    let device = Arc::new(Device {
-        hca: Mutex::new(hca),
-        dma: BackendDma(backend),
-        release_at: Mutex::new(None),
-        refusals: refusals.clone(),
-    });
-    let host = Host { kernel: kernel.clone(), device: device.clone(), origin: Instant::now() };
+    let device = HeldDevice::new(backend, HOLD_MS, refusals.clone());
+    let host = ModelHost::new(kernel.clone(), TimedOut { device: device.clone(), refusals: refusals.clone() });
     let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
     let result = NtModel::run_guarded(|| {
-        run(scenario, &host, kernel.clone(), Channel(device.clone()), PDO, &options, Duration::from_secs(5))
+        run(scenario, &host, kernel.clone(), HeldChannel(device.clone()), PDO, &options, Duration::from_secs(5))
     });
     let refused = refusals.0.lock().unwrap().clone();
     (result, refused)
 }
-
-const STANDARD: u32 = 0xAA;
 
 fn is_iommu_violation(b: &Bugcheck, refused: &[u64]) -> bool {
     b.code == DRIVER_VERIFIER_DMA_VIOLATION

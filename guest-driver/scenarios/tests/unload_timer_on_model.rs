@@ -2,69 +2,37 @@
 //! device model, with a host that unloads the driver and, while the system runs on, ticks the model's clock as the
 //! guest's clock thread does: each verdict of the seed suite, and that it goes when the rule behind it is disabled.
 
-#[path = "../../ntmodel/tests/common/mod.rs"]
-mod common;
+mod support;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{machine_with, HcaChannel, PDO};
-use serde_json::Value;
+use support::common::{machine_with, HcaChannel, PDO};
+use support::{model_config, ModelHost, Platform, STANDARD};
 use vhca_ntapi::*;
-use vhca_ntmodel::{Bugcheck, NtModel, NtModelConfig, RuleId, VerifierFlags};
-use vhca_scenarios::{run, Scenario, ScenarioHost, ScenarioOptions};
+use vhca_ntmodel::{Bugcheck, NtModel};
+use vhca_scenarios::{run, Scenario, ScenarioOptions};
 
-struct UnloadingHost {
-    kernel: Arc<NtModel>,
-    origin: Instant,
-}
+/// The device model straight in process, and time that passes as on the guest's clock thread: the clock
+/// interrupts, and a timer that fell due expires.
+struct Unloading;
 
-impl ScenarioHost for UnloadingHost {
-    type Kernel = NtModel;
+impl Platform for Unloading {
     type Channel = HcaChannel;
-    fn say(&self, _: std::fmt::Arguments<'_>) {}
-    fn detail(&self, _: &str, _: Value) {}
-    fn lock_chosen(&self, _: &'static str) {}
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-    /// Time passes and the clock interrupts, as on the guest's clock thread: a timer that fell due expires.
-    fn sleep(&self, duration: Duration) {
-        std::thread::sleep(duration);
-        self.kernel.clock_interrupt();
-    }
-    fn alloc_user_buffer(&self, _: u32, _: u64) -> PVOID {
-        PVOID::NULL
-    }
-    fn free_user_buffer(&self, _: PVOID) {}
-    fn report_platform_iommu_faults(&self, _: Duration) -> Option<usize> {
-        None
-    }
-    fn dma_checking(&self) -> Option<bool> {
-        None
-    }
-    fn driver_closed(&self) -> anyhow::Result<()> {
-        self.kernel.unload_driver();
-        Ok(())
+    fn time_passed(&self, kernel: &NtModel) {
+        kernel.clock_interrupt();
     }
 }
 
 /// Runs `scenario` on a fresh model: Ok(scenario result) or the bugcheck that stopped it.
 fn run_on(scenario: Scenario, flags: u32, disabled: &[&str], break_fix: bool) -> Result<anyhow::Result<()>, Bugcheck> {
-    let config = NtModelConfig {
-        verifier: VerifierFlags(flags),
-        disabled_rules: disabled.iter().map(|r| RuleId::parse(r).unwrap()).collect(),
-        ..NtModelConfig::default()
-    };
-    let (kernel, backend) = machine_with(config);
-    let host = UnloadingHost { kernel: kernel.clone(), origin: Instant::now() };
+    let (kernel, backend) = machine_with(model_config(flags, disabled));
+    let host = ModelHost::new(kernel.clone(), Unloading);
     let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
     NtModel::run_guarded(|| {
         run(scenario, &host, kernel.clone(), HcaChannel::new(backend), PDO, &options, Duration::from_secs(5))
     })
 }
 
-const STANDARD: u32 = 0xAA;
 /// The model's object range, P3 and P4 of 0xC7 (docs/verifier.md), as the seed suite names them.
 const OBJECTS: (u64, u64) = (0xFFFF_A000_0000_0000, 0xFFFF_B000_0000_0000);
 
