@@ -33,7 +33,7 @@ impl Kept {
     }
 }
 
-/// Shared by whatever runs the routines (the NT model's delivery thread, the DPC), through the driver core's
+/// Shared by whatever runs the routines (the interrupt thread the NT model runs the ISR on, the DPC), through the driver core's
 /// `RoutineObserver` (`observer`): each call is one run, now.
 #[derive(Debug, Default)]
 pub struct CompletionTimes {

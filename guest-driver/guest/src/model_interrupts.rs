@@ -1,14 +1,19 @@
-//! The NT model's side of a run's interrupts: each MSI-X message goes to the model (the driver's ISR at its DIRQL,
-//! then its DPC) on a delivery thread, and a clock thread gives the model its clock interrupt every tick.
+//! The NT model's side of a run's interrupts: each MSI-X message runs the driver's ISR (at its DIRQL, then its DPC
+//! as the IRQL drops) on the interrupt thread that took it, and a clock thread gives the model its clock interrupt
+//! every tick.
 //!
-//! Why a delivery thread and not the interrupt thread: the ISR and DPC are the driver's code and may run long (a
-//! DPC that rings CQ-arm doorbells waits for the device to fetch them; the scenarios that spin or wait in a DPC
-//! on purpose run until the watchdog stops them), and the interrupt thread must meanwhile keep counting messages
-//! and waking the program's own waits. (The transport no longer makes it a deadlock: each queue has its own lock,
-//! so the DPC never waits behind a command, vfio_command_transport.rs.)
+//! Why on the interrupt thread: Windows runs an ISR on the processor the message interrupted, with no thread switch
+//! first, and its DPC on the same processor as the IRQL drops. A hand-off to a delivery thread of its own cost each
+//! message one more wake-up and context switch of the guest (16-30 us under TCG, measured by timestamps in the
+//! guest: docs/bench.md section 6) and each run one more thread. A DPC that runs long (the scenarios that spin or
+//! wait in one on purpose, until the watchdog stops them) holds the interrupt thread meanwhile, as it holds its
+//! processor on Windows: the messages that come meanwhile wait in their eventfds and are delivered after it,
+//! counted then. Nothing waits for the interrupt thread while the driver's DPC runs: the program's own message
+//! waits end when the driver connects its interrupt (its commands wait on the KEVENT the DPC sets, and each queue
+//! has its own lock, vfio_command_transport.rs), and the clock keeps its own thread, so the watchdog still sees a
+//! DPC that never returns.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -18,39 +23,40 @@ use vhca_ntmodel::NtModel;
 
 use crate::interrupt_thread::MessageInterruptSink;
 
-/// The interrupt thread's sink for the model: messages go to the delivery thread once a model is attached, and are
-/// dropped before (no driver has connected anything then, so there is no ISR to run).
+/// The model a message goes to, and as whose.
+struct Target {
+    kernel: Arc<NtModel>,
+    device: PDEVICE_OBJECT,
+}
+
+/// The interrupt thread's sink for the model: messages run the ISR once a model is attached, and are dropped before
+/// (no driver has connected anything then, so there is no ISR to run).
 #[derive(Default)]
 pub struct ModelInterrupts {
-    delivery: Mutex<Option<Sender<u32>>>,
+    /// Held while a message is delivered, so a detach waits for the ISR and DPC in flight and none runs after it.
+    target: Mutex<Option<Target>>,
 }
 
 impl MessageInterruptSink for ModelInterrupts {
     fn message(&self, id: u32) {
-        if let Some(tx) = self.delivery.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            // A closed channel means the delivery thread already stopped: the message has no ISR left to run.
-            let _ = tx.send(id);
+        if let Some(t) = self.target.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            t.kernel.deliver(t.device, id);
         }
     }
 }
 
-/// The delivery and clock threads of one attached model. Stopped and joined on every path (`Drop`).
+/// One attached model: its messages' target and its clock thread. Detached, stopped and joined on every path
+/// (`Drop`).
 pub struct ModelDelivery {
     sink: Arc<ModelInterrupts>,
     stop_clock: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    clock: Option<JoinHandle<()>>,
 }
 
 impl ModelInterrupts {
     /// Starts delivering this sink's messages to `kernel` as `device`'s, and its clock interrupts.
     pub fn attach(self: &Arc<Self>, kernel: Arc<NtModel>, device: PDEVICE_OBJECT) -> std::io::Result<ModelDelivery> {
-        let (tx, rx) = mpsc::channel::<u32>();
-        let deliver_to = kernel.clone();
-        let delivery = std::thread::Builder::new().name("nt-interrupts".into()).spawn(move || {
-            for id in rx {
-                deliver_to.deliver(device, id);
-            }
-        })?;
+        let target = Target { kernel: kernel.clone(), device };
         let stop_clock = Arc::new(AtomicBool::new(false));
         let stop = stop_clock.clone();
         let clock = std::thread::Builder::new().name("nt-clock".into()).spawn(move || {
@@ -67,30 +73,22 @@ impl ModelInterrupts {
                 kernel.clock_interrupt();
                 next = Instant::now() + tick;
             }
-        });
-        let clock = match clock {
-            Ok(clock) => clock,
-            Err(e) => {
-                drop(tx);
-                let _ = delivery.join();
-                return Err(e);
-            }
-        };
-        *self.delivery.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
-        Ok(ModelDelivery { sink: self.clone(), stop_clock, threads: vec![delivery, clock] })
+        })?;
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Some(target);
+        Ok(ModelDelivery { sink: self.clone(), stop_clock, clock: Some(clock) })
     }
 }
 
 impl Drop for ModelDelivery {
-    /// Closing the channel ends the delivery thread after the messages already sent; the flag and an unpark end
-    /// the clock's at once.
+    /// Detaching waits for a message being delivered (the sink's lock); the flag and an unpark end the clock's
+    /// thread at once.
     fn drop(&mut self) {
-        self.sink.delivery.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.sink.target.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.stop_clock.store(true, Ordering::Release);
-        self.threads.iter().for_each(|t| t.thread().unpark());
-        for thread in self.threads.drain(..) {
-            if thread.join().is_err() {
-                crate::report::progress("an NT model interrupt thread panicked");
+        if let Some(clock) = self.clock.take() {
+            clock.thread().unpark();
+            if clock.join().is_err() {
+                crate::report::progress("the NT model's clock thread panicked");
             }
         }
     }
@@ -107,11 +105,11 @@ mod tests {
         let sink = Arc::new(ModelInterrupts::default());
         sink.message(0);
         let delivery = sink.attach(kernel.clone(), crate::driver_run::PDO).unwrap();
-        assert!(sink.delivery.lock().unwrap().is_some());
+        assert!(sink.target.lock().unwrap().is_some());
         sink.message(0);
         drop(delivery);
-        assert!(sink.delivery.lock().unwrap().is_none(), "detached on drop");
-        // The threads were joined: the model is held only here again.
+        assert!(sink.target.lock().unwrap().is_none(), "detached on drop");
+        // The clock thread was joined and the target dropped: the model is held only here again.
         assert_eq!(Arc::strong_count(&kernel), 1);
     }
 
@@ -124,6 +122,6 @@ mod tests {
         let started = Instant::now();
         drop(delivery);
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "waited {:?}", started.elapsed());
-        assert_eq!(Arc::strong_count(&kernel), 1, "both threads joined");
+        assert_eq!(Arc::strong_count(&kernel), 1, "the clock thread joined");
     }
 }

@@ -1,6 +1,7 @@
 //! A vhca.sys run's MSI-X (`vhca.completion=interrupt`): the messages the PnP manager grants the device, enabled
-//! through VFIO as for a native run, each delivered to the NT model as the PDO's message on the same delivery thread
-//! (`model_interrupts`), where the model runs vhca.sys's ISR and DPC. vhca.sys routes the virtio sources itself.
+//! through VFIO as for a native run, each delivered to the NT model as the PDO's message on the interrupt thread
+//! that took it (`model_interrupts`), where the model runs vhca.sys's ISR and DPC. vhca.sys routes the virtio
+//! sources itself.
 //!
 //! The grant follows Microsoft ("Enabling Message-Signaled Interrupts in the Registry"): the INF's
 //! MessageNumberLimit when the device's MSI-X table has that many entries, else exactly one message. The limit is
