@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use vhca_ntapi::{bugcheck_name, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION};
+use vhca_ntapi::{
+    bugcheck_name, ATTEMPTED_SWITCH_FROM_DPC, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bugcheck {
@@ -24,6 +26,12 @@ impl Bugcheck {
     /// 0xE6 with its subcode and three parameters.
     pub fn e6(subcode: u64, p2: u64, p3: u64, p4: u64) -> Bugcheck {
         Bugcheck::new(DRIVER_VERIFIER_DMA_VIOLATION, subcode, p2, p3, p4)
+    }
+
+    /// 0xB8 ATTEMPTED_SWITCH_FROM_DPC: the original (waiting) thread, the thread the processor would switch to,
+    /// the original thread's stack address; P4 is reserved and 0.
+    pub fn switch_from_dpc(original: u64, new: u64, stack: u64) -> Bugcheck {
+        Bugcheck::new(ATTEMPTED_SWITCH_FROM_DPC, original, new, stack, 0)
     }
 
     pub fn name(&self) -> &'static str {

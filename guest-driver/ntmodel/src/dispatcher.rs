@@ -1,5 +1,6 @@
 //! Dispatcher objects a thread can wait on (events, and timers' signal state): KeInitializeEvent, KeSetEvent,
-//! KeClearEvent, and KeWaitForSingleObject with its timeout on the model's clock and its IRQL rules.
+//! KeClearEvent, and KeWaitForSingleObject with its timeout on the model's clock, its IRQL rules and the kernel's
+//! refusal to block a DPC or an ISR (0xB8).
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
@@ -7,8 +8,9 @@ use std::sync::{Condvar, Mutex};
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::processor::ProcessorNumber;
 use crate::verifier::{c4, VerifierFlags};
-use crate::{lock, NtModel};
+use crate::{lock, NtModel, ETHREAD_BASE};
 
 /// Notification objects stay signaled until cleared; synchronization objects are cleared by the wait they satisfy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +34,13 @@ impl Dispatcher {
     pub fn new() -> Dispatcher {
         Dispatcher { objects: Mutex::new(HashMap::new()), changed: Condvar::new() }
     }
+}
+
+/// The stand-in ETHREAD of a processor's idle thread, what a wait on it would switch to: each model thread runs on a
+/// processor of its own, so nothing else is ready there. The top slots of the thread stand-ins' range (ETHREAD_BASE
+/// + n * 0x1000), which no model thread reaches.
+fn idle_thread(cpu: ProcessorNumber) -> u64 {
+    ETHREAD_BASE + 0x0FFF_FFFF_F000 - u64::from(cpu.0) * 0x1000
 }
 
 impl NtModel {
@@ -100,15 +109,34 @@ impl NtModel {
         }
     }
 
+    /// Whether the calling thread runs a DPC or an ISR now: a routine in a context borrowed from whatever thread
+    /// its processor was running, which has no thread of its own to put in a wait state.
+    fn in_borrowed_routine(&self) -> bool {
+        self.with_thread(|t| t.watch.routine_since.is_some())
+    }
+
+    /// 0xB8 ATTEMPTED_SWITCH_FROM_DPC, in every verifier mode: a DPC or an ISR made a wait that has to block, and
+    /// the kernel's wait code cannot switch away from it. P1 the original thread (the one the routine borrowed), P2
+    /// the processor's idle thread, P3 an address on the original thread's stack (this frame's: the routine runs
+    /// on that stack), P4 0. Returns only when the rule is disabled.
+    fn switch_from_dpc(&self) {
+        let frame = 0u8;
+        let stack = std::ptr::addr_of!(frame) as u64;
+        let original = self.with_thread(|t| t.ethread);
+        self.violation(Bugcheck::switch_from_dpc(original, idle_thread(self.current_processor()), stack));
+    }
+
     /// Waits until `object` is signaled (a synchronization object is cleared by the wait) or the timeout passes.
     /// A negative timeout is relative; a positive one is absolute on the model's clock (0 = the model's start).
     /// While it waits, the thread runs the clock's work a processor would: expiring timers that fall due (its own
-    /// may be one) and running the DPCs they queue.
+    /// may be one) and running the DPCs they queue. A wait that does not block (the object signaled, a zero
+    /// timeout) is the same in a DPC or an ISR; one that would is 0xB8 there, after the verifier's IRQL rules.
     pub(crate) fn wait_for_single_object(&self, object: DISPATCHER_OBJECT, timeout: Option<i64>) -> NTSTATUS {
         let addr = object.address();
         self.wait_irql_check(addr, timeout);
         let deadline =
             timeout.map(|t| if t < 0 { self.clock.now().saturating_add(t.unsigned_abs()) } else { t as u64 });
+        let mut cannot_block = self.in_borrowed_routine();
         loop {
             let next_expiry = self.next_timer_due();
             let mut objects = lock(&self.dispatcher.objects);
@@ -125,6 +153,18 @@ impl NtModel {
             }
             if deadline.is_some_and(|d| now >= d) {
                 return STATUS_TIMEOUT;
+            }
+            if cannot_block {
+                drop(objects);
+                // A timer already due would have been expired by the clock interrupt before the wait looked.
+                if next_expiry.is_some_and(|due| due <= now) {
+                    self.expire_timers();
+                    continue;
+                }
+                self.switch_from_dpc();
+                // 0xB8 disabled: the wait blocks the thread the routine borrowed (the DPC watchdog counts it).
+                cannot_block = false;
+                continue;
             }
             let wake_at = [deadline, next_expiry].into_iter().flatten().min();
             match wake_at.and_then(|at| self.clock.host_wait_until(at)) {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
@@ -866,7 +866,8 @@ fn waits_at_dispatch_are_c4_121_without_a_timeout_122_with_one_and_fine_with_zer
     let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, true);
     k.KeRaiseIrql(APC_LEVEL);
     assert_eq!(clean(|| wait(&k, e, Some(-10 * MS))), STATUS_SUCCESS);
-    // Without IRQL checking nothing is checked.
+    // Without IRQL checking nothing is checked, and a thread that raised its own IRQL is no DPC: its wait blocks
+    // (no 0xB8, which Microsoft names for DPC routines only).
     let k = machine(0);
     let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
     let (k2, at) = (k.clone(), k.interrupt_time() as i64 + MS);
@@ -888,6 +889,155 @@ fn a_wait_in_a_dpc_without_a_timeout_is_c4_121() {
         wait(&k2.upgrade().unwrap(), e, None);
     }));
     assert_eq!(stop(|| k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL)), Bugcheck::c4(0x121, 2, e.0, 0));
+}
+
+// ---- 0xB8: a wait that would block, in a DPC or an ISR ----
+
+/// What a waiting DPC saw: an address on its stack taken just before the wait, and what the wait returned.
+#[derive(Default, Clone)]
+struct WaitSeen {
+    stack: Arc<AtomicU64>,
+    status: Arc<Mutex<Option<NTSTATUS>>>,
+}
+
+/// A DPC that waits on `object` with `timeout`.
+fn waiting_dpc(k: &Arc<NtModel>, object: impl Into<DISPATCHER_OBJECT>, timeout: Option<i64>) -> (PKDPC, WaitSeen) {
+    let (k2, object, seen) = (Arc::downgrade(k), object.into(), WaitSeen::default());
+    let s = seen.clone();
+    let dpc = k.KeInitializeDpc(Arc::new(move |_, _, _| {
+        let here = 0u8;
+        s.stack.store(std::ptr::addr_of!(here) as u64, Ordering::SeqCst);
+        *s.status.lock().unwrap() = Some(wait(&k2.upgrade().unwrap(), object, timeout));
+    }));
+    (dpc, seen)
+}
+
+/// The bugcheck `f` raises on a thread of its own (a processor whose thread a DPC borrows); a wait that blocks
+/// instead fails the test after 5 s rather than hanging it.
+fn stop_on_thread(f: impl FnOnce() + Send + 'static) -> Bugcheck {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(NtModel::run_guarded(f)));
+    match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(Err(b)) => b,
+        Ok(Ok(())) => panic!("expected a bugcheck, the wait returned"),
+        Err(_) => panic!("no bugcheck in 5 s: the wait blocked"),
+    }
+}
+
+fn queue(k: &Arc<NtModel>, dpc: PKDPC) -> impl FnOnce() + Send + 'static {
+    let k = k.clone();
+    move || {
+        k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL);
+    }
+}
+
+/// The model's thread stand-ins (ETHREAD addresses): 0xFFFFB000'00000000 up.
+fn is_thread(p: u64) -> bool {
+    (0xFFFF_B000_0000_0000..0xFFFF_C000_0000_0000).contains(&p)
+}
+
+#[test]
+fn a_dpc_whose_wait_would_block_is_b8_with_the_threads_and_its_stack_in_every_mode_but_irql_checking() {
+    for timeout in [Some(-10 * MS), None] {
+        let k = machine(0);
+        let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
+        let (dpc, seen) = waiting_dpc(&k, e, timeout);
+        let b = stop_on_thread(queue(&k, dpc));
+        assert_eq!((b.code, b.name(), b.params[3]), (0xB8, "ATTEMPTED_SWITCH_FROM_DPC", 0), "{b}");
+        let (original, new, stack) = (b.params[0], b.params[1], b.params[2]);
+        assert!(is_thread(original) && is_thread(new) && original != new, "P1 and P2 are two threads: {b}");
+        let dpc_stack = seen.stack.load(Ordering::SeqCst);
+        assert!(stack.abs_diff(dpc_stack) < 64 * 1024, "P3 {stack:#x} is not on the DPC's stack ({dpc_stack:#x})");
+        assert_eq!(*seen.status.lock().unwrap(), None, "the wait never returned");
+        // Another processor's thread is another original thread; the processor switches to its idle thread.
+        let again = stop_on_thread(queue(&k, dpc));
+        assert_ne!(again.params[0], original, "P1 is the thread the DPC borrowed");
+        assert_eq!(again.params[1], new, "P2 is processor 0's idle thread");
+    }
+    // IRQL checking stops the call first, at DISPATCH_LEVEL with a non-zero timeout; with that rule off the
+    // kernel's own stop is what is left.
+    let k = machine(IRQL);
+    let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
+    let (dpc, _) = waiting_dpc(&k, e, Some(-10 * MS));
+    assert_eq!(stop_on_thread(queue(&k, dpc)), Bugcheck::c4(0x122, 2, e.0, (-10 * MS) as u64));
+    let config = NtModelConfig {
+        verifier: VerifierFlags(STANDARD),
+        disabled_rules: vec![RuleId::parse("0xC4/0x122").unwrap()],
+        ..NtModelConfig::default()
+    };
+    let k = NtModel::for_tests_with_timing(config, TimingConfig { clock: ClockSource::Manual, ..Default::default() }).0;
+    let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
+    let (dpc, _) = waiting_dpc(&k, e, Some(-10 * MS));
+    assert_eq!(stop_on_thread(queue(&k, dpc)).code, 0xB8);
+}
+
+#[test]
+fn a_dpc_wait_that_need_not_block_returns_in_every_mode() {
+    for flags in [0, IRQL] {
+        // A zero timeout tests and returns: legal at DISPATCH_LEVEL.
+        let k = machine(flags);
+        let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
+        let (dpc, seen) = waiting_dpc(&k, e, Some(0));
+        clean(|| k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL));
+        assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_TIMEOUT), "flags {flags:#x}");
+    }
+    // A signaled object satisfies the wait without a switch (IRQL checking would stop the timeout itself).
+    let k = machine(0);
+    let e = k.KeInitializeEvent(EVENT_TYPE::SynchronizationEvent, true);
+    let (dpc, seen) = waiting_dpc(&k, e, Some(-10 * MS));
+    clean(|| k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL));
+    assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_SUCCESS));
+    // A timer whose time came while no clock interrupt ran yet is expired by the wait, not refused (a host clock:
+    // a manual one only moves with its interrupt).
+    let k = machine_timed(0, TimingConfig::default());
+    let t = k.KeInitializeTimer();
+    k.KeSetTimer(t, -MS, PKDPC::NULL);
+    std::thread::sleep(Duration::from_millis(5));
+    let (dpc, seen) = waiting_dpc(&k, t, Some(-10 * MS));
+    clean(|| k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL));
+    assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_SUCCESS));
+    assert!(k.bugchecks().is_empty());
+}
+
+#[test]
+fn an_isr_whose_wait_would_block_is_b8_and_one_that_tests_and_returns_is_not() {
+    let k = machine(0);
+    let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
+    let returned = Arc::new(AtomicBool::new(false));
+    let r = returned.clone();
+    connect(
+        &k,
+        1,
+        isr(&k, move |k, _, _| {
+            assert_eq!(wait(k, e, Some(0)), STATUS_TIMEOUT);
+            wait(k, e, Some(-10 * MS));
+            r.store(true, Ordering::SeqCst);
+            true
+        }),
+    );
+    let k2 = k.clone();
+    let b = stop_on_thread(move || {
+        k2.deliver(PDO, 0);
+    });
+    assert_eq!((b.code, b.params[3]), (0xB8, 0), "{b}");
+    assert!(is_thread(b.params[0]) && is_thread(b.params[1]), "{b}");
+    assert!(!returned.load(Ordering::SeqCst));
+}
+
+#[test]
+fn with_b8_disabled_the_dpcs_wait_blocks_its_thread_until_the_timeout() {
+    let config = NtModelConfig { disabled_rules: vec![RuleId::parse("0xB8").unwrap()], ..NtModelConfig::default() };
+    let k = NtModel::for_tests_with_timing(config, TimingConfig { clock: ClockSource::Manual, ..Default::default() }).0;
+    let e = k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
+    let (dpc, seen) = waiting_dpc(&k, e, Some(-10 * MS));
+    let k2 = k.clone();
+    let waiter = std::thread::spawn(move || clean(|| k2.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL)));
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!waiter.is_finished(), "a manual clock has not moved");
+    k.advance_clock(Duration::from_millis(10));
+    assert!(waiter.join().unwrap());
+    assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_TIMEOUT));
+    assert!(k.bugchecks().is_empty());
 }
 
 #[test]
