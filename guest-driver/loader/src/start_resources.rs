@@ -7,16 +7,7 @@
 //! descriptor per message, Flags CM_RESOURCE_INTERRUPT_LATCHED | CM_RESOURCE_INTERRUPT_MESSAGE; the raw one's
 //! u.MessageInterrupt.Raw carries its MessageCount (1 per MSI-X descriptor, so the count over the list is the
 //! messages granted), the translated one's u.MessageInterrupt.Translated the DIRQL in Level, the vector and the
-//! affinity the NT model gives each message when IoConnectInterruptEx connects it. vhca-ntapi's layout module has
-//! only the memory descriptor, so the interrupt offsets (same union, same pack(4)) are here:
-//!
-//! ```text
-//!   u.MessageInterrupt.Raw          u.MessageInterrupt.Translated (= u.Interrupt)
-//!    4 Group (u16)                   4 Level (u16)
-//!    6 MessageCount (u16)            6 Group (u16)
-//!    8 Vector (u32)                  8 Vector (u32)
-//!   12 Affinity (KAFFINITY, u64)    12 Affinity
-//! ```
+//! affinity the NT model gives each message when IoConnectInterruptEx connects it.
 //!
 //! Laid out by hand, byte by byte, at the offsets of `vhca_ntapi::resource_list_layout` (the definition vhca.sys
 //! reads them with): wdm.h declares the CM_* resource structures inside `pshpack4.h`, so on x64 a
@@ -29,17 +20,6 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 
 use vhca_ntapi::resource_list_layout::*;
 use vhca_ntapi::KIRQL;
-
-/// wdm.h's CmResourceTypeInterrupt and the Flags of a message-signalled interrupt.
-pub const CM_RESOURCE_TYPE_INTERRUPT: u8 = 2;
-pub const CM_RESOURCE_INTERRUPT_LATCHED: u16 = 0x1;
-pub const CM_RESOURCE_INTERRUPT_MESSAGE: u16 = 0x2;
-const INTERRUPT_RAW_GROUP: usize = 4;
-const INTERRUPT_RAW_MESSAGE_COUNT: usize = 6;
-const INTERRUPT_LEVEL: usize = 4;
-const INTERRUPT_TRANSLATED_GROUP: usize = 6;
-const INTERRUPT_VECTOR: usize = 8;
-const INTERRUPT_AFFINITY: usize = 12;
 
 /// Which of START_DEVICE's two lists: AllocatedResources (what the bus sees) or AllocatedResourcesTranslated (what
 /// the processor sees).

@@ -5,34 +5,16 @@
 //! and an MSI-X device one descriptor per message; both carry CM_RESOURCE_INTERRUPT_MESSAGE in Flags. The raw list
 //! holds what the bus sees (the message count); the translated list what the processor sees (the DIRQL in Level,
 //! the vector, the affinity), which is what IoConnectInterruptEx connects. The two lists are in the same order.
-//!
-//! ```text
-//! CM_PARTIAL_RESOURCE_DESCRIPTOR (20 bytes), u at 4
-//!   u.Interrupt / u.MessageInterrupt.Translated   u.MessageInterrupt.Raw
-//!    4 Level (u16, the DIRQL)                      4 Group (u16; Reserved without processor groups)
-//!    6 Group (u16)                                 6 MessageCount (u16)
-//!    8 Vector (u32)                                8 Vector (u32)
-//!   12 Affinity (KAFFINITY, u64, 4-aligned)       12 Affinity
-//! ```
+//! The descriptor's layout (the union's raw and translated halves) is `vhca_ntapi::resource_list_layout`'s, the one
+//! the loader writes these lists with.
 
 use alloc::vec::Vec;
 
 use vhca_ntapi::resource_list_layout::{
-    list_bytes, DESCRIPTOR_FLAGS, DESCRIPTOR_SIZE, DESCRIPTOR_TYPE, FIRST_DESCRIPTOR,
+    descriptor_u16, descriptor_u32, descriptor_u64, descriptors, CM_RESOURCE_INTERRUPT_LATCHED,
+    CM_RESOURCE_INTERRUPT_MESSAGE, CM_RESOURCE_TYPE_INTERRUPT, DESCRIPTOR_FLAGS, DESCRIPTOR_TYPE, INTERRUPT_AFFINITY,
+    INTERRUPT_LEVEL, INTERRUPT_RAW_MESSAGE_COUNT, INTERRUPT_TRANSLATED_GROUP, INTERRUPT_VECTOR,
 };
-
-/// wdm.h's CmResourceTypeInterrupt.
-pub const CM_RESOURCE_TYPE_INTERRUPT: u8 = 2;
-/// Flags: edge-triggered (every message is).
-pub const CM_RESOURCE_INTERRUPT_LATCHED: u16 = 0x1;
-/// Flags: a message-signalled interrupt (MSI or MSI-X).
-pub const CM_RESOURCE_INTERRUPT_MESSAGE: u16 = 0x2;
-
-const LEVEL: usize = 4;
-const RAW_MESSAGE_COUNT: usize = 6;
-const TRANSLATED_GROUP: usize = 6;
-const VECTOR: usize = 8;
-const AFFINITY: usize = 12;
 
 /// One interrupt descriptor, raw and translated taken at the same index of the two lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,50 +70,28 @@ pub fn interrupt_resources(raw: &[u8], translated: &[u8]) -> InterruptResources 
             r[DESCRIPTOR_TYPE] == CM_RESOURCE_TYPE_INTERRUPT && t[DESCRIPTOR_TYPE] == CM_RESOURCE_TYPE_INTERRUPT
         })
         .map(|(r, t)| {
-            let flags = u16_at(t, DESCRIPTOR_FLAGS);
+            let flags = descriptor_u16(t, DESCRIPTOR_FLAGS);
             let message = flags & CM_RESOURCE_INTERRUPT_MESSAGE != 0;
             InterruptResource {
                 message,
                 latched: flags & CM_RESOURCE_INTERRUPT_LATCHED != 0,
-                message_count: if message { u16_at(r, RAW_MESSAGE_COUNT) } else { 0 },
-                raw_vector: u32_at(r, VECTOR),
-                vector: u32_at(t, VECTOR),
-                level: u16_at(t, LEVEL),
-                group: u16_at(t, TRANSLATED_GROUP),
-                affinity: u64_at(t, AFFINITY),
+                message_count: if message { descriptor_u16(r, INTERRUPT_RAW_MESSAGE_COUNT) } else { 0 },
+                raw_vector: descriptor_u32(r, INTERRUPT_VECTOR),
+                vector: descriptor_u32(t, INTERRUPT_VECTOR),
+                level: descriptor_u16(t, INTERRUPT_LEVEL),
+                group: descriptor_u16(t, INTERRUPT_TRANSLATED_GROUP),
+                affinity: descriptor_u64(t, INTERRUPT_AFFINITY),
             }
         })
         .collect();
     InterruptResources { descriptors }
 }
 
-/// Each whole partial descriptor of the list's first full descriptor, as its 20 bytes.
-fn descriptors(list: &[u8]) -> impl Iterator<Item = &[u8]> + '_ {
-    let count = list_bytes(list).map_or(0, |bytes| (bytes - FIRST_DESCRIPTOR) / DESCRIPTOR_SIZE);
-    (0..count).map_while(move |i| {
-        let at = FIRST_DESCRIPTOR + i * DESCRIPTOR_SIZE;
-        list.get(at..at + DESCRIPTOR_SIZE)
-    })
-}
-
-// Callers pass whole 20-byte descriptors, so every field read lies inside.
-fn u16_at(d: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([d[at], d[at + 1]])
-}
-
-fn u32_at(d: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([d[at], d[at + 1], d[at + 2], d[at + 3]])
-}
-
-fn u64_at(d: &[u8], at: usize) -> u64 {
-    (u64::from(u32_at(d, at + 4)) << 32) | u64::from(u32_at(d, at))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A list written byte by byte from wdm.h's pack(4) layout (independent of the constants above): a memory BAR,
+    /// A list written byte by byte from wdm.h's pack(4) layout (independent of the layout's constants): a memory BAR,
     /// then `messages` interrupt descriptors as `fill` writes each.
     fn list(messages: usize, fill: impl Fn(&mut [u8], usize)) -> Vec<u8> {
         let n = 1 + messages;
