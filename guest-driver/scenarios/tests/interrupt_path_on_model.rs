@@ -142,9 +142,12 @@ fn a_spin_lock_in_the_isr_is_c4_42_at_dirql_and_the_interrupt_spin_lock_fixes_it
 fn waiting_or_spinning_in_the_dpc_stops_the_machine_and_a_bounded_batch_does_not() {
     let b = stop_of(Scenario::DpcWaitsForDevice, STANDARD, &[], false);
     assert_eq!((b.code, b.params[0], b.params[1], b.params[3]), (0xC4, 0x122, 2, (-20_000_000i64) as u64), "{b:?}");
-    // Unchecked the wait sits in the DPC past its allotment.
+    // Unchecked the kernel's wait refuses to block the DPC: 0xB8 at the wait, P4 0 (P1-P3 threads and a stack).
     let b = stop_of(Scenario::DpcWaitsForDevice, 0, &[], false);
-    assert_eq!((b.code, b.params[0], b.params[2]), (DPC_WATCHDOG_VIOLATION, 0, ALLOTMENT), "{b:?}");
+    assert_eq!((b.code, b.params[3]), (ATTEMPTED_SWITCH_FROM_DPC, 0), "{b:?}");
+    // Without IRQL checking's rule the kernel's own stop is what is left.
+    let b = stop_of(Scenario::DpcWaitsForDevice, STANDARD, &["0xC4/0x122"], false);
+    assert_eq!(b.code, ATTEMPTED_SWITCH_FROM_DPC, "{b:?}");
     let b = stop_of(Scenario::DpcSpinsOnCompletion, STANDARD, &[], false);
     assert_eq!((b.code, b.params[0], b.params[2], b.params[3]), (DPC_WATCHDOG_VIOLATION, 0, ALLOTMENT, 0), "{b:?}");
     clean(Scenario::DpcSpinsOnCompletion, STANDARD, &["0x133"]);
