@@ -7,13 +7,12 @@
 mod common;
 
 use std::ffi::c_void;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{routine, NoBus};
-use vhca_loader::io_manager::IoManager;
-use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
-use vhca_ntmodel::{NtModel, NtModelConfig, VerifierFlags};
+use common::routine;
+use common::shared_kernel::{irql, resident, take_turn};
+use vhca_loader::kernel_context::kernel;
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, KDPC, KEVENT};
 use windows_sys::Wdk::System::SystemServices::KTIMER;
 use windows_sys::Win32::Foundation::NTSTATUS;
@@ -25,33 +24,6 @@ type InsertDpc = unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void) -
 type Wait = unsafe extern "win64" fn(*mut c_void, u32, i8, u8, *const i64) -> NTSTATUS;
 
 const STATUS_TIMEOUT: NTSTATUS = 0x102;
-
-/// The installed kernel, and the turn of the calling test: the model's processors are shared by every thread, so a
-/// clock interrupt in one test would drain a DPC another test keeps queued at DISPATCH_LEVEL.
-fn setup() -> (&'static LoaderKernel, MutexGuard<'static, ()>) {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    static TURN: Mutex<()> = Mutex::new(());
-    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    ONCE.get_or_init(|| {
-        let config = NtModelConfig { verifier: VerifierFlags::IRQL_CHECKING, ..Default::default() };
-        let (model, _backend) = NtModel::for_tests(config);
-        assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));
-    });
-    (kernel(), turn)
-}
-
-fn irql() -> u8 {
-    let f: unsafe extern "win64" fn() -> u8 = routine("KeGetCurrentIrql");
-    // SAFETY: the thunk, no arguments.
-    unsafe { f() }
-}
-
-/// A zeroed kernel object in the caller's memory, as a device extension holds it, never freed (a KDPC the model
-/// may still name must stay resident).
-fn resident<T>() -> *mut T {
-    // SAFETY: an all-zero KDPC/KTIMER/KEVENT is the uninitialized state their Ke*Initialize* routines expect.
-    Box::into_raw(Box::new(unsafe { std::mem::zeroed::<T>() }))
-}
 
 /// (which routine, IRQL, KDPC, DeferredContext, SystemArgument1) of one DPC call.
 type DpcCall = (&'static str, u8, usize, usize, usize);
@@ -72,7 +44,7 @@ fn calls_of(dpc: *mut KDPC) -> Vec<(&'static str, u8, usize, usize)> {
 
 #[test]
 fn a_dpc_runs_at_dispatch_once_per_queueing_and_a_second_initialization_replaces_the_first() {
-    let _turn = setup();
+    let _turn = take_turn();
     let init: InitDpc = routine("KeInitializeDpc");
     let insert: InsertDpc = routine("KeInsertQueueDpc");
     let remove: unsafe extern "win64" fn(*mut KDPC) -> u8 = routine("KeRemoveQueueDpc");
@@ -109,7 +81,7 @@ fn a_dpc_runs_at_dispatch_once_per_queueing_and_a_second_initialization_replaces
 
 #[test]
 fn a_timer_expiry_queues_its_dpc_and_satisfies_a_wait() {
-    let (k, _turn) = setup();
+    let (k, _turn) = take_turn();
     let init_timer: unsafe extern "win64" fn(*mut KTIMER, i32) = routine("KeInitializeTimerEx");
     let set_timer: unsafe extern "win64" fn(*mut KTIMER, i64, i32, *mut KDPC) -> u8 = routine("KeSetTimerEx");
     let cancel: unsafe extern "win64" fn(*mut KTIMER) -> u8 = routine("KeCancelTimer");
@@ -143,7 +115,7 @@ unsafe extern "win64" fn worker(device: *mut DEVICE_OBJECT, context: *mut c_void
 
 #[test]
 fn a_work_item_runs_at_passive_on_the_models_worker_thread() {
-    let (k, _turn) = setup();
+    let (k, _turn) = take_turn();
     let allocate: unsafe extern "win64" fn(*mut DEVICE_OBJECT) -> *mut c_void = routine("IoAllocateWorkItem");
     type Worker = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut c_void);
     let queue: unsafe extern "win64" fn(*mut c_void, Worker, i32, *mut c_void) = routine("IoQueueWorkItem");
@@ -176,7 +148,7 @@ fn a_work_item_runs_at_passive_on_the_models_worker_thread() {
 
 #[test]
 fn events_wake_a_waiter_on_another_thread_and_reset_says_what_they_were() {
-    let _turn = setup();
+    let _turn = take_turn();
     let init: unsafe extern "win64" fn(*mut KEVENT, u32, u8) = routine("KeInitializeEvent");
     let set: unsafe extern "win64" fn(*mut KEVENT, i32, u8) -> i32 = routine("KeSetEvent");
     let clear: unsafe extern "win64" fn(*mut KEVENT) = routine("KeClearEvent");
@@ -209,7 +181,7 @@ fn events_wake_a_waiter_on_another_thread_and_reset_says_what_they_were() {
 
 #[test]
 fn dpc_level_spin_locks_and_the_processor_number_leave_the_irql_alone() {
-    let _turn = setup();
+    let _turn = take_turn();
     let raise: unsafe extern "win64" fn(u8) -> u8 = routine("KfRaiseIrql");
     let lower: unsafe extern "win64" fn(u8) = routine("KeLowerIrql");
     let acquire: unsafe extern "win64" fn(*mut u64) = routine("KeAcquireSpinLockAtDpcLevel");

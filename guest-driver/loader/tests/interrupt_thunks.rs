@@ -6,14 +6,14 @@
 mod common;
 
 use std::ffi::c_void;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
-use common::{routine, NoBus};
-use vhca_loader::io_manager::IoManager;
-use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
+use common::routine;
+use common::shared_kernel::{irql, resident, take_turn};
+use vhca_loader::kernel_context::kernel;
 use vhca_loader::start_resources::{model_messages, ListKind, ResourceList};
 use vhca_ntapi::PDEVICE_OBJECT;
-use vhca_ntmodel::{InterruptResources, NtModel, NtModelConfig, VerifierFlags, DEVICE_DIRQL};
+use vhca_ntmodel::{InterruptResources, DEVICE_DIRQL};
 use windows_sys::Wdk::Foundation::KDPC;
 use windows_sys::Wdk::System::SystemServices::{
     IO_CONNECT_INTERRUPT_PARAMETERS, IO_DISCONNECT_INTERRUPT_PARAMETERS, IO_INTERRUPT_MESSAGE_INFO,
@@ -25,31 +25,10 @@ const PDO: u64 = 0xFFFF_C000_0000_2000;
 const LINE_PDO: u64 = 0xFFFF_C000_0000_3000;
 const SERVICE_CONTEXT: usize = 0x5E41_C000;
 
-/// The installed kernel, and the turn of the calling test: the model's processors are shared by every thread, so
-/// one test's DPC drain must not run another's.
-fn setup() -> (&'static LoaderKernel, MutexGuard<'static, ()>) {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    static TURN: Mutex<()> = Mutex::new(());
-    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    ONCE.get_or_init(|| {
-        let config = NtModelConfig { verifier: VerifierFlags::IRQL_CHECKING, ..Default::default() };
-        let (model, _backend) = NtModel::for_tests(config);
-        assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));
-    });
-    (kernel(), turn)
-}
-
-fn irql() -> u8 {
-    let f: unsafe extern "win64" fn() -> u8 = routine("KeGetCurrentIrql");
-    // SAFETY: the thunk, no arguments.
-    unsafe { f() }
-}
-
 /// The driver's KDPC, in its own (resident) memory.
 fn isr_dpc() -> *mut KDPC {
     static DPC: OnceLock<usize> = OnceLock::new();
-    // SAFETY: an all-zero KDPC, as a driver's device extension holds it before KeInitializeDpc.
-    *DPC.get_or_init(|| Box::into_raw(Box::new(unsafe { std::mem::zeroed::<KDPC>() })) as usize) as *mut KDPC
+    *DPC.get_or_init(|| resident::<KDPC>() as usize) as *mut KDPC
 }
 
 /// (IRQL, interrupt object, ServiceContext, MessageID, thread) per ISR call.
@@ -132,7 +111,7 @@ fn deliver(pdo: u64, id: u32) -> bool {
 
 #[test]
 fn a_message_isr_runs_at_the_dirql_start_device_named_and_its_dpc_at_dispatch() {
-    let (k, _turn) = setup();
+    let (k, _turn) = take_turn();
     let init_dpc: unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void) = routine("KeInitializeDpc");
     type Deferred = unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void, *mut c_void);
     // SAFETY: the thunk with the driver's KDPC and routine; any IRQL.
@@ -195,7 +174,7 @@ fn a_message_isr_runs_at_the_dirql_start_device_named_and_its_dpc_at_dispatch() 
 
 #[test]
 fn a_device_with_only_a_line_gets_the_fallback_routine() {
-    let (k, _turn) = setup();
+    let (k, _turn) = take_turn();
     k.model.assign_interrupts(PDEVICE_OBJECT(LINE_PDO), InterruptResources::Line);
     let (status, version, context) = connect(LINE_PDO, true);
     assert_eq!((status, version), (0, 2), "CONNECT_LINE_BASED: the fallback was connected");
@@ -208,7 +187,7 @@ fn a_device_with_only_a_line_gets_the_fallback_routine() {
 
 #[test]
 fn start_device_lists_read_back_through_vhca_sys_reader_as_the_messages_granted() {
-    let _turn = setup();
+    let _turn = take_turn();
     let bars = [(0xfea0_0000u64, 0x4000u32)];
     let messages = model_messages(5);
     let raw = ResourceList::new(&bars, &messages, ListKind::Raw);

@@ -1,4 +1,9 @@
-//! What the in-process thunk tests share: a bus driver with no device, and a bound routine as the driver calls it.
+//! What the in-process thunk tests share: a bus driver with no device, a bound routine as the driver calls it, and
+//! the kernel the deferred and interrupt routines' tests take turns on.
+
+/// Not every test file runs on the shared kernel (some install their own, once or per child process).
+#[allow(dead_code)]
+pub mod shared_kernel;
 
 use vhca_loader::io_manager::BusDriver;
 use vhca_loader::nt_thunks::NtThunks;
