@@ -30,6 +30,26 @@ impl State {
     fn mapped_pages(&self) -> usize {
         self.mappings.values().map(|m| m.pages).sum()
     }
+
+    /// Takes every device mapping into `mem` away; the last unmap that failed, if any.
+    fn unmap_all(&mut self, mem: HostMemId) -> Option<BackendError> {
+        let iovas: Vec<u64> = self.mappings.iter().filter(|(_, m)| m.mem == mem).map(|(iova, _)| *iova).collect();
+        let mut failed = None;
+        for iova in iovas {
+            if let Some(m) = self.mappings.remove(&iova) {
+                if let Err(e) = m.region.unmap() {
+                    failed = Some(platform(e));
+                }
+            }
+        }
+        failed
+    }
+
+    /// `mem` may still be mapped for the device: it is never unmapped from this process nor reused (leaked), so
+    /// the device can never write memory that belongs to something else.
+    fn leak(&mut self, mem: HostMemId) {
+        std::mem::forget(self.memory.remove(&mem));
+    }
 }
 
 /// Host memory for the NT model, mapped for the device through the VFIO container.
@@ -75,19 +95,23 @@ impl DmaBackend for VfioDmaBackend {
             return Err(BackendError::UnknownMemory(mem));
         }
         // Memory freed while mapped: take the device's view away first, so it can never write freed pages.
-        let iovas: Vec<u64> = s.mappings.iter().filter(|(_, m)| m.mem == mem).map(|(iova, _)| *iova).collect();
-        let mut failed = None;
-        for iova in iovas {
-            if let Some(m) = s.mappings.remove(&iova) {
-                if let Err(e) = m.region.unmap() {
-                    failed = Some(platform(e));
-                }
-            }
+        if let Some(e) = s.unmap_all(mem) {
+            s.leak(mem);
+            return Err(e);
         }
-        let memory = s.memory.remove(&mem);
-        if let Some(e) = failed {
-            // The IOMMU may still map these pages: leak them rather than let the device write reused memory.
-            std::mem::forget(memory);
+        s.memory.remove(&mem);
+        Ok(())
+    }
+
+    /// The device's view goes now; the pages stay mapped in this process, where vhca.sys was handed them, until
+    /// `free` (freed pool without Special Pool, `NtModel::retire_pool`).
+    fn revoke_device_access(&self, mem: HostMemId) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        if !s.memory.contains_key(&mem) {
+            return Err(BackendError::UnknownMemory(mem));
+        }
+        if let Some(e) = s.unmap_all(mem) {
+            s.leak(mem);
             return Err(e);
         }
         Ok(())

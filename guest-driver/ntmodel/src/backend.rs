@@ -24,6 +24,8 @@ pub enum BackendError {
     NotMapped { iova: u64 },
     #[error("platform refused the mapping: {0}")]
     Platform(String),
+    #[error("this backend cannot keep memory for the CPU without its device mappings")]
+    NoCpuOnlyMemory,
 }
 
 /// Host pages and their device mappings. All methods take `&self`: implementations lock internally.
@@ -41,6 +43,12 @@ pub trait DmaBackend: Send + Sync {
     /// PE loader hands such addresses to vhca.sys). None: reachable only through `read` and `write`.
     fn host_address(&self, _mem: HostMemId) -> Option<*mut u8> {
         None
+    }
+    /// Takes the device's view of `mem` away (every mapping into it, as `free` does) and keeps its pages, contents
+    /// and process address for the CPU until `free`: pool freed without Special Pool, which Windows leaves mapped.
+    /// A backend that cannot says so, and the model frees the memory at once instead.
+    fn revoke_device_access(&self, _mem: HostMemId) -> Result<(), BackendError> {
+        Err(BackendError::NoCpuOnlyMemory)
     }
 }
 
@@ -202,6 +210,15 @@ impl DmaBackend for HostDmaBackend {
         for i in 0..pages as u64 {
             s.iotlb.remove(&(iova / PAGE + i)).ok_or(BackendError::NotMapped { iova: iova + i * PAGE })?;
         }
+        Ok(())
+    }
+
+    fn revoke_device_access(&self, mem: HostMemId) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        if !s.memory.contains_key(&mem) {
+            return Err(BackendError::UnknownMemory(mem));
+        }
+        s.iotlb.retain(|_, (m, _)| *m != mem);
         Ok(())
     }
 

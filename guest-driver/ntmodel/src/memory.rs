@@ -1,6 +1,8 @@
 //! The model's address space: pool, contiguous memory, common buffers and user buffers as regions of backend
 //! pages at fake virtual addresses, and the CPU's checked access to them (paged memory at raised IRQL faults).
 
+mod pool_quarantine;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use vhca_ntapi::*;
@@ -55,6 +57,8 @@ pub(crate) struct Memory {
     next_user_va: u64,
     /// Pool bases that were freed (a second free is 0xC4/0x13, not 0x10).
     pub freed_pool: HashSet<u64>,
+    /// Freed pool's pages, still backed for the CPU (`NtModel::retire_pool`).
+    quarantine: pool_quarantine::PoolQuarantine,
     pub mdls: HashMap<u64, mdl::Mdl>,
     pub dma: dma_adapter::DmaState,
 }
@@ -132,6 +136,33 @@ impl NtModel {
         Some(r)
     }
 
+    /// Freed pool leaves the model's books at once (its model address is gone for the model's own accesses and
+    /// checks) and the device's view of its pages goes with it, as for any free. Without Special Pool its pages
+    /// stay backed, and so mapped where a driver binary was handed them, with what was written: Windows returns a
+    /// freed block to the pool allocator, still mapped, so a late reader (a DPC left running past a remove) reads
+    /// stale state instead of faulting. With Special Pool (0x1) the pages go at once and a late access faults: the
+    /// model's stand-in for special pool's inaccessible freed pages until issue 26 models special pool fully.
+    fn retire_pool(&self, m: &mut Memory, base: u64) {
+        if self.checks(VerifierFlags::SPECIAL_POOL) {
+            self.free_region(m, base);
+            return;
+        }
+        let Some(r) = m.regions.remove(&base) else { return };
+        if self.backend.revoke_device_access(r.mem).is_err() {
+            // A backend that cannot keep CPU-only memory, or one whose unmap failed (it leaked the pages then).
+            let _ = self.backend.free(r.mem);
+            return;
+        }
+        for released in m.quarantine.hold(r.mem, r.pages) {
+            let _ = self.backend.free(released);
+        }
+    }
+
+    /// Bytes of freed pool still backed for the CPU (at most 16 MiB; `pool_quarantine.rs` says why).
+    pub fn freed_pool_held(&self) -> u64 {
+        lock(&self.memory).quarantine.bytes()
+    }
+
     pub(crate) fn pool_alloc(&self, pool_type: POOL_TYPE, bytes: usize, tag: u32) -> Result<PVOID, Bugcheck> {
         let irql = self.irql();
         if bytes == 0 && self.verifier().enabled() {
@@ -176,7 +207,7 @@ impl NtModel {
                 self.found(Bugcheck::c4(c4::FREE_NONPAGED_ABOVE_DISPATCH, irql as u64, pool_type as u64, p.0))?;
             }
         }
-        self.free_region(&mut m, p.0);
+        self.retire_pool(&mut m, p.0);
         m.freed_pool.insert(p.0);
         Ok(())
     }
@@ -309,5 +340,15 @@ impl NtModel {
             }
         }
         Ok(())
+    }
+}
+
+/// The model goes away at the end of a run: the freed pool it still held goes back to the backend.
+impl Drop for NtModel {
+    fn drop(&mut self) {
+        let held = lock(&self.memory).quarantine.drain();
+        for mem in held {
+            let _ = self.backend.free(mem);
+        }
     }
 }
