@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 use vhca_ntapi::*;
 use vhca_proto::{
     ring_pages, Cqe, CreateCqReq, CreateQpReq, Doorbell, DoorbellKind, Event, HandleReq, HandleResp, ModifyQpReq,
-    Opcode, QpState, QueryDeviceResp, RegMrReq, RegMrResp, ReqNotifyCqReq, Wqe, ACCESS_LOCAL_WRITE,
+    Opcode, QpState, QueryDeviceResp, RegMrReq, RegMrResp, Wqe, ACCESS_LOCAL_WRITE,
     ACCESS_REMOTE_WRITE, CQE_SIZE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_DEST_QPN, QP_ATTR_STATE, QP_TYPE_RC, WQE_SIZE,
 };
 use zerocopy::IntoBytes;
@@ -266,6 +266,10 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
         Ok(())
     }
 
+    /// Arms `cq` for one CQ_COMPLETION event (ibv_req_notify_cq): the CQ-arm doorbell alone, as mlx4/mlx5 arm a CQ
+    /// with a doorbell write and no firmware command. The ring returns once the device has taken the record, so the
+    /// arm is in place before the caller posts work. The REQ_NOTIFY_CQ command arms the same way and stays in the
+    /// device's ABI; sending it as well cost every arm a command and its interrupt (docs/bench.md section 6).
     pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> Result<(), DriverError> {
         let c = self.cqs.get(&cq).ok_or(DriverError::UnknownHandle(cq))?;
         let db = Doorbell {
@@ -274,9 +278,7 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
             index: c.reader.consumer().into(),
             flags: (solicited_only as u32).into(),
         };
-        self.transport.ring_doorbell(db.as_bytes())?;
-        let req = ReqNotifyCqReq { cq: cq.into(), solicited_only: (solicited_only as u32).into() };
-        self.command(Opcode::ReqNotifyCq, req.as_bytes(), &[]).map(|_| ())
+        self.transport.ring_doorbell(db.as_bytes()).map_err(DriverError::from)
     }
 
     /// Takes up to `max` new completions: a CQE is new when its owner field matches this lap of the ring.
