@@ -10,6 +10,7 @@ use vhca_ntapi::*;
 use crate::bugcheck::Bugcheck;
 use crate::low_resources::{Failure, FaultableRoutine};
 use crate::memory::{Memory, RegionKind};
+use crate::sg_split::{self, DeviceRun};
 use crate::verifier::{c4, e6, VerifierFlags};
 use crate::{lock, HostMemId, NtModel, PAGE};
 
@@ -21,15 +22,39 @@ const PADDING: u8 = 0x0F;
 pub(crate) struct Mapping {
     pub va: u64,
     pub len: u32,
-    pub iova: u64,
-    pub pages: usize,
+    /// The ranges the device was given: one per physically contiguous run of the buffer's own pages, or the
+    /// shadow's one.
+    pub runs: Vec<DeviceRun>,
     pub shadow: Option<HostMemId>,
 }
 
 impl Mapping {
     pub fn logical(&self) -> u64 {
-        self.iova + self.va % PAGE
+        self.runs.first().map_or(0, DeviceRun::logical)
     }
+
+    /// Pages the device was given: what a mapping through map registers costs.
+    pub fn pages(&self) -> usize {
+        self.runs.iter().map(|r| r.pages).sum()
+    }
+
+    fn unmap(&self, backend: &dyn crate::DmaBackend) {
+        for r in &self.runs {
+            let _ = backend.unmap(r.iova, r.pages);
+        }
+    }
+}
+
+/// What a buffer is mapped for, which decides the checks and how its runs reach the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MapFor {
+    /// GetScatterGatherList: one element per physically contiguous run.
+    List,
+    /// MapTransfer: the first run only; the driver learns from Length how much was mapped and maps the rest next.
+    Transfer,
+    /// IoMapCommonBuffer: one logical range (CreateCommonBufferFromMdl hands back one logical address), never
+    /// double-buffered, without DMA checking's map-time rules.
+    CommonBuffer,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +97,8 @@ pub(crate) struct Adapter {
     pub addr: u64,
     /// The per-request maximum IoGetDmaAdapter returned in NumberOfMapRegisters.
     pub granted: u32,
+    /// The longest scatter/gather element the device takes: DEVICE_DESCRIPTION's MaximumLength (`sg_split`).
+    pub max_segment: Option<u32>,
     /// Whether transfers cost map registers: under DMA checking (the verifier double-buffers through map
     /// registers) or for an adapter limited to 32-bit addresses. A 64-bit scatter/gather bus master needs none
     /// (the model has no DMA remapping of its own: the platform's IOMMU is VFIO's, below the model).
@@ -241,17 +268,10 @@ impl NtModel {
 
     /// Makes `va..va+len` (inside `mdl`) visible to the device. Under DMA checking the device gets a shadow:
     /// fresh pages filled with PADDING and the buffer's bytes copied in at the same page offset.
-    fn map_buffer(
-        &self,
-        m: &mut Memory,
-        mdl: u64,
-        va: u64,
-        len: u32,
-        name_for_checks: bool,
-    ) -> Result<Mapping, Refusal> {
+    fn map_buffer(&self, m: &mut Memory, mdl: u64, va: u64, len: u32, map_for: MapFor) -> Result<Mapping, Refusal> {
         let d = m.mdls.get(&mdl).cloned().ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         let end = va.checked_add(len as u64).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
-        let checking = self.dma_checking() && name_for_checks;
+        let checking = self.dma_checking() && map_for != MapFor::CommonBuffer;
         if checking && len == 0 {
             self.found(Bugcheck::e6(e6::ZERO_LENGTH_MAP, 0, 0, 0))?;
         }
@@ -279,25 +299,44 @@ impl NtModel {
             }
             backend.write(shadow, 0, &image).map_err(no_memory)?;
             let iova = backend.map(shadow, 0, pages).map_err(no_memory)?;
-            return Ok(Mapping { va, len, iova, pages, shadow: Some(shadow) });
+            return Ok(Mapping { va, len, runs: vec![DeviceRun { va, len, iova, pages }], shadow: Some(shadow) });
         }
-        // No double buffering: the device gets the buffer's own pages, which must lie in one region.
+        // No double buffering: the device gets the buffer's own pages, which must lie in one region, each
+        // physically contiguous run at an address of its own.
         let r = m.region_of(va).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         if end > r.end() {
             return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
         }
-        let first = ((va - r.base) / PAGE) as usize;
-        let iova = backend.map(r.mem, first, pages).map_err(no_memory)?;
-        Ok(Mapping { va, len, iova, pages, shadow: None })
+        let mut physical = sg_split::physical_runs(r, va, len, self.config.max_contiguous_pages);
+        match map_for {
+            MapFor::List => {}
+            MapFor::Transfer => physical.truncate(1),
+            MapFor::CommonBuffer => {
+                let first_page = ((va - r.base) / PAGE) as usize;
+                physical = vec![sg_split::PhysicalRun { va, len, first_page, pages }];
+            }
+        }
+        let (mem, mut runs) = (r.mem, Vec::with_capacity(physical.len()));
+        for p in physical {
+            match backend.map(mem, p.first_page, p.pages) {
+                Ok(iova) => runs.push(DeviceRun { va: p.va, len: p.len, iova, pages: p.pages }),
+                Err(e) => {
+                    Mapping { va, len, runs, shadow: None }.unmap(backend);
+                    return Err(no_memory(e));
+                }
+            }
+        }
+        let len = runs.iter().map(|r| r.len).sum();
+        Ok(Mapping { va, len, runs, shadow: None })
     }
 
     /// Takes the device's view away. A shadow is checked for overruns and, for device-to-memory transfers,
     /// copied back: the moment the CPU first sees what the device wrote.
     fn unmap_buffer(&self, m: &Memory, mapping: &Mapping, copy_back: bool) -> Result<(), Bugcheck> {
         let backend = self.backend();
-        let _ = backend.unmap(mapping.iova, mapping.pages);
+        mapping.unmap(backend);
         let Some(shadow) = mapping.shadow else { return Ok(()) };
-        let mut image = vec![0u8; mapping.pages * PAGE as usize];
+        let mut image = vec![0u8; mapping.pages() * PAGE as usize];
         let read = backend.read(shadow, 0, &mut image);
         let _ = backend.free(shadow);
         if read.is_err() {
@@ -345,6 +384,7 @@ impl NtModel {
         let adapter = Adapter {
             addr,
             granted,
+            max_segment: Some(desc.MaximumLength).filter(|n| *n > 0),
             needs_map_registers: (self.dma_checking() && self.config.double_buffering) || !desc.Dma64BitAddresses,
             pool_free: self.config.map_registers,
             released: false,
@@ -492,15 +532,15 @@ impl NtModel {
         write_to_device: bool,
     ) -> Result<SCATTER_GATHER_LIST, Refusal> {
         let handle = self.new_object();
-        let mapping = self.map_buffer(m, mdl.0, va.0, length, true)?;
+        let mapping = self.map_buffer(m, mdl.0, va.0, length, MapFor::List)?;
         let a = self.live_adapter(m, adapter)?;
-        let from_pool = a.pool_cost(mapping.pages as u32);
+        let from_pool = a.pool_cost(mapping.pages() as u32);
         a.pool_free -= from_pool;
         a.sg_allocated += 1;
         a.sg_out.insert(handle);
-        let element = SCATTER_GATHER_ELEMENT { Address: PHYSICAL_ADDRESS(mapping.logical()), Length: length };
+        let elements = sg_split::elements(&mapping.runs, a.max_segment);
         m.dma.sg_lists.insert(handle, SgList { adapter: adapter.0, write_to_device, mapping, from_pool });
-        Ok(SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: vec![element] })
+        Ok(SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: elements })
     }
 
     pub(crate) fn put_scatter_gather_list(
@@ -653,14 +693,14 @@ impl NtModel {
     /// Gives a register set back to its adapter's pool; under DMA checking, registers still mapped are 0x10.
     fn release_registers(&self, m: &mut Memory, base: u64) -> Result<(), Bugcheck> {
         let Some(set) = m.dma.register_sets.remove(&base) else { return Ok(()) };
-        let mapped: u32 = set.transfers.iter().map(|t| t.mapping.pages as u32).sum();
+        let mapped: u32 = set.transfers.iter().map(|t| t.mapping.pages() as u32).sum();
         let bugcheck = Bugcheck::e6(e6::FREED_WHILE_MAPPED, mapped as u64, 0, 0);
         if mapped > 0 && self.dma_checking() && self.enforced(&bugcheck) {
             m.dma.register_sets.insert(base, set);
             return Err(bugcheck);
         }
         for t in &set.transfers {
-            let _ = self.backend().unmap(t.mapping.iova, t.mapping.pages);
+            t.mapping.unmap(self.backend());
             if let Some(s) = t.mapping.shadow {
                 let _ = self.backend().free(s);
             }
@@ -697,7 +737,7 @@ impl NtModel {
             let pages: usize = bases
                 .iter()
                 .filter_map(|b| m.dma.register_sets.get(b))
-                .flat_map(|s| s.transfers.iter().map(|t| t.mapping.pages))
+                .flat_map(|s| s.transfers.iter().map(|t| t.mapping.pages()))
                 .sum();
             self.found(Bugcheck::e6(e6::FREED_WHILE_MAPPED, pages as u64, 0, 0))?;
         }
@@ -763,10 +803,12 @@ impl NtModel {
                 let mapped: u64 = set.transfers.iter().map(|t| t.mapping.len as u64).sum();
                 self.found(Bugcheck::e6(e6::NOT_FLUSHED, mapped, set.count as u64 * PAGE, 0))?;
             }
-            let mapping = self.map_buffer(&mut m, mdl.0, va.0, *length, true)?;
+            let mapping = self.map_buffer(&mut m, mdl.0, va.0, *length, MapFor::Transfer)?;
             let logical = mapping.logical();
+            // Windows' MapTransfer maps what is contiguous and says so in Length; the driver maps the rest next.
+            *length = mapping.len;
             let set = m.dma.register_sets.get_mut(&base.0).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
-            set.used += pages;
+            set.used += mapping.pages() as u32;
             set.transfers.push(Transfer { mdl: mdl.0, write_to_device, mapping });
             Ok(PHYSICAL_ADDRESS(logical))
         })();
@@ -797,7 +839,7 @@ impl NtModel {
         };
         let Some(set) = m.dma.register_sets.get_mut(&base.0) else { return Ok(false) };
         let t = set.transfers.remove(i);
-        set.used = set.used.saturating_sub(t.mapping.pages as u32);
+        set.used = set.used.saturating_sub(t.mapping.pages() as u32);
         self.unmap_buffer(&m, &t.mapping, !t.write_to_device)?;
         Ok(true)
     }
@@ -819,7 +861,7 @@ impl NtModel {
                 return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
             }
             // Never double-buffered: the point of the API is that the device sees the real pages.
-            let mapping = self.map_buffer(&mut m, mdl.0, d.va, length.min(d.len), false)?;
+            let mapping = self.map_buffer(&mut m, mdl.0, d.va, length.min(d.len), MapFor::CommonBuffer)?;
             let element = SCATTER_GATHER_ELEMENT { Address: PHYSICAL_ADDRESS(mapping.logical()), Length: mapping.len };
             self.live_adapter(&mut m, adapter)?.common_maps.insert(handle, mapping);
             let list = SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: vec![element] };

@@ -17,6 +17,7 @@ pub mod low_resources;
 mod mdl;
 mod memory;
 mod processor;
+mod sg_split;
 mod timer;
 pub mod timing;
 mod unload_pending;
