@@ -56,6 +56,7 @@ unsafe extern "win64" fn IoGetDmaAdapter(
         // The model describes PCI bus masters only (the HCA); any other bus is the driver's mistake to find.
         InterfaceType: INTERFACE_TYPE::PCIBus,
         MaximumLength: d.MaximumLength,
+        DmaAddressWidth: d.DmaAddressWidth,
     };
     let k = kernel();
     let mut granted = 0u32;

@@ -162,6 +162,9 @@ pub struct DEVICE_DESCRIPTION {
     pub InterfaceType: INTERFACE_TYPE,
     /// Largest single transfer in bytes: sets how many map registers the adapter asks for.
     pub MaximumLength: u32,
+    /// Version 3: the device's address width in bits. 0: not given, the two flags above say it (as for versions
+    /// 0 to 2).
+    pub DmaAddressWidth: u32,
 }
 
 impl DEVICE_DESCRIPTION {
@@ -175,6 +178,8 @@ impl DEVICE_DESCRIPTION {
             Dma64BitAddresses: true,
             InterfaceType: INTERFACE_TYPE::PCIBus,
             MaximumLength: maximum_length,
+            // The flags say 64 bits; a description that gives the width too is the caller's to build.
+            DmaAddressWidth: 0,
         }
     }
 }

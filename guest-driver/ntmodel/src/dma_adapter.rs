@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use vhca_ntapi::*;
 
+use crate::address_width;
 use crate::bugcheck::Bugcheck;
 use crate::low_resources::{Failure, FaultableRoutine};
 use crate::memory::{Memory, RegionKind};
@@ -26,6 +27,9 @@ pub(crate) struct Mapping {
     /// shadow's one.
     pub runs: Vec<DeviceRun>,
     pub shadow: Option<HostMemId>,
+    /// The shadow is the verifier's: its padding is checked when the mapping ends (a bounce for a narrow device's
+    /// reach has no such rule).
+    pub padded: bool,
 }
 
 impl Mapping {
@@ -99,8 +103,11 @@ pub(crate) struct Adapter {
     pub granted: u32,
     /// The longest scatter/gather element the device takes: DEVICE_DESCRIPTION's MaximumLength (`sg_split`).
     pub max_segment: Option<u32>,
+    /// The first device address the device cannot reach (`address_width`); None: 64 bits.
+    pub reach: Option<u64>,
     /// Whether transfers cost map registers: under DMA checking (the verifier double-buffers through map
-    /// registers) or for an adapter limited to 32-bit addresses. A 64-bit scatter/gather bus master needs none
+    /// registers) or for an adapter narrower than 64 bits (`address_width`), whose transfers bounce where its
+    /// buffer's pages are out of its reach. A 64-bit scatter/gather bus master needs none
     /// (the model has no DMA remapping of its own: the platform's IOMMU is VFIO's, below the model).
     pub needs_map_registers: bool,
     pub pool_free: u32,
@@ -266,9 +273,18 @@ impl NtModel {
         }
     }
 
-    /// Makes `va..va+len` (inside `mdl`) visible to the device. Under DMA checking the device gets a shadow:
-    /// fresh pages filled with PADDING and the buffer's bytes copied in at the same page offset.
-    fn map_buffer(&self, m: &mut Memory, mdl: u64, va: u64, len: u32, map_for: MapFor) -> Result<Mapping, Refusal> {
+    /// Makes `va..va+len` (inside `mdl`) visible to a device that reaches addresses below `reach`. Under DMA
+    /// checking, and where its own pages are out of the device's reach, the device gets a shadow (`map_shadow`).
+    #[allow(clippy::too_many_arguments)]
+    fn map_buffer(
+        &self,
+        m: &mut Memory,
+        mdl: u64,
+        va: u64,
+        len: u32,
+        map_for: MapFor,
+        reach: Option<u64>,
+    ) -> Result<Mapping, Refusal> {
         let d = m.mdls.get(&mdl).cloned().ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         let end = va.checked_add(len as u64).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         let checking = self.dma_checking() && map_for != MapFor::CommonBuffer;
@@ -287,24 +303,46 @@ impl NtModel {
             }
         }
         let pages = ADDRESS_AND_SIZE_TO_SPAN_PAGES(PVOID(va), len as u64) as usize;
+        let verifier_shadow = checking && self.config.double_buffering;
+        if !verifier_shadow {
+            let own = self.map_own_pages(m, va, len, pages, map_for)?;
+            if map_for == MapFor::CommonBuffer || address_width::within_reach(&own.runs, reach) {
+                return Ok(own);
+            }
+            // The device cannot reach the buffer's pages: the HAL copies the transfer through map registers (one
+            // bounce per page, the adapter's pool paying for them), as the verifier's double buffering does but
+            // without its padding rules.
+            own.unmap(self.backend());
+        }
+        self.map_shadow(m, va, len, pages, verifier_shadow)
+    }
+
+    /// The device gets a shadow: fresh pages filled with PADDING and the buffer's bytes copied in at the same page
+    /// offset. `padded`: the verifier's, whose padding is checked at put/flush.
+    fn map_shadow(&self, m: &Memory, va: u64, len: u32, pages: usize, padded: bool) -> Result<Mapping, Refusal> {
         let backend = self.backend();
         let no_memory = |_| Refusal::Status(STATUS_INSUFFICIENT_RESOURCES);
-        if checking && self.config.double_buffering {
-            let shadow = backend.alloc(pages).map_err(no_memory)?;
-            let mut image = vec![PADDING; pages * PAGE as usize];
-            let off = (va % PAGE) as usize;
-            if m.copy_from(backend, va, &mut image[off..off + len as usize]).is_err() {
-                let _ = backend.free(shadow);
-                return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
-            }
-            backend.write(shadow, 0, &image).map_err(no_memory)?;
-            let iova = backend.map(shadow, 0, pages).map_err(no_memory)?;
-            return Ok(Mapping { va, len, runs: vec![DeviceRun { va, len, iova, pages }], shadow: Some(shadow) });
+        let shadow = backend.alloc(pages).map_err(no_memory)?;
+        let mut image = vec![PADDING; pages * PAGE as usize];
+        let off = (va % PAGE) as usize;
+        if m.copy_from(backend, va, &mut image[off..off + len as usize]).is_err() {
+            let _ = backend.free(shadow);
+            return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
         }
-        // No double buffering: the device gets the buffer's own pages, which must lie in one region, each
-        // physically contiguous run at an address of its own.
+        let mapped = backend.write(shadow, 0, &image).and_then(|()| backend.map(shadow, 0, pages));
+        let Ok(iova) = mapped else {
+            let _ = backend.free(shadow);
+            return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
+        };
+        Ok(Mapping { va, len, runs: vec![DeviceRun { va, len, iova, pages }], shadow: Some(shadow), padded })
+    }
+
+    /// The device gets the buffer's own pages, which must lie in one region, each physically contiguous run at an
+    /// address of its own (`sg_split`); MapTransfer takes the first run, a common-buffer mapping one range.
+    fn map_own_pages(&self, m: &Memory, va: u64, len: u32, pages: usize, map_for: MapFor) -> Result<Mapping, Refusal> {
+        let backend = self.backend();
         let r = m.region_of(va).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
-        if end > r.end() {
+        if va + len as u64 > r.end() {
             return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
         }
         let mut physical = sg_split::physical_runs(r, va, len, self.config.max_contiguous_pages);
@@ -320,14 +358,14 @@ impl NtModel {
         for p in physical {
             match backend.map(mem, p.first_page, p.pages) {
                 Ok(iova) => runs.push(DeviceRun { va: p.va, len: p.len, iova, pages: p.pages }),
-                Err(e) => {
-                    Mapping { va, len, runs, shadow: None }.unmap(backend);
-                    return Err(no_memory(e));
+                Err(_) => {
+                    Mapping { va, len, runs, shadow: None, padded: false }.unmap(backend);
+                    return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
                 }
             }
         }
         let len = runs.iter().map(|r| r.len).sum();
-        Ok(Mapping { va, len, runs, shadow: None })
+        Ok(Mapping { va, len, runs, shadow: None, padded: false })
     }
 
     /// Takes the device's view away. A shadow is checked for overruns and, for device-to-memory transfers,
@@ -344,6 +382,12 @@ impl NtModel {
         }
         let off = (mapping.va % PAGE) as usize;
         let end = off + mapping.len as usize;
+        if !mapping.padded {
+            if copy_back {
+                let _ = m.copy_to(backend, mapping.va, &image[off..end]);
+            }
+            return Ok(());
+        }
         if let Some(i) = image[..off].iter().position(|b| *b != PADDING) {
             let at = mapping.va - (off - i) as u64;
             self.found(Bugcheck::e6(e6::OVERRUN, e6::OVERRUN_PADDING_BEFORE, mapping.va, at))?;
@@ -380,12 +424,14 @@ impl NtModel {
         let wanted = (desc.MaximumLength as u64).div_ceil(PAGE) as u32 + 1;
         let granted = wanted.min(self.config.map_registers);
         *n = granted;
+        let reach = address_width::reach(address_width::address_width(desc));
         let addr = self.new_object();
         let adapter = Adapter {
             addr,
             granted,
             max_segment: Some(desc.MaximumLength).filter(|n| *n > 0),
-            needs_map_registers: (self.dma_checking() && self.config.double_buffering) || !desc.Dma64BitAddresses,
+            reach,
+            needs_map_registers: (self.dma_checking() && self.config.double_buffering) || reach.is_some(),
             pool_free: self.config.map_registers,
             released: false,
             common: HashMap::new(),
@@ -532,7 +578,8 @@ impl NtModel {
         write_to_device: bool,
     ) -> Result<SCATTER_GATHER_LIST, Refusal> {
         let handle = self.new_object();
-        let mapping = self.map_buffer(m, mdl.0, va.0, length, MapFor::List)?;
+        let reach = m.dma.adapters.get(&adapter.0).and_then(|a| a.reach);
+        let mapping = self.map_buffer(m, mdl.0, va.0, length, MapFor::List, reach)?;
         let a = self.live_adapter(m, adapter)?;
         let from_pool = a.pool_cost(mapping.pages() as u32);
         a.pool_free -= from_pool;
@@ -803,7 +850,8 @@ impl NtModel {
                 let mapped: u64 = set.transfers.iter().map(|t| t.mapping.len as u64).sum();
                 self.found(Bugcheck::e6(e6::NOT_FLUSHED, mapped, set.count as u64 * PAGE, 0))?;
             }
-            let mapping = self.map_buffer(&mut m, mdl.0, va.0, *length, MapFor::Transfer)?;
+            let reach = m.dma.adapters.get(&adapter.0).and_then(|a| a.reach);
+            let mapping = self.map_buffer(&mut m, mdl.0, va.0, *length, MapFor::Transfer, reach)?;
             let logical = mapping.logical();
             // Windows' MapTransfer maps what is contiguous and says so in Length; the driver maps the rest next.
             *length = mapping.len;
@@ -861,7 +909,7 @@ impl NtModel {
                 return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
             }
             // Never double-buffered: the point of the API is that the device sees the real pages.
-            let mapping = self.map_buffer(&mut m, mdl.0, d.va, length.min(d.len), MapFor::CommonBuffer)?;
+            let mapping = self.map_buffer(&mut m, mdl.0, d.va, length.min(d.len), MapFor::CommonBuffer, None)?;
             let element = SCATTER_GATHER_ELEMENT { Address: PHYSICAL_ADDRESS(mapping.logical()), Length: mapping.len };
             self.live_adapter(&mut m, adapter)?.common_maps.insert(handle, mapping);
             let list = SCATTER_GATHER_LIST { Handle: PSCATTER_GATHER_LIST(handle), Elements: vec![element] };

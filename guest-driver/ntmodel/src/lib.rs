@@ -2,6 +2,7 @@
 //! `NtAsyncKernel`), with per-thread IRQL, real blocking locks, map-register accounting, a contiguous-memory knob,
 //! interrupts, DPCs, work items, timers and events on a clock of its own, and a Driver Verifier.
 
+mod address_width;
 mod async_kernel;
 pub mod backend;
 pub mod bugcheck;
