@@ -137,7 +137,8 @@ impl NtModel {
     }
 
     /// Freed pool leaves the model's books at once (its model address is gone for the model's own accesses and
-    /// checks) and the device's view of its pages goes with it, as for any free. Without Special Pool its pages
+    /// checks: the native driver's RtlCopyFromVa of it is still 0x50, stricter than Windows, tests/rules.rs pins
+    /// it) and the device's view of its pages goes with it, as for any free. Without Special Pool its pages
     /// stay backed, and so mapped where a driver binary was handed them, with what was written: Windows returns a
     /// freed block to the pool allocator, still mapped, so a late reader (a DPC left running past a remove) reads
     /// stale state instead of faulting. With Special Pool (0x1) the pages go at once and a late access faults: the

@@ -81,13 +81,13 @@ fn seed_suite_parses_and_expands() {
         ]
     );
     assert!(runs.iter().filter(|r| r.run.starts_with("low-resources")).all(|r| r.mode == VerifierMode::On));
-    // Two entries run natively only, each for a reason seed.toml gives: low-resources-user-buffer (vhca.sys cannot
-    // survive its MmProbeAndLockPages point) and unload-timer-set (its vhca.sys verdict depends on timing); every
-    // other scenario, the interrupt path's included, runs in both personalities.
+    // One entry runs natively only, for the reason seed.toml gives: low-resources-user-buffer (vhca.sys cannot
+    // survive its MmProbeAndLockPages point); every other scenario, the interrupt path's included (unload-timer-set
+    // since freed pool stays mapped as on Windows), runs in both personalities.
     let native_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Native]).map(|r| r.name.as_str()).collect();
-    assert_eq!(native_only, ["low-resources-user-buffer", "unload-timer-set"]);
-    for run in suite.runs.iter().filter(|r| !r.name.starts_with("low-resources") && r.name != "unload-timer-set") {
+    assert_eq!(native_only, ["low-resources-user-buffer"]);
+    for run in suite.runs.iter().filter(|r| !r.name.starts_with("low-resources")) {
         for name in ["verifier-off", "verifier-on", "sys/verifier-off", "sys/verifier-on"] {
             let full = format!("{}/{name}", run.name);
             let found = runs.iter().find(|r| r.name == full).unwrap_or_else(|| panic!("no {full}"));
