@@ -3,6 +3,8 @@
 //! Execution routines (AdapterControl, AdapterListControl) run at DISPATCH_LEVEL, at once when the channel and map
 //! registers are free, else from the adapter's wait queue when a put or free gives registers back.
 
+mod queued_list;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use vhca_ntapi::*;
@@ -10,6 +12,7 @@ use vhca_ntapi::*;
 use crate::address_width;
 use crate::bugcheck::Bugcheck;
 use crate::low_resources::{Failure, FaultableRoutine};
+use crate::mdl::Mdl;
 use crate::memory::{Memory, RegionKind};
 use crate::sg_split::{self, DeviceRun};
 use crate::verifier::{c4, e6, VerifierFlags};
@@ -155,6 +158,8 @@ enum Waiting {
         length: u32,
         write_to_device: bool,
         routine: PDRIVER_LIST_CONTROL,
+        /// The MDL as the call saw it (`queued_list`).
+        at_call: Mdl,
     },
 }
 
@@ -550,7 +555,8 @@ impl NtModel {
                 }
                 return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
             }
-            let waiting = Waiting::List { device, mdl, va, length, write_to_device, routine };
+            let at_call = m.mdls.get(&mdl.0).cloned().ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+            let waiting = Waiting::List { device, mdl, va, length, write_to_device, routine, at_call };
             let Some(waiting) = m.dma.run_now_or_queue(adapter.0, waiting) else { return Ok(None) };
             let Waiting::List { routine, .. } = waiting else { unreachable!("built as a list above") };
             let list = self.build_list(&mut m, adapter, mdl, va, length, write_to_device)?;
@@ -725,9 +731,11 @@ impl NtModel {
                     drop(m);
                     self.run_channel_routine(adapter, device, base, routine);
                 }
-                Waiting::List { device, mdl, va, length, write_to_device, routine } => {
+                Waiting::List { device, mdl, va, length, write_to_device, routine, at_call } => {
                     // Checked when mapped, as at the call: a refusal now means the routine is never called.
-                    let r = self.build_list(&mut m, adapter, mdl, va, length, write_to_device);
+                    let r = self.with_queued_mdl(&mut m, mdl, &at_call, |k, m| {
+                        k.build_list(m, adapter, mdl, va, length, write_to_device)
+                    });
                     drop(m);
                     if let Ok(Some(list)) = self.refusal(r.map(Some)) {
                         self.at_dispatch(|| routine(device, &list));
