@@ -1,6 +1,6 @@
 //! Dispatcher objects a thread can wait on (events, and timers' signal state): KeInitializeEvent, KeSetEvent,
-//! KeClearEvent, and KeWaitForSingleObject with its timeout on the model's clock, its IRQL rules and the kernel's
-//! refusal to block a DPC or an ISR (0xB8).
+//! KeClearEvent, KeWaitForSingleObject and KeDelayExecutionThread on the model's clock, with their IRQL rules and
+//! the kernel's refusal to block a DPC or an ISR (0xB8, which the KMUTEX wait in `locks` shares).
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
@@ -111,7 +111,7 @@ impl NtModel {
 
     /// Whether the calling thread runs a DPC or an ISR now: a routine in a context borrowed from whatever thread
     /// its processor was running, which has no thread of its own to put in a wait state.
-    fn in_borrowed_routine(&self) -> bool {
+    pub(crate) fn in_borrowed_routine(&self) -> bool {
         self.with_thread(|t| t.watch.routine_since.is_some())
     }
 
@@ -119,7 +119,7 @@ impl NtModel {
     /// the kernel's wait code cannot switch away from it. P1 the original thread (the one the routine borrowed), P2
     /// the processor's idle thread, P3 an address on the original thread's stack (this frame's: the routine runs
     /// on that stack), P4 0. Returns only when the rule is disabled.
-    fn switch_from_dpc(&self) {
+    pub(crate) fn switch_from_dpc(&self) {
         let frame = 0u8;
         let stack = std::ptr::addr_of!(frame) as u64;
         let original = self.with_thread(|t| t.ethread);
@@ -128,28 +128,60 @@ impl NtModel {
 
     /// Waits until `object` is signaled (a synchronization object is cleared by the wait) or the timeout passes.
     /// A negative timeout is relative; a positive one is absolute on the model's clock (0 = the model's start).
-    /// While it waits, the thread runs the clock's work a processor would: expiring timers that fall due (its own
-    /// may be one) and running the DPCs they queue. A wait that does not block (the object signaled, a zero
-    /// timeout) is the same in a DPC or an ISR; one that would is 0xB8 there, after the verifier's IRQL rules.
+    /// A wait that does not block (the object signaled, a zero timeout) is the same in a DPC or an ISR; one that
+    /// would is 0xB8 there, after the verifier's IRQL rules.
     pub(crate) fn wait_for_single_object(&self, object: DISPATCHER_OBJECT, timeout: Option<i64>) -> NTSTATUS {
         let addr = object.address();
         self.wait_irql_check(addr, timeout);
-        let deadline =
-            timeout.map(|t| if t < 0 { self.clock.now().saturating_add(t.unsigned_abs()) } else { t as u64 });
-        let mut cannot_block = self.in_borrowed_routine();
+        let deadline = timeout.map(|t| self.deadline(t));
+        self.block_until(Some(addr), deadline, self.in_borrowed_routine())
+    }
+
+    /// KeDelayExecutionThread(KernelMode, Alertable, Interval): the thread waits on the clock alone. IRQL checking
+    /// holds it to its page's <= APC_LEVEL (0xC4/0xE5, P2 the IRQL); in a DPC or an ISR it is 0xB8 in every mode
+    /// after that, whatever the interval: a delay is a wait or, at zero, a yield, and the 0xB8 page names both. With
+    /// 0xB8 disabled the delay blocks the thread the routine borrowed (the DPC watchdog counts it). The interval is
+    /// the wait's timeout form (negative relative, positive absolute on the model's clock). No alert or user APC
+    /// ever ends a delay early (the model has neither): STATUS_SUCCESS. A driver binary imports it (the loader's
+    /// thunk calls this); the native build's sleeps are the guest program's own, so it is no `NtAsyncKernel` routine.
+    pub fn delay_execution_thread(&self, interval: i64) -> NTSTATUS {
+        self.irql_at_most(APC_LEVEL);
+        if self.in_borrowed_routine() {
+            self.switch_from_dpc();
+        }
+        let deadline = self.deadline(interval);
+        self.block_until(None, Some(deadline), false);
+        STATUS_SUCCESS
+    }
+
+    /// A wait's timeout as a time on the model's clock: negative relative to now, else absolute.
+    fn deadline(&self, timeout: i64) -> u64 {
+        if timeout < 0 {
+            self.clock.now().saturating_add(timeout.unsigned_abs())
+        } else {
+            timeout as u64
+        }
+    }
+
+    /// Blocks until `object` (none: the clock alone) is signaled or `deadline` passes. While it waits, the thread
+    /// runs the clock's work a processor would: expiring timers that fall due (its own may be one) and running the
+    /// DPCs they queue. `cannot_block`: the caller is a DPC or an ISR, where having to block is 0xB8.
+    fn block_until(&self, object: Option<u64>, deadline: Option<u64>, mut cannot_block: bool) -> NTSTATUS {
         loop {
             let next_expiry = self.next_timer_due();
             let mut objects = lock(&self.dispatcher.objects);
             let now = self.clock.now();
-            let Some(s) = objects.get_mut(&addr) else {
-                drop(objects);
-                self.never_initialised(addr)
-            };
-            if s.signaled {
-                if s.reset == Reset::Synchronization {
-                    s.signaled = false;
+            if let Some(addr) = object {
+                let Some(s) = objects.get_mut(&addr) else {
+                    drop(objects);
+                    self.never_initialised(addr)
+                };
+                if s.signaled {
+                    if s.reset == Reset::Synchronization {
+                        s.signaled = false;
+                    }
+                    return STATUS_SUCCESS;
                 }
-                return STATUS_SUCCESS;
             }
             if deadline.is_some_and(|d| now >= d) {
                 return STATUS_TIMEOUT;

@@ -1,5 +1,5 @@
 //! Kernel locks with real blocking (FAST_MUTEX, guarded mutex, KMUTEX, ERESOURCE, spin lock), their IRQL rules,
-//! and the verifier's deadlock detection: recursion, lock-order cycles, wrong-thread and unacquired releases.
+//! the verifier's deadlock detection (recursion, lock-order cycles, wrong-thread and unacquired releases) and 0xB8.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex};
@@ -239,6 +239,8 @@ impl NtModel {
         self.with_thread(|t| t.apc_disable = t.apc_disable.saturating_sub(1));
     }
 
+    /// KeWaitForMutexObject, a wait with no timeout: IRQL checking's 0xC4/0x120 above DISPATCH_LEVEL and 0x121 at
+    /// it, deadlock detection, then the kernel's 0xB8 when a DPC or an ISR would block.
     pub(crate) fn kmutex_wait(&self, m: PKMUTEX) -> NTSTATUS {
         let obj = self.must_lock(m.0);
         let irql = self.irql();
@@ -252,7 +254,15 @@ impl NtModel {
         }
         let r = self.before_acquire(&obj);
         self.ok(r);
-        self.block_acquire(&obj, false, true);
+        // A DPC or an ISR that cannot take the mutex at once would have to block: the kernel's 0xB8, as for any
+        // dispatcher object, after the verifier's checks. One it can take (free, or owned by the thread the routine
+        // borrowed, recursively) switches to nothing.
+        let may_block = !self.in_borrowed_routine();
+        if !self.block_acquire(&obj, false, may_block) {
+            self.switch_from_dpc();
+            // 0xB8 disabled: the wait blocks the thread the routine borrowed (the DPC watchdog counts it).
+            self.block_acquire(&obj, false, true);
+        }
         self.with_thread(|t| t.apc_disable += 1);
         STATUS_SUCCESS
     }

@@ -1040,6 +1040,220 @@ fn with_b8_disabled_the_dpcs_wait_blocks_its_thread_until_the_timeout() {
     assert!(k.bugchecks().is_empty());
 }
 
+// ---- 0xB8 for a KMUTEX wait and for KeDelayExecutionThread ----
+
+/// A model whose `rules` are disabled, on a manual clock.
+fn machine_without(flags: u32, rules: &[&str]) -> Arc<NtModel> {
+    let config = NtModelConfig {
+        verifier: VerifierFlags(flags),
+        disabled_rules: rules.iter().map(|r| RuleId::parse(r).unwrap()).collect(),
+        ..NtModelConfig::default()
+    };
+    NtModel::for_tests_with_timing(config, TimingConfig { clock: ClockSource::Manual, ..Default::default() }).0
+}
+
+/// A thread of its own takes `m` and holds it until the returned sender is dropped.
+fn owned_elsewhere(k: &Arc<NtModel>, m: PKMUTEX) -> mpsc::Sender<()> {
+    let (k, (taken_tx, taken_rx), (release_tx, release_rx)) = (k.clone(), mpsc::channel(), mpsc::channel::<()>());
+    std::thread::spawn(move || {
+        k.KeWaitForMutexObject(m);
+        taken_tx.send(()).unwrap();
+        let _ = release_rx.recv();
+        k.KeReleaseMutex(m, false);
+    });
+    taken_rx.recv().unwrap();
+    release_tx
+}
+
+/// A DPC that waits for `m` (KeWaitForMutexObject), releases it, and notes what the wait returned.
+fn mutex_dpc(k: &Arc<NtModel>, m: PKMUTEX) -> (PKDPC, WaitSeen) {
+    let (k2, seen) = (Arc::downgrade(k), WaitSeen::default());
+    let s = seen.clone();
+    let dpc = k.KeInitializeDpc(Arc::new(move |_, _, _| {
+        let k = k2.upgrade().unwrap();
+        let status = k.KeWaitForMutexObject(m);
+        *s.status.lock().unwrap() = Some(status);
+        k.KeReleaseMutex(m, false);
+    }));
+    (dpc, seen)
+}
+
+#[test]
+fn a_dpc_waiting_for_a_mutex_another_thread_owns_is_b8_and_one_it_can_take_is_not() {
+    let k = machine(0);
+    let m = k.KeInitializeMutex(0);
+    let owner = owned_elsewhere(&k, m);
+    let (dpc, seen) = mutex_dpc(&k, m);
+    let b = stop_on_thread(queue(&k, dpc));
+    assert_eq!((b.code, b.params[3]), (0xB8, 0), "{b}");
+    assert!(is_thread(b.params[0]) && is_thread(b.params[1]) && b.params[0] != b.params[1], "{b}");
+    assert_eq!(*seen.status.lock().unwrap(), None, "the wait never returned");
+    drop(owner);
+    // Free, the DPC takes it at once; owned by the thread the DPC borrowed, it takes it again (a KMUTEX is
+    // recursive, and its owner is that thread). Neither switches.
+    let k = machine(0);
+    let m = k.KeInitializeMutex(0);
+    let (dpc, seen) = mutex_dpc(&k, m);
+    clean(|| k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL));
+    assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_SUCCESS));
+    *seen.status.lock().unwrap() = None;
+    clean(|| {
+        k.KeWaitForMutexObject(m);
+        k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL);
+        k.KeReleaseMutex(m, false);
+    });
+    assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_SUCCESS));
+    assert!(k.bugchecks().is_empty());
+}
+
+#[test]
+fn a_mutex_wait_in_a_dpc_or_an_isr_is_irql_checkings_c4_first_and_b8_after_it() {
+    // IRQL checking stops a DPC's mutex wait (no timeout) at DISPATCH_LEVEL, before the kernel would switch.
+    let k = machine(IRQL);
+    let m = k.KeInitializeMutex(0);
+    let _owner = owned_elsewhere(&k, m);
+    let (dpc, _) = mutex_dpc(&k, m);
+    assert_eq!(stop_on_thread(queue(&k, dpc)), Bugcheck::c4(0x121, 2, m.0, 0));
+    // With that rule off the kernel's 0xB8 is what is left, deadlock detection's bookkeeping passed.
+    let k = machine_without(STANDARD, &["0xC4/0x121"]);
+    let m = k.KeInitializeMutex(0);
+    let _owner = owned_elsewhere(&k, m);
+    let (dpc, _) = mutex_dpc(&k, m);
+    assert_eq!(stop_on_thread(queue(&k, dpc)).code, 0xB8);
+    // An ISR: 0xC4/0x120 at its DIRQL with IRQL checking, 0xB8 without.
+    for (flags, expected) in [(IRQL, 0xC4), (0, 0xB8)] {
+        let k = machine(flags);
+        let m = k.KeInitializeMutex(0);
+        let _owner = owned_elsewhere(&k, m);
+        connect(
+            &k,
+            1,
+            isr(&k, move |k, _, _| {
+                k.KeWaitForMutexObject(m);
+                true
+            }),
+        );
+        let k2 = k.clone();
+        let b = stop_on_thread(move || {
+            k2.deliver(PDO, 0);
+        });
+        assert_eq!(b.code, expected, "{b}");
+        if expected == 0xC4 {
+            assert_eq!(b, Bugcheck::c4(0x120, u64::from(DEVICE_DIRQL), m.0, 0));
+        } else {
+            assert!(is_thread(b.params[0]) && b.params[3] == 0, "{b}");
+        }
+    }
+}
+
+#[test]
+fn with_b8_disabled_a_dpcs_mutex_wait_blocks_until_the_owner_releases() {
+    let k = machine_without(0, &["0xB8"]);
+    let m = k.KeInitializeMutex(0);
+    let owner = owned_elsewhere(&k, m);
+    let (dpc, seen) = mutex_dpc(&k, m);
+    let k2 = k.clone();
+    let waiter = std::thread::spawn(move || clean(|| k2.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL)));
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!waiter.is_finished(), "the owner still holds it");
+    drop(owner);
+    assert!(waiter.join().unwrap());
+    assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_SUCCESS));
+    assert!(k.bugchecks().is_empty());
+}
+
+/// A DPC that delays `interval` (KeDelayExecutionThread) and notes what the delay returned.
+fn delaying_dpc(k: &Arc<NtModel>, interval: i64) -> (PKDPC, WaitSeen) {
+    let (k2, seen) = (Arc::downgrade(k), WaitSeen::default());
+    let s = seen.clone();
+    let dpc = k.KeInitializeDpc(Arc::new(move |_, _, _| {
+        let here = 0u8;
+        s.stack.store(std::ptr::addr_of!(here) as u64, Ordering::SeqCst);
+        *s.status.lock().unwrap() = Some(k2.upgrade().unwrap().delay_execution_thread(interval));
+    }));
+    (dpc, seen)
+}
+
+#[test]
+fn a_delay_in_a_dpc_or_an_isr_is_b8_whatever_its_interval() {
+    for interval in [-10 * MS, 0] {
+        let k = machine(0);
+        let (dpc, seen) = delaying_dpc(&k, interval);
+        let b = stop_on_thread(queue(&k, dpc));
+        assert_eq!((b.code, b.params[3]), (0xB8, 0), "interval {interval}: {b}");
+        assert!(is_thread(b.params[0]) && is_thread(b.params[1]) && b.params[0] != b.params[1], "{b}");
+        let dpc_stack = seen.stack.load(Ordering::SeqCst);
+        assert!(b.params[2].abs_diff(dpc_stack) < 64 * 1024, "P3 is not on the DPC's stack: {b}");
+        assert_eq!(*seen.status.lock().unwrap(), None, "the delay never returned");
+    }
+    let k = machine(0);
+    connect(
+        &k,
+        1,
+        isr(&k, |k, _, _| {
+            k.delay_execution_thread(-MS);
+            true
+        }),
+    );
+    let k2 = k.clone();
+    let b = stop_on_thread(move || {
+        k2.deliver(PDO, 0);
+    });
+    assert_eq!((b.code, b.params[3]), (0xB8, 0), "{b}");
+}
+
+#[test]
+fn a_delay_above_apc_is_c4_e5_under_irql_checking_before_the_kernels_b8() {
+    let k = machine(IRQL);
+    let (dpc, _) = delaying_dpc(&k, -MS);
+    assert_eq!(stop_on_thread(queue(&k, dpc)), Bugcheck::c4(0xE5, 2, 0, 0));
+    // A thread that raised its own IRQL is no DPC, and IRQL checking stops it the same way.
+    assert_eq!(
+        stop(|| {
+            k.KeRaiseIrql(DISPATCH_LEVEL);
+            k.delay_execution_thread(0)
+        }),
+        Bugcheck::c4(0xE5, 2, 0, 0)
+    );
+    // APC_LEVEL is the page's limit.
+    let k = machine(IRQL);
+    clean(|| {
+        let old = k.KeRaiseIrql(APC_LEVEL);
+        assert_eq!(k.delay_execution_thread(0), STATUS_SUCCESS);
+        k.KeLowerIrql(old);
+    });
+    // With 0xC4/0xE5 off the kernel's 0xB8 is what is left.
+    let k = machine_without(IRQL, &["0xC4/0xE5"]);
+    let (dpc, _) = delaying_dpc(&k, -MS);
+    assert_eq!(stop_on_thread(queue(&k, dpc)).code, 0xB8);
+}
+
+#[test]
+fn a_delay_waits_on_the_models_clock_and_with_b8_disabled_blocks_the_dpc_as_long() {
+    let k = machine(STANDARD);
+    clean(|| assert_eq!(k.delay_execution_thread(0), STATUS_SUCCESS));
+    let k2 = k.clone();
+    let sleeper = std::thread::spawn(move || clean(|| k2.delay_execution_thread(-10 * MS)));
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!sleeper.is_finished(), "a manual clock has not moved: the host's time does not count");
+    k.advance_clock(Duration::from_millis(5));
+    std::thread::sleep(Duration::from_millis(10));
+    assert!(!sleeper.is_finished(), "half the interval");
+    k.advance_clock(Duration::from_millis(5));
+    assert_eq!(sleeper.join().unwrap(), STATUS_SUCCESS);
+    // 0xB8 disabled: the DPC's delay holds the thread it borrowed until the interval has passed.
+    let k = machine_without(0, &["0xB8"]);
+    let (dpc, seen) = delaying_dpc(&k, -10 * MS);
+    let k2 = k.clone();
+    let waiter = std::thread::spawn(move || clean(|| k2.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL)));
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!waiter.is_finished());
+    k.advance_clock(Duration::from_millis(10));
+    assert!(waiter.join().unwrap());
+    assert_eq!(*seen.status.lock().unwrap(), Some(STATUS_SUCCESS));
+    assert!(k.bugchecks().is_empty());
+}
+
 #[test]
 fn set_event_above_dispatch_is_c4_80_and_with_wait_above_apc_is_c4_e5() {
     let k = machine(IRQL);
