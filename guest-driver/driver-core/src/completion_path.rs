@@ -244,19 +244,10 @@ where
     C: CommandTransport + Send + Sync + 'static,
 {
     /// IRQL = PASSIVE_LEVEL. Connects to `device`'s messages (or its line interrupt, when that is what the kernel
-    /// gave it). The routines hold the path weakly: the kernel keeps them, and a strong hold would keep the path
-    /// (and the kernel it holds) alive forever.
+    /// gave it), with `observer`, if any, told of every ISR and DPC run from the first on (`RoutineObserver`). The
+    /// routines hold the path weakly: the kernel keeps them, and a strong hold would keep the path (and the kernel
+    /// it holds) alive forever.
     pub fn connect(
-        kernel: Arc<K>,
-        transport: Arc<C>,
-        device: PDEVICE_OBJECT,
-        budget: usize,
-    ) -> Result<CompletionPath<K, C>, DriverError> {
-        Self::connect_observed(kernel, transport, device, budget, None)
-    }
-
-    /// `connect`, with `observer` told of every ISR and DPC run from the first on (`RoutineObserver`).
-    pub fn connect_observed(
         kernel: Arc<K>,
         transport: Arc<C>,
         device: PDEVICE_OBJECT,

@@ -101,6 +101,24 @@ impl<K: NtAsyncKernel, C: CommandTransport> Drop for CommandWaitsAttached<K, C> 
     }
 }
 
+/// The device objects the interrupt path is set up for. IoConnectInterruptEx wants the PDO; IoAllocateWorkItem
+/// wants "the caller's driver object or one of the caller's device objects", because the item's reference is what
+/// keeps the driver that owns the routine loaded until it has run: the bus driver's PDO would keep the wrong driver.
+/// vhca.sys gives its FDO; the native driver core, which the NT model runs as the PDO's own driver and which has no
+/// device object of its own, gives the PDO for both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathDevices {
+    pub pdo: PDEVICE_OBJECT,
+    pub own: PDEVICE_OBJECT,
+}
+
+impl PathDevices {
+    /// A driver whose own device object is the PDO (the native driver core).
+    pub fn pdo_only(pdo: PDEVICE_OBJECT) -> PathDevices {
+        PathDevices { pdo, own: pdo }
+    }
+}
+
 /// `CqCompletions` over a connected `CompletionPath`. Field order is drop order, the teardown's: the command waits
 /// poll again, the interrupt is disconnected and the DPCs flushed, then the work item is waited for and freed.
 pub struct CompletionWaits<K: NtAsyncKernel, C: CommandTransport> {
@@ -124,33 +142,24 @@ where
     K: NtAsyncKernel + Send + Sync + 'static,
     C: CommandTransport + Send + Sync + 'static,
 {
-    /// IRQL = PASSIVE_LEVEL, no command in flight. Connects the device's interrupt (`CompletionPath::connect`),
-    /// hands the DPC's non-CQ events to a work item of `device`'s, and from then on the transport's commands wait
-    /// on the DPC's KEVENT (`CommandTransport::wait_for_interrupts`).
+    /// IRQL = PASSIVE_LEVEL, no command in flight. Connects the PDO's interrupt (`CompletionPath::connect`, with
+    /// `observer` told of every ISR and DPC run: the Linux guest's times for the timeline), hands the DPC's non-CQ
+    /// events to a work item of the driver's own device object, and from then on the transport's commands wait on
+    /// the DPC's KEVENT (`CommandTransport::wait_for_interrupts`). vhca.sys connects without an observer: its
+    /// routines would need a clock read at DIRQL (KeQueryPerformanceCounter) and a bounded buffer for the result
+    /// line, and its result has no `completion_times`, so the runner draws no ISR or DPC lanes for a sys run (its
+    /// counts are still reported).
     pub fn connect(
         kernel: Arc<K>,
         transport: Arc<C>,
-        device: PDEVICE_OBJECT,
-        budget: usize,
-    ) -> Result<CompletionWaits<K, C>, DriverError> {
-        Self::connect_observed(kernel, transport, device, budget, None)
-    }
-
-    /// `connect`, with `observer` told of every ISR and DPC run (`CompletionPath::connect_observed`): the Linux
-    /// guest's times for the timeline. vhca.sys connects without one: its routines would need a clock read at DIRQL
-    /// (KeQueryPerformanceCounter) and a bounded buffer for the result line, and its result has no
-    /// `completion_times`, so the runner draws no ISR or DPC lanes for a sys run (its counts are still reported).
-    pub fn connect_observed(
-        kernel: Arc<K>,
-        transport: Arc<C>,
-        device: PDEVICE_OBJECT,
+        devices: PathDevices,
         budget: usize,
         observer: Option<RoutineObserver>,
     ) -> Result<CompletionWaits<K, C>, DriverError> {
         let lock = kernel.KeInitializeSpinLock();
         let mailboxes = Arc::new(Mailboxes { kernel: kernel.clone(), lock, boxes: UnsafeCell::new(BTreeMap::new()) });
-        let path = CompletionPath::connect_observed(kernel.clone(), transport.clone(), device, budget, observer)?;
-        let hand_off = EventHandOff::new(kernel.clone(), device);
+        let path = CompletionPath::connect(kernel.clone(), transport.clone(), devices.pdo, budget, observer)?;
+        let hand_off = EventHandOff::new(kernel.clone(), devices.own);
         let for_dpc = hand_off.clone();
         path.on_event(Arc::new(move |event: &Event| for_dpc.from_dpc(event)));
         let event = Arc::new(CommandEvent::new(kernel, path.command_event()));

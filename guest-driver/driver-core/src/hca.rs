@@ -9,8 +9,8 @@ use alloc::vec::Vec;
 use vhca_ntapi::*;
 use vhca_proto::{
     ring_pages, Cqe, CreateCqReq, CreateQpReq, Doorbell, DoorbellKind, Event, HandleReq, HandleResp, ModifyQpReq,
-    Opcode, QpState, QueryDeviceResp, RegMrReq, RegMrResp, Wqe, ACCESS_LOCAL_WRITE,
-    ACCESS_REMOTE_WRITE, CQE_SIZE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_DEST_QPN, QP_ATTR_STATE, QP_TYPE_RC, WQE_SIZE,
+    Opcode, QpState, QueryDeviceResp, RegMrReq, RegMrResp, Wqe, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, CQE_SIZE,
+    QP_ATTR_ACCESS_FLAGS, QP_ATTR_DEST_QPN, QP_ATTR_STATE, QP_TYPE_RC, WQE_SIZE,
 };
 use zerocopy::IntoBytes;
 

@@ -24,7 +24,7 @@ pub use completion_path::{
     CompletionCallback, CompletionCounts, CompletionHooks, CompletionPath, EventCallback, IsrWork, PathRoutine,
     RoutineObserver, DEFAULT_CQE_BUDGET,
 };
-pub use completion_waits::{CompletionWaits, CqCompletions};
+pub use completion_waits::{CompletionWaits, CqCompletions, PathDevices};
 pub use cq_reader::CqReader;
 pub use error::DriverError;
 pub use event_hand_off::HandOffCounts;

@@ -57,7 +57,7 @@ impl CompletionTimes {
         kept.lock().unwrap_or_else(|e| e.into_inner()).push(at);
     }
 
-    /// The driver core's observer (`CompletionWaits::connect_observed`), recording into `self`. It runs at the
+    /// The driver core's observer (`CompletionWaits::connect`), recording into `self`. It runs at the
     /// model's DIRQL and DISPATCH_LEVEL, which are this program's threads: a clock read and a push under a lock
     /// only these records take, held for no wait, so the routines it times never wait behind the control path.
     pub fn observer(self: &Arc<Self>) -> RoutineObserver {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use vhca_driver_core::{CompletionCounts, CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
+use vhca_driver_core::{CompletionCounts, CompletionWaits, CqCompletions, PathDevices, DEFAULT_CQE_BUDGET};
 use vhca_ntapi::{PDEVICE_OBJECT, PVOID};
 use vhca_ntmodel::{InjectionMode, InterruptResources, NtModel, NtModelConfig, VerifierFlags};
 use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
@@ -148,8 +148,9 @@ impl ScenarioHost for GuestHost {
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         let Some(transport) = &self.interrupt_transport else { return Ok(None) };
         let (kernel, transport, observer) = (self.kernel.clone(), Arc::new(transport.clone()), self.times.observer());
-        let waits = CompletionWaits::connect_observed(kernel, transport, PDO, DEFAULT_CQE_BUDGET, Some(observer))
-            .map_err(|e| anyhow::anyhow!("interrupt path: {e}"))?;
+        let waits =
+            CompletionWaits::connect(kernel, transport, PathDevices::pdo_only(PDO), DEFAULT_CQE_BUDGET, Some(observer))
+                .map_err(|e| anyhow::anyhow!("interrupt path: {e}"))?;
         progress(format_args!("interrupt path connected: {}", waits_kind(&waits)));
         self.report().completion_times = Some(self.times.clone());
         Ok(Some(Box::new(waits)))

@@ -119,6 +119,15 @@ impl NtModel {
         PIO_WORKITEM(item)
     }
 
+    /// The device object each work item not yet freed was allocated for: tests check whose item a driver asks
+    /// for (IoAllocateWorkItem wants one of the caller's own device objects, which the model cannot tell apart).
+    pub fn work_item_devices(&self) -> Vec<PDEVICE_OBJECT> {
+        let pool = lock(&self.workers.shared.pool);
+        let mut items: Vec<(u64, PDEVICE_OBJECT)> = pool.items.iter().map(|(id, w)| (*id, w.device)).collect();
+        items.sort_by_key(|(id, _)| *id);
+        items.into_iter().map(|(_, device)| device).collect()
+    }
+
     /// IoQueueWorkItem. Queuing an item still queued is 0xE4/0x1 (P2 the item, P3 the queue number): the
     /// kernel's own check, raised in every mode.
     pub(crate) fn work_item_queue(&self, item: PIO_WORKITEM, routine: PIO_WORKITEM_ROUTINE, queue: WORK_QUEUE_TYPE) {

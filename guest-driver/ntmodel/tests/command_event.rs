@@ -58,7 +58,9 @@ fn rig() -> Rig {
     k.assign_interrupts(PDO, InterruptResources::Messages(1));
     let transport =
         Arc::new(Signalled { device: dev.clone(), signal: Mutex::new(None), handed: Mutex::new(Vec::new()) });
-    let waits = CompletionWaits::connect(k.clone(), transport.clone(), PDO, DEFAULT_CQE_BUDGET).expect("connect");
+    let waits =
+        CompletionWaits::connect(k.clone(), transport.clone(), PathDevices::pdo_only(PDO), DEFAULT_CQE_BUDGET, None)
+            .expect("connect");
     Rig { k, dev, hca, transport, waits }
 }
 
@@ -166,4 +168,21 @@ fn teardown_waits_for_a_queued_work_item_before_it_frees_it() {
     clean(|| r.k.deliver(PDO, 0));
     // Disconnected at once, whether or not the worker ran yet: a queued item freed would be 0xE4/0x2.
     finish(r);
+}
+
+#[test]
+fn the_event_hand_offs_work_item_belongs_to_the_drivers_own_device_object_and_the_interrupt_to_the_pdo() {
+    let (k, backend) = machine(STANDARD);
+    let dev = FakeDevice::new(k.clone(), backend);
+    let hca = Hca::open(k.clone(), dev.clone(), PDO, HcaConfig::default()).expect("open");
+    k.assign_interrupts(PDO, InterruptResources::Messages(1));
+    // vhca.sys's FDO stands apart from the bus driver's PDO: the item's reference must keep vhca.sys loaded.
+    let fdo = PDEVICE_OBJECT(PDO.0 + 0x1000);
+    let waits = CompletionWaits::connect(k.clone(), Arc::new(dev.clone()), PathDevices { pdo: PDO, own: fdo }, 1, None)
+        .expect("connect");
+    assert_eq!(k.work_item_devices(), [fdo], "one work item, the FDO's");
+    assert!(waits.connection().is_some(), "the interrupt was connected for the PDO, which has the messages");
+    clean(|| (Box::new(waits) as Box<dyn CqCompletions>).disconnect());
+    assert!(k.work_item_devices().is_empty(), "freed at disconnect");
+    clean(|| hca.close());
 }

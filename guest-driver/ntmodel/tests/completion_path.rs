@@ -66,7 +66,7 @@ fn rig(flags: u32, resources: InterruptResources, budget: usize) -> Rig {
     let cq = hca.create_cq(16).expect("create_cq");
     k.assign_interrupts(PDO, resources);
     let transport = Arc::new(Recording { device: dev.clone(), kernel: k.clone(), irqls: Mutex::new(Vec::new()) });
-    let path = CompletionPath::connect(k.clone(), transport.clone(), PDO, budget).expect("connect");
+    let path = CompletionPath::connect(k.clone(), transport.clone(), PDO, budget, None).expect("connect");
     let seen = Seen::default();
     let (s, kw) = (seen.clone(), Arc::downgrade(&k));
     let callback: CompletionCallback = Arc::new(move |cq, cqe: &Cqe| {
@@ -191,8 +191,16 @@ fn a_waiter_sleeps_on_the_cqs_kevent_until_its_callback_queued_the_cqe_and_times
     let mut hca = Hca::open(k.clone(), dev.clone(), PDO, HcaConfig::default()).expect("open");
     let cq = hca.create_cq(16).expect("create_cq");
     k.assign_interrupts(PDO, InterruptResources::Messages(1));
-    let waits: Box<dyn CqCompletions> =
-        Box::new(CompletionWaits::connect(k.clone(), Arc::new(dev.clone()), PDO, DEFAULT_CQE_BUDGET).expect("connect"));
+    let waits: Box<dyn CqCompletions> = Box::new(
+        CompletionWaits::connect(
+            k.clone(),
+            Arc::new(dev.clone()),
+            PathDevices::pdo_only(PDO),
+            DEFAULT_CQE_BUDGET,
+            None,
+        )
+        .expect("connect"),
+    );
     waits.watch(cq, hca.cq_reader(cq).unwrap());
     assert!(waits.is_watched(cq));
     // Nothing arrived: the wait at PASSIVE_LEVEL ends at its timeout.

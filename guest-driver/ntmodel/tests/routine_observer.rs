@@ -34,8 +34,8 @@ fn every_isr_and_dpc_run_is_observed_at_its_own_irql() {
     let cq = hca.create_cq(16).expect("create_cq");
     k.assign_interrupts(PDO, InterruptResources::Messages(1));
     let runs = Runs::default();
-    let path = CompletionPath::connect_observed(k.clone(), Arc::new(dev.clone()), PDO, 4, Some(observer(&k, &runs)))
-        .expect("connect");
+    let path =
+        CompletionPath::connect(k.clone(), Arc::new(dev.clone()), PDO, 4, Some(observer(&k, &runs))).expect("connect");
     path.watch(cq, hca.cq_reader(cq).unwrap(), Arc::new(|_, _: &Cqe| {}));
     for i in 0..10 {
         dev.write_cqe(cq, i, i as u64);
@@ -64,8 +64,16 @@ fn after_unwatch_all_the_dpc_reads_no_cq_while_the_interrupt_stays_connected() {
     let mut hca = Hca::open(k.clone(), dev.clone(), PDO, HcaConfig::default()).expect("open");
     let cqs = [hca.create_cq(16).expect("create_cq"), hca.create_cq(16).expect("create_cq")];
     k.assign_interrupts(PDO, InterruptResources::Messages(1));
-    let waits: Box<dyn CqCompletions> =
-        Box::new(CompletionWaits::connect(k.clone(), Arc::new(dev.clone()), PDO, DEFAULT_CQE_BUDGET).expect("connect"));
+    let waits: Box<dyn CqCompletions> = Box::new(
+        CompletionWaits::connect(
+            k.clone(),
+            Arc::new(dev.clone()),
+            PathDevices::pdo_only(PDO),
+            DEFAULT_CQE_BUDGET,
+            None,
+        )
+        .expect("connect"),
+    );
     for cq in cqs {
         waits.watch(cq, hca.cq_reader(cq).unwrap());
     }

@@ -34,8 +34,9 @@ pub struct Ctx<'a, H: ScenarioHost> {
     buffers: RefCell<Vec<Buffer>>,
     /// The interrupt path, when the host connected one: CQ waits and events come from it.
     pub(crate) completions: Option<Box<dyn CqCompletions>>,
-    /// The device object the driver was opened on: what its work items are allocated for.
-    pub(crate) pdo: PDEVICE_OBJECT,
+    /// The driver's own device object (`ScenarioHost::own_device`, else the PDO): what its work items are
+    /// allocated for.
+    pub(crate) own_device: PDEVICE_OBJECT,
 }
 
 impl<'a, H: ScenarioHost> Ctx<'a, H> {
@@ -46,7 +47,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
         options: &'a ScenarioOptions,
         timeout: Duration,
         completions: Option<Box<dyn CqCompletions>>,
-        pdo: PDEVICE_OBJECT,
+        own_device: PDEVICE_OBJECT,
     ) -> Self {
         Ctx {
             hca,
@@ -58,7 +59,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
             deferred: None,
             buffers: RefCell::new(Vec::new()),
             completions,
-            pdo,
+            own_device,
         }
     }
 

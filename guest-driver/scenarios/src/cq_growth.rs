@@ -56,7 +56,7 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, grow: Grow) -> anyhow::Result<()> {
     let pair = WritePair::new(ctx, lb.pd, LEN * GROW_AT as u32, 21)?;
     let kernel = ctx.kernel.clone();
     let adapter = ctx.hca.adapter();
-    let pdo = ctx.pdo;
+    let own_device = ctx.own_device;
     let grown = Arc::new(GrownRing::default());
     let failed = Arc::new(AtomicU64::new(0));
     // Every completion, then the growth.
@@ -78,7 +78,7 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, grow: Grow) -> anyhow::Result<()> {
                 d.one();
             }
             Grow::ByWorkItem => {
-                let item = k.IoAllocateWorkItem(pdo);
+                let item = k.IoAllocateWorkItem(own_device);
                 if item.is_null() {
                     f.fetch_add(1, Ordering::Relaxed);
                     return;

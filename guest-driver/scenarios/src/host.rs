@@ -8,7 +8,7 @@ use core::time::Duration;
 
 use serde_json::Value;
 use vhca_driver_core::{CommandTransport, CompletionCounts, CqCompletions};
-use vhca_ntapi::{NtAsyncKernel, PVOID};
+use vhca_ntapi::{NtAsyncKernel, PDEVICE_OBJECT, PVOID};
 
 pub trait ScenarioHost {
     /// NtAsyncKernel: scenarios drive timers and DPCs themselves (the driver's own watchdog timer, its teardown),
@@ -40,6 +40,13 @@ pub trait ScenarioHost {
     /// Whether the verifier checks DMA, where the driver can know it (for messages only).
     fn dma_checking(&self) -> Option<bool>;
 
+    /// The driver's own device object, for the routines that want "the caller's driver object or one of the
+    /// caller's device objects" (IoAllocateWorkItem: its reference keeps the work routine's driver loaded). None:
+    /// the driver has none of its own (the native driver core, which the NT model runs as the PDO's driver), and
+    /// the PDO stands in.
+    fn own_device(&self) -> Option<PDEVICE_OBJECT> {
+        None
+    }
     /// The interrupt-driven completion path, connected, when the run asks for it (`vhca.completion=interrupt`) and
     /// the kernel can (an NtAsyncKernel): the scenario's completion waits sleep on its events. None: they poll.
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {

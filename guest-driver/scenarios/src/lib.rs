@@ -241,7 +241,8 @@ pub fn run<H: ScenarioHost>(
         hca.map_registers(),
         hca.attributes().map_registers_free.get()
     ));
-    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions, pdo);
+    let own_device = host.own_device().unwrap_or(pdo);
+    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions, own_device);
     let mut on_error_path = false;
     let result = match scenario.body(&mut ctx) {
         Err(e) if host.error_path(&e) => {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use support::common::PDO;
 use support::{model_config, HeldChannel, HeldDevice, ModelHost, NoEvents, Platform, STANDARD};
-use vhca_driver_core::{CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
+use vhca_driver_core::{CompletionWaits, CqCompletions, PathDevices, DEFAULT_CQE_BUDGET};
 use vhca_ntapi::*;
 use vhca_ntmodel::{Bugcheck, InterruptResources, NtModel, TimingConfig, VerifierFlags};
 use vhca_scenarios::{run, Scenario, ScenarioOptions};
@@ -37,8 +37,9 @@ impl Platform for Interrupting {
     }
     fn connect_completions(&self, kernel: &Arc<NtModel>) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         let channel = Arc::new(HeldChannel(self.0.clone()));
-        let waits = CompletionWaits::connect(kernel.clone(), channel, PDO, DEFAULT_CQE_BUDGET)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let waits =
+            CompletionWaits::connect(kernel.clone(), channel, PathDevices::pdo_only(PDO), DEFAULT_CQE_BUDGET, None)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(Some(Box::new(waits)))
     }
 }

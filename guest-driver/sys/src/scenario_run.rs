@@ -46,6 +46,10 @@ pub trait DriverServices {
     fn command_waits(&self) -> Option<(u64, u64)> {
         None
     }
+    /// vhca.sys's own device object (its FDO), for the routines that want one of the caller's (IoAllocateWorkItem).
+    fn own_device(&self) -> Option<PDEVICE_OBJECT> {
+        None
+    }
 }
 
 /// The scenario's host in vhca.sys: details and the lock go into the run's result as they come, progress to the
@@ -109,6 +113,10 @@ impl<S: DriverServices> ScenarioHost for DriverHost<'_, S> {
     /// The scenario's waits sleep on the path's KEVENTs when it connected, and poll otherwise: a refused or
     /// unusable connection is not the scenario's failure (the device still works polled), so it becomes a detail
     /// and a progress line, and the result says which way the run completed (`completion`, as the Linux guest).
+    fn own_device(&self) -> Option<PDEVICE_OBJECT> {
+        self.services.own_device()
+    }
+
     fn connect_completions(&self) -> anyhow::Result<Option<Box<dyn CqCompletions>>> {
         let connected = self.services.connect_completions().unwrap_or_else(|e| {
             self.say(format_args!("interrupt path not connected ({e:#}); completions are polled"));

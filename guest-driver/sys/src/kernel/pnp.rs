@@ -69,7 +69,7 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
                     let p = (*stack).Parameters.StartDevice;
                     (p.AllocatedResources, p.AllocatedResourcesTranslated)
                 };
-                status = start(fdo, raw, translated);
+                status = start(fdo, device as *mut DEVICE_OBJECT, raw, translated);
             } else if !forwarded {
                 status = STATUS_DEVICE_CONFIGURATION_ERROR;
             }
@@ -107,6 +107,7 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
 /// Brings the device up and runs the run's scenario; the result goes to the debugger and the registry.
 fn start(
     fdo: &mut super::fdo::Fdo,
+    fdo_device: *mut DEVICE_OBJECT,
     raw: *const windows_sys::Wdk::System::SystemServices::CM_RESOURCE_LIST,
     translated: *const windows_sys::Wdk::System::SystemServices::CM_RESOURCE_LIST,
 ) -> NTSTATUS {
@@ -119,7 +120,7 @@ fn start(
     let started = unsafe { StartedDevice::start(fdo.pdo, raw, translated) };
     let (status, result) = match (started, chosen) {
         (Ok(device), Ok((scenario, options))) => {
-            let result = device.run_scenario(scenario, &options);
+            let result = device.run_scenario(fdo_device, scenario, &options);
             fdo.started = Some(device);
             (STATUS_SUCCESS, result)
         }

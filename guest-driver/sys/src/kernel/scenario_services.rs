@@ -7,7 +7,7 @@ use alloc::sync::Arc;
 use core::ffi::c_void;
 use core::time::Duration;
 
-use vhca_driver_core::{CompletionWaits, CqCompletions, DEFAULT_CQE_BUDGET};
+use vhca_driver_core::{CompletionWaits, CqCompletions, PathDevices, DEFAULT_CQE_BUDGET};
 use vhca_ntapi::{INTERRUPT_CONNECTION, PDEVICE_OBJECT, PVOID};
 use vhca_virtio::{MsixPlan, VirtioPci};
 use windows_sys::Wdk::System::SystemServices::{KeDelayExecutionThread, KernelMode};
@@ -30,12 +30,13 @@ const PAGE_READWRITE: u32 = 0x04;
 const PAGE: u64 = 4096;
 
 /// What the started device has for an interrupt path: START_DEVICE's interrupt descriptors, the MSI-X routing the
-/// device took (None: it has no messages), its registers, and the PDO IoConnectInterruptEx connects for.
+/// device took (None: it has no messages), its registers, the PDO IoConnectInterruptEx connects for and vhca.sys's
+/// FDO, which owns its work items (`PathDevices` says why).
 pub struct DeviceInterrupts<'a> {
     pub resources: &'a InterruptResources,
     pub msix: Option<&'a MsixPlan>,
     pub transport: &'a Arc<VirtioPci<MmioBar>>,
-    pub pdo: PDEVICE_OBJECT,
+    pub devices: PathDevices,
 }
 
 /// The services for one run on one started device's channel (the lifetime is the started device's borrow).
@@ -86,6 +87,10 @@ impl<'a> DriverServices for KernelServices<'a> {
         Some(self.channel.command_waits())
     }
 
+    fn own_device(&self) -> Option<PDEVICE_OBJECT> {
+        Some(self.interrupts.devices.own)
+    }
+
     /// IoConnectInterruptEx, CONNECT_MESSAGE_BASED with the line-based fallback, only when START_DEVICE gave the
     /// device an interrupt (without one it returns STATUS_NOT_FOUND, and the run polls as before). The path is
     /// kept only when messages were connected and the device took their routing, written here: the device signals
@@ -97,7 +102,7 @@ impl<'a> DriverServices for KernelServices<'a> {
         if i.resources.is_empty() {
             return Ok(None);
         }
-        let waits = CompletionWaits::connect(self.kernel.clone(), self.channel.clone(), i.pdo, DEFAULT_CQE_BUDGET)
+        let waits = CompletionWaits::connect(self.kernel.clone(), self.channel.clone(), i.devices, DEFAULT_CQE_BUDGET, None)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let kind = connection_kind(waits.connection());
         let routed = match (i.msix, waits.connection()) {

@@ -10,6 +10,7 @@ use alloc::vec::Vec;
 use core::ffi::c_void;
 use core::time::Duration;
 
+use vhca_driver_core::PathDevices;
 use vhca_ntapi::{resource_list_layout, NtKernel, DEVICE_DESCRIPTION, PDEVICE_OBJECT, PDMA_ADAPTER};
 use vhca_proto::{
     DeviceConfig, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, QUEUE_COMMAND, QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
@@ -245,8 +246,8 @@ impl StartedDevice {
         Ok(())
     }
 
-    /// Runs one scenario on the driver core over this device. PASSIVE_LEVEL.
-    pub fn run_scenario(&self, scenario: Scenario, options: &ScenarioOptions) -> RunResult {
+    /// Runs one scenario on the driver core over this device; `fdo` is vhca.sys's device object for it. PASSIVE_LEVEL.
+    pub fn run_scenario(&self, fdo: *mut DEVICE_OBJECT, scenario: Scenario, options: &ScenarioOptions) -> RunResult {
         match &self.channel {
             Some(channel) => {
                 let pdo = PDEVICE_OBJECT(self.pdo as u64);
@@ -254,7 +255,7 @@ impl StartedDevice {
                     resources: &self.interrupts,
                     msix: self.msix.as_ref(),
                     transport: &self.transport,
-                    pdo,
+                    devices: PathDevices { pdo, own: PDEVICE_OBJECT(fdo as u64) },
                 };
                 let services = KernelServices::new(channel, &self.kernel, interrupts);
                 scenario_run::run(scenario, &services, self.kernel.clone(), &**channel, pdo, options)
