@@ -3,13 +3,16 @@
 //! raised as an exception no handler takes in a system thread) or 0x50 (a reference to an invalid kernel address),
 //! with a line naming the RVA and the nearest symbol. A touch of paged pool the verifier trimmed (pageable_pool.rs),
 //! from any code, pages it in below DISPATCH_LEVEL and is 0xD1 at or above it. Any other fault outside the image is
-//! the loader's own crash and is left to the default action.
+//! the loader's own crash and is left to the default action. A privileged instruction in the image comes first:
+//! `mov` to or from CR8 is emulated (`cr8_emulation`), any other is 0x7E naming it (`privileged_instructions`).
 
 use std::sync::OnceLock;
 
 use vhca_ntapi::{NtKernel, DISPATCH_LEVEL};
 
+use crate::cr8_emulation;
 use crate::driver_symbols::DriverSymbols;
+use crate::privileged_instructions::{self, Privileged};
 
 /// SYSTEM_THREAD_EXCEPTION_NOT_HANDLED (Microsoft, "Bug Check 0x7E"): P1 the exception code, P2 the faulting
 /// instruction, P3/P4 the exception and context records (not kept here: 0).
@@ -95,6 +98,11 @@ thread_local! {
 /// thread, DPCs where they drain, work items on the worker thread), where a driver overflowing its stack must still
 /// get its verdict. The callbacks into driver code call this before they enter it.
 pub fn prepare_thread() {
+    // GS: the KPCR the WDK's inline routines read (KeGetCurrentThread, the processor number), on the processor the
+    // model runs this thread on.
+    let processor = crate::kernel_context::installed()
+        .map_or(0, |k| vhca_ntapi::NtAsyncKernel::KeGetCurrentProcessorNumber(k.model.as_ref()));
+    crate::processor_block::prepare(processor);
     if ALTERNATE_STACK.with(|done| done.replace(true)) {
         return;
     }
@@ -127,6 +135,10 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
             ctx.uc_mcontext.gregs[libc::REG_ERR as usize] as u64,
         )
     };
+    // SAFETY: the kernel's siginfo and ucontext for this signal, which the emulation may change to resume elsewhere.
+    if unsafe { privileged_instruction(signal, &*info, &mut *(context as *mut libc::ucontext_t)) } {
+        return;
+    }
     // Paged pool the verifier trimmed (pageable_pool.rs), touched by the driver or a CRT routine it called: paged
     // back in below DISPATCH_LEVEL (the instruction runs again), 0xD1 at or above it.
     if let Some(k) = crate::kernel_context::installed().filter(|k| k.pageable.is_trimmed(address as usize)) {
@@ -160,6 +172,46 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
         image.name
     );
     let (code, [p1, p2, p3, p4]) = fault_bugcheck(address, rip, error_code);
+    crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
+}
+
+/// A #GP in the image (SIGSEGV with SI_KERNEL, which a page fault never gives) at a privileged instruction: `mov`
+/// to or from CR8 is emulated and the thread resumes (true); any other stops the run naming the instruction, its
+/// RVA and symbol. False: not the image, or not a privileged instruction, for the verdicts below.
+///
+/// # Safety
+/// `info` and `context` are this SIGSEGV's.
+unsafe fn privileged_instruction(signal: libc::c_int, info: &libc::siginfo_t, context: &mut libc::ucontext_t) -> bool {
+    const SI_KERNEL: libc::c_int = 0x80;
+    let rip = context.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
+    if signal != libc::SIGSEGV || info.si_code != SI_KERNEL {
+        return false;
+    }
+    let Some(image) = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size) else { return false };
+    // SAFETY: a #GP is raised after the processor fetched the whole instruction at RIP, and the decoder reads only
+    // bytes the ones before it say belong to the instruction.
+    let decoded = privileged_instructions::decode(|i| unsafe { ((rip as usize + i) as *const u8).read() });
+    let what = match decoded {
+        None => return false,
+        // SAFETY: this SIGSEGV's context, raised by `access` in driver code.
+        Some(Privileged::Cr8(access)) => match unsafe { cr8_emulation::emulate(access, context) } {
+            Ok(()) => return true,
+            Err(cr8_emulation::NotEmulated::ReservedBits(value)) => format!("mov cr8, reg with {value:#x}"),
+            Err(cr8_emulation::NotEmulated::NoKernel) => return false,
+        },
+        Some(Privileged::Unemulated(instruction)) => instruction.to_string(),
+    };
+    let rva = (rip as usize - image.base) as u32;
+    let symbol = match image.symbols.nearest(rva) {
+        Some((name, offset)) => format!("{name}+{offset:#x}"),
+        None => "no symbol".to_string(),
+    };
+    println!(
+        "VHCA-LOADER: privileged instruction `{what}` in {} at RVA {rva:#x} ({symbol}), which the loader does not \
+         emulate",
+        image.name
+    );
+    let (code, [p1, p2, p3, p4]) = privileged_instructions::unemulated_bugcheck(rip);
     crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
 }
 

@@ -3,9 +3,11 @@
 //! imports bound to `extern "win64"` thunks over the NT model and its verifier (`nt_thunks` and one `*_thunks` file
 //! per family, each reaching `kernel_context` and through it its family's `*_table`), and driven through a WDM
 //! driver's PnP life on Windows-layout objects (`io_manager`, `irp_dispatch`, `pnp_life`); a fault in driver code is
-//! a bugcheck (`driver_fault`).
+//! a bugcheck (`driver_fault`), except a `mov` to or from CR8, the IRQL, which is emulated over the model
+//! (`privileged_instructions`, `cr8_emulation`); GS points at a per-thread KPCR (`processor_block`).
 
 pub mod address_space;
+pub mod cr8_emulation;
 pub mod debug_log;
 pub mod dispatcher_thunks;
 pub mod dma_table;
@@ -31,6 +33,8 @@ pub mod object_table;
 pub mod pageable_pool;
 pub mod pe_image;
 pub mod pnp_life;
+pub mod privileged_instructions;
+pub mod processor_block;
 pub mod registry_table;
 pub mod registry_thunks;
 pub mod remove_lock_table;
