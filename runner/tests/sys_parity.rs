@@ -157,8 +157,7 @@ fn native_and_sys_give_identical_verdicts() {
     let sys: Vec<_> = sys.into_iter().map(|(name, verdict)| (name.replace("/sys/", "/"), verdict)).collect();
     // Entries the suite runs natively only have no twin: low-resources-user-buffer, as vhca.sys cannot survive its
     // MmProbeAndLockPages failure point (Windows raises an exception there and Rust cannot catch one: 0x7E), which
-    // the test below pins down; and unload-timer-set, whose vhca.sys verdict depends on timing (seed.toml says why;
-    // the suite's own test pins which entries are native only).
+    // the test below pins down (the suite's own test pins which entries are native only).
     let native_only: Vec<String> = vhca_suite::Suite::seed()
         .expect("the seed suite")
         .runs
