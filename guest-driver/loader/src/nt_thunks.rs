@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vhca_ntapi::{NtAsyncKernel, NtKernel};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP, KEVENT};
@@ -311,14 +311,13 @@ unsafe extern "win64" fn IoBuildSynchronousFsdRequest(
 
 // ---- Time and the processor ----
 
-/// KeDelayExecutionThread(WaitMode, Alertable, Interval): a relative interval (negative, 100 ns units) sleeps.
+/// KeDelayExecutionThread(WaitMode, Alertable, Interval): the model's delay on its clock (100 ns units, negative
+/// relative), with its rules: 0xC4/0xE5 above APC_LEVEL under IRQL checking, 0xB8 from the driver's DPC or ISR.
+/// A host sleep here would let a DPC yield unseen.
 unsafe extern "win64" fn KeDelayExecutionThread(_mode: i8, _alertable: u8, interval: *const i64) -> NTSTATUS {
     // SAFETY: the driver's interval.
     let t = unsafe { *interval };
-    if t < 0 {
-        std::thread::sleep(Duration::from_nanos(t.unsigned_abs() * 100));
-    }
-    STATUS_SUCCESS
+    kernel().model.delay_execution_thread(t).0
 }
 
 /// KeStallExecutionProcessor(MicroSeconds): the model's stall, which busy-waits on its clock and counts against the
