@@ -8,6 +8,10 @@
 //!   (https://learn.microsoft.com/windows-hardware/drivers/ddi/wdm/nf-wdm-kewaitforsingleobject); IRQL checking
 //!   stops it with 0xC4/0x122 (P2 the IRQL, P3 the object, P4 the timeout:
 //!   https://learn.microsoft.com/windows-hardware/drivers/debugger/bug-check-0xc4--driver-verifier-detected-violation).
+//!   Without the verifier (or with 0xC4/0x122 disabled) the kernel's own wait cannot block a DPC: 0xB8
+//!   ATTEMPTED_SWITCH_FROM_DPC at the wait, P1 the thread the DPC borrowed, P2 the processor's idle thread, P3 an
+//!   address on the DPC's stack, P4 0
+//!   (https://learn.microsoft.com/windows-hardware/drivers/debugger/bug-check-0xb8--attempted-switch-from-dpc).
 //!   The event can never be set meanwhile: QP a's callback would run in this same DPC.
 //! - dpc-spins-on-completion: KeStallExecutionProcessor in a loop, reading QP a's CQ, until the held write
 //!   completes: the DPC runs past its allotment, 0x133 DPC_WATCHDOG_VIOLATION with P1 0 in every mode (the
