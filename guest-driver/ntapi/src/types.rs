@@ -184,6 +184,39 @@ impl DEVICE_DESCRIPTION {
     }
 }
 
+/// What GetDmaAdapterInfo reports (DMA_ADAPTER_INFO_V1's fields; the caller asks for DMA_ADAPTER_INFO_VERSION1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DMA_ADAPTER_INFO_V1 {
+    pub ReadDmaCounterAvailable: u32,
+    pub ScatterGatherLimit: u32,
+    pub DmaAddressWidth: u32,
+    pub Flags: u32,
+    pub MinimumTransferUnit: u32,
+}
+
+pub const DMA_ADAPTER_INFO_VERSION1: u32 = 1;
+
+/// What GetDmaTransferInfo reports (DMA_TRANSFER_INFO_V2's fields; version 1 has the first three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DMA_TRANSFER_INFO_V2 {
+    pub MapRegisterCount: u32,
+    pub ScatterGatherElementCount: u32,
+    pub ScatterGatherListSize: u32,
+    pub LogicalPageCount: u32,
+}
+
+pub const DMA_TRANSFER_INFO_VERSION1: u32 = 1;
+pub const DMA_TRANSFER_INFO_VERSION2: u32 = 2;
+
+/// BuildScatterGatherListEx's flag: resources now or STATUS_INSUFFICIENT_RESOURCES, the routine (if any) called
+/// before the call returns.
+pub const DMA_SYNCHRONOUS_CALLBACK: u32 = 1;
+
+/// Bytes of Windows x64's SCATTER_GATHER_LIST header (NumberOfElements, Reserved) and of one SCATTER_GATHER_ELEMENT
+/// (Address, Length, Reserved): what a driver-supplied list buffer must hold.
+pub const SCATTER_GATHER_LIST_HEADER_BYTES: u32 = 16;
+pub const SCATTER_GATHER_ELEMENT_BYTES: u32 = 24;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SCATTER_GATHER_ELEMENT {
     pub Address: PHYSICAL_ADDRESS,

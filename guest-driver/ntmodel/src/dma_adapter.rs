@@ -3,7 +3,10 @@
 //! Execution routines (AdapterControl, AdapterListControl) run at DISPATCH_LEVEL, at once when the channel and map
 //! registers are free, else from the adapter's wait queue when a put or free gives registers back.
 
+mod dma_v3;
 mod queued_list;
+
+pub use dma_v3::ListRequest;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -106,7 +109,9 @@ pub(crate) struct Adapter {
     pub granted: u32,
     /// The longest scatter/gather element the device takes: DEVICE_DESCRIPTION's MaximumLength (`sg_split`).
     pub max_segment: Option<u32>,
-    /// The first device address the device cannot reach (`address_width`); None: 64 bits.
+    /// The device's address width in bits and the first device address it cannot reach (`address_width`); None:
+    /// 64 bits.
+    pub width: u32,
     pub reach: Option<u64>,
     /// Whether transfers cost map registers: under DMA checking (the verifier double-buffers through map
     /// registers) or for an adapter narrower than 64 bits (`address_width`), whose transfers bounce where its
@@ -422,6 +427,9 @@ impl NtModel {
         if self.checks(VerifierFlags::DDI_COMPLIANCE) && irql != PASSIVE_LEVEL {
             self.violation(Bugcheck::c4(c4::RULE_IRQL_IO_PASSIVE5, 0, 0, 0));
         }
+        if desc.Version > DEVICE_DESCRIPTION_VERSION3 && self.dma_checking() {
+            self.violation(Bugcheck::e6(dma_v3::UNKNOWN_DEVICE_DESCRIPTION_VERSION, 0, 0, 0));
+        }
         if desc.Version > DEVICE_DESCRIPTION_VERSION3 || !desc.Master {
             return PDMA_ADAPTER::NULL;
         }
@@ -429,12 +437,14 @@ impl NtModel {
         let wanted = (desc.MaximumLength as u64).div_ceil(PAGE) as u32 + 1;
         let granted = wanted.min(self.config.map_registers);
         *n = granted;
-        let reach = address_width::reach(address_width::address_width(desc));
+        let width = address_width::address_width(desc);
+        let reach = address_width::reach(width);
         let addr = self.new_object();
         let adapter = Adapter {
             addr,
             granted,
             max_segment: Some(desc.MaximumLength).filter(|n| *n > 0),
+            width,
             reach,
             needs_map_registers: (self.dma_checking() && self.config.double_buffering) || reach.is_some(),
             pool_free: self.config.map_registers,
