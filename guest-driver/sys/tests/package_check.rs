@@ -160,6 +160,48 @@ fn pe_problems(image: &[u8], allowed: &BTreeSet<(String, String)>) -> (Vec<Strin
     (problems, Some(PeFacts { entry_rva: optional.address_of_entry_point(), imports }))
 }
 
+/// The IRQL routines wdm.h inlines on x64 (KeGetCurrentIrql always; KfRaiseIrql/KeLowerIrql as KzRaiseIrql and
+/// KzLowerIrql where the WDK inlines them): vhca.sys moves the IRQL by CR8 and must import none of them.
+const INLINE_IRQL_ROUTINES: [&str; 3] = ["KeGetCurrentIrql", "KfRaiseIrql", "KeLowerIrql"];
+
+/// The `mov cr8, r64` (REX with R set, 0F 22, ModRM reg 0) and `mov r64, cr8` (0F 20) instructions in `code`.
+fn cr8_moves(code: &[u8]) -> (usize, usize) {
+    let (mut writes, mut reads) = (0, 0);
+    for w in code.windows(4) {
+        if (0x44..=0x4F).contains(&w[0]) && w[0] & 0x4 != 0 && w[1] == 0x0F && (w[3] >> 3) & 7 == 0 {
+            match w[2] {
+                0x22 => writes += 1,
+                0x20 => reads += 1,
+                _ => {}
+            }
+        }
+    }
+    (writes, reads)
+}
+
+/// The bytes of the image's .text section.
+fn text_section(image: &[u8]) -> &[u8] {
+    let file = PeFile64::parse(image).expect("a PE32+ image");
+    let text = file.section_table().iter().find(|s| s.raw_name() == b".text").expect(".text");
+    let start = text.pointer_to_raw_data.get(LE) as usize;
+    &image[start..start + text.size_of_raw_data.get(LE) as usize]
+}
+
+/// What is wrong with the image's IRQL form, in words: an inline routine imported, or code without a CR8 write.
+fn irql_form_problems(image: &[u8]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let (_, facts) = pe_problems(image, &BTreeSet::new());
+    for (module, routine) in facts.map(|f| f.imports).unwrap_or_default() {
+        if INLINE_IRQL_ROUTINES.contains(&routine.as_str()) {
+            problems.push(format!("imports {module}!{routine}, which wdm.h inlines as a CR8 access on x64"));
+        }
+    }
+    if cr8_moves(text_section(image)).0 == 0 {
+        problems.push("no CR8 write in .text: the IRQL is not raised and lowered inline".into());
+    }
+    problems
+}
+
 /// File offset of OptionalHeader.CheckSum: e_lfanew + signature (4) + file header (20) + 64.
 fn image_checksum_offset(image: &[u8]) -> usize {
     let e_lfanew = u32::from_le_bytes(image[0x3c..0x40].try_into().unwrap()) as usize;
@@ -200,11 +242,19 @@ fn vhca_sys_is_a_signed_wdm_driver_entered_at_driver_entry() {
     for routine in ["IoConnectInterruptEx", "IoDisconnectInterruptEx", "KeInsertQueueDpc", "KeFlushQueuedDpcs"] {
         assert!(facts.imports.iter().any(|(m, r)| m == "ntoskrnl.exe" && r == routine), "no {routine} import");
     }
+    // The IRQL moves inline, by CR8, as wdm.h's x64 routines compile (imports.txt says what stays imported).
+    assert_eq!(irql_form_problems(&image), Vec::<String>::new());
     let file = PeFile64::parse(&image[..]).unwrap();
     let security = file.data_directory(pe::IMAGE_DIRECTORY_ENTRY_SECURITY).expect("a security directory");
     assert!(security.size.get(LE) > 0, "no Authenticode signature");
     verify_signature(&dir, "vhca.sys").expect("osslsigncode verifies the signature");
-    println!("vhca.sys: {} bytes, {} imports: {:?}", image.len(), facts.imports.len(), facts.imports);
+    let (writes, reads) = cr8_moves(text_section(&image));
+    println!(
+        "vhca.sys: {} bytes, {writes} CR8 writes and {reads} CR8 reads, {} imports: {:?}",
+        image.len(),
+        facts.imports.len(),
+        facts.imports
+    );
 }
 
 fn verify_signature(dir: &Path, name: &str) -> Result<(), String> {
@@ -256,6 +306,23 @@ fn each_broken_fact_is_caught() {
     let routine = at(b"DbgPrintEx\0");
     unlisted[routine..routine + 10].copy_from_slice(b"DbgPrintXx");
     assert!(pe_problems(&unlisted, &allowed).0.iter().any(|p| p.contains("DbgPrintXx, which imports.txt")));
+
+    // The IRQL form: an inline routine imported (KeBugCheckEx renamed in place), and code whose CR8 writes are gone
+    // (each turned into a read).
+    assert_eq!(irql_form_problems(&image), Vec::<String>::new(), "the unsigned image's IRQL form is sound");
+    let mut imported = image.clone();
+    let routine = at(b"KeBugCheckEx\0");
+    imported[routine..routine + 13].copy_from_slice(b"KfRaiseIrql\0\0");
+    let problems = irql_form_problems(&imported);
+    assert!(problems.iter().any(|p| p.contains("ntoskrnl.exe!KfRaiseIrql, which wdm.h inlines")), "{problems:?}");
+    let mut no_write = image.clone();
+    for i in 0..no_write.len() - 3 {
+        let w = &no_write[i..i + 4];
+        if (0x44..=0x4F).contains(&w[0]) && w[0] & 0x4 != 0 && w[1] == 0x0F && w[2] == 0x22 && (w[3] >> 3) & 7 == 0 {
+            no_write[i + 2] = 0x20;
+        }
+    }
+    assert!(irql_form_problems(&no_write).iter().any(|p| p.contains("no CR8 write")));
 }
 
 #[test]

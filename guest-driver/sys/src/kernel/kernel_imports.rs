@@ -27,8 +27,6 @@ extern "C" {
 
 #[link(name = "ntoskrnl.exe", kind = "raw-dylib", modifiers = "+verbatim")]
 extern "system" {
-    /// x64 wdm.h makes this an inline CR8 write; the export is what a model can stand behind.
-    pub fn KeLowerIrql(new_irql: u8);
     /// Raises to DISPATCH_LEVEL and takes the lock; returns the previous IRQL (KeAcquireSpinLock on x64).
     pub fn KeAcquireSpinLockRaiseToDpc(lock: *mut usize) -> u8;
     pub fn KeReleaseSpinLock(lock: *mut usize, new_irql: u8);

@@ -7,7 +7,7 @@ use core::time::Duration;
 
 use vhca_virtio::{PollWait, Registers};
 use windows_sys::Wdk::System::SystemServices::{
-    KeDelayExecutionThread, KeGetCurrentIrql, KeQueryInterruptTimePrecise, KeStallExecutionProcessor, KernelMode,
+    KeDelayExecutionThread, KeQueryInterruptTimePrecise, KeStallExecutionProcessor, KernelMode,
 };
 
 /// An access outside the mapped BAR.
@@ -119,8 +119,7 @@ impl PollWait for KernelWait {
         if at >= self.deadline {
             return false;
         }
-        // SAFETY: any IRQL.
-        if at.saturating_sub(self.started) >= SPIN_BUDGET && unsafe { KeGetCurrentIrql() } < DISPATCH_LEVEL {
+        if at.saturating_sub(self.started) >= SPIN_BUDGET && super::irql::current() < DISPATCH_LEVEL {
             // Relative time: negative, in 100-ns units.
             let interval: i64 = -10_000;
             // SAFETY: IRQL <= APC_LEVEL, kernel mode, not alertable (KeDelayExecutionThread's rules).

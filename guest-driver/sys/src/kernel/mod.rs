@@ -9,6 +9,7 @@ mod dma_operations;
 mod fdo;
 mod interrupt_completions;
 mod irp;
+mod irql;
 mod kernel_callbacks;
 mod kernel_imports;
 mod mmio_registers;

@@ -16,7 +16,8 @@ use windows_sys::Wdk::System::SystemServices as wdk;
 use windows_sys::Win32::System::Kernel::SynchronizationEvent;
 
 use super::dma_operations as dma;
-use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeLowerIrql, KeReleaseSpinLock};
+use super::irql;
+use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock};
 use super::pool_allocator::{POOL_FLAG_NON_PAGED, POOL_FLAG_PAGED};
 use super::spin_locked::SpinLocked;
 use super::wdk_async_kernel::{release, AsyncObject};
@@ -120,19 +121,19 @@ fn pool_flags(pool_type: POOL_TYPE) -> u64 {
 }
 
 impl NtKernel for WdkKernel {
+    // wdm.h's x64 inline forms (irql.rs): CR8, no import.
     fn KeGetCurrentIrql(&self) -> KIRQL {
-        // SAFETY: any IRQL.
-        unsafe { wdk::KeGetCurrentIrql() }
+        irql::current()
     }
 
     fn KeRaiseIrql(&self, new_irql: KIRQL) -> KIRQL {
         // SAFETY: the caller raises (new_irql >= current), as KeRaiseIrql requires.
-        unsafe { wdk::KfRaiseIrql(new_irql) }
+        unsafe { irql::raise(new_irql) }
     }
 
     fn KeLowerIrql(&self, new_irql: KIRQL) {
         // SAFETY: the caller lowers to the IRQL it raised from.
-        unsafe { KeLowerIrql(new_irql) }
+        unsafe { irql::lower(new_irql) }
     }
 
     fn KeEnterCriticalRegion(&self) {
