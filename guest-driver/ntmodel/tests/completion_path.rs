@@ -190,17 +190,7 @@ fn a_waiter_sleeps_on_the_cqs_kevent_until_its_callback_queued_the_cqe_and_times
     let dev = FakeDevice::new(k.clone(), backend);
     let mut hca = Hca::open(k.clone(), dev.clone(), PDO, HcaConfig::default()).expect("open");
     let cq = hca.create_cq(16).expect("create_cq");
-    k.assign_interrupts(PDO, InterruptResources::Messages(1));
-    let waits: Box<dyn CqCompletions> = Box::new(
-        CompletionWaits::connect(
-            k.clone(),
-            Arc::new(dev.clone()),
-            PathDevices::pdo_only(PDO),
-            DEFAULT_CQE_BUDGET,
-            None,
-        )
-        .expect("connect"),
-    );
+    let waits = connected_waits(&k, &dev);
     waits.watch(cq, hca.cq_reader(cq).unwrap());
     assert!(waits.is_watched(cq));
     // Nothing arrived: the wait at PASSIVE_LEVEL ends at its timeout.

@@ -63,17 +63,7 @@ fn after_unwatch_all_the_dpc_reads_no_cq_while_the_interrupt_stays_connected() {
     let dev = FakeDevice::new(k.clone(), backend);
     let mut hca = Hca::open(k.clone(), dev.clone(), PDO, HcaConfig::default()).expect("open");
     let cqs = [hca.create_cq(16).expect("create_cq"), hca.create_cq(16).expect("create_cq")];
-    k.assign_interrupts(PDO, InterruptResources::Messages(1));
-    let waits: Box<dyn CqCompletions> = Box::new(
-        CompletionWaits::connect(
-            k.clone(),
-            Arc::new(dev.clone()),
-            PathDevices::pdo_only(PDO),
-            DEFAULT_CQE_BUDGET,
-            None,
-        )
-        .expect("connect"),
-    );
+    let waits = connected_waits(&k, &dev);
     for cq in cqs {
         waits.watch(cq, hca.cq_reader(cq).unwrap());
     }

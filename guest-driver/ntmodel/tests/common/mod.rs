@@ -13,6 +13,21 @@ use zerocopy::{FromBytes, IntoBytes};
 
 pub const PDO: PDEVICE_OBJECT = PDEVICE_OBJECT(0xFFFF_C000_0000_1000);
 
+/// The interrupt path over `dev` as the native driver core connects it (one message, the PDO for the interrupt and
+/// the work item), behind the object-safe face the scenarios hold.
+pub fn connected_waits(k: &Arc<NtModel>, dev: &FakeDevice) -> Box<dyn vhca_driver_core::CqCompletions> {
+    use vhca_driver_core::{CompletionWaits, PathDevices, DEFAULT_CQE_BUDGET};
+    k.assign_interrupts(PDO, vhca_ntmodel::InterruptResources::Messages(1));
+    let waits = CompletionWaits::connect(
+        k.clone(),
+        Arc::new(dev.clone()),
+        PathDevices::pdo_only(PDO),
+        DEFAULT_CQE_BUDGET,
+        None,
+    );
+    Box::new(waits.expect("connect"))
+}
+
 pub fn machine(flags: u32) -> (Arc<NtModel>, Arc<HostDmaBackend>) {
     NtModel::for_tests(NtModelConfig { verifier: VerifierFlags(flags), ..NtModelConfig::default() })
 }
