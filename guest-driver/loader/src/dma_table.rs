@@ -1,5 +1,5 @@
-//! What stands behind the DMA objects a driver binary holds: each Windows-layout DMA_ADAPTER's model adapter, each
-//! SCATTER_GATHER_LIST's model list, each common buffer made from an MDL. The DMA family's table (`dma_thunks`).
+//! What stands behind the DMA objects a driver binary holds: each DMA_ADAPTER's model adapter, each list's model list
+//! (in the loader's block or the driver's own buffer), each MDL-made common buffer. The DMA family's table.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,6 +16,8 @@ pub struct DmaObjects {
     lists: Mutex<HashMap<usize, (PSCATTER_GATHER_LIST, usize)>>,
     /// (adapter, process address) of a common buffer made from an MDL -> the model's IoMapCommonBuffer handle.
     mdl_buffers: Mutex<HashMap<(usize, usize), HANDLE>>,
+    /// A list BuildScatterGatherList(Ex) wrote into the driver's own buffer -> the model's list handle.
+    driver_lists: Mutex<HashMap<usize, PSCATTER_GATHER_LIST>>,
 }
 
 impl DmaObjects {
@@ -36,6 +38,16 @@ impl DmaObjects {
     /// Unties `list`, giving the model's handle and the block's size; None for a list the loader did not deliver.
     pub fn remove_list(&self, list: *const SCATTER_GATHER_LIST) -> Option<(PSCATTER_GATHER_LIST, usize)> {
         crate::lock(&self.lists).remove(&(list as usize))
+    }
+
+    /// Ties the list in the driver's buffer at `list` to the model's list `handle`.
+    pub fn insert_driver_list(&self, list: *const SCATTER_GATHER_LIST, handle: PSCATTER_GATHER_LIST) {
+        crate::lock(&self.driver_lists).insert(list as usize, handle);
+    }
+
+    /// Unties a list in the driver's buffer, giving the model's handle; None for any other list.
+    pub fn remove_driver_list(&self, list: *const SCATTER_GATHER_LIST) -> Option<PSCATTER_GATHER_LIST> {
+        crate::lock(&self.driver_lists).remove(&(list as usize))
     }
 
     /// Records the common buffer at process address `va` that `adapter` made from an MDL.

@@ -5,6 +5,9 @@
 //! Which model object stands behind each Windows one is `dma_table`'s.
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement.
 
+mod unimplemented;
+mod version3;
+
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
 use std::mem::{offset_of, size_of};
@@ -91,8 +94,9 @@ unsafe fn store<T>(slot: &mut Option<T>, routine: usize) {
 site_entry!(AllocateCommonBuffer_entry => AllocateCommonBuffer);
 site_entry!(GetScatterGatherList_entry => GetScatterGatherList);
 
-/// The one DMA_OPERATIONS table (version 3, so CreateCommonBufferFromMdl is there); routines Windows has and the
-/// model does not (GetDmaAlignment, the v2/v3 extras) stay NULL.
+/// The one DMA_OPERATIONS table, version 3 (every adapter gets it: a driver that asked for version 1 or 2 reads only
+/// the slots its version has). No slot is NULL: the routines the model stands behind are here and in `version3`,
+/// the rest are `unimplemented`'s stand-ins, which log their name and fail.
 fn operations() -> *mut DMA_OPERATIONS {
     struct Table(*mut DMA_OPERATIONS);
     // SAFETY: the table is written once, before it is shared, and never again.
@@ -118,10 +122,84 @@ fn operations() -> *mut DMA_OPERATIONS {
                 store(&mut t.GetScatterGatherList, GetScatterGatherList_entry as *const () as usize);
                 store(&mut t.PutScatterGatherList, PutScatterGatherList as *const () as usize);
                 store(&mut t.CreateCommonBufferFromMdl, CreateCommonBufferFromMdl as *const () as usize);
+                store(&mut t.GetDmaAlignment, version3::GetDmaAlignment as *const () as usize);
+                store(&mut t.BuildScatterGatherList, version3::BuildScatterGatherList as *const () as usize);
+                store(&mut t.GetDmaAdapterInfo, version3::GetDmaAdapterInfo as *const () as usize);
+                store(&mut t.GetDmaTransferInfo, version3::GetDmaTransferInfo as *const () as usize);
+                let initialize = version3::InitializeDmaTransferContext as *const () as usize;
+                store(&mut t.InitializeDmaTransferContext, initialize);
+                store(&mut t.AllocateCommonBufferEx, version3::AllocateCommonBufferEx as *const () as usize);
+                store(&mut t.BuildScatterGatherListEx, version3::BuildScatterGatherListEx as *const () as usize);
+                store_stand_ins(&mut t);
             }
             Table(Box::into_raw(Box::new(t)))
         })
         .0
+}
+
+/// Fills every slot still NULL with `unimplemented`'s stand-in of the same name.
+///
+/// # Safety
+/// `t` is the table being built; each stand-in has its slot's return type (`unimplemented` says why its missing
+/// parameters are sound).
+unsafe fn store_stand_ins(t: &mut DMA_OPERATIONS) {
+    let slots = slot_names();
+    let words = t as *mut DMA_OPERATIONS as *mut usize;
+    for (name, routine) in unimplemented::all() {
+        let at = slots.iter().position(|s| *s == name).expect("a stand-in names a DMA_OPERATIONS slot");
+        // SAFETY: slot `at` is the pointer-sized word `at + 1` of the table (after Size, padded to a word).
+        unsafe {
+            let slot = words.add(at + 1);
+            assert_eq!(*slot, 0, "{name} is implemented and stood in for");
+            *slot = routine;
+        }
+    }
+}
+
+/// DMA_OPERATIONS' routine slots in their order (learn.microsoft.com's ns-wdm-_dma_operations; windows-sys's
+/// struct, which `the_table_has_no_null_slot` holds to the same order).
+pub fn slot_names() -> [&'static str; 39] {
+    [
+        "PutDmaAdapter",
+        "AllocateCommonBuffer",
+        "FreeCommonBuffer",
+        "AllocateAdapterChannel",
+        "FlushAdapterBuffers",
+        "FreeAdapterChannel",
+        "FreeMapRegisters",
+        "MapTransfer",
+        "GetDmaAlignment",
+        "ReadDmaCounter",
+        "GetScatterGatherList",
+        "PutScatterGatherList",
+        "CalculateScatterGatherList",
+        "BuildScatterGatherList",
+        "BuildMdlFromScatterGatherList",
+        "GetDmaAdapterInfo",
+        "GetDmaTransferInfo",
+        "InitializeDmaTransferContext",
+        "AllocateCommonBufferEx",
+        "AllocateAdapterChannelEx",
+        "ConfigureAdapterChannel",
+        "CancelAdapterChannel",
+        "MapTransferEx",
+        "GetScatterGatherListEx",
+        "BuildScatterGatherListEx",
+        "FlushAdapterBuffersEx",
+        "FreeAdapterObject",
+        "CancelMappedTransfer",
+        "AllocateDomainCommonBuffer",
+        "FlushDmaBuffer",
+        "JoinDmaDomain",
+        "LeaveDmaDomain",
+        "GetDmaDomain",
+        "AllocateCommonBufferWithBounds",
+        "AllocateCommonBufferVector",
+        "GetCommonBufferFromVectorByIndex",
+        "FreeCommonBufferFromVector",
+        "FreeCommonBufferVector",
+        "CreateCommonBufferFromMdl",
+    ]
 }
 
 unsafe extern "win64" fn PutDmaAdapter(adapter: *mut DMA_ADAPTER) {
@@ -260,21 +338,35 @@ unsafe extern "win64" fn MapTransfer(
 
 /// A Windows-layout SCATTER_GATHER_LIST for the model's list: NumberOfElements, Reserved, then the elements.
 fn windows_list(list: &SCATTER_GATHER_LIST) -> (*mut WDK_SG_LIST, usize) {
-    let header = offset_of!(WDK_SG_LIST, Elements);
-    let bytes = header + list.Elements.len().max(1) * size_of::<SCATTER_GATHER_ELEMENT>();
+    let bytes = windows_list_bytes(list.Elements.len().max(1));
     let layout = Layout::from_size_align(bytes, 16).expect("list layout");
     // SAFETY: a non-zero size.
     let raw = unsafe { alloc_zeroed(layout) } as *mut WDK_SG_LIST;
     assert!(!raw.is_null(), "out of memory for a scatter/gather list");
     // SAFETY: a fresh block with room for every element after the header.
+    unsafe { write_windows_list(raw, list) };
+    (raw, bytes)
+}
+
+/// Bytes of a Windows SCATTER_GATHER_LIST of `elements` elements.
+fn windows_list_bytes(elements: usize) -> usize {
+    offset_of!(WDK_SG_LIST, Elements) + elements * size_of::<SCATTER_GATHER_ELEMENT>()
+}
+
+/// Writes the model's list at `raw` in Windows' layout.
+///
+/// # Safety
+/// `raw` is writable for `windows_list_bytes(list.Elements.len())` bytes and aligned for a SCATTER_GATHER_LIST.
+unsafe fn write_windows_list(raw: *mut WDK_SG_LIST, list: &SCATTER_GATHER_LIST) {
+    // SAFETY: per the contract, room for the header and every element after it.
     unsafe {
         (*raw).NumberOfElements = list.Elements.len() as u32;
-        let first = (raw as *mut u8).add(header) as *mut SCATTER_GATHER_ELEMENT;
+        (*raw).Reserved = 0;
+        let first = (raw as *mut u8).add(offset_of!(WDK_SG_LIST, Elements)) as *mut SCATTER_GATHER_ELEMENT;
         for (i, e) in list.Elements.iter().enumerate() {
             first.add(i).write(SCATTER_GATHER_ELEMENT { Address: e.Address.0 as i64, Length: e.Length, Reserved: 0 });
         }
     }
-    (raw, bytes)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -320,6 +412,11 @@ unsafe extern "win64" fn GetScatterGatherList(
 
 unsafe extern "win64" fn PutScatterGatherList(adapter: *mut DMA_ADAPTER, list: *mut WDK_SG_LIST, write_to_device: u8) {
     let k = kernel();
+    if let Some(handle) = k.dma.remove_driver_list(list) {
+        // A list BuildScatterGatherList(Ex) wrote into the driver's buffer: the buffer stays the driver's.
+        k.model.PutScatterGatherList(adapter_of(adapter), handle, write_to_device != 0);
+        return;
+    }
     let Some((handle, bytes)) = k.dma.remove_list(list) else {
         // Not a list this adapter delivered (or put twice): the model judges the handle it is given.
         k.model.PutScatterGatherList(adapter_of(adapter), PSCATTER_GATHER_LIST(list as u64), write_to_device != 0);
