@@ -76,6 +76,8 @@ pub struct IoManager {
     pdo: std::sync::atomic::AtomicUsize,
     /// Held while the PDO is made, so two first asks make one.
     enumeration: Mutex<()>,
+    /// What I/O Verification tracks of the IRPs in flight.
+    ledger: crate::io_verification::IrpLedger,
 }
 
 // SAFETY: the raw objects are the driver's shared kernel objects, as on Windows; the tables are under a mutex.
@@ -98,7 +100,12 @@ impl IoManager {
             bus_driver,
             pdo: Default::default(),
             enumeration: Mutex::new(()),
+            ledger: Default::default(),
         }
+    }
+
+    pub(crate) fn ledger(&self) -> &crate::io_verification::IrpLedger {
+        &self.ledger
     }
 
     pub(crate) fn bus(&self) -> &dyn BusDriver {
@@ -270,6 +277,7 @@ impl IoManager {
             (*irp).IoStatus.Anonymous.Status = STATUS_NOT_SUPPORTED;
         }
         crate::lock(&self.objects).irps.push((irp as usize, bytes));
+        self.ledger.allocated(irp as usize);
         irp
     }
 
@@ -280,6 +288,7 @@ impl IoManager {
             let (_, bytes) = objects.irps.remove(at);
             // SAFETY: an IRP this manager allocated, freed once.
             unsafe { free_object(irp as *mut u8, bytes) };
+            self.ledger.freed(irp as usize);
         }
     }
 

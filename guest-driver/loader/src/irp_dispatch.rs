@@ -1,12 +1,17 @@
 //! Moving IRPs (IofCallDriver, IofCompleteRequest, IoForwardIrpSynchronously): down to each driver's dispatch routine
-//! or the bus driver, back up through the completion routines; apart from `io_manager`'s objects, as it can bugcheck.
+//! or the bus driver, back up through the completion routines, each move checked by `io_verification`'s rules;
+//! apart from `io_manager`'s objects, as it can bugcheck.
 
 use std::ffi::c_void;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP, PIO_COMPLETION_ROUTINE};
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING};
+use windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING,
+};
 
 use crate::io_manager::{DispatchFn, IoManager};
+use crate::io_verification::IoRules;
+use crate::kernel_context::kernel;
 
 /// An IRP completion routine as the image calls it.
 type CompletionFn = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP, *mut c_void) -> NTSTATUS;
@@ -18,11 +23,19 @@ const SL_INVOKE_ON_CANCEL: u8 = 0x20;
 const SL_PENDING_RETURNED: u8 = 0x01;
 
 /// IofCallDriver: the next location becomes current and the device's driver gets the IRP. The PDO's driver is
-/// the bus driver, answered here.
+/// the bus driver, answered here. Under I/O Verification the call and the dispatch routine's return are checked
+/// (`io_verification`).
 ///
 /// # Safety
 /// A live device and an IRP with a stack location left for it.
 pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    let rules = IoRules::new(&kernel().model);
+    let freed = io.ledger().is_freed(irp as usize);
+    rules.calling(device as usize, io.is_device(device), irp as usize, io.ledger().is_done(irp as usize));
+    if freed {
+        // Windows would send the freed IRP's memory down; the loader has nothing left to send.
+        return STATUS_INVALID_PARAMETER;
+    }
     // SAFETY: the caller's contract.
     unsafe {
         if (*irp).CurrentLocation <= 1 {
@@ -41,8 +54,19 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
         }
         let routine = (*driver).MajorFunction[(*stack).MajorFunction as usize];
         match routine {
-            // SAFETY: the driver's dispatch routine, called with the Windows x64 convention it was built for.
-            Some(f) => std::mem::transmute::<usize, DispatchFn>(f as usize)(device, irp),
+            Some(f) => {
+                let call = io.ledger().enter(irp as usize, (*irp).CurrentLocation, rules.irql());
+                // SAFETY: the driver's dispatch routine, called with the Windows x64 convention it was built for.
+                let status = std::mem::transmute::<usize, DispatchFn>(f as usize)(device, irp);
+                // The IRP may be completed and freed by now: its mark was kept when completion passed the location.
+                let marked = match io.ledger().leave(&call) {
+                    Some(marked) => marked,
+                    None if io.ledger().is_freed(irp as usize) => false,
+                    None => (*stack).Control & SL_PENDING_RETURNED != 0,
+                };
+                rules.returned(&call, f as usize, device as usize, status, marked);
+                status
+            }
             None => {
                 complete_request(io, irp, STATUS_NOT_SUPPORTED);
                 STATUS_NOT_SUPPORTED
@@ -51,7 +75,8 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
     }
 }
 
-/// Completes the IRP with `status`: then IofCompleteRequest.
+/// Completes the IRP with `status` on the I/O manager's behalf (the bus driver's answer, a missing dispatch
+/// routine): the completion walk without the checks on a driver's IoCompleteRequest.
 ///
 /// # Safety
 /// As `complete_irp`.
@@ -59,23 +84,44 @@ pub(crate) unsafe fn complete_request(io: &IoManager, irp: *mut IRP, status: NTS
     // SAFETY: the caller's contract.
     unsafe {
         (*irp).IoStatus.Anonymous.Status = status;
-        complete_irp(io, irp)
+        complete_walk(io, irp)
     }
 }
 
-/// IofCompleteRequest: the completion routines from the current location upwards, each under its
-/// SL_INVOKE_ON_* bits; STATUS_MORE_PROCESSING_REQUIRED stops the walk (the routine's owner keeps the IRP).
-/// Then the IRP's event and status block, for IRPs the I/O manager built.
+/// IofCompleteRequest from a driver: an IRP already completed is 0x44 in every mode (its memory is not read when
+/// the I/O manager freed it); under I/O Verification the caller's IRQL and the status are checked; then the walk.
+///
+/// # Safety
+/// An IRP the caller holds; it is not touched after.
+pub(crate) unsafe fn complete_irp(io: &IoManager, irp: *mut IRP) {
+    let rules = IoRules::new(&kernel().model);
+    if io.ledger().is_done(irp as usize) {
+        // With the rule disabled nothing is left to complete: the walk would find no location above.
+        rules.completed_twice(irp as usize);
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        rules.completing(irp as usize, (*irp).IoStatus.Anonymous.Status);
+        complete_walk(io, irp)
+    }
+}
+
+/// The completion routines from the current location upwards, each under its SL_INVOKE_ON_* bits;
+/// STATUS_MORE_PROCESSING_REQUIRED stops the walk (the routine's owner keeps the IRP). A location whose routine
+/// does not run passes SL_PENDING_RETURNED up, as IoMarkIrpPending in that routine would. Then the IRP's event and
+/// status block, for IRPs the I/O manager built.
 ///
 /// # Safety
 /// A live IRP that is its holder's to complete; it is not touched after.
-pub(crate) unsafe fn complete_irp(io: &IoManager, irp: *mut IRP) {
+unsafe fn complete_walk(io: &IoManager, irp: *mut IRP) {
     // SAFETY: the caller's contract; the stack locations lie behind the IRP.
     unsafe {
         let count = (*irp).StackCount;
         while (*irp).CurrentLocation <= count {
             let stack = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
             (*irp).PendingReturned = (*stack).Control & SL_PENDING_RETURNED != 0;
+            io.ledger().completed_past(irp as usize, (*irp).CurrentLocation, (*irp).PendingReturned);
             let routine = (*stack).CompletionRoutine;
             let control = (*stack).Control;
             let context = (*stack).Context;
@@ -98,8 +144,11 @@ pub(crate) unsafe fn complete_irp(io: &IoManager, irp: *mut IRP) {
                 if r == STATUS_MORE_PROCESSING_REQUIRED {
                     return;
                 }
+            } else if (*irp).PendingReturned && (*irp).CurrentLocation <= count {
+                (*stack.add(1)).Control |= SL_PENDING_RETURNED;
             }
         }
+        io.ledger().completed_to_top(irp as usize);
         let iosb = (*irp).Anonymous.UserIosb;
         if !iosb.is_null() {
             *iosb = (*irp).IoStatus;

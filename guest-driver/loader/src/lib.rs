@@ -20,6 +20,7 @@ pub mod image_mapping;
 pub mod interrupt_table;
 pub mod interrupt_thunks;
 pub mod io_manager;
+pub mod io_verification;
 mod irp_dispatch;
 pub mod kernel_context;
 pub mod load_error;
