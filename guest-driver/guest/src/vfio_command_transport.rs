@@ -138,12 +138,9 @@ impl CommandTransport for VfioCommandTransport {
         lock(&self.queues.events).poll(&note)
     }
 
+    /// Silent: the interrupt path's own lines say when its KEVENT starts and stops serving the commands
+    /// (driver_run.rs), and every console byte costs the run time.
     fn wait_for_interrupts(&self, signal: Option<Arc<dyn CompletionSignal>>) {
-        let waiting = signal.is_some();
         lock(&self.queues.commands).waits_mut().attach(signal);
-        progress(format_args!(
-            "command queue: {}",
-            if waiting { "waits on the driver's KEVENT (its DPC sets it)" } else { "polls (interrupt disconnected)" }
-        ));
     }
 }
