@@ -356,15 +356,18 @@ fn windows_list_bytes(elements: usize) -> usize {
 /// Writes the model's list at `raw` in Windows' layout.
 ///
 /// # Safety
-/// `raw` is writable for `windows_list_bytes(list.Elements.len())` bytes and aligned for a SCATTER_GATHER_LIST.
+/// `raw` is writable for `windows_list_bytes(list.Elements.len())` bytes. It need not be aligned: a driver's own
+/// list buffer (BuildScatterGatherList) is wherever the driver put it, so every field is written unaligned.
 unsafe fn write_windows_list(raw: *mut WDK_SG_LIST, list: &SCATTER_GATHER_LIST) {
-    // SAFETY: per the contract, room for the header and every element after it.
+    let base = raw as *mut u8;
+    // SAFETY: per the contract, room for the header and every element after it; unaligned writes throughout.
     unsafe {
-        (*raw).NumberOfElements = list.Elements.len() as u32;
-        (*raw).Reserved = 0;
-        let first = (raw as *mut u8).add(offset_of!(WDK_SG_LIST, Elements)) as *mut SCATTER_GATHER_ELEMENT;
+        base.add(offset_of!(WDK_SG_LIST, NumberOfElements)).cast::<u32>().write_unaligned(list.Elements.len() as u32);
+        base.add(offset_of!(WDK_SG_LIST, Reserved)).cast::<usize>().write_unaligned(0);
+        let first = base.add(offset_of!(WDK_SG_LIST, Elements)) as *mut SCATTER_GATHER_ELEMENT;
         for (i, e) in list.Elements.iter().enumerate() {
-            first.add(i).write(SCATTER_GATHER_ELEMENT { Address: e.Address.0 as i64, Length: e.Length, Reserved: 0 });
+            let element = SCATTER_GATHER_ELEMENT { Address: e.Address.0 as i64, Length: e.Length, Reserved: 0 };
+            first.add(i).write_unaligned(element);
         }
     }
 }

@@ -124,7 +124,7 @@ impl DriverBuffer {
     fn take(&self, list: &SCATTER_GATHER_LIST) -> *mut WDK_SG_LIST {
         let raw = self.buffer as *mut WDK_SG_LIST;
         // SAFETY: the model refused a buffer shorter than the most elements the transfer may take
-        // (STATUS_BUFFER_TOO_SMALL), and the driver's buffer is pointer-aligned as its page's allocation is.
+        // (STATUS_BUFFER_TOO_SMALL); write_windows_list needs no alignment.
         unsafe { write_windows_list(raw, list) };
         kernel().dma.insert_driver_list(raw, list.Handle);
         raw
