@@ -7,6 +7,7 @@ extern crate alloc;
 
 mod bugcheck_codes;
 mod kernel;
+mod pool_flags;
 pub mod resource_list_layout;
 // Before async_kernel: its pointer types come from types' opaque_pointer! macro.
 #[macro_use]
@@ -16,4 +17,5 @@ mod async_kernel;
 pub use async_kernel::*;
 pub use bugcheck_codes::*;
 pub use kernel::NtKernel;
+pub use pool_flags::*;
 pub use types::*;

@@ -86,7 +86,10 @@ impl NtKernel for NtModel {
 
     #[track_caller]
     fn ExAllocatePoolWithTag(&self, pool_type: POOL_TYPE, number_of_bytes: usize, tag: u32) -> PVOID {
-        let r = at_location(Location::caller(), || self.pool_alloc(pool_type, number_of_bytes, tag));
+        // A Rust caller has no code address the model can name: Code integrity checks' P2 is its call site's record.
+        let site = Location::caller();
+        let caller = site as *const Location<'_> as u64;
+        let r = at_location(site, || self.pool_alloc(pool_type.into(), number_of_bytes, tag, caller));
         self.ok(r)
     }
     fn ExFreePoolWithTag(&self, p: PVOID, _tag: u32) {

@@ -17,6 +17,7 @@ mod locks;
 pub mod low_resources;
 mod mdl;
 mod memory;
+pub mod pool_types;
 mod processor;
 mod sg_split;
 mod timer;
@@ -41,6 +42,7 @@ pub use low_resources::{
     with_call_site, CallSite, Failure, FaultPoint, FaultableRoutine, InjectedFault, InjectionMode, LowResourcesConfig,
     SiteFrame, Systematic,
 };
+pub use pool_types::PoolRequest;
 pub use processor::ProcessorNumber;
 pub use timing::{ClockSource, TimingConfig, TIMING_OPTION_KEYS};
 pub use verifier::{RuleId, VerifierFlags};

@@ -4,11 +4,13 @@
 mod pool_quarantine;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::panic::Location;
 
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
-use crate::low_resources::FaultableRoutine;
+use crate::low_resources::{at_location, FaultableRoutine};
+use crate::pool_types::{PoolRequest, C4_EXECUTABLE_POOL};
 use crate::verifier::{c4, VerifierFlags};
 use crate::{dma_adapter, lock, mdl, HostMemId, NtModel, PAGE};
 
@@ -164,28 +166,44 @@ impl NtModel {
         lock(&self.memory).quarantine.bytes()
     }
 
-    pub(crate) fn pool_alloc(&self, pool_type: POOL_TYPE, bytes: usize, tag: u32) -> Result<PVOID, Bugcheck> {
+    /// ExAllocatePoolWithTag or ExAllocatePool2 as a driver binary calls it: `request` the pool its call named,
+    /// `caller` the return address in the driver's code (Code integrity checks' P2).
+    #[track_caller]
+    pub fn allocate_pool(&self, request: PoolRequest, bytes: usize, tag: u32, caller: u64) -> PVOID {
+        let r = at_location(Location::caller(), || self.pool_alloc(request, bytes, tag, caller));
+        self.ok(r)
+    }
+
+    pub(crate) fn pool_alloc(
+        &self,
+        request: PoolRequest,
+        bytes: usize,
+        tag: u32,
+        caller: u64,
+    ) -> Result<PVOID, Bugcheck> {
         let irql = self.irql();
+        let pool_type = u64::from(request.pool_type);
         if bytes == 0 && self.verifier().enabled() {
-            self.found(Bugcheck::c4(c4::ZERO_BYTE_ALLOCATION, irql as u64, pool_type as u64, 0))?;
+            self.found(Bugcheck::c4(c4::ZERO_BYTE_ALLOCATION, irql as u64, pool_type, 0))?;
         }
         if self.checks(VerifierFlags::IRQL_CHECKING) {
-            if pool_type.is_paged() && irql > APC_LEVEL {
-                self.found(Bugcheck::c4(c4::PAGED_ALLOC_ABOVE_APC, irql as u64, pool_type as u64, bytes as u64))?;
+            if request.paged && irql > APC_LEVEL {
+                self.found(Bugcheck::c4(c4::PAGED_ALLOC_ABOVE_APC, irql as u64, pool_type, bytes as u64))?;
             }
             if irql > DISPATCH_LEVEL {
-                self.found(Bugcheck::c4(
-                    c4::NONPAGED_ALLOC_ABOVE_DISPATCH,
-                    irql as u64,
-                    pool_type as u64,
-                    bytes as u64,
-                ))?;
+                self.found(Bugcheck::c4(c4::NONPAGED_ALLOC_ABOVE_DISPATCH, irql as u64, pool_type, bytes as u64))?;
             }
+        }
+        // Memory integrity never lets kernel memory be writable and executable at once, so the check refuses the
+        // request itself, whether or not the driver ever executes from it; without it Windows hands out the
+        // executable block, and so does the model.
+        if request.executable && self.checks(VerifierFlags::CODE_INTEGRITY) {
+            self.found(Bugcheck::c4(C4_EXECUTABLE_POOL, caller, pool_type, u64::from(tag)))?;
         }
         if self.inject(FaultableRoutine::ExAllocatePoolWithTag, Some(tag)).is_some() {
             return Ok(PVOID::NULL);
         }
-        let kind = if pool_type.is_paged() { RegionKind::PagedPool } else { RegionKind::NonPagedPool };
+        let kind = if request.paged { RegionKind::PagedPool } else { RegionKind::NonPagedPool };
         Ok(self.alloc_region(bytes as u64, kind, tag, 0).map(PVOID).unwrap_or(PVOID::NULL))
     }
 

@@ -21,6 +21,9 @@ impl VerifierFlags {
     pub const DDI_COMPLIANCE: VerifierFlags = VerifierFlags(0x20000);
     /// Systematic Low Resource Simulation: bit 18 (Windows 10 and earlier spell it `/flags 0x40000`).
     pub const SYSTEMATIC_LOW_RESOURCES: VerifierFlags = VerifierFlags(0x40000);
+    /// Code integrity checks: bit 25, memory integrity's (HVCI's) rules, executable pool among them
+    /// (https://learn.microsoft.com/windows-hardware/drivers/devtest/code-integrity-checking).
+    pub const CODE_INTEGRITY: VerifierFlags = VerifierFlags(0x2000000);
     /// `verifier /standard`: 0x209BB (special pool, IRQL, pool tracking, I/O, deadlock, DMA, security, misc, ...).
     pub const STANDARD: VerifierFlags = VerifierFlags(0x209BB);
 
