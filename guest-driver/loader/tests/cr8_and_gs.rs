@@ -244,8 +244,11 @@ fn run_case(case: &str) {
             install_kernel(VerifierFlags::NONE);
             // mov cr8, rcx; xor eax, eax; mov cr8, rax; ret: a raise and its lower, as wdm.h inlines them.
             let pair = code.routine(&[WRITE_RCX.as_slice(), &[0x31, 0xC0], &[0x44, 0x0F, 0x22, 0xC0, 0xC3]].concat());
+            let read = code.routine(&[READ_RAX.as_slice(), &[0xC3]].concat());
             install_image(&code);
             let by_trap: IrqlRoutine = win64(pair);
+            let read_by_trap: IrqlRoutine = win64(read);
+            let read_by_import: unsafe extern "win64" fn() -> u8 = routine("KeGetCurrentIrql");
             let raise: unsafe extern "win64" fn(u8) -> u8 = routine("KfRaiseIrql");
             let lower: unsafe extern "win64" fn(u8) = routine("KeLowerIrql");
             let rounds = 20_000u32;
@@ -257,8 +260,16 @@ fn run_case(case: &str) {
                 started.elapsed().as_nanos() as f64 / f64::from(rounds)
             };
             // SAFETY: the thunks and the fragment, each a raise to DISPATCH_LEVEL and the lower back.
-            let (mut imports, mut traps) = (Vec::new(), Vec::new());
+            let (mut imports, mut traps, mut reads) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..3 {
+                reads.push((
+                    time(&|| unsafe {
+                        read_by_import();
+                    }),
+                    time(&|| unsafe {
+                        read_by_trap(0);
+                    }),
+                ));
                 imports.push(time(&|| unsafe { lower(raise(2)) }));
                 traps.push(time(&|| unsafe {
                     by_trap(2);
@@ -266,6 +277,12 @@ fn run_case(case: &str) {
             }
             assert_eq!(irql(), 0);
             let best = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
+            let (read_imports, read_traps): (Vec<f64>, Vec<f64>) = reads.into_iter().unzip();
+            println!(
+                "IRQL read: import {:.0} ns, CR8 trap {:.0} ns (best of 3 x {rounds})",
+                best(&read_imports),
+                best(&read_traps)
+            );
             println!(
                 "raise+lower pair: imports {:.0} ns, CR8 traps {:.0} ns (best of 3 x {rounds}; all {imports:.0?} / {traps:.0?})",
                 best(&imports),
@@ -349,9 +366,10 @@ fn cr8_trap_cost_against_the_imports() {
     let (status, out) = run_child("bench");
     assert_eq!(status, 0, "{out}");
     // The harness prints "test child ... " before the child's first line.
-    let line =
-        out.lines().find_map(|l| l.find("raise+lower pair:").map(|at| &l[at..])).unwrap_or_else(|| panic!("{out}"));
-    println!("{line}");
+    for figure in ["IRQL read:", "raise+lower pair:"] {
+        let line = out.lines().find_map(|l| l.find(figure).map(|at| &l[at..])).unwrap_or_else(|| panic!("{out}"));
+        println!("{line}");
+    }
 }
 
 #[test]
