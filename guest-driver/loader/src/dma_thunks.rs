@@ -123,6 +123,8 @@ fn operations() -> *mut DMA_OPERATIONS {
                 store(&mut t.PutScatterGatherList, PutScatterGatherList as *const () as usize);
                 store(&mut t.CreateCommonBufferFromMdl, CreateCommonBufferFromMdl as *const () as usize);
                 store(&mut t.GetDmaAlignment, version3::GetDmaAlignment as *const () as usize);
+                let calculate = version3::CalculateScatterGatherList as *const () as usize;
+                store(&mut t.CalculateScatterGatherList, calculate);
                 store(&mut t.BuildScatterGatherList, version3::BuildScatterGatherList as *const () as usize);
                 store(&mut t.GetDmaAdapterInfo, version3::GetDmaAdapterInfo as *const () as usize);
                 store(&mut t.GetDmaTransferInfo, version3::GetDmaTransferInfo as *const () as usize);

@@ -136,6 +136,19 @@ fn version_3_slots_answer_through_the_windows_abi_and_none_is_null() {
         // Under DMA checking every page costs a map register (double buffering).
         assert_eq!(t[1..], [5, 3, 16 + 3 * 24, 5], "MapRegisterCount, elements, ListSize, LogicalPageCount");
 
+        // CalculateScatterGatherList (version 2): the actual size with the MDL, the most without it.
+        type Calculate =
+            unsafe extern "win64" fn(*mut DMA_ADAPTER, *mut MDL, *mut u8, u32, *mut u32, *mut u32) -> NTSTATUS;
+        let calculate: Calculate = slot(ops, "CalculateScatterGatherList");
+        let (mut size, mut registers) = (0u32, 99u32);
+        assert_eq!(calculate(adapter, mdl, data.add(0x100), 4 * 4096, &mut size, &mut registers), 0);
+        assert_eq!((size, registers), (16 + 3 * 24, 5));
+        assert_eq!(
+            calculate(adapter, std::ptr::null_mut(), data.add(0x100), 4 * 4096, &mut size, std::ptr::null_mut()),
+            0
+        );
+        assert_eq!(size, 16 + 5 * 24);
+
         // BuildScatterGatherListEx into the driver's buffer: too small is refused; DMA_SYNCHRONOUS_CALLBACK without
         // a routine hands the list back in the buffer; with a routine it runs at DISPATCH_LEVEL on the buffer.
         let init: unsafe extern "win64" fn(*mut DMA_ADAPTER, *mut u8) -> NTSTATUS =

@@ -148,3 +148,21 @@ fn an_unknown_device_description_version_is_e6_25_under_dma_checking() {
     let (k, _) = machine(0);
     assert!(k.IoGetDmaAdapter(PDO, &description, &mut n).is_null());
 }
+
+#[test]
+fn calculate_scatter_gather_list_gives_the_lists_size_with_the_mdl_and_the_most_without() {
+    let (k, _) = machine_with(NtModelConfig { max_contiguous_pages: Some(2), ..Default::default() });
+    let a = adapter(&k, v3(64));
+    let (va, mdl) = nonpaged(&k, 5 * 4096);
+    let at = va.offset(0x100).unwrap();
+    assert_eq!(k.calculate_scatter_gather_list(a, Some(mdl), at, 4 * 4096), Ok((16 + 3 * 24, 0)), "three runs");
+    assert_eq!(k.calculate_scatter_gather_list(a, None, at, 4 * 4096), Ok((16 + 5 * 24, 0)), "a page each");
+    let past = k.calculate_scatter_gather_list(a, Some(mdl), at, 5 * 4096);
+    assert_eq!(past, Err(STATUS_BUFFER_TOO_SMALL), "the MDL's buffer does not hold it");
+    let (k, _) = machine(DMA);
+    let mut n = 0;
+    let a = k.IoGetDmaAdapter(PDO, &DEVICE_DESCRIPTION::bus_master_64(4096), &mut n);
+    let (va, _) = nonpaged(&k, 4 * 4096);
+    let many = k.calculate_scatter_gather_list(a, None, va, 4 * 4096);
+    assert_eq!(many, Err(STATUS_INSUFFICIENT_RESOURCES), "4 registers of the 2 granted");
+}

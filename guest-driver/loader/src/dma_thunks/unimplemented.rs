@@ -55,7 +55,6 @@ macro_rules! stand_ins {
 
 stand_ins! {
     ReadDmaCounter => zero,
-    CalculateScatterGatherList => status,
     BuildMdlFromScatterGatherList => status,
     AllocateAdapterChannelEx => status,
     ConfigureAdapterChannel => status,

@@ -1,5 +1,5 @@
-//! The version 3 routines of the DMA_OPERATIONS table the model stands behind (`vhca_ntmodel`'s dma_v3), called as
-//! the driver calls them: Windows x64, Windows layouts of DMA_ADAPTER_INFO, DMA_TRANSFER_INFO and the list buffer.
+//! The version 2 and 3 DMA_OPERATIONS routines the model stands behind (its `dma_v3`), called as the driver calls
+//! them: Windows x64, Windows layouts of DMA_ADAPTER_INFO, DMA_TRANSFER_INFO and the driver's list buffer.
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement.
 
 use std::ffi::c_void;
@@ -106,6 +106,35 @@ pub(super) unsafe extern "win64" fn AllocateCommonBufferEx(
         unsafe { *logical = address.0 as i64 };
     }
     k.addresses.to_host(&k.model, va) as *mut c_void
+}
+
+/// CalculateScatterGatherList(DmaAdapter, Mdl, CurrentVa, Length, ScatterGatherListSize, NumberOfMapRegisters).
+pub(super) unsafe extern "win64" fn CalculateScatterGatherList(
+    adapter: *mut DMA_ADAPTER,
+    mdl: *const MDL,
+    current_va: *mut c_void,
+    length: u32,
+    size: *mut u32,
+    registers: *mut u32,
+) -> NTSTATUS {
+    if size.is_null() {
+        return STATUS_INVALID_PARAMETER;
+    }
+    let k = kernel();
+    let mdl = (!mdl.is_null()).then(|| mdl_of(mdl));
+    match k.model.calculate_scatter_gather_list(adapter_of(adapter), mdl, k.addresses.model_va(current_va), length) {
+        Ok((bytes, needed)) => {
+            // SAFETY: the driver's out parameters (the second optional).
+            unsafe {
+                *size = bytes;
+                if !registers.is_null() {
+                    *registers = needed;
+                }
+            }
+            STATUS_SUCCESS
+        }
+        Err(status) => status.0,
+    }
 }
 
 /// GetDmaAlignment(DmaAdapter).

@@ -1,6 +1,5 @@
-//! The DMA_OPERATIONS routines a version 3 adapter adds that the model stands behind: GetDmaAdapterInfo,
-//! GetDmaTransferInfo, AllocateCommonBufferEx, BuildScatterGatherList(Ex) into the driver's buffer, GetDmaAlignment.
-//! Reached by pointer through the loader's table, not by the driver core (whose NtKernel trait does not name them).
+//! The DMA_OPERATIONS routines past version 1's the model stands behind (GetDmaAdapterInfo, GetDmaTransferInfo, ...),
+//! reached by pointer through the loader's table: the driver core's NtKernel trait does not name them.
 
 use vhca_ntapi::*;
 
@@ -141,6 +140,48 @@ impl NtModel {
         }
         *logical_address = PHYSICAL_ADDRESS(logical);
         va
+    }
+
+    /// CalculateScatterGatherList (version 2), any IRQL: the list's bytes and map registers for `length` bytes at
+    /// `va`. With the MDL, what the list will take (GetDmaTransferInfo's count); without it the most it may take,
+    /// a page per element, as the page says ("the maximum possible size"). STATUS_BUFFER_TOO_SMALL when the MDL's
+    /// buffer does not hold the transfer, STATUS_INSUFFICIENT_RESOURCES past the registers IoGetDmaAdapter granted.
+    pub fn calculate_scatter_gather_list(
+        &self,
+        adapter: PDMA_ADAPTER,
+        mdl: Option<PMDL>,
+        va: PVOID,
+        length: u32,
+    ) -> Result<(u32, u32), NTSTATUS> {
+        let mut m = lock(&self.memory);
+        let r = (|| {
+            let a = self.live_adapter(&mut m, adapter)?.clone();
+            let elements = match mdl {
+                Some(mdl) => {
+                    let d = m.mdls.get(&mdl.0).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+                    let inside = va.0 >= d.va && va.0.saturating_add(length as u64) <= d.va + d.len as u64;
+                    if !inside {
+                        return Err(Refusal::Status(STATUS_BUFFER_TOO_SMALL));
+                    }
+                    a.transfer_needs(self, &m, va.0, length)?.0
+                }
+                None => {
+                    let end = va.0.saturating_add(length as u64);
+                    let pages = (va.0 / PAGE..end.div_ceil(PAGE)).map(|p| {
+                        let (from, to) = ((p * PAGE).max(va.0), ((p + 1) * PAGE).min(end));
+                        DeviceRun { va: from, len: (to - from) as u32, iova: 0, pages: 1 }
+                    });
+                    sg_split::elements(&pages.collect::<Vec<_>>(), a.max_segment).len() as u32
+                }
+            };
+            let registers = a.pool_cost(ADDRESS_AND_SIZE_TO_SPAN_PAGES(va, length as u64) as u32);
+            if registers > a.granted {
+                return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
+            }
+            Ok((list_bytes(elements), registers))
+        })();
+        drop(m);
+        self.refusal(r)
     }
 
     /// GetDmaAlignment: the model's adapters need no alignment of a buffer's start (1 byte).
