@@ -8,8 +8,10 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
 
 use vhca_ntapi::{
-    NtKernel, MDL_SOURCE_IS_NONPAGED_POOL, MEMORY_CACHING_TYPE, PAGE_SIZE, PHYSICAL_ADDRESS, PMDL, POOL_TYPE,
+    NtKernel, MDL_SOURCE_IS_NONPAGED_POOL, MEMORY_CACHING_TYPE, PAGE_SIZE, PHYSICAL_ADDRESS, PMDL,
+    POOL_FLAG_RAISE_ON_FAILURE,
 };
+use vhca_ntmodel::PoolRequest;
 use windows_sys::Wdk::Foundation::MDL;
 
 use crate::driver_stack::{at_driver_site, site_entry};
@@ -21,28 +23,63 @@ site_entry!(MmAllocateContiguousMemorySpecifyCache_entry => MmAllocateContiguous
 site_entry!(IoAllocateMdl_entry => IoAllocateMdl);
 site_entry!(MmProbeAndLockPages_entry => MmProbeAndLockPages);
 
-/// ExAllocatePool2's POOL_FLAGS (wdm.h): which pool.
-const POOL_FLAG_NON_PAGED: u64 = 0x40;
-const POOL_FLAG_NON_PAGED_EXECUTE: u64 = 0x80;
-const POOL_FLAG_PAGED: u64 = 0x100;
-
-/// ExAllocatePool2(Flags, NumberOfBytes, Tag): the model's pool (zeroed pages), at a process address.
-unsafe extern "win64" fn ExAllocatePool2(flags: u64, bytes: usize, tag: u32) -> *mut c_void {
-    let pool_type = if flags & POOL_FLAG_PAGED != 0 {
-        POOL_TYPE::PagedPool
-    } else if flags & POOL_FLAG_NON_PAGED_EXECUTE != 0 {
-        POOL_TYPE::NonPagedPool
-    } else {
-        let _ = POOL_FLAG_NON_PAGED;
-        POOL_TYPE::NonPagedPoolNx
+/// The pool routines' import addresses: each puts its return address, the driver's code that called it, into the
+/// fourth argument register (both routines take three) before the call-site stub, so the thunk can name it as
+/// Code integrity checks' P2. r9 is volatile in the Windows x64 convention: the driver expects nothing of it.
+macro_rules! with_return_address {
+    ($import:ident => $entry:path) => {
+        #[unsafe(naked)]
+        unsafe extern "win64" fn $import() {
+            core::arch::naked_asm!("mov r9, [rsp]", "jmp {entry}", entry = sym $entry);
+        }
     };
-    let k = kernel();
-    let va = at_driver_site(|| k.model.ExAllocatePoolWithTag(pool_type, bytes, tag));
-    let at = k.addresses.to_host(&k.model, va);
-    if pool_type == POOL_TYPE::PagedPool {
-        k.pageable.insert(at, bytes);
+}
+with_return_address!(ExAllocatePool2_import => ExAllocatePool2_entry);
+with_return_address!(ExAllocatePoolWithTag_import => ExAllocatePoolWithTag_entry);
+site_entry!(ExAllocatePoolWithTag_entry => ExAllocatePoolWithTag);
+
+/// What an exception ExAllocatePool2 raises under POOL_FLAG_RAISE_ON_FAILURE carries: Microsoft names no status;
+/// the model assumes STATUS_INSUFFICIENT_RESOURCES, what a failed allocation reports everywhere else.
+const STATUS_INSUFFICIENT_RESOURCES: u32 = 0xC000_009A;
+
+/// ExAllocatePool2(Flags, NumberOfBytes, Tag): the model's pool (zeroed pages), at a process address. The flags go to
+/// the model as they are (which pool, executable or not); what ExAllocatePool2's page says returns NULL ("Tag is set
+/// to 0 or invalid POOL_FLAGS are specified") does, before the model sees the call.
+unsafe extern "win64" fn ExAllocatePool2(flags: u64, bytes: usize, tag: u32, caller: u64) -> *mut c_void {
+    let at = match PoolRequest::from_pool_flags(flags).filter(|_| tag != 0) {
+        Some(request) => allocate(request, bytes, tag, caller),
+        None => 0,
+    };
+    if at == 0 && flags & POOL_FLAG_RAISE_ON_FAILURE != 0 {
+        // Raised into a driver without a handler (vhca.sys is Rust: no __try), as MmProbeAndLockPages' is.
+        crate::kernel_context::bugcheck(
+            crate::driver_fault::SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+            u64::from(STATUS_INSUFFICIENT_RESOURCES),
+            0,
+            0,
+            0,
+        );
     }
     at as *mut c_void
+}
+
+/// ExAllocatePoolWithTag(PoolType, NumberOfBytes, Tag), the routine ExAllocatePool2 replaced (a driver built for
+/// Windows before 10 version 2004 imports it): any POOL_TYPE value, by its bits (`PoolRequest::from_pool_type`).
+unsafe extern "win64" fn ExAllocatePoolWithTag(pool_type: u32, bytes: usize, tag: u32, caller: u64) -> *mut c_void {
+    allocate(PoolRequest::from_pool_type(pool_type), bytes, tag, caller) as *mut c_void
+}
+
+/// One pool block for the driver, at its process address (0 when refused). The pages are the backend's as the
+/// model keeps them, read/write and never executable whatever the pool (docs/loader.md, "Pool"); paged ones join
+/// Force IRQL checking's trim.
+fn allocate(request: PoolRequest, bytes: usize, tag: u32, caller: u64) -> usize {
+    let k = kernel();
+    let va = at_driver_site(|| k.model.allocate_pool(request, bytes, tag, caller));
+    let at = k.addresses.to_host(&k.model, va);
+    if request.paged {
+        k.pageable.insert(at, bytes);
+    }
+    at
 }
 
 unsafe extern "win64" fn ExFreePoolWithTag(p: *mut c_void, tag: u32) {
@@ -253,9 +290,10 @@ unsafe fn fill_pfns(mdl: *mut MDL) {
     }
 }
 
-pub fn memory_thunks() -> [(&'static str, usize); 11] {
+pub fn memory_thunks() -> [(&'static str, usize); 12] {
     [
-        ("ExAllocatePool2", ExAllocatePool2_entry as *const () as usize),
+        ("ExAllocatePool2", ExAllocatePool2_import as *const () as usize),
+        ("ExAllocatePoolWithTag", ExAllocatePoolWithTag_import as *const () as usize),
         ("ExFreePoolWithTag", ExFreePoolWithTag as *const () as usize),
         ("MmAllocateContiguousMemorySpecifyCache", MmAllocateContiguousMemorySpecifyCache_entry as *const () as usize),
         ("MmFreeContiguousMemory", MmFreeContiguousMemory as *const () as usize),
