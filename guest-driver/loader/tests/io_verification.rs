@@ -196,10 +196,10 @@ fn send(dispatch: Dispatch, with_event: bool) -> NTSTATUS {
     let iosb: *mut IO_STATUS_BLOCK = Box::into_raw(Box::new(IO_STATUS_BLOCK::default()));
     // SAFETY: the thunks with objects that outlive the process's one case; the dispatch routine is the driver's.
     unsafe {
-        (*driver).MajorFunction[IRP_MJ_PNP as usize] =
-            Some(std::mem::transmute::<Dispatch, unsafe extern "system" fn(*const DEVICE_OBJECT, *mut IRP) -> NTSTATUS>(
-                dispatch,
-            ));
+        (*driver).MajorFunction[IRP_MJ_PNP as usize] = Some(std::mem::transmute::<
+            Dispatch,
+            unsafe extern "system" fn(*const DEVICE_OBJECT, *mut IRP) -> NTSTATUS,
+        >(dispatch));
         let mut fdo = std::ptr::null_mut();
         assert_eq!(create(driver, 0, std::ptr::null(), 0x22, 0, 0, &mut fdo), STATUS_SUCCESS);
         assert!(!attach(fdo, pdo()).is_null());
@@ -245,7 +245,10 @@ fn child() {
 /// The STOP line of `case` run in a child with `flags` and `disabled` (a rule): (exit status, STOP line or stdout).
 fn stop_of(case: &str, flags: &str, disabled: Option<&str>) -> (i32, String) {
     let mut child = Command::new(std::env::current_exe().unwrap());
-    child.args(["--exact", "child", "--ignored", "--nocapture", "--test-threads", "1"]).env(CASE, case).env(FLAGS, flags);
+    child
+        .args(["--exact", "child", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env(CASE, case)
+        .env(FLAGS, flags);
     if let Some(rule) = disabled {
         child.env(DISABLE, rule);
     }
