@@ -6,9 +6,9 @@ use alloc::format;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP};
 use windows_sys::Wdk::System::SystemServices::{
-    IoDeleteDevice, IoDetachDevice, IoForwardIrpSynchronously, IO_REMOVE_LOCK, IRP_MN_CANCEL_REMOVE_DEVICE,
-    IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE, IRP_MN_REMOVE_DEVICE,
-    IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
+    IoDeleteDevice, IoDetachDevice, IoForwardIrpSynchronously, IofCompleteRequest, IO_REMOVE_LOCK,
+    IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE,
+    IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
 };
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_DEVICE_CONFIGURATION_ERROR, STATUS_SUCCESS};
 
@@ -73,8 +73,16 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             } else if !forwarded {
                 status = STATUS_DEVICE_CONFIGURATION_ERROR;
             }
+            let twice = completes_start_twice();
             // SAFETY: PASSIVE_LEVEL, holding the remove lock; ours to complete.
-            unsafe { complete(irp, status) }
+            let status = unsafe { complete(irp, status) };
+            if twice {
+                // The seed's irp-completed-twice: the result path completes START_DEVICE and the common exit
+                // completes it again, two places that each believe they own the IRP.
+                // SAFETY: none: the IRP is the I/O manager's since the completion above; that is the bug.
+                unsafe { IofCompleteRequest(irp, 0) };
+            }
+            status
         }
         IRP_MN_STOP_DEVICE | IRP_MN_SURPRISE_REMOVAL => {
             fdo.started = None;
@@ -102,6 +110,15 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
     // SAFETY: PASSIVE_LEVEL; this IRP took the lock above; released by tag, the IRP itself is not touched.
     unsafe { remove_lock::release(lock, irp) };
     status
+}
+
+/// The bug variant of the seed's irp-completed-twice: smoke with BreakFix 1 (`vhca.break_fix=1`, the runner's
+/// guest script writes it under Parameters as for the fixed scenarios), read before the IRP is completed. Its fixed
+/// twin, irp-completed-once, is smoke with BreakFix 0. PASSIVE_LEVEL.
+fn completes_start_twice() -> bool {
+    let smoke = matches!(choose(registry::read_text(&registry::SCENARIO).as_deref()), Ok(Scenario::Smoke));
+    let break_fix = registry::read_text(&registry::BREAK_FIX);
+    smoke && options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
 }
 
 /// Brings the device up and runs the run's scenario; the result goes to the debugger and the registry.
