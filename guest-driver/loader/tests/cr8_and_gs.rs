@@ -1,6 +1,7 @@
 //! A driver built the WDK way, in machine code: CR8 reads and writes (wdm.h's x64 KeGetCurrentIrql, KzRaiseIrql,
 //! KzLowerIrql) through the real trap path, every register form, against the NT model's IRQL and its verifier; GS
-//! reads (KeGetCurrentThread, KeGetPcr, the processor number) against the thread's KPCR. The fragments are written
+//! reads (KeGetCurrentThread, KeGetPcr, the processor number) against the thread's KPCR. The verdicts are the
+//! imports': a spin lock above DISPATCH_LEVEL, IRQL checking's trim of paged pool, the DPCs a lowering runs. The fragments are written
 //! into a page installed as the driver image (`driver_fault::install`), so their traps are the driver's. A
 //! bugcheck stops the machine, and the image is one per process, so each case runs in a child process (this test
 //! binary again, its ignored `child` test), as `async_thunk_rules.rs` does.
@@ -16,7 +17,7 @@ use std::time::Instant;
 use common::{routine, NoBus};
 use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::io_manager::IoManager;
-use vhca_loader::kernel_context::{install, LoaderKernel};
+use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::processor_block;
 use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
 use windows_sys::Wdk::Foundation::KDPC;
@@ -219,6 +220,29 @@ fn run_case(case: &str) {
             }
             println!("dpc ran at {}", unsafe { *seen });
         }
+        "paged-read-after-cr8-raise" => {
+            install_kernel(VerifierFlags::IRQL_CHECKING);
+            let write = code.routine(&[WRITE_RCX.as_slice(), &[0xC3]].concat());
+            // movzx eax, byte [rcx]; ret: the driver reading its paged pool.
+            let read = code.routine(&[0x0F, 0xB6, 0x01, 0xC3]);
+            install_image(&code);
+            let (f, touch): (IrqlRoutine, IrqlRoutine) = (win64(write), win64(read));
+            // A page of its own standing for a paged pool block, as the pool thunk registers one.
+            let block = Code::new().base;
+            // SAFETY: the page just mapped, read-write.
+            unsafe { (block as *mut u8).write(7) };
+            kernel().pageable.insert(block, PAGE);
+            // SAFETY: the fragments: a raise to DISPATCH_LEVEL trims, a touch at PASSIVE_LEVEL pages the block back
+            // in, a touch after the next raise is the bug under test.
+            unsafe {
+                f(2);
+                f(0);
+                assert_eq!(touch(block as u64), 7, "paged back in at PASSIVE_LEVEL");
+                f(2);
+                touch(block as u64);
+            }
+            println!("no 0xD1 at {block:#x}");
+        }
         "rdmsr" | "cli" => {
             install_kernel(VerifierFlags::NONE);
             let bytes: &[u8] = if case == "rdmsr" { &[0x0F, 0x32, 0xC3] } else { &[0xFA, 0xC3] };
@@ -334,6 +358,16 @@ fn a_spin_lock_after_a_cr8_raise_above_dispatch_is_c4_42_at_that_irql() {
     let (status, out) = run_child("raise-above-dispatch-then-spin-lock");
     assert_eq!(status, STOPPED, "{out}");
     assert!(stop_line(&out).starts_with("*** STOP: 0x000000C4 (0x0000000000000042,0x0000000000000005,"), "{out}");
+}
+
+#[test]
+fn paged_pool_touched_after_a_cr8_raise_to_dispatch_is_0xd1_under_irql_checking() {
+    let (status, out) = run_child("paged-read-after-cr8-raise");
+    assert_eq!(status, STOPPED, "{out}");
+    let stop = stop_line(&out);
+    assert!(stop.starts_with("*** STOP: 0x000000D1 (0x"), "{out}");
+    let params: Vec<&str> = stop["*** STOP: 0x000000D1 (".len()..].trim_end_matches(')').split(',').collect();
+    assert_eq!(params[1..3], ["0x0000000000000002", "0x0000000000000000"], "at DISPATCH_LEVEL, a read: {stop}");
 }
 
 #[test]
