@@ -132,6 +132,7 @@ fn operations() -> *mut DMA_OPERATIONS {
                 store(&mut t.InitializeDmaTransferContext, initialize);
                 store(&mut t.AllocateCommonBufferEx, version3::AllocateCommonBufferEx as *const () as usize);
                 store(&mut t.BuildScatterGatherListEx, version3::BuildScatterGatherListEx as *const () as usize);
+                store(&mut t.GetScatterGatherListEx, version3::GetScatterGatherListEx as *const () as usize);
                 store_stand_ins(&mut t);
             }
             Table(Box::into_raw(Box::new(t)))

@@ -75,6 +75,22 @@ type BuildEx = unsafe extern "win64" fn(
     *mut *mut SCATTER_GATHER_LIST,
 ) -> NTSTATUS;
 
+type GetEx = unsafe extern "win64" fn(
+    *mut DMA_ADAPTER,
+    *mut c_void,
+    *mut u8,
+    *mut MDL,
+    u64,
+    u32,
+    u32,
+    usize,
+    *mut c_void,
+    u8,
+    usize,
+    *mut c_void,
+    *mut *mut SCATTER_GATHER_LIST,
+) -> NTSTATUS;
+
 #[test]
 fn version_3_slots_answer_through_the_windows_abi_and_none_is_null() {
     let flags = VerifierFlags::DMA_CHECKING.0 | VerifierFlags::IRQL_CHECKING.0;
@@ -249,6 +265,15 @@ fn version_3_slots_answer_through_the_windows_abi_and_none_is_null() {
         let (irql, delivered, c) = DELIVERED.lock().unwrap().pop().expect("AdapterListControl ran");
         assert_eq!((irql, delivered, c), (2, buffer_ptr as usize, 0x5EED), "at DISPATCH_LEVEL, on the buffer");
         put(adapter, delivered as *mut SCATTER_GATHER_LIST, 1);
+
+        // GetScatterGatherListEx: the same request with the list in a block of the loader's, freed at the put.
+        let get_ex: GetEx = slot(ops, "GetScatterGatherListEx");
+        let mut got: *mut SCATTER_GATHER_LIST = std::ptr::null_mut();
+        let status = get_ex(adapter, pdo, context.as_mut_ptr(), mdl, 0x100, 4 * 4096, 1, 0, null, 1, 0, null, &mut got);
+        assert_eq!(status, 0);
+        assert!(!got.is_null() && got as usize != buffer_ptr as usize, "a list of the loader's");
+        assert_eq!(elements(got).iter().map(|(_, l)| *l).sum::<u32>(), 4 * 4096);
+        put(adapter, got, 1);
         lower(old);
 
         // AllocateCommonBufferEx: below 4 GiB is more than the host backend can give; without a maximum it works.

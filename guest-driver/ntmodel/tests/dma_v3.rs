@@ -30,7 +30,17 @@ fn nonpaged(k: &NtModel, bytes: u32) -> (PVOID, PMDL) {
 }
 
 fn request(mdl: PMDL, va: PVOID, length: u32, flags: u32, routine: Option<PDRIVER_LIST_CONTROL>) -> ListRequest {
-    ListRequest { device: PDO, mdl, va, length, flags, routine, write_to_device: true, buffer_length: 4096 }
+    ListRequest {
+        device: PDO,
+        mdl,
+        va,
+        length,
+        flags,
+        routine,
+        write_to_device: true,
+        buffer_length: 4096,
+        up_to_dispatch: false,
+    }
 }
 
 #[test]
@@ -117,6 +127,14 @@ fn each_v3_routine_has_its_documented_irql_under_dma_checking() {
     k.KeLowerIrql(old);
     let build = || drop(k.build_scatter_gather_list(a, request(mdl, va, 64, 1, None)));
     assert_eq!(stop(&build), Bugcheck::e6(0x13, 0x01, 2, 0), "BuildScatterGatherListEx: DISPATCH_LEVEL");
+    let get_ex = |va| ListRequest { up_to_dispatch: true, buffer_length: u32::MAX, ..request(mdl, va, 64, 1, None) };
+    let list = k.build_scatter_gather_list(a, get_ex(va)).expect("GetScatterGatherListEx at PASSIVE_LEVEL").unwrap();
+    let old = k.KeRaiseIrql(DISPATCH_LEVEL);
+    k.PutScatterGatherList(a, list.Handle, true);
+    k.KeRaiseIrql(DIRQL_MIN);
+    let get_ex_high = || drop(k.build_scatter_gather_list(a, get_ex(va)));
+    assert_eq!(stop(&get_ex_high), Bugcheck::e6(0x13, 0x02, 2, 3), "GetScatterGatherListEx: <= DISPATCH_LEVEL");
+    k.KeLowerIrql(old);
     let old = k.KeRaiseIrql(DISPATCH_LEVEL);
     let allocate = || {
         let _ = k.allocate_common_buffer_ex(a, None, 4096, &mut PHYSICAL_ADDRESS(0));

@@ -60,7 +60,6 @@ stand_ins! {
     ConfigureAdapterChannel => status,
     CancelAdapterChannel => false,
     MapTransferEx => status,
-    GetScatterGatherListEx => status,
     FlushAdapterBuffersEx => status,
     FreeAdapterObject => nothing,
     CancelMappedTransfer => status,

@@ -10,7 +10,7 @@ use windows_sys::Wdk::Foundation::MDL;
 use windows_sys::Wdk::System::SystemServices::{DMA_ADAPTER, SCATTER_GATHER_LIST as WDK_SG_LIST};
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_SUCCESS};
 
-use super::{adapter_of, mdl_of, write_windows_list, DriverListControl};
+use super::{adapter_of, mdl_of, windows_list, write_windows_list, DriverListControl};
 use crate::kernel_context::kernel;
 
 /// DMA_ADAPTER_INFO as wdm.h declares it: a union whose first member is `{ ULONG Version; DMA_ADAPTER_INFO_V1 V1; }`,
@@ -142,15 +142,22 @@ pub(super) unsafe extern "win64" fn GetDmaAlignment(adapter: *mut DMA_ADAPTER) -
     kernel().model.get_dma_alignment(adapter_of(adapter))
 }
 
-/// What BuildScatterGatherList(Ex) hands the model: the driver's routine wrapped to find its list in its buffer.
+/// Where a list goes in Windows' layout: the driver's buffer (BuildScatterGatherList(Ex)) or, when the driver gave
+/// none (GetScatterGatherListEx), a block of the loader's, as GetScatterGatherList's.
 struct DriverBuffer {
+    /// 0: the loader allocates.
     buffer: usize,
     length: u32,
 }
 
 impl DriverBuffer {
-    /// Writes `list` into the driver's buffer and ties it to the model's list for PutScatterGatherList.
+    /// Writes `list` where it goes and ties it to the model's list for PutScatterGatherList.
     fn take(&self, list: &SCATTER_GATHER_LIST) -> *mut WDK_SG_LIST {
+        if self.buffer == 0 {
+            let (raw, bytes) = windows_list(list);
+            kernel().dma.insert_list(raw, list.Handle, bytes);
+            return raw;
+        }
         let raw = self.buffer as *mut WDK_SG_LIST;
         // SAFETY: the model refused a buffer shorter than the most elements the transfer may take
         // (STATUS_BUFFER_TOO_SMALL); write_windows_list needs no alignment.
@@ -174,10 +181,13 @@ fn build(
     buffer: DriverBuffer,
     out_list: *mut *mut WDK_SG_LIST,
 ) -> NTSTATUS {
-    if buffer.buffer == 0 {
+    // Both pages: the call fails when neither a routine nor a ScatterGatherList pointer takes the list.
+    if routine == 0 && out_list.is_null() {
         return STATUS_INVALID_PARAMETER;
     }
     let (device_address, context, length_given) = (device as usize, context as usize, buffer.length);
+    // Only GetScatterGatherListEx leaves the list's memory to the loader, and only it runs up to DISPATCH_LEVEL.
+    let get_ex = buffer.buffer == 0;
     let buffer = std::sync::Arc::new(buffer);
     let routine = (routine != 0).then(|| {
         let buffer = buffer.clone();
@@ -204,6 +214,7 @@ fn build(
         routine,
         write_to_device: write_to_device != 0,
         buffer_length: length_given,
+        up_to_dispatch: get_ex,
     };
     match kernel().model.build_scatter_gather_list(adapter_of(adapter), request) {
         Ok(Some(list)) => {
@@ -249,8 +260,44 @@ pub(super) unsafe extern "win64" fn BuildScatterGatherListEx(
     if offset >= count as u64 {
         return STATUS_INVALID_PARAMETER;
     }
+    if buffer.is_null() {
+        return STATUS_INVALID_PARAMETER;
+    }
     let va = k.addresses.model_va((start + offset as usize) as *mut c_void);
     let buffer = DriverBuffer { buffer: buffer as usize, length: buffer_length };
+    build(adapter, device, mdl, va, length, flags, routine, context, write_to_device, buffer, out_list)
+}
+
+/// GetScatterGatherListEx(DmaAdapter, DeviceObject, DmaTransferContext, Mdl, Offset, Length, Flags,
+/// ExecutionRoutine, Context, WriteToDevice, DmaCompletionRoutine, CompletionContext, ScatterGatherList):
+/// BuildScatterGatherListEx with the list in a block of the loader's, freed at PutScatterGatherList.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "win64" fn GetScatterGatherListEx(
+    adapter: *mut DMA_ADAPTER,
+    device: *mut c_void,
+    _transfer_context: *mut c_void,
+    mdl: *const MDL,
+    offset: u64,
+    length: u32,
+    flags: u32,
+    routine: usize,
+    context: *mut c_void,
+    write_to_device: u8,
+    _completion: usize,
+    _completion_context: *mut c_void,
+    out_list: *mut *mut WDK_SG_LIST,
+) -> NTSTATUS {
+    if mdl.is_null() {
+        return STATUS_INVALID_PARAMETER;
+    }
+    let k = kernel();
+    // SAFETY: the driver's MDL; Offset counts from the start of its buffer.
+    let (start, count) = unsafe { ((*mdl).StartVa as usize + (*mdl).ByteOffset as usize, (*mdl).ByteCount) };
+    if offset >= count as u64 {
+        return STATUS_INVALID_PARAMETER;
+    }
+    let va = k.addresses.model_va((start + offset as usize) as *mut c_void);
+    let buffer = DriverBuffer { buffer: 0, length: u32::MAX };
     build(adapter, device, mdl, va, length, flags, routine, context, write_to_device, buffer, out_list)
 }
 
@@ -270,6 +317,9 @@ pub(super) unsafe extern "win64" fn BuildScatterGatherList(
     buffer_length: u32,
 ) -> NTSTATUS {
     if routine == 0 {
+        return STATUS_INVALID_PARAMETER;
+    }
+    if buffer.is_null() {
         return STATUS_INVALID_PARAMETER;
     }
     let va = kernel().addresses.model_va(current_va);

@@ -23,8 +23,10 @@ pub struct ListRequest {
     /// None only with DMA_SYNCHRONOUS_CALLBACK: the driver takes the list from the call.
     pub routine: Option<PDRIVER_LIST_CONTROL>,
     pub write_to_device: bool,
-    /// The bytes of the driver's ScatterGatherBuffer.
+    /// The bytes of the driver's ScatterGatherBuffer (u32::MAX where the loader allocates the list).
     pub buffer_length: u32,
+    /// GetScatterGatherListEx's IRQL, <= DISPATCH_LEVEL (its page); the Build routines need DISPATCH_LEVEL.
+    pub up_to_dispatch: bool,
 }
 
 impl Adapter {
@@ -200,7 +202,11 @@ impl NtModel {
         adapter: PDMA_ADAPTER,
         request: ListRequest,
     ) -> Result<Option<SCATTER_GATHER_LIST>, NTSTATUS> {
-        let r = self.dma_irql_exact(DISPATCH_LEVEL);
+        let r = if request.up_to_dispatch {
+            self.dma_irql_max(DISPATCH_LEVEL)
+        } else {
+            self.dma_irql_exact(DISPATCH_LEVEL)
+        };
         self.ok(r);
         let synchronous = request.flags & DMA_SYNCHRONOUS_CALLBACK != 0;
         if request.routine.is_none() && !synchronous {
