@@ -271,7 +271,7 @@ fn version_3_slots_answer_through_the_windows_abi_and_none_is_null() {
         let mut got: *mut SCATTER_GATHER_LIST = std::ptr::null_mut();
         let status = get_ex(adapter, pdo, context.as_mut_ptr(), mdl, 0x100, 4 * 4096, 1, 0, null, 1, 0, null, &mut got);
         assert_eq!(status, 0);
-        assert!(!got.is_null() && got as usize != buffer_ptr as usize, "a list of the loader's");
+        assert!(!got.is_null() && !std::ptr::eq(got as *const u8, buffer_ptr), "a list of the loader's");
         assert_eq!(elements(got).iter().map(|(_, l)| *l).sum::<u32>(), 4 * 4096);
         put(adapter, got, 1);
         lower(old);
