@@ -19,6 +19,7 @@ mod isr_state;
 mod late_completion;
 mod map_registers;
 mod paged_context;
+mod pool_executable;
 mod pool_exhaustion;
 mod shared_buffer;
 mod smoke;
@@ -91,12 +92,14 @@ pub enum Scenario {
     DpcWaitsForDevice,
     DpcSpinsOnCompletion,
     DpcBoundedBatch,
+    PoolExecutable,
+    PoolNonExecutable,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 25] = [
+    pub const DRIVER: [Scenario; 27] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -122,6 +125,8 @@ impl Scenario {
         Scenario::DpcWaitsForDevice,
         Scenario::DpcSpinsOnCompletion,
         Scenario::DpcBoundedBatch,
+        Scenario::PoolExecutable,
+        Scenario::PoolNonExecutable,
     ];
 
     pub fn name(self) -> &'static str {
@@ -152,6 +157,8 @@ impl Scenario {
             Scenario::DpcWaitsForDevice => "dpc-waits-for-device",
             Scenario::DpcSpinsOnCompletion => "dpc-spins-on-completion",
             Scenario::DpcBoundedBatch => "dpc-bounded-batch",
+            Scenario::PoolExecutable => "pool-executable",
+            Scenario::PoolNonExecutable => "pool-non-executable",
         }
     }
 
@@ -206,6 +213,8 @@ impl Scenario {
             Scenario::DpcWaitsForDevice => dpc_wait::waits(ctx),
             Scenario::DpcSpinsOnCompletion => dpc_wait::spins(ctx),
             Scenario::DpcBoundedBatch => dpc_wait::bounded_batch(ctx),
+            Scenario::PoolExecutable => pool_executable::executable(ctx),
+            Scenario::PoolNonExecutable => pool_executable::non_executable(ctx),
         }
     }
 }
