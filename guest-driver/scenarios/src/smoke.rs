@@ -42,7 +42,7 @@ pub fn run<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
 /// stops (0x50). The low-resources e2e test runs it to prove such a path is caught and named.
 fn shadow_copy_ignoring_failure<H: ScenarioHost>(ctx: &Ctx<H>, data: &[u8]) {
     const SHADOW: u32 = pool_tag(b"shdw");
-    let shadow = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, data.len(), SHADOW);
+    let shadow = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, data.len(), SHADOW);
     ctx.kernel.RtlCopyToVa(shadow, data);
     ctx.kernel.ExFreePoolWithTag(shadow, SHADOW);
 }

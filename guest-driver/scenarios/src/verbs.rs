@@ -20,7 +20,7 @@ const TAG: u32 = pool_tag(b"vhca");
 /// A buffer the scenario owns, and how to give it back.
 #[derive(Debug, Clone, Copy)]
 pub enum Buffer {
-    /// Non-paged pool.
+    /// Non-paged pool, NX (Code integrity checks refuse executable pool: docs/verifier.md).
     Pool { va: PVOID, len: u32 },
     /// AllocateCommonBuffer: shared by CPU and device in every verifier mode.
     Common { va: PVOID, logical: PHYSICAL_ADDRESS, len: u32 },
@@ -30,7 +30,7 @@ pub enum Buffer {
 
 impl Buffer {
     pub fn pool<H: ScenarioHost>(ctx: &Ctx<H>, len: u32) -> anyhow::Result<Buffer> {
-        let va = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPool, len as usize, TAG);
+        let va = ctx.kernel.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, len as usize, TAG);
         ensure!(!va.is_null(), "ExAllocatePoolWithTag({len}) failed");
         Ok(ctx.own(Buffer::Pool { va, len }))
     }

@@ -1,5 +1,6 @@
 //! pool-executable and pool-non-executable through `vhca_scenarios::run` on the NT model and the in-process device
-//! model: each verdict of the seed suite, and that the bug's goes when its rule is disabled.
+//! model: each verdict of the seed suite, that the bug's goes when its rule is disabled, and that the scenarios'
+//! other pool (smoke's and the verbs scenarios' buffers) passes Code integrity checks too.
 
 mod support;
 
@@ -57,4 +58,12 @@ fn an_nx_context_passes_in_both_modes_and_break_fix_brings_the_bug_back() {
     }
     let broken = run_on(Scenario::PoolNonExecutable, CODE_INTEGRITY, &[], true).unwrap_err();
     assert!(is_executable_pool(&broken), "{broken:?}");
+}
+
+#[test]
+fn the_other_scenarios_pool_is_nx() {
+    for scenario in [Scenario::Smoke, Scenario::VerbsLoopback] {
+        let r = run_on(scenario, CODE_INTEGRITY, &[], false);
+        assert!(matches!(r, Ok(Ok(()))), "{}: {r:?}", scenario.name());
+    }
 }
