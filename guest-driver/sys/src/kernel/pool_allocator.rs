@@ -16,15 +16,11 @@ use core::ffi::c_void;
 use core::ptr::NonNull;
 
 use linked_list_allocator::Heap;
-use vhca_ntapi::pool_tag;
+use vhca_ntapi::{pool_tag, POOL_FLAG_NON_PAGED};
 
 use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock};
 use windows_sys::Wdk::System::SystemServices::{ExAllocatePool2, ExFreePoolWithTag};
 
-/// ExAllocatePool2's flags (POOL_FLAGS in wdm.h, documented on ExAllocatePool2's page); windows-sys's metadata
-/// lacks these #defines.
-pub const POOL_FLAG_NON_PAGED: u64 = 0x40;
-pub const POOL_FLAG_PAGED: u64 = 0x100;
 /// 'vhca' in a pool dump (!poolused, !pool).
 pub const POOL_TAG: u32 = pool_tag(b"vhca");
 /// The Rust heap's size: the seed scenarios use well under a megabyte of it at their peak; the rest is margin. A
@@ -66,7 +62,7 @@ impl DriverHeap {
 /// Reserves the Rust heap; DriverEntry's first act, PASSIVE_LEVEL. False when the pool refused it (DriverEntry then
 /// fails with STATUS_INSUFFICIENT_RESOURCES, before anything of the driver allocates).
 pub fn reserve() -> bool {
-    // SAFETY: PASSIVE_LEVEL, non-paged pool with vhca's tag.
+    // SAFETY: PASSIVE_LEVEL, non-paged NX pool with vhca's tag (data only: memory integrity's rule).
     let block = unsafe { ExAllocatePool2(POOL_FLAG_NON_PAGED, HEAP_BYTES, POOL_TAG) }.cast::<u8>();
     if block.is_null() {
         return false;

@@ -18,7 +18,6 @@ use windows_sys::Win32::System::Kernel::SynchronizationEvent;
 use super::dma_operations as dma;
 use super::irql;
 use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock};
-use super::pool_allocator::{POOL_FLAG_NON_PAGED, POOL_FLAG_PAGED};
 use super::spin_locked::SpinLocked;
 use super::wdk_async_kernel::{release, AsyncObject};
 
@@ -112,11 +111,14 @@ unsafe fn free_mdl_common(adapter: PDMA_ADAPTER, buffer: &dma::MdlCommonBuffer) 
     unsafe { dma::free_common_buffer(adapter, buffer.length, buffer.logical, buffer.va, buffer.cache_enabled) }
 }
 
+/// The POOL_FLAGS of the pool the caller named, executable or not as it asked: NonPagedPool is executable
+/// (NonPagedPoolExecute), NonPagedPoolNx is not. Mapping every non-paged type to NX pool hid an executable request
+/// from Windows and from Code integrity checks (docs/verifier.md): the caller's choice is the caller's to fix.
 fn pool_flags(pool_type: POOL_TYPE) -> u64 {
-    if pool_type.is_paged() {
-        POOL_FLAG_PAGED
-    } else {
-        POOL_FLAG_NON_PAGED
+    match pool_type {
+        POOL_TYPE::PagedPool => POOL_FLAG_PAGED,
+        POOL_TYPE::NonPagedPool => POOL_FLAG_NON_PAGED_EXECUTE,
+        POOL_TYPE::NonPagedPoolNx => POOL_FLAG_NON_PAGED,
     }
 }
 
