@@ -9,6 +9,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
+use std::thread::ThreadId;
 
 use vhca_ntapi::{NtKernel, DISPATCH_LEVEL, DRIVER_VERIFIER_IOMANAGER_VIOLATION, KIRQL};
 use vhca_ntmodel::{Bugcheck, NtModel, VerifierFlags};
@@ -37,6 +38,10 @@ pub mod c9 {
     pub const COMPLETE_ABOVE_DISPATCH: u64 = 0x0E;
     /// IoCallDriver above DISPATCH_LEVEL (P2 the IRQL).
     pub const CALL_ABOVE_DISPATCH: u64 = 0x10;
+    /// IoCallDriver with an IRP the caller sent down and a lower driver still holds pending.
+    pub const FORWARD_HELD_BELOW: u64 = 0x205;
+    /// IoCompleteRequest on an IRP the caller sent down and a lower driver still holds pending.
+    pub const COMPLETE_HELD_BELOW: u64 = 0x209;
     /// STATUS_PENDING returned without IoMarkIrpPending.
     pub const PENDING_NOT_MARKED: u64 = 0x23D;
     /// IoMarkIrpPending without STATUS_PENDING returned.
@@ -52,6 +57,10 @@ struct Dispatch {
     irp: usize,
     /// The IRP's CurrentLocation the routine was called with (its own stack location).
     location: i8,
+    thread: ThreadId,
+    irql: KIRQL,
+    routine: usize,
+    device: usize,
     /// Whether its stack location had SL_PENDING_RETURNED when completion passed it (None: not completed yet).
     marked_at_completion: Option<bool>,
 }
@@ -105,10 +114,23 @@ impl IrpLedger {
         crate::lock(&self.freed).contains(&irp)
     }
 
-    /// A dispatch routine is about to get `irp` at `location`, at `irql`.
-    pub fn enter(&self, irp: usize, location: i8, irql: KIRQL) -> DispatchCall {
-        crate::lock(&self.dispatches).push(Dispatch { irp, location, marked_at_completion: None });
+    /// The dispatch routine `routine` of `device` is about to get `irp` at `location`, at `irql`.
+    pub fn enter(&self, irp: usize, location: i8, irql: KIRQL, routine: usize, device: usize) -> DispatchCall {
+        let thread = std::thread::current().id();
+        let d = Dispatch { irp, location, thread, irql, routine, device, marked_at_completion: None };
+        crate::lock(&self.dispatches).push(d);
         DispatchCall { irp, location, irql }
+    }
+
+    /// The dispatch routine (its address and device) that calls now with `irp` while the IRP sits at `location`
+    /// below it: the innermost routine of this thread holding the IRP, called at this `irql` (a DPC or an ISR that
+    /// borrows the thread runs at another), whose own location is above `location`. A lower driver's routine that
+    /// still runs is innermost itself, at `location`, and gives None.
+    pub fn held_below(&self, irp: usize, location: i8, irql: KIRQL) -> Option<(usize, usize)> {
+        let thread = std::thread::current().id();
+        let dispatches = crate::lock(&self.dispatches);
+        let caller = dispatches.iter().rev().find(|d| d.irp == irp && d.thread == thread)?;
+        (caller.location > location && caller.irql == irql).then_some((caller.routine, caller.device))
     }
 
     /// Completion passed `location` of `irp`, whose Control had SL_PENDING_RETURNED or not: kept for the routines
@@ -131,6 +153,11 @@ impl IrpLedger {
 impl DispatchCall {
     pub fn irql(&self) -> KIRQL {
         self.irql
+    }
+
+    /// The stack location the routine was called with.
+    pub fn location(&self) -> i8 {
+        self.location
     }
 }
 
@@ -172,6 +199,15 @@ impl<'a> IoRules<'a> {
         self.raise(Bugcheck::new(MULTIPLE_IRP_COMPLETE_REQUESTS, irp as u64, 0, 0, 0));
     }
 
+    /// A dispatch routine touches an IRP a lower driver holds pending (IoCompleteRequest, or IoCallDriver when
+    /// `forwarding`): `held` is the routine and its device (`IrpLedger::held_below`).
+    pub fn touched_while_held_below(&self, irp: usize, held: Option<(usize, usize)>, forwarding: bool) {
+        if let Some((routine, device)) = held {
+            let code = if forwarding { c9::FORWARD_HELD_BELOW } else { c9::COMPLETE_HELD_BELOW };
+            self.c9(code, routine as u64, irp as u64, device as u64);
+        }
+    }
+
     /// IoCompleteRequest's checks on its caller: IRQL at most DISPATCH_LEVEL, a final status.
     pub fn completing(&self, irp: usize, status: NTSTATUS) {
         let irql = self.irql();
@@ -199,14 +235,24 @@ impl<'a> IoRules<'a> {
     }
 
     /// The dispatch routine `routine` of `device` returned `status` for the call `call`, its stack location marked
-    /// pending or not: the IRQL it was called at, and STATUS_PENDING if and only if IoMarkIrpPending.
-    pub fn returned(&self, call: &DispatchCall, routine: usize, device: usize, status: NTSTATUS, marked: bool) {
+    /// pending or not: the IRQL it was called at, and STATUS_PENDING if and only if IoMarkIrpPending. STATUS_PENDING
+    /// passed up from a lower driver that holds the IRP (`pending_below`) is the lower driver's mark, which
+    /// IoCompleteRequest hands up to this location when it completes.
+    pub fn returned(
+        &self,
+        call: &DispatchCall,
+        routine: usize,
+        device: usize,
+        status: NTSTATUS,
+        marked: bool,
+        pending_below: bool,
+    ) {
         let after = self.irql();
         if after != call.irql() {
             self.c9(c9::DISPATCH_CHANGED_IRQL, device as u64, call.irql() as u64, after as u64);
         }
         let pending = status == STATUS_PENDING;
-        if pending && !marked {
+        if pending && !marked && !pending_below {
             self.c9(c9::PENDING_NOT_MARKED, routine as u64, call.irp as u64, device as u64);
         }
         if marked && !pending {

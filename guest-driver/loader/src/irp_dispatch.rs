@@ -38,6 +38,8 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
     }
     // SAFETY: the caller's contract.
     unsafe {
+        let held = io.ledger().held_below(irp as usize, (*irp).CurrentLocation, rules.irql());
+        rules.touched_while_held_below(irp as usize, held, true);
         if (*irp).CurrentLocation <= 1 {
             // Windows stops with NO_MORE_IRP_STACK_LOCATIONS (0x35).
             crate::kernel_context::bugcheck(0x35, irp as u64, 0, 0, 0);
@@ -55,16 +57,17 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
         let routine = (*driver).MajorFunction[(*stack).MajorFunction as usize];
         match routine {
             Some(f) => {
-                let call = io.ledger().enter(irp as usize, (*irp).CurrentLocation, rules.irql());
+                let call =
+                    io.ledger().enter(irp as usize, (*irp).CurrentLocation, rules.irql(), f as usize, device as usize);
                 // SAFETY: the driver's dispatch routine, called with the Windows x64 convention it was built for.
                 let status = std::mem::transmute::<usize, DispatchFn>(f as usize)(device, irp);
                 // The IRP may be completed and freed by now: its mark was kept when completion passed the location.
-                let marked = match io.ledger().leave(&call) {
-                    Some(marked) => marked,
-                    None if io.ledger().is_freed(irp as usize) => false,
-                    None => (*stack).Control & SL_PENDING_RETURNED != 0,
+                let (marked, pending_below) = match io.ledger().leave(&call) {
+                    Some(marked) => (marked, false),
+                    None if io.ledger().is_freed(irp as usize) => (false, false),
+                    None => ((*stack).Control & SL_PENDING_RETURNED != 0, (*irp).CurrentLocation < call.location()),
                 };
-                rules.returned(&call, f as usize, device as usize, status, marked);
+                rules.returned(&call, f as usize, device as usize, status, marked, pending_below);
                 status
             }
             None => {
@@ -102,6 +105,8 @@ pub(crate) unsafe fn complete_irp(io: &IoManager, irp: *mut IRP) {
     }
     // SAFETY: the caller's contract.
     unsafe {
+        let held = io.ledger().held_below(irp as usize, (*irp).CurrentLocation, rules.irql());
+        rules.touched_while_held_below(irp as usize, held, false);
         rules.completing(irp as usize, (*irp).IoStatus.Anonymous.Status);
         complete_walk(io, irp)
     }

@@ -8,13 +8,14 @@ mod common;
 
 use std::ffi::c_void;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::{routine, NoBus};
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig, RuleId, VerifierFlags};
-use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP, KEVENT};
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, KEVENT};
 use windows_sys::Wdk::System::SystemServices::IRP_MJ_PNP;
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_PENDING, STATUS_SUCCESS};
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
@@ -168,20 +169,105 @@ unsafe extern "win64" fn passes_down(_device: *mut DEVICE_OBJECT, irp: *mut IRP)
     }
 }
 
-/// The FDO of a driver whose IRP_MJ_PNP is `dispatch`, attached to the PDO, gets a PnP IRP built by
+/// The middle device of `send_through_middle`'s stack, and the IRP its driver holds pending.
+static MIDDLE: AtomicUsize = AtomicUsize::new(0);
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// IoCopyCurrentIrpStackLocationToNext: the next location as this one, without the completion routine.
+///
+/// # Safety
+/// A live IRP at the caller's location, with one left below it.
+unsafe fn copy_to_next(irp: *mut IRP) {
+    // SAFETY: the caller's contract; both locations lie in the IRP's block.
+    unsafe {
+        let current = (*irp).Tail.Overlay.Anonymous2.Anonymous.CurrentStackLocation;
+        let next = current.sub(1);
+        let bytes = std::mem::offset_of!(IO_STACK_LOCATION, CompletionRoutine);
+        std::ptr::copy_nonoverlapping(current.cast::<u8>(), next.cast::<u8>(), bytes);
+        (*next).Control = 0;
+    }
+}
+
+/// The middle driver: marks the IRP pending, keeps it and returns STATUS_PENDING, as a driver that queues it does.
+unsafe extern "win64" fn holds_pending(_device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the IRP the I/O manager gave this routine.
+    unsafe { mark_pending(irp) };
+    HELD.store(irp as usize, Ordering::SeqCst);
+    STATUS_PENDING
+}
+
+unsafe extern "win64" fn completes_held_below(_device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: as above; the middle driver holds the IRP pending when this completes it.
+    unsafe {
+        copy_to_next(irp);
+        let status = call_driver()(MIDDLE.load(Ordering::SeqCst) as *mut DEVICE_OBJECT, irp);
+        complete(irp, STATUS_SUCCESS);
+        status
+    }
+}
+
+unsafe extern "win64" fn forwards_held_below(_device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: as above; the middle driver holds the IRP pending when this sends it down again.
+    unsafe {
+        copy_to_next(irp);
+        let middle = MIDDLE.load(Ordering::SeqCst) as *mut DEVICE_OBJECT;
+        call_driver()(middle, irp);
+        call_driver()(middle, irp)
+    }
+}
+
+/// By the rules: down with the location copied, the lower driver's STATUS_PENDING returned.
+unsafe extern "win64" fn forwards_and_pends(_device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: as above.
+    unsafe {
+        copy_to_next(irp);
+        call_driver()(MIDDLE.load(Ordering::SeqCst) as *mut DEVICE_OBJECT, irp)
+    }
+}
+
+/// `send`, with a middle driver between the FDO and the PDO that holds every IRP pending; the middle driver
+/// completes the held IRP afterwards, outside any dispatch routine.
+fn send_through_middle(dispatch: Dispatch) -> NTSTATUS {
+    let create: Create = routine("IoCreateDevice");
+    let attach: Attach = routine("IoAttachDeviceToDeviceStack");
+    let driver = driver_with(holds_pending);
+    let mut middle = std::ptr::null_mut();
+    // SAFETY: the thunks with objects that outlive the process's one case.
+    unsafe {
+        assert_eq!(create(driver, 0, std::ptr::null(), 0x22, 0, 0, &mut middle), STATUS_SUCCESS);
+        assert!(!attach(middle, pdo()).is_null());
+    }
+    MIDDLE.store(middle as usize, Ordering::SeqCst);
+    let status = send(dispatch, true);
+    let held = HELD.load(Ordering::SeqCst) as *mut IRP;
+    assert!(!held.is_null(), "the middle driver got the IRP");
+    // SAFETY: the middle driver's IRP, completed once by it.
+    unsafe { complete(held, STATUS_SUCCESS) };
+    status
+}
+
+type Create =
+    unsafe extern "win64" fn(*mut DRIVER_OBJECT, u32, *const c_void, u32, u32, u8, *mut *mut DEVICE_OBJECT) -> NTSTATUS;
+type Attach = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut DEVICE_OBJECT) -> *mut DEVICE_OBJECT;
+
+/// A driver object whose IRP_MJ_PNP is `dispatch`, never freed.
+fn driver_with(dispatch: Dispatch) -> *mut DRIVER_OBJECT {
+    let driver: *mut DRIVER_OBJECT = Box::into_raw(Box::new(DRIVER_OBJECT::default()));
+    // SAFETY: a fresh driver object; the routine has the Windows x64 convention the table's pointer is called with.
+    unsafe {
+        (*driver).MajorFunction[IRP_MJ_PNP as usize] = Some(std::mem::transmute::<
+            Dispatch,
+            unsafe extern "system" fn(*const DEVICE_OBJECT, *mut IRP) -> NTSTATUS,
+        >(dispatch));
+    }
+    driver
+}
+
+/// The FDO of a driver whose IRP_MJ_PNP is `dispatch`, attached to the top of the PDO's stack, gets a PnP IRP built by
 /// IoBuildSynchronousFsdRequest (with an event: the I/O manager frees it at completion; without one it stays).
 fn send(dispatch: Dispatch, with_event: bool) -> NTSTATUS {
-    let create: unsafe extern "win64" fn(
-        *mut DRIVER_OBJECT,
-        u32,
-        *const c_void,
-        u32,
-        u32,
-        u8,
-        *mut *mut DEVICE_OBJECT,
-    ) -> NTSTATUS = routine("IoCreateDevice");
-    let attach: unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut DEVICE_OBJECT) -> *mut DEVICE_OBJECT =
-        routine("IoAttachDeviceToDeviceStack");
+    let create: Create = routine("IoCreateDevice");
+    let attach: Attach = routine("IoAttachDeviceToDeviceStack");
     let build: unsafe extern "win64" fn(
         u32,
         *mut DEVICE_OBJECT,
@@ -191,15 +277,11 @@ fn send(dispatch: Dispatch, with_event: bool) -> NTSTATUS {
         *mut KEVENT,
         *mut IO_STATUS_BLOCK,
     ) -> *mut IRP = routine("IoBuildSynchronousFsdRequest");
-    let driver: *mut DRIVER_OBJECT = Box::into_raw(Box::new(DRIVER_OBJECT::default()));
+    let driver = driver_with(dispatch);
     let event: *mut KEVENT = Box::into_raw(Box::new(KEVENT::default()));
     let iosb: *mut IO_STATUS_BLOCK = Box::into_raw(Box::new(IO_STATUS_BLOCK::default()));
-    // SAFETY: the thunks with objects that outlive the process's one case; the dispatch routine is the driver's.
+    // SAFETY: the thunks with objects that outlive the process's one case.
     unsafe {
-        (*driver).MajorFunction[IRP_MJ_PNP as usize] = Some(std::mem::transmute::<
-            Dispatch,
-            unsafe extern "system" fn(*const DEVICE_OBJECT, *mut IRP) -> NTSTATUS,
-        >(dispatch));
         let mut fdo = std::ptr::null_mut();
         assert_eq!(create(driver, 0, std::ptr::null(), 0x22, 0, 0, &mut fdo), STATUS_SUCCESS);
         assert!(!attach(fdo, pdo()).is_null());
@@ -230,6 +312,9 @@ fn run_case(case: &str) {
         "calls-no-device" => send(calls_no_device, true),
         "pends-by-the-rules" => send(pends_by_the_rules, true),
         "passes-down" => send(passes_down, true),
+        "completes-held-below" => send_through_middle(completes_held_below),
+        "forwards-held-below" => send_through_middle(forwards_held_below),
+        "forwards-and-pends" => send_through_middle(forwards_and_pends),
         other => panic!("no case {other}"),
     };
     println!("no bugcheck, status {:#x}", status as u32);
@@ -351,6 +436,18 @@ fn calling_a_device_the_io_manager_never_made_is_c9_04_with_the_device() {
 }
 
 #[test]
+fn completing_an_irp_a_lower_driver_holds_pending_is_c9_209() {
+    let p = rule_fires("completes-held-below", 0x209);
+    assert!(p[1] != 0 && p[2] != 0 && p[3] != 0, "the routine, the IRP, the device: {p:x?}");
+}
+
+#[test]
+fn sending_down_an_irp_a_lower_driver_holds_pending_is_c9_205() {
+    let p = rule_fires("forwards-held-below", 0x205);
+    assert!(p[1] != 0 && p[2] != 0 && p[3] != 0, "the routine, the IRP, the device: {p:x?}");
+}
+
+#[test]
 fn enhanced_io_verification_alone_turns_the_checks_on() {
     let (status, stop) = stop_of("pends-unmarked", "0x40", None);
     assert_eq!(status, STOPPED, "{stop}");
@@ -374,4 +471,8 @@ fn a_driver_that_keeps_the_rules_passes_under_io_verification() {
     let (status, out) = stop_of("passes-down", "0x10", None);
     assert_eq!(status, 0, "{out}");
     assert!(out.contains("no bugcheck, status 0xc00000bb"), "the bus driver's STATUS_NOT_SUPPORTED: {out}");
+    // The lower driver's STATUS_PENDING passed up, the IRP completed by it later: no 0x23D, no 0x209.
+    let (status, out) = stop_of("forwards-and-pends", "0x10", None);
+    assert_eq!(status, 0, "{out}");
+    assert!(out.contains(&format!("no bugcheck, status {:#x}", STATUS_PENDING as u32)), "{out}");
 }
