@@ -34,10 +34,14 @@ pub mod c9 {
     pub const DISPATCH_CHANGED_IRQL: u64 = 0x05;
     /// IoCompleteRequest with STATUS_PENDING or -1 (P2 the status, P3 the IRP).
     pub const COMPLETE_WITH_PENDING: u64 = 0x06;
+    /// IoCompleteRequest with the IRP's cancel routine still set (P2 the routine, P3 the IRP).
+    pub const COMPLETE_WITH_CANCEL_ROUTINE: u64 = 0x07;
     /// IoCompleteRequest above DISPATCH_LEVEL (P2 the IRQL, P3 the IRP).
     pub const COMPLETE_ABOVE_DISPATCH: u64 = 0x0E;
     /// IoCallDriver above DISPATCH_LEVEL (P2 the IRQL).
     pub const CALL_ABOVE_DISPATCH: u64 = 0x10;
+    /// IoCallDriver with the IRP's cancel routine still set.
+    pub const FORWARD_WITH_CANCEL_ROUTINE: u64 = 0x203;
     /// IoCallDriver with an IRP the caller sent down and a lower driver still holds pending.
     pub const FORWARD_HELD_BELOW: u64 = 0x205;
     /// IoCompleteRequest on an IRP the caller sent down and a lower driver still holds pending.
@@ -120,6 +124,13 @@ impl IrpLedger {
         let d = Dispatch { irp, location, thread, irql, routine, device, marked_at_completion: None };
         crate::lock(&self.dispatches).push(d);
         DispatchCall { irp, location, irql }
+    }
+
+    /// The innermost dispatch routine of this thread holding `irp` (its address and device), if any.
+    pub fn caller(&self, irp: usize) -> Option<(usize, usize)> {
+        let thread = std::thread::current().id();
+        let dispatches = crate::lock(&self.dispatches);
+        dispatches.iter().rev().find(|d| d.irp == irp && d.thread == thread).map(|d| (d.routine, d.device))
     }
 
     /// The dispatch routine (its address and device) that calls now with `irp` while the IRP sits at `location`
@@ -205,6 +216,21 @@ impl<'a> IoRules<'a> {
         if let Some((routine, device)) = held {
             let code = if forwarding { c9::FORWARD_HELD_BELOW } else { c9::COMPLETE_HELD_BELOW };
             self.c9(code, routine as u64, irp as u64, device as u64);
+        }
+    }
+
+    /// A cancel routine (its address, 0 for none) left in the IRP by the driver that completes it or sends it
+    /// down (`forwarding`, with the caller's dispatch routine and device when known): whoever gets the IRP next
+    /// could have it cancelled by a routine that no longer owns it.
+    pub fn cancel_routine_left(&self, irp: usize, cancel_routine: usize, forwarding: Option<(usize, usize)>) {
+        if cancel_routine == 0 {
+            return;
+        }
+        match forwarding {
+            None => self.c9(c9::COMPLETE_WITH_CANCEL_ROUTINE, cancel_routine as u64, irp as u64, 0),
+            Some((routine, device)) => {
+                self.c9(c9::FORWARD_WITH_CANCEL_ROUTINE, routine as u64, irp as u64, device as u64)
+            }
         }
     }
 

@@ -40,6 +40,8 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
     unsafe {
         let held = io.ledger().held_below(irp as usize, (*irp).CurrentLocation, rules.irql());
         rules.touched_while_held_below(irp as usize, held, true);
+        let caller = io.ledger().caller(irp as usize).unwrap_or((0, device as usize));
+        rules.cancel_routine_left(irp as usize, (*irp).CancelRoutine.map_or(0, |f| f as usize), Some(caller));
         if (*irp).CurrentLocation <= 1 {
             // Windows stops with NO_MORE_IRP_STACK_LOCATIONS (0x35).
             crate::kernel_context::bugcheck(0x35, irp as u64, 0, 0, 0);
@@ -107,6 +109,7 @@ pub(crate) unsafe fn complete_irp(io: &IoManager, irp: *mut IRP) {
     unsafe {
         let held = io.ledger().held_below(irp as usize, (*irp).CurrentLocation, rules.irql());
         rules.touched_while_held_below(irp as usize, held, false);
+        rules.cancel_routine_left(irp as usize, (*irp).CancelRoutine.map_or(0, |f| f as usize), None);
         rules.completing(irp as usize, (*irp).IoStatus.Anonymous.Status);
         complete_walk(io, irp)
     }

@@ -148,6 +148,38 @@ unsafe extern "win64" fn calls_no_device(_device: *mut DEVICE_OBJECT, irp: *mut 
     unsafe { call_driver()(&mut *stranger, irp) }
 }
 
+/// A cancel routine, never called: the cases only leave it set.
+unsafe extern "win64" fn cancel(_device: *mut DEVICE_OBJECT, _irp: *mut IRP) {}
+
+/// # Safety
+/// A live IRP the caller holds.
+unsafe fn set_cancel_routine(irp: *mut IRP) {
+    type Cancel = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP);
+    // SAFETY: the caller's contract; IoSetCancelRoutine's store, the routine with the convention it is called with.
+    unsafe {
+        (*irp).CancelRoutine =
+            Some(std::mem::transmute::<Cancel, unsafe extern "system" fn(*mut DEVICE_OBJECT, *mut IRP)>(cancel));
+    }
+}
+
+unsafe extern "win64" fn completes_cancelable(_device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: as above; completed with its cancel routine still set.
+    unsafe {
+        set_cancel_routine(irp);
+        complete(irp, STATUS_SUCCESS);
+    }
+    STATUS_SUCCESS
+}
+
+unsafe extern "win64" fn forwards_cancelable(_device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: as above; sent down with its cancel routine still set.
+    unsafe {
+        set_cancel_routine(irp);
+        copy_to_next(irp);
+        call_driver()(pdo(), irp)
+    }
+}
+
 /// By the rules: marked pending, completed, STATUS_PENDING returned.
 unsafe extern "win64" fn pends_by_the_rules(_device: *mut DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
     // SAFETY: as above.
@@ -315,6 +347,8 @@ fn run_case(case: &str) {
         "completes-held-below" => send_through_middle(completes_held_below),
         "forwards-held-below" => send_through_middle(forwards_held_below),
         "forwards-and-pends" => send_through_middle(forwards_and_pends),
+        "completes-cancelable" => send(completes_cancelable, true),
+        "forwards-cancelable" => send(forwards_cancelable, true),
         other => panic!("no case {other}"),
     };
     println!("no bugcheck, status {:#x}", status as u32);
@@ -444,6 +478,18 @@ fn completing_an_irp_a_lower_driver_holds_pending_is_c9_209() {
 #[test]
 fn sending_down_an_irp_a_lower_driver_holds_pending_is_c9_205() {
     let p = rule_fires("forwards-held-below", 0x205);
+    assert!(p[1] != 0 && p[2] != 0 && p[3] != 0, "the routine, the IRP, the device: {p:x?}");
+}
+
+#[test]
+fn completing_with_the_cancel_routine_set_is_c9_07_with_the_routine_and_the_irp() {
+    let p = rule_fires("completes-cancelable", 0x07);
+    assert!(p[1] != 0 && p[2] != 0 && p[3] == 0, "the cancel routine, the IRP, 0: {p:x?}");
+}
+
+#[test]
+fn sending_down_with_the_cancel_routine_set_is_c9_203() {
+    let p = rule_fires("forwards-cancelable", 0x203);
     assert!(p[1] != 0 && p[2] != 0 && p[3] != 0, "the routine, the IRP, the device: {p:x?}");
 }
 
