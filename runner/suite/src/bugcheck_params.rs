@@ -1,18 +1,25 @@
 //! What a bugcheck's four parameters mean, so a report can name them: Windows' documented meaning per code and, for
-//! 0xC4 and 0xE6, per rule (the subcode in P1). The codes are vhca-ntapi's and the subcodes vhca-ntmodel's constants.
-//! Only what the rig raises is here: the NT model's verifier rules (docs/verifier.md lists each with its Microsoft
-//! page) and the loader's 0x7E/0x50 for a fault in the driver. Any other code or subcode gets its name only.
+//! codes whose P1 selects the check that fired (0xC4, 0xE6, 0xC9 by subcode; 0x133, 0xC7, 0xE4 by form), per check.
+//! Every code and subcode the rig raises is here, each with its Microsoft page's parameter table: the NT model's
+//! (docs/verifier.md lists them with their pages), the loader's I/O manager (0xC9, 0x44, 0x35) and its 0x7E/0x50 for
+//! a fault in the driver; tests/bugcheck_params_seed.rs holds the seed suite's expectations to that. Where the model
+//! fills a parameter otherwise than Windows, the text says so. Any other code or subcode gets its name only. The
+//! codes and subcodes are vhca-ntapi's and vhca-ntmodel's constants where those are public; the rest are literals
+//! that name their source.
 
 use vhca_ntapi::{
-    DRIVER_IRQL_NOT_LESS_OR_EQUAL, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION,
-    IRQL_NOT_LESS_OR_EQUAL, PAGE_FAULT_IN_NONPAGED_AREA, SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+    ATTEMPTED_SWITCH_FROM_DPC, DPC_WATCHDOG_VIOLATION, DRIVER_IRQL_NOT_LESS_OR_EQUAL,
+    DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION, DRIVER_VERIFIER_IOMANAGER_VIOLATION,
+    IRQL_NOT_LESS_OR_EQUAL, PAGE_FAULT_IN_NONPAGED_AREA, SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD,
+    SYSTEM_THREAD_EXCEPTION_NOT_HANDLED, TIMER_OR_DPC_INVALID, WORKER_INVALID,
 };
-use vhca_ntmodel::verifier::{c4, e6};
+use vhca_ntmodel::pool_types::C4_EXECUTABLE_POOL;
+use vhca_ntmodel::verifier::{c4, c7, e4, e6};
 
 /// What one bugcheck's parameters mean, as far as the rig knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BugcheckMeaning {
-    /// The verifier rule P1 selects, for codes whose P1 is a subcode.
+    /// The check P1 selects (a verifier rule, or one form of a kernel check), for codes whose P1 selects one.
     pub rule: Option<&'static str>,
     /// P1..P4; `None` where the parameter is unused or its meaning is not known here.
     pub params: [Option<&'static str>; 4],
@@ -20,26 +27,32 @@ pub struct BugcheckMeaning {
 
 const SUBCODE: Option<&str> = Some("subcode: the rule that was broken");
 
+/// The loader raises these by number (vhca-loader's io_verification.rs and irp_dispatch.rs); vhca-ntapi has no
+/// constant for them and the suite does not depend on the loader.
+const MULTIPLE_IRP_COMPLETE_REQUESTS: u32 = 0x44;
+const NO_MORE_IRP_STACK_LOCATIONS: u32 = 0x35;
+
 /// The meaning of the parameters of bugcheck `code` whose P1 is `p1`.
 pub fn bugcheck_meaning(code: u32, p1: Option<u64>) -> BugcheckMeaning {
-    let rule_table = match code {
-        DRIVER_VERIFIER_DMA_VIOLATION => E6_RULES,
-        DRIVER_VERIFIER_DETECTED_VIOLATION => C4_RULES,
-        _ => {
-            let params = CODES.iter().find(|(c, _)| *c == code).map_or([None; 4], |(_, p)| p.map(Some));
-            return BugcheckMeaning { rule: None, params };
-        }
+    let Some(table) = RULE_TABLES.iter().find(|t| t.code == code) else {
+        let params = CODES.iter().find(|(c, _)| *c == code).map_or([None; 4], |(_, p)| p.map(used));
+        return BugcheckMeaning { rule: None, params };
     };
-    match p1.and_then(|p1| rule_table.iter().find(|r| r.subcode == p1)) {
+    match p1.and_then(|p1| table.rules.iter().find(|r| r.subcode == p1)) {
         Some(r) => {
             let [p2, p3, p4] = r.params();
-            BugcheckMeaning { rule: Some(r.what), params: [SUBCODE, p2, p3, p4] }
+            BugcheckMeaning { rule: Some(r.what), params: [table.p1, p2, p3, p4] }
         }
-        None => BugcheckMeaning { rule: None, params: [SUBCODE, None, None, None] },
+        None => BugcheckMeaning { rule: None, params: [table.p1, None, None, None] },
     }
 }
 
-/// Codes whose four parameters mean the same whatever P1 is.
+/// A parameter's text, `None` for an empty one (unused, reserved or 0 on Windows).
+fn used(text: &'static str) -> Option<&'static str> {
+    (!text.is_empty()).then_some(text)
+}
+
+/// Codes whose four parameters mean the same whatever P1 is; "" where Windows leaves one unused or reserved.
 const CODES: &[(u32, [&str; 4])] = &[
     (
         IRQL_NOT_LESS_OR_EQUAL,
@@ -72,9 +85,59 @@ const CODES: &[(u32, [&str; 4])] = &[
         SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
         ["exception code", "address of the instruction", "exception record", "context record"],
     ),
+    // bug-check-0x35--no-more-irp-stack-locations: IoCallDriver with no stack location left for the lower driver.
+    (NO_MORE_IRP_STACK_LOCATIONS, ["address of the IRP", "", "", ""]),
+    // bug-check-0x44--multiple-irp-complete-requests: IofCompleteRequest's own check, in every mode.
+    (MULTIPLE_IRP_COMPLETE_REQUESTS, ["address of the IRP", "", "", ""]),
+    // bug-check-0xb8--attempted-switch-from-dpc: a wait or yield from a DPC routine or an ISR.
+    (
+        ATTEMPTED_SWITCH_FROM_DPC,
+        [
+            "the original thread, the cause of the failure (the model: the borrowed thread's ETHREAD stand-in)",
+            "the new thread (the model: the processor's idle-thread stand-in)",
+            "the original thread's stack address (the model: its wait or delay frame)",
+            "",
+        ],
+    ),
+    // bug-check-0xd4--system-scan-at-raised-irql-caught-improper-driver-unlo: the kernel calls a DPC or ISR of a
+    // driver that has unloaded.
+    (
+        SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD,
+        [
+            "memory referenced (the model: the unloaded routine's address)",
+            "IRQL at the reference",
+            "access: 0 read, 1 write (the model: 0, the fetch of the routine's first instruction)",
+            "address that referenced the memory (the model: the routine itself)",
+        ],
+    ),
 ];
 
-/// One rule under 0xC4 or 0xE6: its subcode, what it means, and P2..P4 as `P2 | P3 | P4` (empty: unused), the
+/// A code whose P1 selects the check that fired, each check with its own P2..P4.
+struct RuleTable {
+    code: u32,
+    /// What P1 is.
+    p1: Option<&'static str>,
+    rules: &'static [Rule],
+}
+
+const RULE_TABLES: &[RuleTable] = &[
+    RuleTable { code: DRIVER_VERIFIER_DMA_VIOLATION, p1: SUBCODE, rules: E6_RULES },
+    RuleTable { code: DRIVER_VERIFIER_DETECTED_VIOLATION, p1: SUBCODE, rules: C4_RULES },
+    RuleTable { code: DRIVER_VERIFIER_IOMANAGER_VIOLATION, p1: SUBCODE, rules: C9_RULES },
+    RuleTable {
+        code: DPC_WATCHDOG_VIOLATION,
+        p1: Some("which watchdog: 0 one DPC or ISR, 1 the time at DISPATCH_LEVEL or above"),
+        rules: WATCHDOG_RULES,
+    },
+    RuleTable {
+        code: TIMER_OR_DPC_INVALID,
+        p1: Some("what was found where it is not permitted: 0 timer, 1 DPC object, 2 DPC routine"),
+        rules: C7_RULES,
+    },
+    RuleTable { code: WORKER_INVALID, p1: Some("type of violation"), rules: E4_RULES },
+];
+
+/// One rule under a `RuleTable`: its P1, what it means, and P2..P4 as `P2 | P3 | P4` (empty: unused), the
 /// columns of docs/verifier.md's tables.
 struct Rule {
     subcode: u64,
@@ -90,7 +153,7 @@ impl Rule {
     fn params(&self) -> [Option<&'static str>; 3] {
         let mut out = [None; 3];
         for (slot, text) in out.iter_mut().zip(self.params.split('|').map(str::trim)) {
-            *slot = (!text.is_empty()).then_some(text);
+            *slot = used(text);
         }
         out
     }
@@ -179,6 +242,8 @@ const E6_RULES: &[Rule] = &[
         "start | end | first address already mapped",
     ),
     rule(e6::ZERO_LENGTH_MAP, "a zero-length buffer mapped", " |  | "),
+    // vhca-ntmodel's dma_adapter::dma_v3::UNKNOWN_DEVICE_DESCRIPTION_VERSION, private to the DMA adapter.
+    rule(0x25, "IoGetDmaAdapter with an unknown DEVICE_DESCRIPTION version (the model: Version past 3)", " |  | "),
     rule(
         e6::IOMMU_VIOLATION,
         "the IOMMU refused the device's access",
@@ -219,6 +284,16 @@ const C4_RULES: &[Rule] = &[
     ),
     rule(c4::LEAVE_CRITICAL_REGION_NOT_IN_ONE, "KeLeaveCriticalRegion outside a critical region", " |  | "),
     rule(
+        c4::ACQUIRE_SPIN_LOCK_AT_DPC_BELOW_DISPATCH,
+        "KeAcquireSpinLockAtDpcLevel below DISPATCH_LEVEL",
+        "current IRQL | spin lock | ",
+    ),
+    rule(
+        c4::RELEASE_SPIN_LOCK_FROM_DPC_BELOW_DISPATCH,
+        "KeReleaseSpinLockFromDpcLevel below DISPATCH_LEVEL",
+        "current IRQL | spin lock | ",
+    ),
+    rule(
         c4::ACQUIRE_SPIN_LOCK_ABOVE_DISPATCH,
         "spin lock acquired above DISPATCH_LEVEL",
         "current IRQL | spin lock | ",
@@ -241,29 +316,150 @@ const C4_RULES: &[Rule] = &[
         "MmBuildMdlForNonPagedPool on pageable memory",
         "current IRQL | MDL | MDL flags",
     ),
+    rule(c4::SET_EVENT_ABOVE_DISPATCH, "KeSetEvent above DISPATCH_LEVEL", "current IRQL | event | "),
     rule(
         c4::PROBE_AND_LOCK_NONPAGED_MDL,
         "MmProbeAndLockPages on an MDL built for non-paged pool",
         "MDL | MDL flags | the flag at fault",
     ),
     rule(c4::KERNEL_API_WRONG_IRQL, "a kernel routine called at the wrong IRQL", "current IRQL |  | "),
-    rule(c4::WAIT_ABOVE_DISPATCH, "waiting on a mutex above DISPATCH_LEVEL", "current IRQL | mutex | "),
     rule(
-        c4::WAIT_AT_DISPATCH_NO_TIMEOUT,
-        "waiting on a mutex at DISPATCH_LEVEL without a timeout",
-        "current IRQL | mutex | ",
+        c4::ISR_CHANGED_IRQL,
+        "the ISR returned at another IRQL than it was called at",
+        "ISR (the model: its stand-in address) | IRQL before the ISR | IRQL after it",
     ),
     rule(c4::ENTER_CRITICAL_REGION_ABOVE_APC, "KeEnterCriticalRegion above APC_LEVEL", "current IRQL |  | "),
     rule(c4::LEAVE_CRITICAL_REGION_ABOVE_APC, "KeLeaveCriticalRegion above APC_LEVEL", "current IRQL |  | "),
+    rule(
+        c4::WAIT_ABOVE_DISPATCH,
+        "a wait (KeWaitForSingleObject, a mutex wait) above DISPATCH_LEVEL",
+        "address of the IRQL (the model: the IRQL) | object waited on | address of the timeout (the model: the \
+         timeout, 0 for none)",
+    ),
+    rule(
+        c4::WAIT_AT_DISPATCH_NO_TIMEOUT,
+        "a wait at DISPATCH_LEVEL with no timeout",
+        "address of the IRQL (the model: the IRQL) | object waited on | address of the timeout: NULL (the model: 0)",
+    ),
+    rule(
+        c4::WAIT_AT_DISPATCH_NONZERO_TIMEOUT,
+        "a wait at DISPATCH_LEVEL with a non-zero timeout",
+        "address of the IRQL (the model: the IRQL) | object waited on | address of the timeout (the model: the \
+         timeout)",
+    ),
     rule(c4::SELF_DEADLOCK, "a non-recursive lock re-acquired by its holder", "lock |  | "),
     rule(c4::LOCK_HIERARCHY_VIOLATION, "locks taken in an order that closes a cycle", "lock |  | "),
+    // The NT model raises 0x1002 by number (locks.rs, lib.rs never_initialised).
+    rule(
+        0x1002,
+        "a resource acquired without being initialised (the model: any lock, DPC, timer, event, interrupt or work \
+         item never initialised)",
+        "resource (the model: the object's address) |  | ",
+    ),
     rule(
         c4::WRONG_THREAD_RELEASE,
         "a lock released by a thread that does not hold it",
         "lock | owner thread | releasing thread",
     ),
     rule(c4::RELEASE_UNACQUIRED, "a lock released while nobody holds it", "lock |  | "),
+    // Code integrity checks' row (code-integrity-checking); the 0xC4 page's own 0x2000 row is Storport's.
+    rule(
+        C4_EXECUTABLE_POOL,
+        "an executable pool type requested (Code integrity checks; expected: NonPagedPoolNx)",
+        "address in the driver's code | pool type | pool tag",
+    ),
     rule(c4::RULE_IRQL_IO_PASSIVE5, "DDI rule IrqlIoPassive5: IoGetDmaAdapter not at PASSIVE_LEVEL", " |  | "),
+];
+
+// vhca-loader's io_verification::c9, which the suite does not depend on; rows as the 0xC9 page gives them. For the
+// I/O error codes (0x200 and up) the page gives the crash dump's form: P2 the address in the driver's code where the
+// error was found, P3 the IRP, P4 the device object.
+const C9_RULES: &[Rule] = &[
+    rule(
+        0x03,
+        "IoCallDriver with an IRP whose Type is not IO_TYPE_IRP (the model: one completed to its top, or freed)",
+        "IRP being sent |  | ",
+    ),
+    rule(0x04, "IoCallDriver with an invalid device object", "device object |  | "),
+    rule(
+        0x05,
+        "the IRQL changed during a call to the driver's dispatch routine",
+        "device object of the driver | IRQL before IoCallDriver | IRQL after it",
+    ),
+    rule(0x06, "IoCompleteRequest with a status marked pending (or -1)", "IRP status | IRP being completed | "),
+    rule(0x07, "IoCompleteRequest with the IRP's cancel routine still set", "cancel routine | IRP being completed | "),
+    rule(0x0E, "IoCompleteRequest above DISPATCH_LEVEL", "current IRQL | IRP | "),
+    rule(0x10, "IoCallDriver above DISPATCH_LEVEL", "current IRQL |  | "),
+    rule(
+        0x203,
+        "IoCallDriver with the IRP's cancel routine still set",
+        "address in the driver's code (the model: the caller's dispatch routine, 0 for none) | IRP | device object",
+    ),
+    rule(
+        0x205,
+        "an IRP forwarded that is still queued beneath its caller (a lower driver holds it pending)",
+        "address in the driver's code (the model: its dispatch routine) | IRP | device object",
+    ),
+    rule(
+        0x209,
+        "an IRP completed that is still queued beneath its caller (a lower driver holds it pending)",
+        "address in the driver's code (the model: its dispatch routine) | IRP | device object",
+    ),
+    rule(
+        0x23D,
+        "STATUS_PENDING returned without IoMarkIrpPending",
+        "address in the driver's code (the model: its dispatch routine) | IRP | device object",
+    ),
+    rule(
+        0x23E,
+        "IoMarkIrpPending without STATUS_PENDING returned",
+        "address in the driver's code (the model: its dispatch routine) | IRP | device object",
+    ),
+];
+
+// bug-check-0x133-dpc-watchdog-violation. P1 is vhca-ntmodel's watchdog::p1, private to the model's watchdog.
+const WATCHDOG_RULES: &[Rule] = &[
+    rule(
+        0x0,
+        "a single DPC or ISR exceeded its time allotment",
+        "DPC time count, in ticks (the model: the count where it looked) | DPC time allotment, in ticks | \
+         DPC_WATCHDOG_GLOBAL_TRIAGE_BLOCK (the model: 0)",
+    ),
+    rule(
+        0x1,
+        "the system cumulatively spent too long at DISPATCH_LEVEL or above",
+        "watchdog period, in ticks | DPC_WATCHDOG_GLOBAL_TRIAGE_BLOCK (the model: 0) | ",
+    ),
+];
+
+// bug-check-0xc7--timer-or-dpc-invalid; the model checks at unload, its ranges are stand-ins (docs/verifier.md).
+const C7_RULES: &[Rule] = &[
+    rule(
+        c7::TIMER,
+        "a timer object where none is permitted (the model: a timer still set at unload)",
+        "timer object | start of the range checked (the model: the driver's objects) | end of the range checked",
+    ),
+    rule(
+        c7::DPC_OBJECT,
+        "a DPC object where none is permitted (the model: a DPC still queued at unload)",
+        "DPC object | start of the range checked (the model: the driver's objects) | end of the range checked",
+    ),
+    rule(
+        c7::DPC_ROUTINE,
+        "a DPC routine where none is permitted (the model: an interrupt still connected at unload)",
+        "DPC routine (the model: the ISR's stand-in address) | start of the range checked (the model: the driver's \
+         image) | end of the range checked",
+    ),
+];
+
+// bug-check-0xe4--worker-invalid.
+const E4_RULES: &[Rule] = &[
+    rule(e4::ACTIVE_ITEM_QUEUED, "an active work item was queued", "work item | queue number | "),
+    rule(
+        e4::QUEUED_ITEM_FREED,
+        "a queued I/O work item was freed",
+        "work item | I/O worker routine (the model: its stand-in address) | ",
+    ),
 ];
 
 #[cfg(test)]
@@ -290,8 +486,18 @@ mod tests {
     }
 
     #[test]
+    fn a_kernel_check_names_its_form_and_reserved_parameters_stay_unnamed() {
+        let m = bugcheck_meaning(0x133, Some(1));
+        assert_eq!(m.rule, Some("the system cumulatively spent too long at DISPATCH_LEVEL or above"));
+        assert!(m.params[0].is_some_and(|p1| p1.starts_with("which watchdog")));
+        assert_eq!((m.params[1], m.params[3]), (Some("watchdog period, in ticks"), None));
+        let m = bugcheck_meaning(0x44, None);
+        assert_eq!((m.rule, m.params), (None, [Some("address of the IRP"), None, None, None]));
+    }
+
+    #[test]
     fn every_subcode_appears_once_with_three_columns() {
-        for table in [E6_RULES, C4_RULES] {
+        for table in RULE_TABLES.iter().map(|t| t.rules) {
             for (i, r) in table.iter().enumerate() {
                 assert!(table[i + 1..].iter().all(|o| o.subcode != r.subcode), "subcode {:#X} twice", r.subcode);
                 assert_eq!(r.params.split('|').count(), 3, "subcode {:#X}: {}", r.subcode, r.params);
