@@ -12,15 +12,30 @@ const WAITING: u8 = 0;
 const DELIVERED: u8 = 1;
 const ABANDONED: u8 = 2;
 
-/// One value, delivered at most once by a routine and taken at most once by the control path.
-pub(crate) struct Delivery<T> {
+/// One value, delivered at most once by a routine and taken at most once by the control path; `L` is what a
+/// control path that gives up leaves the late routine to release (the request's MDL, which must outlive it).
+pub(crate) struct Delivery<T, L = ()> {
     value: OnceBox<T>,
+    left: OnceBox<L>,
     state: AtomicU8,
 }
 
-impl<T> Delivery<T> {
-    pub fn new() -> Delivery<T> {
-        Delivery { value: OnceBox::new(), state: AtomicU8::new(WAITING) }
+impl<T, L> Delivery<T, L> {
+    pub fn new() -> Delivery<T, L> {
+        Delivery { value: OnceBox::new(), left: OnceBox::new(), state: AtomicU8::new(WAITING) }
+    }
+
+    /// `take`, leaving `left` to the routine if the value has not come: the late routine, once it has released
+    /// what its value holds, releases `left` too (`left_behind`). Stored before the give-up takes effect, so a
+    /// routine that finds the delivery abandoned always finds it.
+    pub fn take_or_leave(&self, left: L) -> Option<&T> {
+        let _ = self.left.set(alloc::boxed::Box::new(left));
+        self.take()
+    }
+
+    /// What the control path left when it gave up; for the late routine, after `deliver` returned `Err`.
+    pub fn left_behind(&self) -> Option<&L> {
+        self.left.get()
     }
 
     /// The routine's side. `Ok` when the control path will take the value; `Err(value)` when it gave up already,

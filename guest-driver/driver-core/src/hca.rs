@@ -473,7 +473,7 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
                 }
                 let mapped = match mapping {
                     MrMapping::ScatterGather => self
-                        .scatter_gather_list(mdl, va, length, write_to_device)
+                        .scatter_gather_list(mdl, mr.locked, va, length, write_to_device)
                         .map(|sg| (MrDeviceView::Sg(sg.Handle, write_to_device), sg.Elements)),
                     MrMapping::IoMapCommonBuffer => k
                         .IoMapCommonBuffer(self.adapter, mdl, length, true)
@@ -486,6 +486,10 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
                         elements
                     }
                     Err(e) => {
+                        if let DriverError::DmaQueued { .. } = e {
+                            // The queued request owns the MDL now: its routine frees it (scatter_gather_list).
+                            mr.mdl = None;
+                        }
                         self.release_mr(&mr);
                         return Err(e);
                     }
@@ -516,20 +520,31 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
 
     /// GetScatterGatherList as a Windows driver calls it: at DISPATCH_LEVEL, the list arriving in AdapterListControl.
     /// A list that does not arrive before the call returns (map registers short) is given up: the routine puts it
-    /// back when it comes.
+    /// back when it comes, and only then unlocks and frees the MDL (`locked`: MmProbeAndLockPages locked it), since
+    /// the queued request describes the transfer by that MDL until its routine has run. Freeing it at the give-up,
+    /// as reg_mr's error path did, left the request over a freed MDL (0xE6/0x0E under DMA checking when the
+    /// routine ran).
     fn scatter_gather_list(
         &self,
         mdl: PMDL,
+        locked: bool,
         va: PVOID,
         length: u32,
         write_to_device: bool,
     ) -> Result<SCATTER_GATHER_LIST, DriverError> {
-        let delivery = Arc::new(Delivery::new());
+        let delivery: Arc<Delivery<SCATTER_GATHER_LIST, (PMDL, bool)>> = Arc::new(Delivery::new());
         let routine: PDRIVER_LIST_CONTROL = {
             let (delivery, kernel, adapter) = (delivery.clone(), self.kernel.clone(), self.adapter);
             Box::new(move |_device, list: &SCATTER_GATHER_LIST| {
                 if let Err(late) = delivery.deliver(list.clone()) {
+                    // DISPATCH_LEVEL, which all three allow.
                     kernel.PutScatterGatherList(adapter, late.Handle, write_to_device);
+                    if let Some(&(mdl, locked)) = delivery.left_behind() {
+                        if locked {
+                            kernel.MmUnlockPages(mdl);
+                        }
+                        kernel.IoFreeMdl(mdl);
+                    }
                 }
             })
         };
@@ -540,7 +555,7 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
         if !status.is_success() {
             return Err(DriverError::Kernel { routine: "GetScatterGatherList", status });
         }
-        delivery.take().cloned().ok_or(DriverError::DmaQueued { routine: "GetScatterGatherList" })
+        delivery.take_or_leave((mdl, locked)).cloned().ok_or(DriverError::DmaQueued { routine: "GetScatterGatherList" })
     }
 
     /// Undoes what reg_mr did to the buffer, in reverse: device view (PutScatterGatherList at DISPATCH_LEVEL, as

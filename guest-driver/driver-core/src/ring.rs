@@ -180,7 +180,7 @@ fn mapped_piece<K: NtKernel + 'static>(
         return Err(DriverError::NoMemory { routine: "IoAllocateMdl", bytes: bytes as u64 });
     }
     kernel.MmBuildMdlForNonPagedPool(mdl);
-    let delivery = Arc::new(Delivery::new());
+    let delivery: Arc<Delivery<_>> = Arc::new(Delivery::new());
     let routine: PDRIVER_CONTROL = {
         let (delivery, kernel) = (delivery.clone(), kernel.clone());
         Box::new(move |_device, base| {

@@ -348,3 +348,28 @@ fn releasing_an_mr_buffer_early_leaves_the_registration_and_the_device_faults() 
         assert!(hca.registered_mrs().is_empty());
     }
 }
+
+#[test]
+fn an_sg_mr_whose_list_is_queued_keeps_its_mdl_until_the_late_routine_has_put_the_list_back() {
+    // DMA checking double-buffers an S/G list through map registers: with 4, a second 3-page MR's list waits for
+    // them, reg_mr gives it up, and the routine runs when the first MR's registers come back, over the second's MDL.
+    let (k, b) = with(0x80 | 0x8, 4, None);
+    let (mut hca, _dev) = open(&k, &b, HcaConfig::default());
+    let pd = hca.alloc_pd().unwrap();
+    let len = 3 * 4096;
+    let buffers = [0, 1].map(|_| k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, len as usize, pool_tag(b"vhmr")));
+    let mr = |hca: &mut Driver, va| {
+        hca.reg_mr(pd, MrSource::Kernel { va, length: len }, ACCESS_LOCAL_WRITE, MrMapping::ScatterGather)
+    };
+    let first = mr(&mut hca, buffers[0]).unwrap();
+    let second = NtModel::run_guarded(|| mr(&mut hca, buffers[1])).expect("waiting for map registers is no violation");
+    assert_eq!(second.unwrap_err(), DriverError::DmaQueued { routine: "GetScatterGatherList" });
+    // The first MR's registers come back: the queued routine runs now and must find its MDL still there.
+    let dereg = NtModel::run_guarded(|| hca.dereg_mr(first.lkey));
+    assert_eq!(dereg, Ok(Ok(())), "the late list's MDL was freed under it");
+    assert_eq!(k.map_registers_free(hca.adapter()), Some(4), "the late routine put its list back");
+    hca.dealloc_pd(pd).unwrap();
+    hca.close();
+    buffers.iter().for_each(|va| k.ExFreePoolWithTag(*va, pool_tag(b"vhmr")));
+    assert!(k.unreleased_resources().is_empty(), "the late routine freed the MDL: {:?}", k.unreleased_resources());
+}
