@@ -166,8 +166,20 @@ fn native_and_sys_give_identical_verdicts() {
         .map(|r| format!("{}/", r.name))
         .collect();
     assert!(native_only.contains(&"low-resources-user-buffer/".to_string()), "{native_only:?}");
+    // And vhca.sys-only entries have no native twin: the IRP rules (irp-completed-*), as the native driver core
+    // has no IRPs.
+    let sys_only: Vec<String> = vhca_suite::Suite::seed()
+        .expect("the seed suite")
+        .runs
+        .iter()
+        .filter(|r| r.drivers == [vhca_suite::Personality::Sys])
+        .map(|r| format!("{}/", r.name))
+        .collect();
+    assert!(sys_only.contains(&"irp-completed-twice/".to_string()), "{sys_only:?}");
     let native: Vec<_> =
         native.into_iter().filter(|(name, _)| !native_only.iter().any(|entry| name.starts_with(entry))).collect();
+    let sys: Vec<_> =
+        sys.into_iter().filter(|(name, _)| !sys_only.iter().any(|entry| name.starts_with(entry))).collect();
     assert!(native.len() >= 25, "the seed suite has 11 runs in two modes and 3 low-resources runs: {native:?}");
     assert_eq!(native, sys, "native and vhca.sys disagree");
 
