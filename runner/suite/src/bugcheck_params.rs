@@ -10,8 +10,9 @@
 use vhca_ntapi::{
     ATTEMPTED_SWITCH_FROM_DPC, DPC_WATCHDOG_VIOLATION, DRIVER_IRQL_NOT_LESS_OR_EQUAL,
     DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION, DRIVER_VERIFIER_IOMANAGER_VIOLATION,
-    IRQL_NOT_LESS_OR_EQUAL, PAGE_FAULT_IN_NONPAGED_AREA, SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD,
-    SYSTEM_THREAD_EXCEPTION_NOT_HANDLED, TIMER_OR_DPC_INVALID, WORKER_INVALID,
+    IRQL_NOT_LESS_OR_EQUAL, MULTIPLE_IRP_COMPLETE_REQUESTS, PAGE_FAULT_IN_NONPAGED_AREA,
+    SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD, SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+    TIMER_OR_DPC_INVALID, WORKER_INVALID,
 };
 use vhca_ntmodel::pool_types::C4_EXECUTABLE_POOL;
 use vhca_ntmodel::verifier::{c4, c7, e4, e6};
@@ -27,9 +28,8 @@ pub struct BugcheckMeaning {
 
 const SUBCODE: Option<&str> = Some("subcode: the rule that was broken");
 
-/// The loader raises these by number (vhca-loader's io_verification.rs and irp_dispatch.rs); vhca-ntapi has no
-/// constant for them and the suite does not depend on the loader.
-const MULTIPLE_IRP_COMPLETE_REQUESTS: u32 = 0x44;
+/// The loader raises 0x35 by number (vhca-loader's irp_dispatch.rs); vhca-ntapi has no constant for it and the suite
+/// does not depend on the loader.
 const NO_MORE_IRP_STACK_LOCATIONS: u32 = 0x35;
 
 /// The meaning of the parameters of bugcheck `code` whose P1 is `p1`.
