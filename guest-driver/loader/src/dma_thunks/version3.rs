@@ -251,21 +251,30 @@ pub(super) unsafe extern "win64" fn BuildScatterGatherListEx(
     _completion_context: *mut c_void,
     out_list: *mut *mut WDK_SG_LIST,
 ) -> NTSTATUS {
-    if mdl.is_null() {
-        return STATUS_INVALID_PARAMETER;
-    }
-    let k = kernel();
-    // SAFETY: the driver's MDL; Offset counts from the start of its buffer.
-    let (start, count) = unsafe { ((*mdl).StartVa as usize + (*mdl).ByteOffset as usize, (*mdl).ByteCount) };
-    if offset >= count as u64 {
-        return STATUS_INVALID_PARAMETER;
-    }
     if buffer.is_null() {
         return STATUS_INVALID_PARAMETER;
     }
-    let va = k.addresses.model_va((start + offset as usize) as *mut c_void);
+    // SAFETY: the driver's MDL, as the caller's contract.
+    let Some(va) = (unsafe { model_va_at(mdl, offset) }) else { return STATUS_INVALID_PARAMETER };
     let buffer = DriverBuffer { buffer: buffer as usize, length: buffer_length };
     build(adapter, device, mdl, va, length, flags, routine, context, write_to_device, buffer, out_list)
+}
+
+/// The model's address of the byte `offset` into `mdl`'s buffer, as the Ex routines name a transfer (an MDL and an
+/// offset where the older ones take a CurrentVa); None for a NULL MDL or an offset past its ByteCount.
+///
+/// # Safety
+/// `mdl` is NULL or a live MDL of the driver's.
+unsafe fn model_va_at(mdl: *const MDL, offset: u64) -> Option<PVOID> {
+    if mdl.is_null() {
+        return None;
+    }
+    // SAFETY: a live MDL (the caller's contract); Offset counts from the start of its buffer.
+    let (start, count) = unsafe { ((*mdl).StartVa as usize + (*mdl).ByteOffset as usize, (*mdl).ByteCount) };
+    if offset >= count as u64 {
+        return None;
+    }
+    Some(kernel().addresses.model_va((start + offset as usize) as *mut c_void))
 }
 
 /// GetScatterGatherListEx(DmaAdapter, DeviceObject, DmaTransferContext, Mdl, Offset, Length, Flags,
@@ -287,16 +296,8 @@ pub(super) unsafe extern "win64" fn GetScatterGatherListEx(
     _completion_context: *mut c_void,
     out_list: *mut *mut WDK_SG_LIST,
 ) -> NTSTATUS {
-    if mdl.is_null() {
-        return STATUS_INVALID_PARAMETER;
-    }
-    let k = kernel();
-    // SAFETY: the driver's MDL; Offset counts from the start of its buffer.
-    let (start, count) = unsafe { ((*mdl).StartVa as usize + (*mdl).ByteOffset as usize, (*mdl).ByteCount) };
-    if offset >= count as u64 {
-        return STATUS_INVALID_PARAMETER;
-    }
-    let va = k.addresses.model_va((start + offset as usize) as *mut c_void);
+    // SAFETY: the driver's MDL, as the caller's contract.
+    let Some(va) = (unsafe { model_va_at(mdl, offset) }) else { return STATUS_INVALID_PARAMETER };
     let buffer = DriverBuffer { buffer: 0, length: u32::MAX };
     build(adapter, device, mdl, va, length, flags, routine, context, write_to_device, buffer, out_list)
 }
