@@ -10,7 +10,6 @@ mod common;
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use common::{routine, NoBus};
@@ -197,11 +196,7 @@ fn child() {
 
 /// The STOP line of `case` run in a child: its code and parameters.
 fn stop_of(case: &str) -> (i32, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env(CASE, case)
-        .output()
-        .unwrap();
+    let out = common::child_of_this_test(CASE, case).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     // The test harness prints its own "test child ... " before the child's first line.
     let stop = stdout.lines().find_map(|l| l.find("*** STOP:").map(|at| l[at..].to_string())).unwrap_or_default();

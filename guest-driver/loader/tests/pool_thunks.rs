@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 
 use common::{routine, NoBus};
@@ -113,11 +112,7 @@ fn child() {
 
 /// The child's exit status, its STOP line's code and parameters (or its whole output), and run_case's address.
 fn outcome(case: &str) -> (i32, Option<(u32, [u64; 4])>, usize, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env(CASE, case)
-        .output()
-        .unwrap();
+    let out = common::child_of_this_test(CASE, case).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let hex = |t: &str| u64::from_str_radix(t.trim().trim_start_matches("0x"), 16).unwrap();
     let stop = stdout.lines().find_map(|l| {

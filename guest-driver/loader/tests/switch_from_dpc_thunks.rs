@@ -7,7 +7,7 @@
 mod common;
 
 use std::ffi::c_void;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,13 +114,8 @@ struct Stopped {
 
 /// A child whose DPC blocks (the rule gone, on a manual clock) would never end: killed after 10 s, the test fails.
 fn stop_of(case: &str) -> Stopped {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env(CASE, case)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        common::child_of_this_test(CASE, case).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {

@@ -1,5 +1,5 @@
-//! What the in-process thunk tests share: a bus driver with no device, a bound routine as the driver calls it, and
-//! the kernel the deferred and interrupt routines' tests take turns on.
+//! What the in-process thunk tests share: a bus driver with no device, a bound routine as the driver calls it, the
+//! kernel the deferred and interrupt routines' tests take turns on, and the test binary rerun as a child.
 
 /// Not every test file runs on the shared kernel (some install their own, once or per child process).
 #[allow(dead_code)]
@@ -26,4 +26,13 @@ pub fn routine<F: Copy>(name: &str) -> F {
     assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
     // SAFETY: F is the routine's extern "win64" signature, as the driver declares it.
     unsafe { std::mem::transmute_copy::<usize, F>(&address) }
+}
+
+/// This test binary run again as a child that runs only its ignored `child` test, with `case` in `case_var`: how
+/// a test whose case stops the process (a bugcheck exits) sees that stop from outside.
+#[allow(dead_code)]
+pub fn child_of_this_test(case_var: &str, case: &str) -> std::process::Command {
+    let mut child = std::process::Command::new(std::env::current_exe().expect("the test binary"));
+    child.args(["--exact", "child", "--ignored", "--nocapture", "--test-threads", "1"]).env(case_var, case);
+    child
 }
