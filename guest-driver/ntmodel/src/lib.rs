@@ -11,6 +11,7 @@ mod dispatcher;
 mod dma_adapter;
 mod dpc;
 mod exec_context;
+pub mod interleaving;
 mod interrupt;
 mod kernel;
 mod locks;
@@ -37,6 +38,7 @@ use vhca_ntapi::{DISPATCH_LEVEL, KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT, PVOID};
 pub use backend::{BackendError, DmaBackend, HostDmaBackend, HostMemId};
 pub use bugcheck::{Bugcheck, BugcheckHandler, BugcheckUnwind, CaptureBugchecks, PrintAndExit};
 pub use dma_adapter::ListRequest;
+pub use interleaving::{InterleavingConfig, InterleavingMode, PointId, RaceReport};
 pub use interrupt::{InterruptResources, DEVICE_DIRQL};
 pub use low_resources::{
     with_call_site, CallSite, Failure, FaultPoint, FaultableRoutine, InjectedFault, InjectionMode, LowResourcesConfig,
@@ -68,6 +70,10 @@ pub struct NtModelConfig {
     pub double_buffering: bool,
     /// The low-resources simulation's knobs (flags 0x4 and 0x40000 choose the mode; `fail_point` the rig's own).
     pub low_resources: LowResourcesConfig,
+    /// Logical processors, each with its own IRQL, DPC queue and current thread (1 to 64; Windows' group 0).
+    pub processors: u32,
+    /// The systematic interleaving modes and the race detector (Off by default).
+    pub interleaving: InterleavingConfig,
 }
 
 impl Default for NtModelConfig {
@@ -79,6 +85,8 @@ impl Default for NtModelConfig {
             disabled_rules: Vec::new(),
             double_buffering: true,
             low_resources: LowResourcesConfig::default(),
+            processors: 2,
+            interleaving: InterleavingConfig::default(),
         }
     }
 }
