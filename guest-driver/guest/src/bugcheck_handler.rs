@@ -1,11 +1,13 @@
 //! The guest's bugcheck handler: the machine stops as Windows' does. The STOP lines exactly as the NT model formats
 //! them, then the `VHCA-RESULT` line (with the details gathered so far and "bugcheck"), then power-off.
+//! Under an interleaving mode that line carries the race reports found so far: a race often ends in the bugcheck.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, TryLockError};
 
 use vhca_ntmodel::{Bugcheck, BugcheckHandler};
 
+use crate::interleaving::BugcheckWitness;
 use crate::report::{BugcheckView, Report};
 use crate::shutdown;
 
@@ -13,11 +15,17 @@ use crate::shutdown;
 pub struct ConsoleBugcheck {
     report: Arc<Mutex<Report>>,
     poweroff: bool,
+    witness: BugcheckWitness,
 }
 
 impl ConsoleBugcheck {
     pub fn new(report: Arc<Mutex<Report>>, poweroff: bool) -> ConsoleBugcheck {
-        ConsoleBugcheck { report, poweroff }
+        ConsoleBugcheck { report, poweroff, witness: BugcheckWitness::default() }
+    }
+
+    /// Where the run attaches its model once made, so a bugcheck can list the races the detector reported.
+    pub fn witness(&self) -> &BugcheckWitness {
+        &self.witness
     }
 }
 
@@ -36,6 +44,7 @@ impl BugcheckHandler for ConsoleBugcheck {
             Err(TryLockError::WouldBlock) => Report::default(),
         };
         let view = BugcheckView::from(bugcheck);
+        report.details.extend(self.witness.details());
         report.ok = false;
         report.error = Some(format!("bugcheck {} ({}) {}", view.code, view.params.join(", "), view.name));
         report.bugcheck = Some(view);

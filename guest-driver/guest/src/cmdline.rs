@@ -4,7 +4,7 @@
 use std::fmt;
 
 use vhca_driver_core::ClMutexKind;
-use vhca_ntmodel::{LowResourcesConfig, RuleId, TimingConfig, VerifierFlags};
+use vhca_ntmodel::{InterleavingMode, LowResourcesConfig, RuleId, TimingConfig, VerifierFlags};
 
 /// PCI identity of the device to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,11 @@ pub struct Options {
     /// The NT model's clock tick and DPC watchdog (`vhca.clock_tick_us`, `vhca.dpc_time_limit`,
     /// `vhca.dpc_watchdog_limit`).
     pub timing: TimingConfig,
+    /// The NT model's logical processors (`vhca.processors`, 1 to 64, default 2 as the model's): the runner boots
+    /// the guest with as many vCPUs, so the model's processors are really concurrent.
+    pub processors: u32,
+    /// The interleaving mode (`vhca.interleave=record|preempt:<thread>#<k>[,<thread>#<k>]|pct:<seed>[:<depth>]`).
+    pub interleaving: InterleavingMode,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -130,12 +135,16 @@ impl Default for Options {
             driver: Personality::Native,
             completion: Completion::Interrupt,
             timing: TimingConfig::default(),
+            processors: vhca_ntmodel::NtModelConfig::default().processors,
+            interleaving: InterleavingMode::Off,
             warnings: Vec::new(),
         }
     }
 }
 
 const PREFIX: &str = "vhca.";
+/// Windows' group 0, which is all the model has.
+pub const MAX_PROCESSORS: u32 = 64;
 
 impl Options {
     /// Parses a whole kernel command line; words without the `vhca.` prefix belong to others and are ignored.
@@ -210,6 +219,14 @@ impl Options {
                 self.map_registers =
                     Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a count > 0: {value:?}"))?)
             }
+            "processors" => {
+                self.processors = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_PROCESSORS).contains(n))
+                    .ok_or(format!("not a processor count 1..={MAX_PROCESSORS}: {value:?}"))?
+            }
+            "interleave" => self.interleaving = crate::interleaving::parse_mode(value)?,
             "disable_rule" => self
                 .disabled_rules
                 .push(RuleId::parse(value).ok_or(format!("not 0xCODE or 0xCODE/0xSUBCODE: {value:?}"))?),
@@ -337,6 +354,24 @@ mod tests {
         assert_eq!(bad.warnings.len(), 4, "{:?}", bad.warnings);
         assert_eq!(bad.low_resources, LowResourcesConfig::default());
         assert!(!bad.faults_seed_given);
+    }
+
+    #[test]
+    fn reads_the_processors_and_the_interleaving_mode() {
+        let default = Options::parse("");
+        assert_eq!((default.processors, &default.interleaving), (2, &InterleavingMode::Off));
+        let options = Options::parse("vhca.processors=4 vhca.interleave=preempt:passive#3,dpc-0#1");
+        assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+        assert_eq!(options.processors, 4);
+        let ids: Vec<String> = match &options.interleaving {
+            InterleavingMode::Preempt(ids) => ids.iter().map(|id| id.to_string()).collect(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(ids, ["passive#3", "dpc-0#1"]);
+        assert_eq!(Options::parse("vhca.interleave=pct:5").interleaving, InterleavingMode::Pct { seed: 5, depth: 3 });
+        let bad = Options::parse("vhca.processors=0 vhca.processors=65 vhca.interleave=preempt:x");
+        assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
+        assert_eq!((bad.processors, &bad.interleaving), (2, &InterleavingMode::Off));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use vhca_driver_core::{CompletionCounts, CompletionWaits, CqCompletions, PathDevices, DEFAULT_CQE_BUDGET};
 use vhca_ntapi::{PDEVICE_OBJECT, PVOID};
-use vhca_ntmodel::{InjectionMode, InterruptResources, NtModel, NtModelConfig, VerifierFlags};
+use vhca_ntmodel::{InjectionMode, InterleavingConfig, InterruptResources, NtModel, NtModelConfig, VerifierFlags};
 use vhca_scenarios::{Scenario, ScenarioHost, ScenarioOptions};
 
 use crate::bugcheck_handler::ConsoleBugcheck;
@@ -223,7 +223,11 @@ pub fn run(
         r.details.insert("double_buffering".into(), json!(config.double_buffering));
     }
     let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
-    let kernel = Arc::new(NtModel::new(config.clone(), backend.clone(), handler).with_timing(options.timing));
+    let kernel =
+        Arc::new(NtModel::new(config.clone(), backend.clone(), handler.clone()).with_timing(options.timing));
+    handler.witness().attach(&kernel, &options.interleaving, options.processors);
+    // The doorbells and commands the transport sends order the device's later interrupts after them.
+    channel.tell_model(&kernel, PDO.0);
     low_resources::start(&kernel, &config.low_resources, &report);
     let mut delivery = None;
     if let Some(messages) = &messages {
@@ -249,6 +253,7 @@ pub fn run(
     let result = vhca_scenarios::run(scenario, &host, kernel.clone(), channel, PDO, &scenario_options, timeout);
     // The failure points seen (a recording run's list is what the runner expands into runs of their own).
     low_resources::record_points(&kernel, &report);
+    crate::interleaving::record(&kernel, &options.interleaving, options.processors, &report);
     (Some(keep), result)
 }
 
@@ -273,6 +278,8 @@ pub(crate) fn model_config(options: &Options) -> NtModelConfig {
         disabled_rules: options.disabled_rules.clone(),
         double_buffering: options.double_buffering,
         low_resources: low_resources::config(options),
+        processors: options.processors,
+        interleaving: InterleavingConfig { mode: options.interleaving.clone(), ..InterleavingConfig::default() },
     }
 }
 

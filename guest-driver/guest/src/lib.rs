@@ -10,6 +10,7 @@ pub mod completion_times;
 pub mod completion_wait;
 pub mod driver_run;
 pub mod hotplug_slot;
+pub mod interleaving;
 pub mod interrupt_thread;
 pub mod kmsg;
 pub mod low_resources;

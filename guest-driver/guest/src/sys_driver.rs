@@ -301,8 +301,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let handler = Arc::new(ConsoleBugcheck::new(sink.clone(), options.poweroff));
     // The native run's timing (the clock's tick, the DPC watchdog's allotment), so the watchdog judges alike.
     let model = Arc::new(
-        NtModel::new(config.clone(), Arc::new(VfioDmaBackend::new(mapper)), handler).with_timing(options.timing),
+        NtModel::new(config.clone(), Arc::new(VfioDmaBackend::new(mapper)), handler.clone())
+            .with_timing(options.timing),
     );
+    handler.witness().attach(&model, &options.interleaving, options.processors);
     low_resources::start(&model, &config.low_resources, &sink);
     let model_for_faults = model.clone();
     let model_for_interrupts = model.clone();
@@ -345,6 +347,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     // The simulation's log, as natively: the failure points and every failure injected (the runner expands a
     // recording into fail-point runs from these).
     low_resources::record_points(&model, &sink);
+    crate::interleaving::record(&model, &options.interleaving, options.processors, &sink);
     let simulation = sink.lock().unwrap_or_else(|e| e.into_inner()).details.clone();
     // After an injected failure, vhca.sys refusing the load (DriverEntry) or the start (START_DEVICE) with an error
     // status is its error path, as a scenario stopped by a shortage is natively (driver_run.rs, error_path): the run
@@ -382,7 +385,8 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     }
     // Whether or not the driver got as far as a result line.
     report.details.insert("driver".into(), "sys".into());
-    for key in ["low_resources", "fault_points", "injected_faults"] {
+    let interleaving = crate::interleaving::RESULT_KEYS;
+    for key in ["low_resources", "fault_points", "injected_faults"].into_iter().chain(interleaving) {
         if let Some(value) = simulation.get(key) {
             report.details.insert(key.into(), value.clone());
         }

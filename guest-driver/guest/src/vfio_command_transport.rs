@@ -8,9 +8,12 @@
 //! whole wait (up to the command timeout); `events` by one read of the event queue (the DPC's, or the control
 //! path's when it polls); `doorbells` by one ring, until the device has fetched the records (the DPC's CQ arms,
 //! the control path's posts). So the DPC, which takes the last two, never waits behind a command in flight.
+//!
+//! Each command and doorbell tells the NT model first (`device_kicked`): the race detector then orders the
+//! interrupt the device answers with after what the driver did before it, as a real device's DMA is ordered.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use vhca_driver_core::{CommandTransport, CommandTransportError, CompletionSignal};
@@ -41,6 +44,9 @@ struct Queues {
     waited: [AtomicU64; 2],
     doorbells: Mutex<DoorbellQueue<DmaRegion, QueueNotifier, CompletionWaits>>,
     events: Mutex<EventQueue<DmaRegion, QueueNotifier>>,
+    /// The model the driver runs on and the device's name there (weak: the model outlives no transport clone's
+    /// need of it, and the transport is made before it).
+    model: OnceLock<(Weak<vhca_ntmodel::NtModel>, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,8 +117,22 @@ impl VfioCommandTransport {
             waited: Default::default(),
             doorbells: Mutex::new(doorbells),
             events: Mutex::new(events),
+            model: OnceLock::new(),
         };
         Ok(VfioCommandTransport { queues: Arc::new(queues) })
+    }
+
+    /// From now on each command and doorbell tells `kernel` that `device` was told to act.
+    pub fn tell_model(&self, kernel: &Arc<vhca_ntmodel::NtModel>, device: u64) {
+        let _ = self.queues.model.set((Arc::downgrade(kernel), device));
+    }
+
+    fn kick(&self) {
+        if let Some((model, device)) = self.queues.model.get() {
+            if let Some(kernel) = model.upgrade() {
+                kernel.device_kicked(*device);
+            }
+        }
     }
 
     /// (commands that waited on the driver's KEVENT, commands that polled) so far.
@@ -127,11 +147,14 @@ impl CommandTransport for VfioCommandTransport {
         let mut commands = lock(&self.queues.commands);
         let way = if commands.waits_mut().is_signalled() { 0 } else { 1 };
         self.queues.waited[way].fetch_add(1, Ordering::Relaxed);
+        self.kick();
         commands.execute_for_core(request, response_capacity, &note)
     }
 
     fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
-        lock(&self.queues.doorbells).ring(records, &note)
+        let mut doorbells = lock(&self.queues.doorbells);
+        self.kick();
+        doorbells.ring(records, &note)
     }
 
     fn poll_event(&self) -> Option<Event> {
