@@ -37,6 +37,8 @@ pub struct Ctx<'a, H: ScenarioHost> {
     /// The driver's own device object (`ScenarioHost::own_device`, else the PDO): what its work items are
     /// allocated for.
     pub(crate) own_device: PDEVICE_OBJECT,
+    /// The HCA's PDO: what a scenario's own DMA adapter is asked for (IoGetDmaAdapter takes the PDO).
+    pub(crate) pdo: PDEVICE_OBJECT,
 }
 
 impl<'a, H: ScenarioHost> Ctx<'a, H> {
@@ -47,7 +49,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
         options: &'a ScenarioOptions,
         timeout: Duration,
         completions: Option<Box<dyn CqCompletions>>,
-        own_device: PDEVICE_OBJECT,
+        (own_device, pdo): (PDEVICE_OBJECT, PDEVICE_OBJECT),
     ) -> Self {
         Ctx {
             hca,
@@ -60,6 +62,7 @@ impl<'a, H: ScenarioHost> Ctx<'a, H> {
             buffers: RefCell::new(Vec::new()),
             completions,
             own_device,
+            pdo,
         }
     }
 

@@ -9,12 +9,14 @@ extern crate alloc;
 mod context;
 mod host;
 
+mod adapter_routine;
 mod cq_fallback;
 mod cq_growth;
 mod create_cq_lock;
 mod dpc_consumer;
 mod dpc_wait;
 mod health_watchdog;
+mod isr_passive;
 mod isr_state;
 mod late_completion;
 mod map_registers;
@@ -22,7 +24,9 @@ mod paged_context;
 mod pool_executable;
 mod pool_exhaustion;
 mod shared_buffer;
+mod shared_words;
 mod smoke;
+mod two_requests;
 mod unload_timer;
 mod use_after_unmap;
 mod user_buffer;
@@ -94,12 +98,18 @@ pub enum Scenario {
     DpcBoundedBatch,
     PoolExecutable,
     PoolNonExecutable,
+    LateAdapterRoutine,
+    AdapterRoutineAwaited,
+    TwoRequestsRace,
+    TwoRequestsLocked,
+    IsrPassiveUnsynchronized,
+    IsrPassiveSynchronized,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 27] = [
+    pub const DRIVER: [Scenario; 33] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -127,6 +137,12 @@ impl Scenario {
         Scenario::DpcBoundedBatch,
         Scenario::PoolExecutable,
         Scenario::PoolNonExecutable,
+        Scenario::LateAdapterRoutine,
+        Scenario::AdapterRoutineAwaited,
+        Scenario::TwoRequestsRace,
+        Scenario::TwoRequestsLocked,
+        Scenario::IsrPassiveUnsynchronized,
+        Scenario::IsrPassiveSynchronized,
     ];
 
     pub fn name(self) -> &'static str {
@@ -159,6 +175,12 @@ impl Scenario {
             Scenario::DpcBoundedBatch => "dpc-bounded-batch",
             Scenario::PoolExecutable => "pool-executable",
             Scenario::PoolNonExecutable => "pool-non-executable",
+            Scenario::LateAdapterRoutine => "late-adapter-routine",
+            Scenario::AdapterRoutineAwaited => "adapter-routine-awaited",
+            Scenario::TwoRequestsRace => "two-requests-race",
+            Scenario::TwoRequestsLocked => "two-requests-locked",
+            Scenario::IsrPassiveUnsynchronized => "isr-passive-unsynchronized",
+            Scenario::IsrPassiveSynchronized => "isr-passive-synchronized",
         }
     }
 
@@ -215,6 +237,12 @@ impl Scenario {
             Scenario::DpcBoundedBatch => dpc_wait::bounded_batch(ctx),
             Scenario::PoolExecutable => pool_executable::executable(ctx),
             Scenario::PoolNonExecutable => pool_executable::non_executable(ctx),
+            Scenario::LateAdapterRoutine => adapter_routine::late(ctx),
+            Scenario::AdapterRoutineAwaited => adapter_routine::awaited(ctx),
+            Scenario::TwoRequestsRace => two_requests::race(ctx),
+            Scenario::TwoRequestsLocked => two_requests::locked(ctx),
+            Scenario::IsrPassiveUnsynchronized => isr_passive::unsynchronized(ctx),
+            Scenario::IsrPassiveSynchronized => isr_passive::synchronized(ctx),
         }
     }
 }
@@ -251,7 +279,7 @@ pub fn run<H: ScenarioHost>(
         hca.attributes().map_registers_free.get()
     ));
     let own_device = host.own_device().unwrap_or(pdo);
-    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions, own_device);
+    let mut ctx = Ctx::new(hca, kernel.clone(), host, options, timeout, completions, (own_device, pdo));
     let mut on_error_path = false;
     let result = match scenario.body(&mut ctx) {
         Err(e) if host.error_path(&e) => {

@@ -8,6 +8,7 @@
 
 #[path = "../../../ntmodel/tests/common/mod.rs"]
 pub mod common;
+pub mod interrupting;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -114,10 +115,12 @@ pub struct HeldDevice {
 }
 
 impl HeldDevice {
-    /// A device over `backend` that holds its first send request `hold_ms`, its events going to `events`.
+    /// A device over `backend` that holds its first send request `hold_ms` (0: none), its events going to `events`.
     pub fn new(backend: Arc<HostDmaBackend>, hold_ms: u64, events: Arc<dyn EventSink>) -> Arc<HeldDevice> {
         let mut injection = FaultInjection::default();
-        injection.parse_kv(&format!("hold_completion_ms={hold_ms}")).unwrap();
+        if hold_ms > 0 {
+            injection.parse_kv(&format!("hold_completion_ms={hold_ms}")).unwrap();
+        }
         let hca = vhca_hca::Hca::new(HcaConfig { injection, ..HcaConfig::default() }, events);
         Arc::new(HeldDevice { hca: Mutex::new(hca), dma: BackendDma(backend), release_at: Mutex::new(None) })
     }

@@ -1,0 +1,132 @@
+//! The scenarios that only fail on several processors (late-adapter-routine, two-requests-race,
+//! isr-passive-unsynchronized and their fixes) through `vhca_scenarios::run` on a two-processor
+//! NT model with the interrupt path connected (support/interrupting.rs). Each bug is a race report in a recording
+//! run, whatever the schedule, naming both sides' call sites; where a preemption makes it a wrong result, one
+//! single preemption among the recording's points shows it; each fix runs clean, with no race, in both checks.
+
+mod support;
+
+use support::interrupting::{run_interrupting, InterruptingRun, Machine};
+use support::{model_config, STANDARD};
+use vhca_ntmodel::interleaving::SchedulePoint;
+use vhca_ntmodel::{InterleavingConfig, InterleavingMode, PointId, RaceReport, TimingConfig};
+use vhca_scenarios::Scenario;
+
+/// The bug builds, each with the source file both sides of its race are in.
+const BUGS: [(Scenario, [&str; 2]); 3] = [
+    (Scenario::LateAdapterRoutine, ["adapter_routine.rs", "adapter_routine.rs"]),
+    (Scenario::TwoRequestsRace, ["two_requests.rs", "two_requests.rs"]),
+    (Scenario::IsrPassiveUnsynchronized, ["isr_passive.rs", "isr_passive.rs"]),
+];
+
+/// Each bug's fixed twin (whose break_fix is the bug again).
+const FIXES: [(Scenario, Scenario); 3] = [
+    (Scenario::LateAdapterRoutine, Scenario::AdapterRoutineAwaited),
+    (Scenario::TwoRequestsRace, Scenario::TwoRequestsLocked),
+    (Scenario::IsrPassiveUnsynchronized, Scenario::IsrPassiveSynchronized),
+];
+
+fn machine(flags: u32, mode: InterleavingMode) -> Machine {
+    let interleaving = InterleavingConfig { mode, ..InterleavingConfig::default() };
+    let config = vhca_ntmodel::NtModelConfig { processors: 2, interleaving, ..model_config(flags, &[]) };
+    Machine { config, timing: TimingConfig::default(), hold_ms: 0 }
+}
+
+fn recorded(scenario: Scenario, flags: u32, break_fix: bool) -> InterruptingRun {
+    run_interrupting(scenario, machine(flags, InterleavingMode::Record), break_fix)
+}
+
+fn describe(races: &[RaceReport]) -> String {
+    races
+        .iter()
+        .map(|r| format!("{}: {} ({}) / {} ({})", r.object, r.earlier.site, r.earlier.thread, r.later.site, r.later.thread))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// One of the run's races has one side in each of `files` (in either order) on two threads.
+fn assert_race_between(scenario: Scenario, run: &InterruptingRun, files: [&str; 2]) {
+    let races = run.kernel.race_reports();
+    let found = races.iter().any(|r| {
+        let (a, b) = (&r.earlier.site, &r.later.site);
+        r.earlier.thread != r.later.thread
+            && ((a.contains(files[0]) && b.contains(files[1])) || (a.contains(files[1]) && b.contains(files[0])))
+    });
+    assert!(found, "{scenario:?}: no race between {files:?} (outcome {:?}); races: [{}]", run.outcome, describe(&races));
+}
+
+fn assert_clean(scenario: Scenario, run: &InterruptingRun) {
+    assert!(matches!(run.outcome, Ok(Ok(()))), "{scenario:?}: {:?}", run.outcome);
+    let races = run.kernel.race_reports();
+    assert!(races.is_empty(), "{scenario:?}: races [{}]", describe(&races));
+}
+
+#[test]
+#[ignore = "waits for the race detector (issue 25 part 3): race_reports() is empty until its body lands"]
+fn every_bug_is_a_race_report_naming_both_sides_in_a_recording_run() {
+    for (scenario, files) in BUGS {
+        for flags in [0, STANDARD] {
+            assert_race_between(scenario, &recorded(scenario, flags, false), files);
+        }
+    }
+}
+
+#[test]
+#[ignore = "waits for the race detector (issue 25 part 3): race_reports() is empty until its body lands"]
+fn every_fix_taken_back_by_break_fix_is_the_same_race() {
+    for ((_, fixed), (_, files)) in FIXES.into_iter().zip(BUGS) {
+        assert_race_between(fixed, &recorded(fixed, STANDARD, true), files);
+    }
+}
+
+#[test]
+fn every_fix_runs_clean_with_no_race_on_two_processors() {
+    for (_, fixed) in FIXES {
+        for flags in [0, STANDARD] {
+            assert_clean(fixed, &recorded(fixed, flags, false));
+        }
+    }
+}
+
+/// The routine runs 250 ms after its request was given up in every run: request C finds B's map-register base in
+/// the context it took over, with or without the verifier, and the fix's wait puts it right.
+#[test]
+fn a_late_adapter_routine_writes_into_the_next_request_s_context_and_waiting_for_it_does_not() {
+    for flags in [0, STANDARD] {
+        let run = recorded(Scenario::LateAdapterRoutine, flags, false);
+        match run.outcome {
+            Ok(Err(e)) => assert!(e.to_string().contains("request C's context holds"), "flags {flags:#x}: {e:#}"),
+            other => panic!("flags {flags:#x}: {other:?}"),
+        }
+    }
+    let run = recorded(Scenario::AdapterRoutineAwaited, STANDARD, true);
+    assert!(matches!(run.outcome, Ok(Err(_))), "break_fix: {:?}", run.outcome);
+}
+
+/// The recording's contended points at the kernel's copy routines: where one preemption can split a read from
+/// its write.
+fn copy_points(run: &InterruptingRun) -> Vec<SchedulePoint> {
+    run.kernel.schedule_points().into_iter().filter(|p| p.contended && p.kind.contains("RtlCopy")).collect()
+}
+
+/// Whether one single preemption among the recording's copy points (at most `budget` tried) turns the run into
+/// a failure other than a race report.
+fn some_preemption_fails(scenario: Scenario, break_fix: bool, budget: usize) -> Option<PointId> {
+    let points = copy_points(&recorded(scenario, 0, break_fix));
+    assert!(!points.is_empty(), "{scenario:?}: the recording listed no contended copy point");
+    points.into_iter().take(budget).map(|p| p.id).find(|id| {
+        let run = run_interrupting(scenario, machine(0, InterleavingMode::Preempt(vec![id.clone()])), break_fix);
+        !matches!(run.outcome, Ok(Ok(())))
+    })
+}
+
+#[test]
+#[ignore = "waits for the interleaving engine (issue 25 part 3): schedule_points() is empty until its body lands"]
+fn one_preemption_loses_an_update_where_the_lock_or_the_interrupt_spin_lock_is_missing() {
+    for bug in [Scenario::TwoRequestsRace, Scenario::IsrPassiveUnsynchronized] {
+        assert!(some_preemption_fails(bug, false, 40).is_some(), "{bug:?}: no single preemption lost an update");
+    }
+    for fixed in [Scenario::TwoRequestsLocked, Scenario::IsrPassiveSynchronized] {
+        assert_eq!(some_preemption_fails(fixed, false, 40), None, "{fixed:?}");
+    }
+}
