@@ -16,7 +16,8 @@ pub const DEFAULT_PCT_DEPTH: u32 = 3;
 /// byte costs the run 1.5-8 us under TCG; the runner expands from the first ones, the count dropped says the rest.
 pub const MAX_LISTED_POINTS: usize = 500;
 /// The result's keys this module fills (vhca.sys's run copies them from the bugcheck sink into its own result).
-pub const RESULT_KEYS: [&str; 5] = ["interleaving", "schedule_points", "schedule_points_dropped", "preemptions", "races"];
+pub const RESULT_KEYS: [&str; 5] =
+    ["interleaving", "schedule_points", "schedule_points_dropped", "preemptions", "races"];
 
 /// Reads `record`, `preempt:<thread>#<k>[,<thread>#<k>]` (bound 1 or 2) or `pct:<seed>[:<depth>]`; `off` too.
 pub fn parse_mode(value: &str) -> Result<InterleavingMode, String> {
@@ -160,8 +161,18 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_spec() {
-        for bad in ["", "recording", "record:1", "preempt:", "preempt:a#0", "preempt:a#1,b#2,c#3", "pct:", "pct:x",
-                    "pct:1:0", "preempt:a"] {
+        for bad in [
+            "",
+            "recording",
+            "record:1",
+            "preempt:",
+            "preempt:a#0",
+            "preempt:a#1,b#2,c#3",
+            "pct:",
+            "pct:x",
+            "pct:1:0",
+            "preempt:a",
+        ] {
             assert!(parse_mode(bad).is_err(), "{bad:?} parsed");
         }
     }

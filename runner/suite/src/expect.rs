@@ -30,6 +30,11 @@ pub enum Expected {
         word: Option<String>,
     },
     Hang,
+    /// The race detector reported at least one race (whatever the run did after: a race often ends in a
+    /// bugcheck), one of them naming this word in its object or a call site if one is given.
+    Race {
+        word: Option<String>,
+    },
 }
 
 /// One expected bugcheck parameter: a value, or `*` for an address that differs from run to run.
@@ -57,7 +62,8 @@ impl fmt::Display for Param {
     }
 }
 
-const VERDICTS: &str = "pass, bugcheck CODE P1 P2 P3 P4, device-fault CAUSE, guest-panic, guest-failed [WORD], hang";
+const VERDICTS: &str =
+    "pass, bugcheck CODE P1 P2 P3 P4, device-fault CAUSE, guest-panic, guest-failed [WORD], hang, race [WORD]";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExpectParseError {
@@ -111,6 +117,11 @@ impl Expected {
                 }
             },
             "hang" => no_args("hang", Expected::Hang),
+            "race" => match args.as_slice() {
+                [] => Ok(Expected::Race { word: None }),
+                [word] => Ok(Expected::Race { word: Some(word.to_string()) }),
+                [_, rest @ ..] => Err(ExpectParseError::UnexpectedArgument { verdict: "race", extra: rest.join(" ") }),
+            },
             "bugcheck" => {
                 let code_text = args.first().ok_or(ExpectParseError::MissingCode)?;
                 let code = parse_hex(code_text)
@@ -163,6 +174,8 @@ impl fmt::Display for Expected {
             Expected::GuestFailed { word: None } => write!(f, "guest-failed"),
             Expected::GuestFailed { word: Some(w) } => write!(f, "guest-failed {w}"),
             Expected::Hang => write!(f, "hang"),
+            Expected::Race { word: None } => write!(f, "race"),
+            Expected::Race { word: Some(w) } => write!(f, "race {w}"),
         }
     }
 }
@@ -194,6 +207,8 @@ mod tests {
             ("guest-failed", Expected::GuestFailed { word: None }),
             ("guest-failed stale", Expected::GuestFailed { word: Some("stale".into()) }),
             ("hang", Expected::Hang),
+            ("race", Expected::Race { word: None }),
+            ("race cq.rs", Expected::Race { word: Some("cq.rs".into()) }),
         ];
         for (text, want) in cases {
             let got = Expected::parse(text).unwrap();
@@ -206,7 +221,9 @@ mod tests {
     fn refuses_bad_strings() {
         use ExpectParseError as E;
         type Check = fn(&E) -> bool;
-        let cases: [(&str, Check); 11] = [
+        let cases: [(&str, Check); 13] = [
+            ("race cq.rs dpc.rs", |e| matches!(e, E::UnexpectedArgument { verdict: "race", .. })),
+            ("races", |e| matches!(e, E::UnknownKind(_))),
             ("", |e| matches!(e, E::Empty)),
             ("passes", |e| matches!(e, E::UnknownKind(_))),
             ("pass now", |e| matches!(e, E::UnexpectedArgument { .. })),

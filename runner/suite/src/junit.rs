@@ -98,6 +98,12 @@ fn write_testcase(w: &mut Writer<Vec<u8>>, suite: &str, run: &RunReport) -> io::
             if let Some(completion) = &run.completion {
                 out.push_str(&format!("completion: {completion}\n"));
             }
+            if let Some(i) = &run.interleaving {
+                out.push_str(&format!("interleaving: {} (of {})\n", i.spec, i.of));
+            }
+            for race in &run.races {
+                out.push_str(&format!("{race}\n"));
+            }
             w.create_element("system-out").write_text_content(BytesText::new(&xml_safe(&out)))?;
             Ok(())
         })?;

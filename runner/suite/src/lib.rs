@@ -6,6 +6,7 @@ mod completion_seen;
 mod event_log_reader;
 mod expect;
 mod fail_points;
+mod interleavings;
 mod iotlb;
 mod junit;
 mod observation;
@@ -31,6 +32,11 @@ pub use event_log_reader::{parse_event_log, DeviceFault, EventLog, LogEvent, Log
 pub use expect::{fault_cause_names, ExpectParseError, Expected, Param};
 pub use fail_points::{
     expand_recording, fault_points, injected_faults, judge_fail_point, FaultPointSeen, InjectedFaultSeen,
+};
+pub use interleavings::{
+    expand_interleavings, judge_interleaving, races, schedule_points, schedule_points_dropped, spec_suffix, Expanded,
+    Expansion, InterleavingPlan, RaceSeen, RunInterleaving, SchedulePointSeen, DEFAULT_MAX_INTERLEAVINGS,
+    INTERLEAVING_INFIX, PCT_INFIX,
 };
 pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;

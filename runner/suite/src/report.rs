@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::completion_seen::CompletionSeen;
 use crate::expect::Expected;
 use crate::fail_points::{FaultPointSeen, InjectedFaultSeen};
+use crate::interleavings::{RaceSeen, SchedulePointSeen};
 use crate::suite::{split_fail_point, ConcreteRun, Personality, Suite, VerifierMode};
 use crate::verdict::{Actual, Outcome, Verdict};
 
@@ -61,6 +62,22 @@ pub struct RunReport {
     /// (`completion_seen`); absent when the guest's result did not say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion: Option<CompletionSeen>,
+    /// An expanded interleaving run: the spec `vhca-run boot --interleaving` takes and the run it came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interleaving: Option<InterleavingOf>,
+    /// The contended scheduling points a recording listed (what its `interleavings` plan expands).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schedule_points: Vec<SchedulePointSeen>,
+    /// The races the guest's detector reported.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub races: Vec<RaceSeen>,
+}
+
+/// Where an interleaving run came from and the schedule it ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InterleavingOf {
+    pub of: String,
+    pub spec: String,
 }
 
 impl RunReport {
@@ -84,6 +101,12 @@ impl RunReport {
             fault_points: Vec::new(),
             injected_faults: Vec::new(),
             completion: None,
+            interleaving: match (&run.interleaving.of, &run.interleaving.spec) {
+                (Some(of), Some(spec)) => Some(InterleavingOf { of: of.clone(), spec: spec.clone() }),
+                _ => None,
+            },
+            schedule_points: Vec::new(),
+            races: Vec::new(),
         }
     }
 
@@ -95,9 +118,10 @@ impl RunReport {
     pub fn set_reproducer(&mut self, program: &str, suite_file: Option<&str>) {
         // A vhca.sys run is repeated as one, whether the file or `--driver` made it so.
         let driver = if self.driver == Personality::Sys { " --driver sys" } else { "" };
-        self.reproducer = (!self.passed()).then(|| match split_fail_point(&self.name) {
-            Some((run, k)) => fail_point_reproducer(program, suite_file, run, k) + driver,
-            None => reproducer(program, suite_file, &self.name) + driver,
+        self.reproducer = (!self.passed()).then(|| match (&self.interleaving, split_fail_point(&self.name)) {
+            (Some(i), _) => interleaving_reproducer(program, suite_file, &i.of, &i.spec) + driver,
+            (None, Some((run, k))) => fail_point_reproducer(program, suite_file, run, k) + driver,
+            (None, None) => reproducer(program, suite_file, &self.name) + driver,
         });
     }
 
@@ -174,6 +198,18 @@ pub fn fail_point_reproducer(program: &str, suite_file: Option<&str>, run_name: 
     }
     words.push("--fail-point".to_string());
     words.push(k.to_string());
+    words.join(" ")
+}
+
+/// The one-line reproducer of an interleaving run: `vhca-run boot --run <run> --interleaving <spec>`.
+pub fn interleaving_reproducer(program: &str, suite_file: Option<&str>, run_name: &str, spec: &str) -> String {
+    let mut words = vec![shell_quote(program), "boot".to_string(), "--run".to_string(), shell_quote(run_name)];
+    if let Some(file) = suite_file {
+        words.push("--suite".to_string());
+        words.push(shell_quote(file));
+    }
+    words.push("--interleaving".to_string());
+    words.push(shell_quote(spec));
     words.join(" ")
 }
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::expect::Expected;
 use crate::fail_points::FaultPointSeen;
+use crate::interleavings::{InterleavingPlan, RunInterleaving};
 
 /// Driver Verifier flags for the "on" mode unless a run overrides them: DMA checking 0x80, IRQL checking 0x2,
 /// pool tracking 0x8, deadlock detection 0x20.
@@ -144,6 +145,11 @@ pub struct SuiteRun {
     /// The driver personalities it runs in, in order, never empty: its own `driver`, else the suite's
     /// `[defaults] drivers`, else native.
     pub drivers: Vec<Personality>,
+    /// The guest's processors and QEMU's vCPUs (`processors = N`); None: the defaults.
+    pub processors: Option<u32>,
+    /// `interleavings = "preempt1" | "preempt2" | "pct:<runs>"` with `max_interleavings`: the run records its
+    /// contended scheduling points, then each schedule choice runs alone.
+    pub interleavings: Option<InterleavingPlan>,
 }
 
 /// The guest a suite's runs boot: the Linux guest program (built here), or a Windows image the user built from
@@ -202,6 +208,9 @@ pub struct ConcreteRun {
     /// What the recording run saw at point k, when this run was expanded from one: the site the run must fail.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_point: Option<FaultPointSeen>,
+    /// Its processors, and its part in the interleaving modes (a recording, or one schedule of an expansion).
+    #[serde(skip_serializing_if = "RunInterleaving::is_default")]
+    pub interleaving: RunInterleaving,
 }
 
 impl ConcreteRun {
@@ -217,6 +226,12 @@ impl ConcreteRun {
             params.push(("vhca.driver".to_string(), Personality::Sys.as_str().to_string()));
         }
         params.extend(self.guest.extra.iter().map(|(k, v)| (format!("vhca.{k}"), v.clone())));
+        if let Some(n) = self.interleaving.processors {
+            params.push(("vhca.processors".to_string(), n.to_string()));
+        }
+        if let Some(mode) = self.interleaving.guest_mode() {
+            params.push(("vhca.interleave".to_string(), mode));
+        }
         match self.fail_point {
             Some(k) => params.push(("vhca.fail_point".to_string(), k.to_string())),
             None if self.records_fail_points => {
@@ -235,6 +250,7 @@ impl ConcreteRun {
             records_fail_points: false,
             fail_point: Some(k),
             recorded_point: None,
+            interleaving: RunInterleaving { plan: None, ..self.interleaving.clone() },
             ..self.clone()
         }
     }
@@ -296,6 +312,11 @@ impl Suite {
                         records_fail_points: run.each_fail_point,
                         fail_point: None,
                         recorded_point: None,
+                        interleaving: RunInterleaving {
+                            processors: run.processors,
+                            plan: run.interleavings,
+                            ..RunInterleaving::default()
+                        },
                     });
                 }
             }
@@ -354,6 +375,8 @@ mod tests {
             each_fail_point: false,
             line: 1,
             drivers: vec![Personality::Native],
+            processors: None,
+            interleavings: None,
         }
     }
 

@@ -6,6 +6,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::expect::Expected;
+use crate::interleavings::{races, RaceSeen};
 use crate::observation::{Observation, ProcessExit};
 use crate::serial_scan::clip;
 use crate::stop_line::Bugcheck;
@@ -91,7 +92,7 @@ pub struct Verdict {
 pub fn judge(expected: &Expected, o: &Observation) -> Verdict {
     let mut notes = Vec::new();
     let actual = actual_of(o, &mut notes);
-    let outcome = compare(expected, &actual);
+    let outcome = judge_races(expected, &actual, &races(o), &mut notes);
     Verdict { actual, outcome, notes }
 }
 
@@ -194,6 +195,39 @@ fn result_error(result: &serde_json::Value) -> String {
         Some(serde_json::Value::String(s)) => clip(s, 200),
         Some(other) => clip(&other.to_string(), 200),
         None => format!("\"ok\": false without an \"error\": {}", clip(&result.to_string(), 160)),
+    }
+}
+
+/// The race detector's reports against the expectation: `race` passes on a reported race whatever the run did
+/// after (a race often ends in the bugcheck it causes), save a broken rig; any other expectation fails on one,
+/// naming both call sites, even when the run ended as expected (that end may be the race's luck).
+fn judge_races(expected: &Expected, actual: &Actual, races: &[RaceSeen], notes: &mut Vec<String>) -> Outcome {
+    let more = |n: usize| if n > 1 { format!(" (first of {n})") } else { String::new() };
+    if let Expected::Race { word } = expected {
+        let found = races.iter().find(|r| word.as_ref().is_none_or(|w| r.mentions(w)));
+        return match (found, actual) {
+            (_, Actual::DeviceFailure { .. }) => Outcome::Fail { reason: format!("expected {expected}, got {actual}") },
+            (Some(race), _) => {
+                notes.push(format!("{race}{}", more(races.len())));
+                Outcome::Pass
+            }
+            (None, _) if races.is_empty() => {
+                Outcome::Fail { reason: format!("expected {expected}, got {actual} and no race was reported") }
+            }
+            (None, _) => Outcome::Fail {
+                reason: format!("expected {expected}, got {actual}; the races reported name it nowhere: {}", races[0]),
+            },
+        };
+    }
+    let outcome = compare(expected, actual);
+    let Some(race) = races.first() else { return outcome };
+    let race = format!("{race}{}", more(races.len()));
+    match outcome {
+        Outcome::Pass => Outcome::Fail { reason: format!("expected {expected}, got {actual} but the detector reported a {race}") },
+        failed => {
+            notes.push(race);
+            failed
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use toml::Spanned;
 use super::raw::{PerMode, RawExtra, RawRun, RawSuite};
 use super::Problem;
 use crate::expect::Expected;
+use crate::interleavings::{Expansion, InterleavingPlan, DEFAULT_MAX_INTERLEAVINGS};
 use crate::suite::{
     DeviceOptions, Personality, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
     DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS, SYSTEMATIC_LOW_RESOURCES,
@@ -88,7 +89,8 @@ fn is_key(s: &str) -> bool {
 }
 
 /// Keys the suite sets itself from structured fields; an extra may not override them behind the file's back.
-const RESERVED_GUEST_KEYS: [&str; 6] = ["scenario", "lock", "verifier", "fail_point", "faults_systematic", "driver"];
+const RESERVED_GUEST_KEYS: [&str; 8] =
+    ["scenario", "lock", "verifier", "fail_point", "faults_systematic", "driver", "processors", "interleave"];
 
 /// Validates a parsed suite file: the suite, or every problem found in it.
 pub(super) fn check(raw: RawSuite, text: &str, file: &str) -> Result<Suite, Vec<Problem>> {
@@ -178,7 +180,21 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
         let events = required_events(&run, &modes, checker, &field);
         let each_fail_point = each_fail_point(&run, &modes, verifier_flags, checker, &field);
         let drivers = if run.driver.is_some() { vec![guest.driver] } else { default_drivers.clone() };
-        runs.push(SuiteRun { name, device, guest, verifier_flags, expect, events, each_fail_point, line, drivers });
+        let processors = run.processors.as_ref().and_then(|n| checker.positive_u32(n, &field("processors"), 64));
+        let interleavings = interleaving_plan(&run, each_fail_point, checker, &field);
+        runs.push(SuiteRun {
+            name,
+            device,
+            guest,
+            verifier_flags,
+            expect,
+            events,
+            each_fail_point,
+            line,
+            drivers,
+            processors,
+            interleavings,
+        });
     }
     let (guest, windows_image) = guest_kind(raw.guest.as_ref(), raw.windows_image.as_ref(), checker);
     Suite { name: raw.name.into_inner(), source: file.to_string(), runs, guest, windows_image }
@@ -242,6 +258,38 @@ fn each_fail_point(
         );
     }
     true
+}
+
+/// `interleavings = "preempt1" | "preempt2" | "pct:<runs>"` and its `max_interleavings` budget. Not with
+/// `each_fail_point`: a run expands one way, so each expanded run names one schedule or one failure.
+fn interleaving_plan(
+    run: &RawRun,
+    each_fail_point: bool,
+    checker: &mut Checker,
+    field: &dyn Fn(&str) -> String,
+) -> Option<InterleavingPlan> {
+    let budget = run.max_interleavings.as_ref().map(|b| (b, checker.positive_u32(b, &field("max_interleavings"), 100_000)));
+    let Some(text) = &run.interleavings else {
+        if let Some((b, _)) = budget {
+            checker.at(b.span(), field("max_interleavings"), "a budget without `interleavings` to spend it on");
+        }
+        return None;
+    };
+    let expansion = match Expansion::parse(text.get_ref()) {
+        Ok(e) => e,
+        Err(why) => {
+            checker.at(text.span(), field("interleavings"), why);
+            return None;
+        }
+    };
+    if each_fail_point {
+        checker.at(text.span(), field("interleavings"), "not with `each_fail_point`: a run expands one way");
+    }
+    let budget = match budget {
+        Some((_, n)) => n?,
+        None => DEFAULT_MAX_INTERLEAVINGS,
+    };
+    Some(InterleavingPlan { expansion, budget })
 }
 
 /// `[defaults] drivers`: each a known personality, once; an empty list is an error (a run must run somewhere).

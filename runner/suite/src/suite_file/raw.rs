@@ -51,6 +51,12 @@ pub(super) struct RawRun {
     pub events: Option<Spanned<PerMode<Vec<Spanned<String>>>>>,
     /// The exhaustive low-resources mode: this run records its failure points, then each becomes a run of its own.
     pub each_fail_point: Option<Spanned<bool>>,
+    /// The guest's processors and QEMU's vCPUs.
+    pub processors: Option<Spanned<i64>>,
+    /// The interleaving expansion: `"preempt1"`, `"preempt2"` or `"pct:<runs>"`.
+    pub interleavings: Option<Spanned<String>>,
+    /// The expansion's budget of runs (default 64).
+    pub max_interleavings: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

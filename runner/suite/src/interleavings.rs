@@ -1,0 +1,533 @@
+//! The interleaving modes' logic, shaped as the exhaustive fail points are: an entry's `interleavings` plan, the
+//! recording's contended scheduling points, the runs they expand to, and the checks on each run's pauses and races.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::Value;
+use vhca_ntmodel::PointId;
+
+use crate::observation::Observation;
+use crate::suite::ConcreteRun;
+use crate::verdict::{Outcome, Verdict};
+
+/// Expanded runs an entry gets at most when it names no `max_interleavings`: a preempt2 expansion of a scenario's
+/// few hundred contended points is tens of thousands of pairs, each a boot.
+pub const DEFAULT_MAX_INTERLEAVINGS: u32 = 64;
+/// What joins a concrete run's name and its preemption points in the name of the run that pauses there.
+pub const INTERLEAVING_INFIX: &str = "/interleaving-";
+/// What joins a concrete run's name and a PCT seed.
+pub const PCT_INFIX: &str = "/pct-";
+/// PCT's depth when a spec names none (the guest's default too).
+pub const DEFAULT_PCT_DEPTH: u32 = 3;
+
+/// How an entry's runs are expanded (`interleavings = "preempt1" | "preempt2" | "pct:<runs>"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Expansion {
+    /// One run per contended point the recording listed, paused there (preemption bound 1).
+    Preempt1,
+    /// One run per pair of contended points of two different threads (bound 2).
+    Preempt2,
+    /// That many PCT runs, seeds 1..=runs.
+    Pct { runs: u32 },
+}
+
+impl Expansion {
+    pub fn parse(text: &str) -> Result<Expansion, String> {
+        match text {
+            "preempt1" => Ok(Expansion::Preempt1),
+            "preempt2" => Ok(Expansion::Preempt2),
+            _ => match text.strip_prefix("pct:").map(str::parse::<u32>) {
+                Some(Ok(runs)) if runs > 0 => Ok(Expansion::Pct { runs }),
+                _ => Err(format!("'{text}' is not preempt1, preempt2 or pct:<runs> (runs a count > 0)")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Expansion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expansion::Preempt1 => f.write_str("preempt1"),
+            Expansion::Preempt2 => f.write_str("preempt2"),
+            Expansion::Pct { runs } => write!(f, "pct:{runs}"),
+        }
+    }
+}
+
+/// An entry's expansion and its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct InterleavingPlan {
+    pub expansion: Expansion,
+    /// Expanded runs at most (`max_interleavings`); the rest are left out, and the suite says how many.
+    pub budget: u32,
+}
+
+/// A concrete run's part in the interleaving modes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RunInterleaving {
+    /// The guest's processors and QEMU's vCPUs (`processors = N`); None: the defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processors: Option<u32>,
+    /// The run records its contended points (`vhca.interleave=record`); the runner then expands it by this plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<InterleavingPlan>,
+    /// An expanded run's `vhca.interleave` (what `vhca-run boot --interleaving` takes) and the run it came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub of: Option<String>,
+    /// The points a preempt run must pause at, as the recording listed them (none for a reproducer: it cannot know).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recorded: Vec<SchedulePointSeen>,
+}
+
+impl RunInterleaving {
+    pub fn is_default(&self) -> bool {
+        *self == RunInterleaving::default()
+    }
+
+    /// The guest's `vhca.interleave` for this run, if any.
+    pub fn guest_mode(&self) -> Option<String> {
+        match (&self.spec, &self.plan) {
+            (Some(spec), _) => Some(spec.clone()),
+            (None, Some(_)) => Some("record".into()),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Checks a spec as the guest's `vhca.interleave` reads it and names the run that uses it: `record`,
+/// `preempt:<thread>#<k>[,<thread>#<k>]` (`/interleaving-<points>`) or `pct:<seed>[:<depth>]` (`/pct-<seed>`).
+pub fn spec_suffix(spec: &str) -> Result<String, String> {
+    let bad = || format!("'{spec}' is not record, preempt:<thread>#<k>[,<thread>#<k>] or pct:<seed>[:<depth>]");
+    if spec == "record" {
+        return Ok(format!("{INTERLEAVING_INFIX}record"));
+    }
+    if let Some(points) = spec.strip_prefix("preempt:") {
+        let ids: Option<Vec<PointId>> = points.split(',').map(PointId::parse).collect();
+        return match ids {
+            Some(ids) if (1..=2).contains(&ids.len()) => Ok(format!("{INTERLEAVING_INFIX}{points}")),
+            _ => Err(bad()),
+        };
+    }
+    let args = spec.strip_prefix("pct:").ok_or_else(bad)?;
+    let (seed, depth) = args.split_once(':').unwrap_or((args, ""));
+    let seed: u64 = seed.parse().map_err(|_| bad())?;
+    match depth {
+        "" => Ok(format!("{PCT_INFIX}{seed}")),
+        d => match d.parse::<u32>() {
+            Ok(d) if d == DEFAULT_PCT_DEPTH => Ok(format!("{PCT_INFIX}{seed}")),
+            Ok(d) if d >= 1 => Ok(format!("{PCT_INFIX}{seed}-depth-{d}")),
+            _ => Err(bad()),
+        },
+    }
+}
+
+impl ConcreteRun {
+    /// This run under one interleaving spec (checked by `spec_suffix`), named after it, recording nothing itself.
+    pub fn with_interleaving(&self, spec: &str) -> Result<ConcreteRun, String> {
+        let suffix = spec_suffix(spec)?;
+        let interleaving = RunInterleaving {
+            processors: self.interleaving.processors,
+            plan: None,
+            spec: Some(spec.to_string()),
+            of: Some(self.name.clone()),
+            recorded: Vec::new(),
+        };
+        Ok(ConcreteRun {
+            name: format!("{}{suffix}", self.name),
+            run: format!("{}{suffix}", self.run),
+            records_fail_points: false,
+            interleaving,
+            ..self.clone()
+        })
+    }
+}
+
+/// A contended scheduling point as the guest listed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SchedulePointSeen {
+    /// `thread#k`.
+    pub point: String,
+    pub kind: String,
+    pub site: String,
+    pub processor: u32,
+}
+
+impl SchedulePointSeen {
+    fn thread(&self) -> &str {
+        self.point.rsplit_once('#').map_or(self.point.as_str(), |(t, _)| t)
+    }
+}
+
+impl fmt::Display for SchedulePointSeen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}", self.point, self.kind)?;
+        if !self.site.is_empty() {
+            write!(f, " at {}", self.site)?;
+        }
+        write!(f, ", processor {})", self.processor)
+    }
+}
+
+/// One side of a reported race.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RaceSide {
+    pub thread: String,
+    pub processor: u32,
+    pub access: String,
+    pub site: String,
+}
+
+/// A race the guest's detector reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RaceSeen {
+    pub object: String,
+    pub earlier: RaceSide,
+    pub later: RaceSide,
+}
+
+impl RaceSeen {
+    /// The object or one of the two sites contains `word` (what `expect = "race WORD"` asks).
+    pub fn mentions(&self, word: &str) -> bool {
+        [&self.object, &self.earlier.site, &self.later.site].iter().any(|t| t.contains(word))
+    }
+}
+
+impl fmt::Display for RaceSide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let site = if self.site.is_empty() { "an unknown site" } else { self.site.as_str() };
+        write!(f, "{} {} on processor {} at {site}", self.thread, self.access, self.processor)
+    }
+}
+
+impl fmt::Display for RaceSeen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "race on {}: {}, then {}", self.object, self.earlier, self.later)
+    }
+}
+
+fn details<'a>(o: &'a Observation, key: &str) -> Option<&'a Value> {
+    o.guest_result.as_ref().and_then(|r| r.get("details")).and_then(|d| d.get(key))
+}
+
+fn list<'a>(o: &'a Observation, key: &str) -> &'a [Value] {
+    details(o, key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+fn text(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+fn number(v: &Value, key: &str) -> Option<u32> {
+    v.get(key).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok())
+}
+
+/// The contended points the recording listed, in order; entries that do not read are skipped (guest output is
+/// untrusted), as are points whose name is not `thread#k`.
+pub fn schedule_points(o: &Observation) -> Vec<SchedulePointSeen> {
+    list(o, "schedule_points")
+        .iter()
+        .filter_map(|p| {
+            let point = text(p, "point").filter(|t| PointId::parse(t).is_some())?;
+            Some(SchedulePointSeen {
+                point,
+                kind: text(p, "kind")?,
+                site: text(p, "site")?,
+                processor: number(p, "processor")?,
+            })
+        })
+        .collect()
+}
+
+/// Contended points the guest left out of its list (it lists 500 at most).
+pub fn schedule_points_dropped(o: &Observation) -> u64 {
+    details(o, "schedule_points_dropped").and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The points a run paused at.
+pub fn preempted_points(o: &Observation) -> Vec<String> {
+    list(o, "preemptions").iter().filter_map(|p| text(p, "point")).collect()
+}
+
+fn side(v: Option<&Value>) -> Option<RaceSide> {
+    let v = v?;
+    Some(RaceSide {
+        thread: text(v, "thread")?,
+        processor: number(v, "processor")?,
+        access: text(v, "access")?,
+        site: text(v, "site").unwrap_or_default(),
+    })
+}
+
+/// The races the guest reported (on a bugcheck too: its result line lists those found before the stop).
+pub fn races(o: &Observation) -> Vec<RaceSeen> {
+    list(o, "races")
+        .iter()
+        .filter_map(|r| {
+            Some(RaceSeen {
+                object: text(r, "object")?,
+                earlier: side(r.get("earlier"))?,
+                later: side(r.get("later"))?,
+            })
+        })
+        .collect()
+}
+
+/// What a recording expanded to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Expanded {
+    pub runs: Vec<ConcreteRun>,
+    /// Schedule choices the budget left out.
+    pub left_out: usize,
+}
+
+/// `count` indexes out of `0..total`, evenly spaced (all when they fit): deterministic, so the same recording
+/// always expands to the same runs, and spread over the whole run rather than its first points.
+fn evenly_spaced(total: usize, count: usize) -> Vec<usize> {
+    if total <= count {
+        return (0..total).collect();
+    }
+    (0..count).map(|i| i * total / count).collect()
+}
+
+/// The runs a recording run expands to by its plan, each knowing the points it must pause at.
+pub fn expand_interleavings(run: &ConcreteRun, points: &[SchedulePointSeen]) -> Expanded {
+    let Some(plan) = run.interleaving.plan else { return Expanded::default() };
+    let budget = plan.budget as usize;
+    let choices: Vec<Vec<&SchedulePointSeen>> = match plan.expansion {
+        Expansion::Pct { runs } => {
+            let seeds = evenly_spaced(runs as usize, budget).into_iter().map(|i| i as u64 + 1);
+            let runs: Vec<ConcreteRun> =
+                seeds.filter_map(|seed| run.with_interleaving(&format!("pct:{seed}")).ok()).collect();
+            return Expanded { left_out: plan_total(plan.expansion, points) - runs.len(), runs };
+        }
+        Expansion::Preempt1 => points.iter().map(|p| vec![p]).collect(),
+        Expansion::Preempt2 => {
+            let mut pairs = Vec::new();
+            for (i, a) in points.iter().enumerate() {
+                for b in &points[i + 1..] {
+                    if a.thread() != b.thread() {
+                        pairs.push(vec![a, b]);
+                    }
+                }
+            }
+            pairs
+        }
+    };
+    let chosen = evenly_spaced(choices.len(), budget);
+    let runs: Vec<ConcreteRun> = chosen
+        .iter()
+        .filter_map(|&i| {
+            let chosen = &choices[i];
+            let spec = format!("preempt:{}", chosen.iter().map(|p| p.point.as_str()).collect::<Vec<_>>().join(","));
+            let mut expanded = run.with_interleaving(&spec).ok()?;
+            expanded.interleaving.recorded = chosen.iter().map(|p| (*p).clone()).collect();
+            Some(expanded)
+        })
+        .collect();
+    Expanded { left_out: choices.len() - runs.len(), runs }
+}
+
+fn plan_total(expansion: Expansion, points: &[SchedulePointSeen]) -> usize {
+    match expansion {
+        Expansion::Pct { runs } => runs as usize,
+        Expansion::Preempt1 => points.len(),
+        Expansion::Preempt2 => points
+            .iter()
+            .enumerate()
+            .map(|(i, a)| points[i + 1..].iter().filter(|b| a.thread() != b.thread()).count())
+            .sum(),
+    }
+}
+
+/// Fails a preempt run that never paused at a point its recording listed (the schedule under test was not the
+/// one named), as a fail-point run that never reached its point fails. A run that failed anyway keeps its reason.
+pub fn judge_interleaving(run: &ConcreteRun, o: &Observation, verdict: &mut Verdict) {
+    if run.interleaving.recorded.is_empty() {
+        return;
+    }
+    let paused = preempted_points(o);
+    let missed: Vec<String> =
+        run.interleaving.recorded.iter().filter(|p| !paused.contains(&p.point)).map(|p| p.to_string()).collect();
+    if missed.is_empty() {
+        return;
+    }
+    let what = format!("preemption point(s) the recording listed but the run never reached: {}", missed.join("; "));
+    match &verdict.outcome {
+        Outcome::Pass => verdict.outcome = Outcome::Fail { reason: what },
+        Outcome::Fail { .. } => verdict.notes.push(what),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::Suite;
+    use crate::verdict::judge_run;
+    use serde_json::json;
+
+    fn recording(plan: &str) -> ConcreteRun {
+        let text = format!(
+            "name = \"t\"\n[[run]]\nname = \"v\"\nmodes = [\"on\"]\ninterleavings = \"{plan}\"\nmax_interleavings = 3\n\
+             processors = 4\nexpect = \"pass\"\n"
+        );
+        Suite::parse(&text, "t.toml").unwrap().expand().remove(0)
+    }
+
+    fn point(id: &str) -> Value {
+        json!({"point": id, "kind": "call KeAcquireSpinLock", "site": "cq.rs:1:1", "processor": 1})
+    }
+
+    fn observed(details: Value) -> Observation {
+        Observation { guest_result: Some(json!({"ok": true, "details": details})), ..Observation::default() }
+    }
+
+    #[test]
+    fn plans_parse_strictly() {
+        assert_eq!(Expansion::parse("preempt1"), Ok(Expansion::Preempt1));
+        assert_eq!(Expansion::parse("pct:8"), Ok(Expansion::Pct { runs: 8 }));
+        for bad in ["preempt3", "pct:0", "pct:", "pct:x", "PREEMPT1", ""] {
+            assert!(Expansion::parse(bad).is_err(), "{bad:?}");
+        }
+        for e in [Expansion::Preempt1, Expansion::Preempt2, Expansion::Pct { runs: 2 }] {
+            assert_eq!(Expansion::parse(&e.to_string()), Ok(e));
+        }
+    }
+
+    #[test]
+    fn specs_name_their_runs_and_bad_ones_are_refused() {
+        assert_eq!(spec_suffix("preempt:passive#3").unwrap(), "/interleaving-passive#3");
+        assert_eq!(spec_suffix("preempt:passive#3,dpc-0#1").unwrap(), "/interleaving-passive#3,dpc-0#1");
+        assert_eq!(spec_suffix("pct:7").unwrap(), "/pct-7");
+        assert_eq!(spec_suffix("pct:7:3").unwrap(), "/pct-7");
+        assert_eq!(spec_suffix("pct:7:5").unwrap(), "/pct-7-depth-5");
+        assert_eq!(spec_suffix("record").unwrap(), "/interleaving-record");
+        for bad in ["", "preempt:", "preempt:a", "preempt:a#0", "preempt:a#1,b#2,c#3", "pct:x", "pct:1:0", "off"] {
+            assert!(spec_suffix(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_recording_run_asks_the_guest_to_record_on_its_processors() {
+        let run = recording("preempt1");
+        let words: Vec<String> = run.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert!(words.contains(&"vhca.interleave=record".to_string()), "{words:?}");
+        assert!(words.contains(&"vhca.processors=4".to_string()), "{words:?}");
+    }
+
+    #[test]
+    fn preempt1_expands_one_run_per_point_within_the_budget() {
+        let o = observed(json!({"schedule_points": [point("passive#1"), {"point": "junk"}, point("dpc-0#2"),
+                                                     point("passive#5"), point("passive#9")]}));
+        let points = schedule_points(&o);
+        assert_eq!(points.len(), 4, "the junk entry is skipped");
+        let expanded = expand_interleavings(&recording("preempt1"), &points);
+        let names: Vec<&str> = expanded.runs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "v/verifier-on/interleaving-passive#1",
+                "v/verifier-on/interleaving-dpc-0#2",
+                "v/verifier-on/interleaving-passive#5"
+            ]
+        );
+        assert_eq!(expanded.left_out, 1);
+        let first = &expanded.runs[0];
+        let words: Vec<String> = first.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert!(words.contains(&"vhca.interleave=preempt:passive#1".to_string()), "{words:?}");
+        assert!(words.contains(&"vhca.processors=4".to_string()), "an expanded run keeps the entry's processors");
+        assert!(expand_interleavings(first, &points).runs.is_empty(), "an expanded run expands to nothing");
+    }
+
+    #[test]
+    fn preempt2_pairs_points_of_two_threads_evenly_over_the_list() {
+        let points: Vec<SchedulePointSeen> = schedule_points(&observed(
+            json!({"schedule_points": [point("a#1"), point("a#2"), point("b#1"), point("c#1")]}),
+        ));
+        // Pairs of different threads: a1-b1 a1-c1 a2-b1 a2-c1 b1-c1 (a1-a2 is one thread's).
+        let expanded = expand_interleavings(&recording("preempt2"), &points);
+        let specs: Vec<&str> = expanded.runs.iter().map(|r| r.interleaving.spec.as_deref().unwrap()).collect();
+        assert_eq!(specs, ["preempt:a#1,b#1", "preempt:a#1,c#1", "preempt:a#2,c#1"]);
+        assert_eq!(expanded.left_out, 2);
+        assert_eq!(expanded.runs[2].interleaving.recorded.len(), 2);
+    }
+
+    #[test]
+    fn pct_runs_take_seeds_from_one() {
+        let expanded = expand_interleavings(&recording("pct:2"), &[]);
+        let names: Vec<&str> = expanded.runs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["v/verifier-on/pct-1", "v/verifier-on/pct-2"]);
+        assert_eq!(expanded.left_out, 0);
+        assert_eq!(expanded.runs[1].interleaving.of.as_deref(), Some("v/verifier-on"));
+    }
+
+    #[test]
+    fn a_preempt_run_that_never_paused_at_its_point_fails() {
+        let points = schedule_points(&observed(json!({"schedule_points": [point("passive#1")]})));
+        let run = expand_interleavings(&recording("preempt1"), &points).runs.remove(0);
+        let judged = |details: Value| {
+            let o = observed(details);
+            let mut v = judge_run(&run, &o);
+            judge_interleaving(&run, &o, &mut v);
+            v
+        };
+        let paused = json!({"preemptions": [{"point": "passive#1", "kind": "k", "site": "", "paused_us": 20000,
+                                             "resumed": "settled"}]});
+        assert!(judged(paused).outcome.passed());
+        let missed = judged(json!({"preemptions": []}));
+        match missed.outcome {
+            Outcome::Fail { reason } => assert!(reason.contains("never reached: passive#1"), "{reason}"),
+            Outcome::Pass => panic!("a run that never paused passed"),
+        }
+    }
+
+    fn raced(ok: bool) -> Observation {
+        let race = json!({"object": "memory 0x1000+0x40",
+            "earlier": {"thread": "passive", "processor": 0, "access": "free", "site": "cq.rs:10:5"},
+            "later": {"thread": "dpc-1", "processor": 1, "access": "read", "site": "dpc.rs:3:9"}});
+        Observation {
+            guest_result: Some(json!({"ok": ok, "error": "e", "details": {"races": [race]}})),
+            ..Observation::default()
+        }
+    }
+
+    fn outcome(expect: &str, o: &Observation) -> Outcome {
+        crate::verdict::judge(&crate::expect::Expected::parse(expect).unwrap(), o).outcome
+    }
+
+    #[test]
+    fn a_race_fails_every_expectation_but_race_and_names_both_sites() {
+        match outcome("pass", &raced(true)) {
+            Outcome::Fail { reason } => {
+                assert!(reason.contains("cq.rs:10:5") && reason.contains("dpc.rs:3:9"), "{reason}")
+            }
+            Outcome::Pass => panic!("a reported race passed a pass expectation"),
+        }
+        assert!(!outcome("guest-failed", &raced(false)).passed());
+        assert!(outcome("race", &raced(true)).passed());
+        assert!(outcome("race", &raced(false)).passed(), "a run that reported a race and then failed");
+        assert!(outcome("race dpc.rs", &raced(true)).passed());
+        assert!(!outcome("race mdl", &raced(true)).passed(), "no report names the word");
+        assert!(!outcome("race", &observed(json!({}))).passed(), "no race reported");
+        assert!(outcome("pass", &observed(json!({"races": []}))).passed());
+    }
+
+    #[test]
+    fn races_read_from_the_result_and_junk_is_skipped() {
+        let o = observed(json!({"races": [
+            {"object": "memory 0x1000+0x40", "earlier": {"thread": "passive", "processor": 0, "access": "write",
+             "site": "cq.rs:10:5"}, "later": {"thread": "dpc-1", "processor": 1, "access": "read", "site": "dpc.rs:3:9"}},
+            {"object": "x"}
+        ]}));
+        let races = races(&o);
+        assert_eq!(races.len(), 1);
+        assert_eq!(
+            races[0].to_string(),
+            "race on memory 0x1000+0x40: passive write on processor 0 at cq.rs:10:5, then dpc-1 read on processor 1 \
+             at dpc.rs:3:9"
+        );
+        assert!(races[0].mentions("dpc.rs") && races[0].mentions("memory") && !races[0].mentions("mdl"));
+    }
+}

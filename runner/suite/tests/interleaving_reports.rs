@@ -1,0 +1,98 @@
+//! Interleaving runs in the suite's machinery: a recording's expansion judged, sharded and reported (JSON and
+//! JUnit), each expanded run with its own verdict and a `boot --interleaving` reproducer.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use vhca_suite::{
+    expand_interleavings, judge_interleaving, judge_run, races, render_junit, schedule_points, shard_runs, BootPath,
+    ConcreteRun, Observation, RunReport, Shard, Suite, SuiteReport,
+};
+
+const SUITE: &str = "name = \"t\"\n\
+    [[run]]\nname = \"a\"\nmodes = [\"on\"]\ninterleavings = \"preempt1\"\nexpect = \"pass\"\n\
+    [[run]]\nname = \"b\"\nmodes = [\"on\"]\ninterleavings = \"pct:3\"\nexpect = \"pass\"\n\
+    [[run]]\nname = \"c\"\nmodes = [\"off\", \"on\"]\nexpect = \"pass\"\n";
+
+fn suite() -> Suite {
+    Suite::parse(SUITE, "t.toml").unwrap()
+}
+
+fn recorded() -> Observation {
+    let points: Vec<_> = ["passive#1", "dpc-0#4"]
+        .iter()
+        .map(|p| json!({"point": p, "kind": "acquire 0x10", "site": "cq.rs:1:1", "processor": 0}))
+        .collect();
+    Observation {
+        guest_result: Some(json!({"ok": true, "details": {"schedule_points": points}})),
+        ..Default::default()
+    }
+}
+
+fn raced() -> Observation {
+    let race = json!({"object": "memory 0x2000+0x8",
+        "earlier": {"thread": "passive", "processor": 0, "access": "write", "site": "cq.rs:7:3"},
+        "later": {"thread": "dpc-0", "processor": 1, "access": "read", "site": "dpc.rs:9:1"}});
+    let paused = json!({"point": "passive#1", "kind": "k", "site": "", "paused_us": 1, "resumed": "quiescent"});
+    let details = json!({"races": [race], "preemptions": [paused]});
+    Observation { guest_result: Some(json!({"ok": true, "details": details})), ..Default::default() }
+}
+
+fn report_of(run: &ConcreteRun, o: &Observation) -> RunReport {
+    let mut verdict = judge_run(run, o);
+    judge_interleaving(run, o, &mut verdict);
+    let mut report = RunReport::new(run, verdict, 1.0, "tcg", BootPath::Cold);
+    report.races = races(o);
+    report.set_reproducer("vhca-run", Some("t.toml"));
+    report
+}
+
+#[test]
+fn shards_split_the_recordings_and_each_recording_expands_in_its_own_shard() {
+    let runs = suite().expand();
+    let shards: Vec<Vec<ConcreteRun>> =
+        (1..=2).map(|index| shard_runs(&runs, Shard { index, count: 2 }, &BTreeMap::new())).collect();
+    let recordings: Vec<&str> =
+        shards.iter().flatten().filter(|r| r.interleaving.plan.is_some()).map(|r| r.name.as_str()).collect();
+    assert_eq!(recordings.len(), 2, "each recording in exactly one shard: {recordings:?}");
+    for shard in &shards {
+        for run in shard {
+            let points = schedule_points(&recorded());
+            for expanded in expand_interleavings(run, &points).runs {
+                assert!(expanded.name.starts_with(&run.name), "{} expanded from {}", expanded.name, run.name);
+                assert!(!runs.iter().any(|r| r.name == expanded.name), "an expanded name clashes with a suite run");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_expanded_run_that_raced_fails_alone_with_a_boot_reproducer_in_json_and_junit() {
+    let s = suite();
+    let recording = s.expand().remove(0);
+    let expanded = expand_interleavings(&recording, &schedule_points(&recorded())).runs;
+    assert_eq!(expanded.len(), 2);
+    let reports = vec![
+        report_of(&recording, &recorded()),
+        report_of(&expanded[0], &raced()),
+        report_of(&expanded[1], &Observation { guest_result: Some(json!({"ok": true})), ..Default::default() }),
+    ];
+    assert!(reports[0].passed(), "{:?}", reports[0].outcome);
+    assert!(!reports[1].passed(), "a race fails a pass expectation");
+    assert!(!reports[2].passed(), "dpc-0#4 was never paused at");
+    assert_eq!(
+        reports[1].reproducer.as_deref(),
+        Some("vhca-run boot --run a/verifier-on --suite t.toml --interleaving 'preempt:passive#1'")
+    );
+    let report = SuiteReport::new(&s, reports, 3.0);
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let raced = &json["runs"][1];
+    assert_eq!(raced["name"], "a/verifier-on/interleaving-passive#1");
+    assert_eq!(raced["interleaving"], json!({"of": "a/verifier-on", "spec": "preempt:passive#1"}));
+    assert_eq!(raced["races"][0]["later"]["site"], "dpc.rs:9:1");
+    let junit = render_junit(&report);
+    assert_eq!(junit.matches("<testcase").count(), 3, "{junit}");
+    assert!(junit.contains("interleaving: preempt:passive#1 (of a/verifier-on)"), "{junit}");
+    assert!(junit.contains("race on memory 0x2000+0x8"), "{junit}");
+    assert!(junit.contains("--interleaving"), "{junit}");
+}
