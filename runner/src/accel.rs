@@ -95,6 +95,7 @@ fn probe_kvm(qemu: &Path, image: &Image) -> Result<(Accel, String), AccelError> 
         gdb: None,
         incoming_defer: false,
         rng: false,
+        vcpus: crate::qemu_cmd::DEFAULT_VCPUS,
     };
     let start = Instant::now();
     let mut child = Supervised::spawn("qemu (kvm probe)", config.command(), Some(&work.path().join("qemu.log")))?;

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use vhca_suite::{render_junit, render_table, ConcreteRun, Personality, Shard, Suite, SuiteReport};
+use vhca_suite::{
+    render_junit, render_table, ConcreteRun, InterleavingsScope, Personality, Shard, Suite, SuiteReport,
+};
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::bench;
@@ -96,6 +98,11 @@ enum Cmd {
         /// if there is one; else every run counts the same]
         #[arg(long, requires = "shard")]
         durations: Option<PathBuf>,
+        /// Which runs expand into interleaving runs: `entries` (those whose entry sets `interleavings`), `all`
+        /// (every run, preempt1 where its entry names no plan: the sweep over every scenario) or `off`
+        /// [default: entries]
+        #[arg(long, value_parser = parse_interleavings_scope, default_value = "entries")]
+        interleavings: InterleavingsScope,
     },
     /// Work with reports: `merge` combines shards' reports into one.
     Report {
@@ -206,6 +213,14 @@ struct RunPick {
     /// them): the reproducer of one run of an `each_fail_point` expansion.
     #[arg(long, requires = "run", value_parser = clap::value_parser!(u32).range(1..))]
     fail_point: Option<u32>,
+    /// Run --run under one interleaving schedule, as the guest's vhca.interleave takes it: `record`,
+    /// `preempt:<thread>#<k>[,<thread>#<k>]` or `pct:<seed>[:<depth>]`: the reproducer of one run of an
+    /// `interleavings` expansion.
+    #[arg(long, requires = "run", conflicts_with = "fail_point")]
+    interleaving: Option<String>,
+    /// The NT model's processors and the guest's vCPUs (1 to 64) [default: the run's, else 2 in the model]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    processors: Option<u32>,
     /// Guest scenario (vhca.scenario) [default: smoke]
     #[arg(long)]
     scenario: Option<String>,
@@ -250,15 +265,21 @@ impl RunPick {
             Some(name) => {
                 let (suite, file) = load_suite(self.suite.as_deref())?;
                 let run = pick_run(&suite, name)?;
-                match self.fail_point {
-                    Some(k) => (run.at_fail_point(k), file),
-                    None => (run, file),
+                match (self.fail_point, &self.interleaving) {
+                    (Some(k), _) => (run.at_fail_point(k), file),
+                    (None, Some(spec)) => {
+                        (run.with_interleaving(spec).map_err(|e| anyhow::anyhow!("--interleaving: {e}"))?, file)
+                    }
+                    (None, None) => (run, file),
                 }
             }
             None => (self.ad_hoc()?, None),
         };
         if let Some(t) = self.timeout {
             run.guest.timeout_s = t;
+        }
+        if let Some(n) = self.processors {
+            run.interleaving.processors = Some(n);
         }
         if let Some(s) = self.silence {
             run.guest.silence_s = s;
@@ -514,6 +535,10 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_interleavings_scope(text: &str) -> Result<InterleavingsScope, String> {
+    InterleavingsScope::parse(text)
+}
+
 fn parse_driver(text: &str) -> Result<Personality, String> {
     Personality::parse(text).ok_or_else(|| format!("{text:?} is not a driver: native or sys"))
 }
@@ -523,15 +548,16 @@ fn real_main(cli: Cli) -> Result<bool> {
         eprintln!("vhca-run: removed {}, left by a runner that was killed", dir.display());
     }
     match cli.command {
-        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list, shard, durations, driver } => {
+        Cmd::Suite { file, jobs, filter, artifacts, json, junit, list, shard, durations, driver, interleavings } => {
             let (mut suite, suite_file) = load_suite(file.as_deref())?;
             if let Some(driver) = driver {
                 suite.set_driver(driver);
             }
-            let runs = match &filter {
+            let mut runs = match &filter {
                 Some(re) => suite.expand_filtered(re).with_context(|| format!("--filter {re:?}"))?,
                 None => suite.expand(),
             };
+            interleavings.apply(&mut runs);
             if runs.is_empty() {
                 bail!("no run of suite {:?} matches --filter {:?}", suite.name, filter.unwrap_or_default());
             }

@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 /// Guest RAM; also the size of the shared memfd backend vhost-user maps.
 pub const MEMORY: &str = "512M";
 
+/// vCPUs of a guest whose run names no processor count (a suite entry's `processors` sets its own). The NT
+/// model's processors are threads of the guest program either way; more vCPUs let them really run at once.
+pub const DEFAULT_VCPUS: u32 = 1;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Accel {
@@ -231,6 +235,8 @@ pub struct QemuConfig {
     /// QEMU's own virtio-rng behind the vIOMMU on a second root port: the in-process device the round-trip bench
     /// measures the HCA against.
     pub rng: bool,
+    /// `-smp`: the guest's vCPUs.
+    pub vcpus: u32,
 }
 
 impl QemuConfig {
@@ -247,7 +253,7 @@ impl QemuConfig {
         let mut a: Vec<OsString> = Vec::new();
         push(&mut a, &machine_args(self.accel, Builtins::NoDiskNoSmbus));
         push(&mut a, &["-cpu", if self.accel == Accel::Kvm { "host" } else { "max" }]);
-        push(&mut a, &["-m", MEMORY, "-smp", "1"]);
+        push(&mut a, &["-m".to_string(), MEMORY.to_string(), "-smp".to_string(), self.vcpus.to_string()]);
         push(&mut a, &shared_memory_args(MEMORY));
         push(&mut a, &iommu_args());
         // A guest kernel panic reaches QMP as GUEST_PANICKED through the pvpanic device (the image loads
@@ -314,6 +320,7 @@ mod tests {
             gdb: None,
             incoming_defer: false,
             rng: false,
+            vcpus: DEFAULT_VCPUS,
         }
     }
 
@@ -324,6 +331,14 @@ mod tests {
     /// The value following `flag`, for every occurrence.
     fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
         args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+    }
+
+    #[test]
+    fn the_guest_gets_the_vcpus_its_run_asks_for() {
+        let mut c = config(None, Accel::Tcg);
+        assert_eq!(values(&strings(&c), "-smp"), [DEFAULT_VCPUS.to_string()]);
+        c.vcpus = 4;
+        assert_eq!(values(&strings(&c), "-smp"), ["4"]);
     }
 
     #[test]

@@ -77,7 +77,9 @@ impl WorkDir {
 /// everything the rig or the guest did wrong is in the record's evidence.
 pub fn execute(ctx: &RunContext, run: &ConcreteRun, on: &mut dyn FnMut(Progress)) -> Result<RunRecord, RunError> {
     let mut notes = Vec::new();
-    if let Some(snapshot) = ctx.snapshot.as_ref().filter(|s| s.usable()) {
+    // A saved machine restores only with the vCPUs it was saved with: a run asking for others boots cold.
+    let same_cpus = |s: &&Arc<Snapshot>| s.machine.vcpus == crate::run_plan::vcpus(run);
+    if let Some(snapshot) = ctx.snapshot.as_ref().filter(|s| s.usable()).filter(same_cpus) {
         match attempt(ctx, run, Some(snapshot), on)? {
             Attempt::Done(record) => return Ok(*record),
             Attempt::Fallback(why) => {

@@ -54,6 +54,7 @@ impl RunContext {
             kernel: self.image.kernel.clone(),
             initrd: self.image.initrd.clone(),
             append,
+            vcpus: crate::qemu_cmd::DEFAULT_VCPUS,
         }
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use vhca_suite::ConcreteRun;
 
 use crate::device::DeviceConfig;
-use crate::qemu_cmd::{shell_line, QemuConfig, VhostUserDevice};
+use crate::qemu_cmd::{shell_line, QemuConfig, VhostUserDevice, DEFAULT_VCPUS};
 use crate::run_context::{baked_guest_options, RunContext};
 use crate::run_files::RunFiles;
 use crate::snapshot::{MachineFiles, SavedMachine, Snapshot};
@@ -42,8 +42,14 @@ pub fn plan(ctx: &RunContext, run: &ConcreteRun, dir: &Path) -> (DeviceConfig, Q
         gdb: ctx.gdb,
         incoming_defer: false,
         rng: run.guest.scenario == ROUNDTRIP_SCENARIO,
+        vcpus: vcpus(run),
     };
     (device, qemu)
+}
+
+/// The guest's vCPUs for a run: as many as its NT model's processors when it names them.
+pub fn vcpus(run: &ConcreteRun) -> u32 {
+    run.interleaving.processors.unwrap_or(DEFAULT_VCPUS)
 }
 
 /// The snapshot path's QEMU: the saved machine's exact command line with this run's files and `-incoming defer`.

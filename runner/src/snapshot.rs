@@ -40,6 +40,9 @@ pub struct SavedMachine {
     pub initrd: PathBuf,
     /// Kernel command-line words after the fixed ones: the baked-in guest options and `AGENT_WORD`.
     pub append: Vec<String>,
+    /// `-smp`: in the key through the command line, and a run asking for other vCPUs boots cold (a saved
+    /// machine restores only with the CPUs it was saved with).
+    pub vcpus: u32,
 }
 
 /// The per-run files of a machine: they differ between the save and every restore, and stay out of the key.
@@ -77,6 +80,7 @@ impl SavedMachine {
             gdb: None,
             incoming_defer: incoming,
             rng: false,
+            vcpus: self.vcpus,
         }
     }
 
@@ -183,7 +187,16 @@ mod tests {
             kernel: dir.join("vmlinux"),
             initrd: dir.join("initramfs.cpio"),
             append: vec!["vhca.reset_method=pm".into(), AGENT_WORD.into()],
+            vcpus: 1,
         }
+    }
+
+    #[test]
+    fn a_machine_saved_with_other_vcpus_has_another_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = machine(dir.path());
+        let two = SavedMachine { vcpus: 2, ..one.clone() };
+        assert_ne!(key_of(&one.key_inputs("QEMU 10")), key_of(&two.key_inputs("QEMU 10")));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Running a list of concrete runs: up to `jobs` at a time on worker threads, each judged by vhca-suite as it ends and
 //! stored as artifacts, then the runs the recording runs' failure points expand to (the exhaustive low-resources
-//! mode), then one `SuiteReport`. An interrupt or a runner panic stops every worker's children.
+//! mode) and their schedule choices (the interleaving modes), then one `SuiteReport`. An interrupt or a runner panic stops every worker's children.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,8 +8,9 @@ use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
 use vhca_suite::{
-    completion_seen, expand_recording, fault_points, injected_faults, judge_fail_point, judge_run, BootPath,
-    ConcreteRun, Observation, RunReport, Suite, SuiteReport,
+    completion_seen, expand_interleavings, expand_recording, fault_points, injected_faults, judge_fail_point,
+    judge_interleaving, judge_run, races, schedule_points, schedule_points_dropped, BootPath, ConcreteRun,
+    Observation, RunReport, Suite, SuiteReport,
 };
 
 use crate::artifacts;
@@ -47,9 +48,11 @@ pub enum SuiteEvent {
         index: usize,
         report: Box<RunReport>,
     },
-    /// Recording runs found `runs` failure points, each now a run of its own (the exhaustive mode).
+    /// Recording runs found `runs` failure points or schedule choices, each now a run of its own; `what` says
+    /// which, and what a budget left out.
     Expanded {
         runs: usize,
+        what: String,
     },
 }
 
@@ -69,14 +72,31 @@ pub fn run_suite(
     let mut reports = run_batch(ctx, runs, 0, opts, on)?;
     if opts.expand_fail_points {
         // A recording that failed has no trustworthy list: its own verdict says so, and nothing expands.
-        let more: Vec<ConcreteRun> = runs
-            .iter()
-            .zip(&reports)
-            .filter(|(_, report)| report.passed())
-            .flat_map(|(run, report)| expand_recording(run, &report.fault_points))
-            .collect();
+        let mut more: Vec<ConcreteRun> = Vec::new();
+        let (mut fail_points, mut schedules, mut left_out) = (0, 0, 0);
+        for (run, report) in runs.iter().zip(reports.iter_mut()).filter(|(_, report)| report.passed()) {
+            let points = expand_recording(run, &report.fault_points);
+            fail_points += points.len();
+            more.extend(points);
+            let expanded = expand_interleavings(run, &report.schedule_points);
+            if let Some(plan) = run.interleaving.plan {
+                report.notes.push(format!(
+                    "interleavings {}: {} run(s), {} schedule choice(s) left out by max_interleavings = {}",
+                    plan.expansion,
+                    expanded.runs.len(),
+                    expanded.left_out,
+                    plan.budget
+                ));
+            }
+            (schedules, left_out) = (schedules + expanded.runs.len(), left_out + expanded.left_out);
+            more.extend(expanded.runs);
+        }
         if !more.is_empty() {
-            on(SuiteEvent::Expanded { runs: more.len() });
+            let what = format!(
+                "{fail_points} failure point(s) and {schedules} schedule choice(s) recorded: one run each{}",
+                if left_out > 0 { format!(" ({left_out} schedule choice(s) left out by the budgets)") } else { String::new() }
+            );
+            on(SuiteEvent::Expanded { runs: more.len(), what });
             reports.extend(run_batch(ctx, &more, runs.len(), opts, on)?);
         }
     }
@@ -177,7 +197,14 @@ fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: R
     let observation = &record.evidence.observation;
     let mut verdict = judge_run(run, observation);
     judge_fail_point(run, observation, &mut verdict);
+    judge_interleaving(run, observation, &mut verdict);
+    let dropped = schedule_points_dropped(observation);
+    if dropped > 0 {
+        verdict.notes.push(format!("the guest left {dropped} contended point(s) out of its list (it lists 500 at most)"));
+    }
     let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), record.path);
+    report.schedule_points = schedule_points(observation);
+    report.races = races(observation);
     report.fault_points = fault_points(observation);
     report.injected_faults = injected_faults(observation);
     report.completion = completion_seen(observation);

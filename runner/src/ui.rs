@@ -71,12 +71,12 @@ impl SuiteUi {
                 self.running.retain(|_, name| *name != report.name);
                 self.say(format!("[{}/{}] {}", self.done, self.total, finished_line(&report)));
             }
-            SuiteEvent::Expanded { runs } => {
+            SuiteEvent::Expanded { runs, what } => {
                 self.total += runs;
                 if let Some(bar) = &self.bar {
                     bar.set_length(self.total as u64);
                 }
-                self.say(format!("{runs} failure point(s) recorded: one run each"));
+                self.say(what);
             }
         }
         self.refresh();

@@ -97,6 +97,45 @@ impl RunInterleaving {
     }
 }
 
+/// Which runs of a suite expand into interleaving runs (`vhca-run suite --interleavings`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterleavingsScope {
+    /// The runs whose entry sets `interleavings`: what the seed suite keeps within its budget.
+    Entries,
+    /// Every run, preempt1 with the default budget where its entry names no plan: the sweep over every scenario.
+    /// A fail-point recording keeps its own expansion (a run expands one way).
+    All,
+    /// None: every run once, as without the modes.
+    Off,
+}
+
+impl InterleavingsScope {
+    pub fn parse(text: &str) -> Result<InterleavingsScope, String> {
+        match text {
+            "entries" => Ok(InterleavingsScope::Entries),
+            "all" => Ok(InterleavingsScope::All),
+            "off" => Ok(InterleavingsScope::Off),
+            _ => Err(format!("{text:?} is not entries, all or off")),
+        }
+    }
+
+    pub fn apply(self, runs: &mut [ConcreteRun]) {
+        for run in runs {
+            match self {
+                InterleavingsScope::Entries => {}
+                InterleavingsScope::Off => run.interleaving.plan = None,
+                InterleavingsScope::All if run.records_fail_points || run.fail_point.is_some() => {}
+                InterleavingsScope::All => {
+                    run.interleaving.plan.get_or_insert(InterleavingPlan {
+                        expansion: Expansion::Preempt1,
+                        budget: DEFAULT_MAX_INTERLEAVINGS,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Checks a spec as the guest's `vhca.interleave` reads it and names the run that uses it: `record`,
 /// `preempt:<thread>#<k>[,<thread>#<k>]` (`/interleaving-<points>`) or `pct:<seed>[:<depth>]` (`/pct-<seed>`).
 pub fn spec_suffix(spec: &str) -> Result<String, String> {
@@ -452,6 +491,22 @@ mod tests {
         assert_eq!(specs, ["preempt:a#1,b#1", "preempt:a#1,c#1", "preempt:a#2,c#1"]);
         assert_eq!(expanded.left_out, 2);
         assert_eq!(expanded.runs[2].interleaving.recorded.len(), 2);
+    }
+
+    #[test]
+    fn the_scope_turns_expansion_on_everywhere_or_off() {
+        let text = "name = \"t\"\n[[run]]\nname = \"p\"\nmodes = [\"on\"]\ninterleavings = \"pct:2\"\nexpect = \"pass\"\n\
+                    [[run]]\nname = \"q\"\nexpect = \"pass\"\n";
+        let runs = Suite::parse(text, "t.toml").unwrap().expand();
+        let plans = |scope: InterleavingsScope| {
+            let mut runs = runs.clone();
+            scope.apply(&mut runs);
+            runs.iter().map(|r| r.interleaving.plan.map(|p| p.expansion.to_string())).collect::<Vec<_>>()
+        };
+        assert_eq!(plans(InterleavingsScope::Entries), [Some("pct:2".to_string()), None, None]);
+        assert_eq!(plans(InterleavingsScope::All), [Some("pct:2".to_string()), Some("preempt1".into()), Some("preempt1".into())]);
+        assert_eq!(plans(InterleavingsScope::Off), [None, None, None]);
+        assert!(InterleavingsScope::parse("some").is_err());
     }
 
     #[test]

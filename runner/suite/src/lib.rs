@@ -35,7 +35,7 @@ pub use fail_points::{
 };
 pub use interleavings::{
     expand_interleavings, judge_interleaving, races, schedule_points, schedule_points_dropped, spec_suffix, Expanded,
-    Expansion, InterleavingPlan, RaceSeen, RunInterleaving, SchedulePointSeen, DEFAULT_MAX_INTERLEAVINGS,
+    Expansion, InterleavingPlan, InterleavingsScope, RaceSeen, RunInterleaving, SchedulePointSeen, DEFAULT_MAX_INTERLEAVINGS,
     INTERLEAVING_INFIX, PCT_INFIX,
 };
 pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
