@@ -133,6 +133,24 @@ pub type PKDEFERRED_ROUTINE = Arc<dyn Fn(PKDPC, PVOID, PVOID) + Send + Sync>;
 /// IoRequestDpc was given. Windows also passes the Irp; the driver core queues no IRPs, so it is left out.
 pub type PIO_DPC_ROUTINE = Arc<dyn Fn(PKDPC, PDEVICE_OBJECT, PVOID) + Send + Sync>;
 
+// ---- Processors ----
+
+/// PROCESSOR_NUMBER: a processor as a group and a number within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
+pub struct PROCESSOR_NUMBER {
+    pub Group: u16,
+    pub Number: u8,
+    pub Reserved: u8,
+}
+
+/// KAFFINITY: a set of processors of one group, a bit each.
+pub type KAFFINITY = u64;
+/// CCHAR: KeSetTargetProcessorDpc's processor number.
+pub type CCHAR = i8;
+/// KeQueryActiveProcessorCountEx's "every group" (winnt.h, ntdef.h).
+pub const ALL_PROCESSOR_GROUPS: u16 = 0xFFFF;
+
 // ---- Work items ----
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -296,9 +314,27 @@ pub trait NtAsyncKernel: NtKernel {
     ) -> NTSTATUS;
 
     // ---- The processor ----
+    //
+    // IRQLs as Microsoft's pages give them (learn.microsoft.com/windows-hardware/drivers/ddi/wdm/
+    // nf-wdm-kegetcurrentprocessornumberex, nf-wdm-kequeryactiveprocessorcountex, nf-wdm-kequeryactiveprocessorcount,
+    // nf-wdm-kesettargetprocessordpc, nf-wdm-kesettargetprocessordpcex): any level, all of them.
 
     /// Any IRQL.
     fn KeGetCurrentProcessorNumber(&self) -> u32;
+    /// Any IRQL. The system-wide index of the caller's processor; with `number`, its group and number in the
+    /// group too.
+    fn KeGetCurrentProcessorNumberEx(&self, number: Option<&mut PROCESSOR_NUMBER>) -> u32;
+    /// Any IRQL. Active processors in `group`, or in every group for ALL_PROCESSOR_GROUPS; 0 for a group the
+    /// system does not have.
+    fn KeQueryActiveProcessorCountEx(&self, group: u16) -> u32;
+    /// Any IRQL. Active processors of group 0; with `active`, their set too.
+    fn KeQueryActiveProcessorCount(&self, active: Option<&mut KAFFINITY>) -> u32;
+    /// Any IRQL. The processor (group 0) `dpc` is queued on and runs on from its next KeInsertQueueDpc; a number
+    /// at or past group 0's processor count leaves the target as it was.
+    fn KeSetTargetProcessorDpc(&self, dpc: PKDPC, number: CCHAR);
+    /// Any IRQL. As KeSetTargetProcessorDpc with a group; STATUS_INVALID_PARAMETER for a processor the system does
+    /// not have.
+    fn KeSetTargetProcessorDpcEx(&self, dpc: PKDPC, number: &PROCESSOR_NUMBER) -> NTSTATUS;
     /// Any IRQL. Busy-waits at least `microseconds` on the current processor (Microsoft: keep it under 50 µs).
     fn KeStallExecutionProcessor(&self, microseconds: u32);
 }

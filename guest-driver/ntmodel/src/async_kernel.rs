@@ -98,6 +98,42 @@ impl NtAsyncKernel for NtModel {
     fn KeGetCurrentProcessorNumber(&self) -> u32 {
         self.current_processor().0
     }
+    fn KeGetCurrentProcessorNumberEx(&self, number: Option<&mut PROCESSOR_NUMBER>) -> u32 {
+        let n = self.current_processor().0;
+        if let Some(number) = number {
+            // One group: the system-wide index is the number in group 0.
+            *number = PROCESSOR_NUMBER { Group: 0, Number: n as u8, Reserved: 0 };
+        }
+        n
+    }
+    fn KeQueryActiveProcessorCountEx(&self, group: u16) -> u32 {
+        match group {
+            0 | ALL_PROCESSOR_GROUPS => self.processor_count(),
+            _ => 0,
+        }
+    }
+    fn KeQueryActiveProcessorCount(&self, active: Option<&mut KAFFINITY>) -> u32 {
+        let n = self.processor_count();
+        if let Some(active) = active {
+            *active = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        }
+        n
+    }
+    fn KeSetTargetProcessorDpc(&self, dpc: PKDPC, number: CCHAR) {
+        // Windows 7 and later: a number past group 0's active processors leaves the target unchanged.
+        if let Ok(n) = u32::try_from(number) {
+            if n < self.processor_count() {
+                self.dpc_set_target(dpc, crate::processor::ProcessorNumber(n));
+            }
+        }
+    }
+    fn KeSetTargetProcessorDpcEx(&self, dpc: PKDPC, number: &PROCESSOR_NUMBER) -> NTSTATUS {
+        if number.Group != 0 || u32::from(number.Number) >= self.processor_count() || number.Reserved != 0 {
+            return STATUS_INVALID_PARAMETER;
+        }
+        self.dpc_set_target(dpc, crate::processor::ProcessorNumber(u32::from(number.Number)));
+        STATUS_SUCCESS
+    }
     fn KeStallExecutionProcessor(&self, microseconds: u32) {
         self.stall(microseconds)
     }

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::interleaving::{PointKind, SyncObject};
 use crate::locks::LockKind;
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel};
@@ -160,12 +161,26 @@ impl NtModel {
         lock(&self.interrupts.state).connections.get(&device).is_some_and(|c| c.objects.contains(&object))
     }
 
-    /// The platform delivers message `message_id` of `device` (0 for a line-based interrupt): the ISR runs on the
-    /// calling thread (the processor the interrupt came to) at the connection's IRQL with the interrupt spin lock
-    /// held, in a context of its own; then, the IRQL back below DISPATCH_LEVEL, the DPCs it queued run. FALSE
-    /// when nothing is connected for it or the ISR said its device did not interrupt. The caller is a platform
-    /// thread, never the driver's own (an ISR cannot interrupt a holder of its spin lock on the same processor).
+    /// The processor message `message_id` comes to: message_id % N. The model's assumption: Windows spreads a
+    /// device's MSI-X messages over the processors by default (the interrupt affinity policy
+    /// IrqPolicyMachineDefault leaves the choice to the system), and a fixed spread keeps a run reproducible.
+    pub fn message_processor(&self, message_id: u32) -> u32 {
+        message_id % self.processor_count()
+    }
+
+    /// The platform delivers message `message_id` of `device` (0 for a line-based interrupt): the calling thread
+    /// (the platform's interrupt thread) runs on the message's processor (`message_processor`), and the ISR runs
+    /// there at the connection's IRQL with the interrupt spin lock held, in a context of its own, interrupting
+    /// whatever that processor runs below the ISR's IRQL (and waiting while it runs at or above it: masked); then,
+    /// the IRQL back below DISPATCH_LEVEL, the DPCs it queued run on that processor. FALSE when nothing is
+    /// connected for it or the ISR said its device did not interrupt. The caller is a platform thread below
+    /// DISPATCH_LEVEL, never the driver's own.
     pub fn deliver(&self, device: PDEVICE_OBJECT, message_id: u32) -> bool {
+        let cpu = self.message_processor(message_id);
+        self.run_on_processor(cpu, || self.deliver_here(device, message_id))
+    }
+
+    fn deliver_here(&self, device: PDEVICE_OBJECT, message_id: u32) -> bool {
         let connection = lock(&self.interrupts.state).connections.get(&device).cloned();
         let Some(c) = connection else { return false };
         let object = match c.service {
@@ -176,7 +191,13 @@ impl NtModel {
             Service::Line(_) => c.objects[0],
         };
         self.before_unloaded_routine(c.service_address, c.irql);
+        // Whatever the platform's thread saw of the device being told to act comes before the ISR.
+        self.hb_acquire(SyncObject::Device(device.0));
+        self.point(PointKind::IsrStart(message_id));
+        let interrupting = self.interrupt_processor(self.current_processor(), c.irql);
         let claimed = self.in_borrowed_context(c.irql, || {
+            let r = self.interrupt_deadlock_check(c.spin_lock);
+            self.ok(r);
             self.spin_lock_take(c.spin_lock);
             // Disconnected while this waited for the lock: the ISR is gone.
             if !self.still_connected(device, object) {
@@ -197,6 +218,7 @@ impl NtModel {
             self.ok(r);
             claimed
         });
+        drop(interrupting);
         if self.irql() < DISPATCH_LEVEL {
             self.run_queued_dpcs();
         }

@@ -70,7 +70,8 @@ pub struct NtModelConfig {
     pub double_buffering: bool,
     /// The low-resources simulation's knobs (flags 0x4 and 0x40000 choose the mode; `fail_point` the rig's own).
     pub low_resources: LowResourcesConfig,
-    /// Logical processors, each with its own IRQL, DPC queue and current thread (1 to 64; Windows' group 0).
+    /// Logical processors, each with its own IRQL, DPC queue and current thread (1 to 64; Windows' group 0). The
+    /// constructor clamps 0 to 1 and anything past 64 to 64.
     pub processors: u32,
     /// The systematic interleaving modes and the race detector (Off by default).
     pub interleaving: InterleavingConfig,
@@ -111,10 +112,15 @@ pub(crate) struct ThreadState {
     pub held: Vec<u64>,
     /// What the DPC watchdog counts for the thread's current context.
     pub watch: watchdog::ThreadWatch,
+    /// The processor the thread runs on: 0 from its first model call unless the platform or the model bound it
+    /// first (`run_on_processor`, the model's DPC and worker threads). Its IRQL is that processor's while it runs.
+    pub processor: ProcessorNumber,
 }
 
 /// One modelled machine: memory from a `DmaBackend`, a verifier configuration and a bugcheck handler.
 pub struct NtModel {
+    /// First, so it drops first: the model's own threads end before anything they use goes.
+    processor_threads: processor::ProcessorThreads,
     config: NtModelConfig,
     backend: Arc<dyn DmaBackend>,
     handler: Arc<dyn BugcheckHandler>,
@@ -157,7 +163,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl NtModel {
     pub fn new(config: NtModelConfig, backend: Arc<dyn DmaBackend>, handler: Arc<dyn BugcheckHandler>) -> NtModel {
         let low_resources = low_resources::LowResources::new(config.verifier, config.low_resources.clone());
+        let config = NtModelConfig { processors: processor::clamped(config.processors), ..config };
         NtModel {
+            processor_threads: processor::ProcessorThreads::default(),
             config,
             backend,
             handler,
@@ -349,6 +357,7 @@ impl NtModel {
             apc_disable: 0,
             held: Vec::new(),
             watch: watchdog::ThreadWatch::default(),
+            processor: ProcessorNumber(0),
         });
         f(state)
     }
@@ -357,9 +366,12 @@ impl NtModel {
         self.with_thread(|t| t.irql)
     }
 
-    /// Moves the calling thread's IRQL. Dropping below DISPATCH_LEVEL ends a stretch the DPC watchdog counts
+    /// Moves the calling thread's IRQL, and so its processor's: raising to DISPATCH_LEVEL waits for the processor
+    /// (`move_processor_irql`). Dropping below DISPATCH_LEVEL ends a stretch the DPC watchdog counts
     /// and, as Windows' DPC interrupt fires then, runs the processor's queued DPCs. Callers hold no model guard.
     pub(crate) fn set_irql(&self, irql: KIRQL) {
+        self.point(interleaving::PointKind::Irql(irql));
+        self.move_processor_irql(self.irql(), irql);
         let now = self.clock.now();
         let (old, stretch) = self.with_thread(|t| {
             let old = std::mem::replace(&mut t.irql, irql);

@@ -8,6 +8,7 @@ use vhca_ntapi::*;
 
 use crate::clock::UNITS_PER_MICROSECOND;
 use crate::dispatcher::Reset;
+use crate::interleaving::SyncObject;
 use crate::{lock, NtModel};
 
 struct Timer {
@@ -59,6 +60,10 @@ impl NtModel {
         t.period = u64::from(period_ms) * 1000 * UNITS_PER_MICROSECOND;
         t.dpc = dpc;
         drop(timers);
+        // What the setter did comes before the DPC the expiry queues (whichever thread's clock expires it).
+        if !dpc.is_null() {
+            self.hb_release(SyncObject::Dpc(dpc.0));
+        }
         self.set_signal(timer.0, false);
         // A thread waiting on this timer sleeps until the earliest due time it knew of.
         self.wake_waiters();

@@ -80,7 +80,8 @@ impl NtModel {
         self.watch_overran(watch)
     }
 
-    /// The clock interrupt's look at every thread: each one is a processor's current context in this model.
+    /// The clock interrupt's look at every processor: each thread at DISPATCH_LEVEL or above is a context its
+    /// processor runs (the raised one, or an ISR interrupting it), and one below counts nothing.
     pub(crate) fn watchdog_check_all(&self) -> Result<(), Bugcheck> {
         let watches: Vec<ThreadWatch> = lock(&self.threads).values().map(|t| t.watch).collect();
         watches.into_iter().try_for_each(|w| self.watch_overran(w))

@@ -1,6 +1,8 @@
 //! Work items and the system worker threads that run them: IoAllocateWorkItem, IoQueueWorkItem, IoFreeWorkItem;
 //! each routine runs once, at PASSIVE_LEVEL, on a worker thread of the model's own (a pool that grows while all
-//! its threads are busy, as Windows' does).
+//! its threads are busy, as Windows' does), each worker on a processor of its own choosing: round robin by worker
+//! index from processor 1 (mod N), so a run puts the same worker on the same processor every time, and the first
+//! worker is not on the processor the driver's passive path starts on.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -9,6 +11,8 @@ use std::thread::ThreadId;
 use vhca_ntapi::*;
 
 use crate::bugcheck::{Bugcheck, BugcheckUnwind};
+use crate::interleaving::{PointKind, SyncObject};
+use crate::processor::{ModelGate, ModelRef, ProcessorNumber};
 use crate::verifier::e4;
 use crate::{lock, NtModel};
 
@@ -37,6 +41,10 @@ struct Pool {
     idle: usize,
     /// Workers inside a routine now.
     running: HashSet<ThreadId>,
+    /// Work items whose routine has run: what the unload's wait sees the end of.
+    ran: HashSet<u64>,
+    /// Workers started so far: the next one's index.
+    started: u32,
     shutdown: bool,
 }
 
@@ -47,8 +55,9 @@ struct Shared {
     changed: Condvar,
 }
 
-/// The worker threads hold the shared half, never the model: they need nothing of it but the queue, since the
-/// routines they call reach the kernel through the driver's own handle.
+/// The worker threads hold the shared half, and the model only through its gate: the routines they call reach the
+/// kernel through the driver's own handle; the worker itself uses the model only around a routine (its processor,
+/// its scheduling point and ordering edges), so a model dropped meanwhile waits for no routine.
 #[derive(Default)]
 pub(crate) struct SystemWorkers {
     shared: Arc<Shared>,
@@ -73,7 +82,23 @@ impl Drop for Running<'_> {
     }
 }
 
-fn worker(shared: Arc<Shared>) {
+/// The model's side of a worker, each step only while the gate is open.
+struct WorkerModel {
+    model: ModelRef,
+    gate: Arc<ModelGate>,
+    processor: ProcessorNumber,
+}
+
+impl WorkerModel {
+    fn with(&self, f: impl FnOnce(&NtModel)) {
+        if let Some(pass) = self.gate.enter() {
+            f(self.model.get(&pass))
+        }
+    }
+}
+
+fn worker(shared: Arc<Shared>, model: WorkerModel) {
+    model.with(|m| m.bind_thread(model.processor));
     loop {
         let job = {
             let mut pool = lock(&shared.pool);
@@ -86,7 +111,12 @@ fn worker(shared: Arc<Shared>) {
                     break job;
                 }
                 pool.idle += 1;
-                pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+                drop(pool);
+                model.with(|m| m.quiescent());
+                pool = lock(&shared.pool);
+                if pool.jobs.is_empty() && !pool.shutdown {
+                    pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+                }
                 pool.idle -= 1;
             }
         };
@@ -99,7 +129,13 @@ fn worker(shared: Arc<Shared>) {
             pool.running.insert(std::thread::current().id());
         }
         let _running = Running { shared: &shared };
+        model.with(|m| {
+            m.active();
+            m.point(PointKind::WorkStart(job.item));
+            m.hb_acquire(SyncObject::WorkItem(job.item));
+        });
         let routine = job.routine;
+        let item = job.item;
         // A bugcheck inside the routine was recorded when it was raised; the machine is stopped, this thread just
         // ends the routine. Anything else is a real panic and goes on up.
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| routine(job.device))) {
@@ -107,6 +143,9 @@ fn worker(shared: Arc<Shared>) {
                 std::panic::resume_unwind(payload)
             }
         }
+        // Before `_running` goes, so the unload's wait that sees this routine end also sees what it did.
+        model.with(|m| m.hb_release(SyncObject::WorkItem(item)));
+        lock(&shared.pool).ran.insert(item);
     }
 }
 
@@ -133,6 +172,8 @@ impl NtModel {
     pub(crate) fn work_item_queue(&self, item: PIO_WORKITEM, routine: PIO_WORKITEM_ROUTINE, queue: WORK_QUEUE_TYPE) {
         self.irql_at_most(DISPATCH_LEVEL);
         let routine_address = self.new_routine_address();
+        // Before the job is visible: a worker may take it at once. (One queued twice releases to nothing.)
+        self.hb_release(SyncObject::WorkItem(item.0));
         let shared = &self.workers.shared;
         let mut pool = lock(&shared.pool);
         let Some(w) = pool.items.get_mut(&item.0) else {
@@ -152,10 +193,18 @@ impl NtModel {
         // never none).
         if pool.jobs.len() > pool.idle && pool.workers < MAX_WORKERS {
             pool.workers += 1;
+            let index = pool.started;
+            pool.started += 1;
+            let model = WorkerModel {
+                model: ModelRef::new(self),
+                gate: Arc::clone(&self.processor_threads.gate),
+                processor: ProcessorNumber((1 + index) % self.processor_count()),
+            };
             let shared = Arc::clone(shared);
+            // Named by index, so its scheduling points have a name a later run finds again.
             std::thread::Builder::new()
-                .name("system worker".into())
-                .spawn(move || worker(shared))
+                .name(format!("system-worker-{index}"))
+                .spawn(move || worker(shared, model))
                 .expect("spawn a system worker thread");
         }
         drop(pool);
@@ -183,5 +232,8 @@ impl NtModel {
         while !pool.jobs.is_empty() || pool.running.iter().any(|t| *t != me) {
             pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
         }
+        let ran: Vec<u64> = pool.ran.iter().copied().collect();
+        drop(pool);
+        ran.into_iter().for_each(|item| self.hb_acquire(SyncObject::WorkItem(item)));
     }
 }

@@ -416,14 +416,18 @@ fn flush_returns_when_every_queued_dpc_has_run_and_only_at_passive() {
     let k = machine(STANDARD);
     let log = Log::default();
     let a = logging_dpc(&k, &log, "a");
-    // Queued by a thread that stays at DISPATCH_LEVEL: the flushing thread runs it.
+    // Queued on processor 0 by a thread that holds it at DISPATCH_LEVEL: a flush elsewhere waits until that
+    // processor drops below and runs it (before, a single-processor model let the flushing thread run it).
     let old = k.KeRaiseIrql(DISPATCH_LEVEL);
     k.KeInsertQueueDpc(a, PVOID::NULL, PVOID::NULL);
     let k2 = k.clone();
-    clean(|| std::thread::spawn(move || k2.KeFlushQueuedDpcs()).join().unwrap());
-    assert_eq!(log.take(), ["a@2 0x0 0x0"]);
+    let flusher = std::thread::spawn(move || clean(|| k2.run_on_processor(1, || k2.KeFlushQueuedDpcs())));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!flusher.is_finished(), "the flush waits for processor 0's queue");
     assert_eq!(stop(|| k.KeFlushQueuedDpcs()), Bugcheck::c4(0xE5, 2, 0, 0));
     k.KeLowerIrql(old);
+    flusher.join().unwrap();
+    assert_eq!(log.take(), ["a@2 0x0 0x0"]);
 }
 
 #[test]

@@ -365,6 +365,42 @@ impl NtAsyncKernel for WdkKernel {
         unsafe { wdk::KeGetCurrentProcessorNumberEx(core::ptr::null_mut()) }
     }
 
+    fn KeGetCurrentProcessorNumberEx(&self, number: Option<&mut PROCESSOR_NUMBER>) -> u32 {
+        let mut n = kernel::PROCESSOR_NUMBER { Group: 0, Number: 0, Reserved: 0 };
+        // SAFETY: any IRQL; `n` is ours, written before the call returns.
+        let index = unsafe { wdk::KeGetCurrentProcessorNumberEx(&mut n) };
+        if let Some(number) = number {
+            *number = PROCESSOR_NUMBER { Group: n.Group, Number: n.Number, Reserved: n.Reserved };
+        }
+        index
+    }
+
+    fn KeQueryActiveProcessorCountEx(&self, group: u16) -> u32 {
+        // SAFETY: any IRQL; takes a value.
+        unsafe { wdk::KeQueryActiveProcessorCountEx(group) }
+    }
+
+    fn KeQueryActiveProcessorCount(&self, active: Option<&mut KAFFINITY>) -> u32 {
+        let mut set: usize = 0;
+        // SAFETY: any IRQL; `set` is ours (KAFFINITY is pointer-sized on x64).
+        let count = unsafe { wdk::KeQueryActiveProcessorCount(&mut set) };
+        if let Some(active) = active {
+            *active = set as KAFFINITY;
+        }
+        count
+    }
+
+    fn KeSetTargetProcessorDpc(&self, dpc: PKDPC, number: CCHAR) {
+        // SAFETY: any IRQL; a KDPC initialised by KeInitializeDpc above.
+        unsafe { wdk::KeSetTargetProcessorDpc(dpc.0 as *mut KDPC, number) }
+    }
+
+    fn KeSetTargetProcessorDpcEx(&self, dpc: PKDPC, number: &PROCESSOR_NUMBER) -> NTSTATUS {
+        let n = kernel::PROCESSOR_NUMBER { Group: number.Group, Number: number.Number, Reserved: number.Reserved };
+        // SAFETY: any IRQL; a KDPC initialised by KeInitializeDpc above and our PROCESSOR_NUMBER.
+        NTSTATUS(unsafe { wdk::KeSetTargetProcessorDpcEx(dpc.0 as *mut KDPC, &n) })
+    }
+
     fn KeStallExecutionProcessor(&self, microseconds: u32) {
         // SAFETY: any IRQL; the caller keeps it short (Microsoft: at most 50 µs per call).
         unsafe { wdk::KeStallExecutionProcessor(microseconds) }
