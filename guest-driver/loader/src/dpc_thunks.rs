@@ -5,8 +5,10 @@
 
 use std::ffi::c_void;
 
-use vhca_ntapi::{NtAsyncKernel, PKDPC, PVOID};
+use vhca_ntapi::{NtAsyncKernel, PKDPC, PROCESSOR_NUMBER, PVOID};
 use windows_sys::Wdk::Foundation::KDPC;
+use windows_sys::Win32::Foundation::NTSTATUS;
+use windows_sys::Win32::System::Kernel::PROCESSOR_NUMBER as KernelProcessorNumber;
 
 use crate::kernel_context::kernel;
 
@@ -65,13 +67,32 @@ unsafe extern "win64" fn KeFlushQueuedDpcs() {
     kernel().model.KeFlushQueuedDpcs()
 }
 
+/// KeSetTargetProcessorDpc(Dpc, Number): the model DPC's processor from its next insert; a number past the
+/// model's processors leaves it as it was (Windows 7 and later).
+unsafe extern "win64" fn KeSetTargetProcessorDpc(dpc: *mut KDPC, number: i8) {
+    let k = kernel();
+    k.model.KeSetTargetProcessorDpc(k.dpcs.model_of(dpc as usize, PKDPC), number)
+}
+
+/// KeSetTargetProcessorDpcEx(Dpc, ProcNumber): as KeSetTargetProcessorDpc with a group; STATUS_INVALID_PARAMETER
+/// for a processor the model does not have.
+unsafe extern "win64" fn KeSetTargetProcessorDpcEx(dpc: *mut KDPC, number: *const KernelProcessorNumber) -> NTSTATUS {
+    let k = kernel();
+    // SAFETY: the driver's PROCESSOR_NUMBER (Microsoft: caller-allocated).
+    let n = unsafe { *number };
+    let n = PROCESSOR_NUMBER { Group: n.Group, Number: n.Number, Reserved: n.Reserved };
+    k.model.KeSetTargetProcessorDpcEx(k.dpcs.model_of(dpc as usize, PKDPC), &n).0
+}
+
 /// (routine, thunk) for the DPC routines, all ntoskrnl.exe's. IoInitializeDpcRequest and IoRequestDpc are wdm.h
 /// inlines over KeInitializeDpc and KeInsertQueueDpc: a driver never imports them.
-pub fn dpc_thunks() -> [(&'static str, usize); 4] {
+pub fn dpc_thunks() -> [(&'static str, usize); 6] {
     [
         ("KeInitializeDpc", KeInitializeDpc as *const () as usize),
         ("KeInsertQueueDpc", KeInsertQueueDpc as *const () as usize),
         ("KeRemoveQueueDpc", KeRemoveQueueDpc as *const () as usize),
         ("KeFlushQueuedDpcs", KeFlushQueuedDpcs as *const () as usize),
+        ("KeSetTargetProcessorDpc", KeSetTargetProcessorDpc as *const () as usize),
+        ("KeSetTargetProcessorDpcEx", KeSetTargetProcessorDpcEx as *const () as usize),
     ]
 }

@@ -36,6 +36,7 @@ pub mod pe_image;
 pub mod pnp_life;
 pub mod privileged_instructions;
 pub mod processor_block;
+pub mod processor_thunks;
 pub mod registry_table;
 pub mod registry_thunks;
 pub mod remove_lock_table;

@@ -24,6 +24,7 @@ use crate::irp_dispatch;
 use crate::kernel_context::{bugcheck, kernel};
 use crate::lock_thunks::lock_thunks;
 use crate::memory_thunks::memory_thunks;
+use crate::processor_thunks::processor_thunks;
 use crate::registry_thunks::registry_thunks;
 use crate::remove_lock_thunks::remove_lock_thunks;
 use crate::timer_thunks::timer_thunks;
@@ -421,6 +422,7 @@ impl ImportResolver for NtThunks {
             .chain(work_item_thunks())
             .chain(timer_thunks())
             .chain(dispatcher_thunks())
+            .chain(processor_thunks())
             .map(|(n, a)| ("ntoskrnl.exe", n, a));
         thunks()
             .into_iter()

@@ -68,12 +68,15 @@ pub struct ProcessorBlock {
     pub processor: u32,
 }
 
-/// Gives the calling thread its KPCR, KPRCB and KTHREAD behind GS, once; `processor` is the model's number of the
-/// processor it runs on (the model runs every thread on processor 0 today: a model with several would set this
-/// again where a thread changes processor). None when the mapping or arch_prctl failed: driver code then reads GS
-/// at base 0 and faults there (0x7E naming the instruction), as before this block existed.
+/// Gives the calling thread its KPCR, KPRCB and KTHREAD behind GS, once, and its processor number there at every
+/// call: `processor` is the model's number of the processor the thread runs on now (the loader calls this each
+/// time the model enters driver code, and a thread changes processor between such entries: the interrupt thread
+/// runs each message on its own processor). Windows keeps one KPCR per processor; here each thread has its own,
+/// so the number is rewritten rather than the block swapped. None when the mapping or arch_prctl failed: driver
+/// code then reads GS at base 0 and faults there (0x7E naming the instruction), as before this block existed.
 pub fn prepare(processor: u32) -> Option<ProcessorBlock> {
     if let Some(kpcr) = BLOCKS.with(|b| b.borrow().as_ref().map(|b| b.base)) {
+        write_processor_number(kpcr, processor);
         return Some(read_back(kpcr));
     }
     // SAFETY: a fresh private anonymous mapping, zero-filled.
@@ -99,10 +102,9 @@ pub fn prepare(processor: u32) -> Option<ProcessorBlock> {
         (at(KPCR_CURRENT_PRCB) as *mut u64).write((kpcr + KPCR_PRCB) as u64);
         (at(KPCR_MAJOR_VERSION) as *mut u16).write(1);
         (at(KPCR_MINOR_VERSION) as *mut u16).write(1);
-        at(GS_LEGACY_PROCESSOR_NUMBER).write(processor as u8);
         (at(GS_CURRENT_THREAD) as *mut u64).write(kthread as u64);
-        (at(GS_PROCESSOR_NUMBER) as *mut u32).write(processor);
     }
+    write_processor_number(kpcr, processor);
     // SAFETY: sets this thread's GS base to the block; nothing else in the process uses GS (module note).
     if unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_GS, kpcr) } != 0 {
         // SAFETY: our mapping, never handed out.
@@ -111,6 +113,15 @@ pub fn prepare(processor: u32) -> Option<ProcessorBlock> {
     }
     BLOCKS.with(|b| *b.borrow_mut() = Some(ThreadBlocks { base: kpcr }));
     Some(read_back(kpcr))
+}
+
+/// KPRCB.LegacyNumber and KPRCB.Number of the block at `kpcr`.
+fn write_processor_number(kpcr: usize, processor: u32) {
+    // SAFETY: the calling thread's own block, mapped while the thread lives; both offsets are below PCR_BYTES.
+    unsafe {
+        ((kpcr + GS_LEGACY_PROCESSOR_NUMBER) as *mut u8).write(processor as u8);
+        ((kpcr + GS_PROCESSOR_NUMBER) as *mut u32).write(processor);
+    }
 }
 
 /// The calling thread's GS base, as the kernel holds it (0 when none was set).
