@@ -12,6 +12,7 @@ mod host;
 mod adapter_routine;
 mod cq_fallback;
 mod cq_growth;
+mod cq_poll_dpc;
 mod create_cq_lock;
 mod dpc_consumer;
 mod dpc_wait;
@@ -98,6 +99,8 @@ pub enum Scenario {
     DpcBoundedBatch,
     PoolExecutable,
     PoolNonExecutable,
+    DpcPollsDestroyedCq,
+    DestroyCqFlushesDpcs,
     LateAdapterRoutine,
     AdapterRoutineAwaited,
     TwoRequestsRace,
@@ -109,7 +112,7 @@ pub enum Scenario {
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 33] = [
+    pub const DRIVER: [Scenario; 35] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -137,6 +140,8 @@ impl Scenario {
         Scenario::DpcBoundedBatch,
         Scenario::PoolExecutable,
         Scenario::PoolNonExecutable,
+        Scenario::DpcPollsDestroyedCq,
+        Scenario::DestroyCqFlushesDpcs,
         Scenario::LateAdapterRoutine,
         Scenario::AdapterRoutineAwaited,
         Scenario::TwoRequestsRace,
@@ -175,6 +180,8 @@ impl Scenario {
             Scenario::DpcBoundedBatch => "dpc-bounded-batch",
             Scenario::PoolExecutable => "pool-executable",
             Scenario::PoolNonExecutable => "pool-non-executable",
+            Scenario::DpcPollsDestroyedCq => "dpc-polls-destroyed-cq",
+            Scenario::DestroyCqFlushesDpcs => "destroy-cq-flushes-dpcs",
             Scenario::LateAdapterRoutine => "late-adapter-routine",
             Scenario::AdapterRoutineAwaited => "adapter-routine-awaited",
             Scenario::TwoRequestsRace => "two-requests-race",
@@ -237,6 +244,8 @@ impl Scenario {
             Scenario::DpcBoundedBatch => dpc_wait::bounded_batch(ctx),
             Scenario::PoolExecutable => pool_executable::executable(ctx),
             Scenario::PoolNonExecutable => pool_executable::non_executable(ctx),
+            Scenario::DpcPollsDestroyedCq => cq_poll_dpc::polls_destroyed(ctx),
+            Scenario::DestroyCqFlushesDpcs => cq_poll_dpc::flushes_dpcs(ctx),
             Scenario::LateAdapterRoutine => adapter_routine::late(ctx),
             Scenario::AdapterRoutineAwaited => adapter_routine::awaited(ctx),
             Scenario::TwoRequestsRace => two_requests::race(ctx),

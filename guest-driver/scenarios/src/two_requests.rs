@@ -3,18 +3,22 @@
 //! thread of another processor), and each records its resize in the CQ's entry of the driver's CQ table (entries
 //! and a generation number, read then written back, as `entry->entries *= 2; entry->generation++` is in C).
 //!
-//! The bug: no lock around the entry. The race detector reports the two requests' accesses in every recording run
-//! (the work item is ordered after what the passive path did before queuing it, and before what it does after its
-//! event, but not against the passive path's own update); a preemption between one request's loads and its stores
-//! lets the other's whole update fall between them, and the late stores wipe it out: a wrong result (generation 1
-//! after two resizes), never a bugcheck. Work items run in a system worker thread at PASSIVE_LEVEL, beside whatever
-//! queued them (https://learn.microsoft.com/windows-hardware/drivers/ddi/wdm/nf-wdm-ioqueueworkitem).
+//! The second request starts, polls its device for 5 ms (busy with the resize), then records it; the passive path
+//! records its own once the second has started, so in a plain run its update lands inside those 5 ms and nothing
+//! is lost. The bug: no lock around the entry. The race detector reports the two requests' accesses in every
+//! recording run (the work item is ordered after what the passive path did before queuing it, and before what it
+//! does after its event, but not against the passive path's own update); a preemption of the passive path between
+//! its loads and its stores lets the second's whole update fall between them, and the late stores wipe it out: a
+//! wrong result (generation 1 after two resizes), never a bugcheck. Work items run in a system worker thread at
+//! PASSIVE_LEVEL, beside whatever queued them
+//! (https://learn.microsoft.com/windows-hardware/drivers/ddi/wdm/nf-wdm-ioqueueworkitem).
 //! The fix: both requests update the entry under one FAST_MUTEX, the driver's control-path lock (PASSIVE_LEVEL
 //! callers, held at APC_LEVEL:
 //! https://learn.microsoft.com/windows-hardware/drivers/ddi/wdm/nf-wdm-exacquirefastmutex).
 
 use alloc::boxed::Box;
 use anyhow::{ensure, Context as _};
+use core::time::Duration;
 use vhca_ntapi::*;
 
 use crate::dpc_consumer::relative;
@@ -33,6 +37,23 @@ pub fn race<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
 pub fn locked<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     let lock = !ctx.options.break_fix;
     run(ctx, lock)
+}
+
+/// How long the second request's device is busy before it takes the resize, and how often it is polled: the
+/// first request's update falls inside it in a plain run.
+const DEVICE_BUSY: Duration = Duration::from_millis(5);
+const POLL: Duration = Duration::from_micros(50);
+
+/// PASSIVE_LEVEL. Whether `event` was set within `timeout`.
+fn wait<K: NtAsyncKernel>(k: &K, event: PKEVENT, timeout: Duration) -> bool {
+    let status = k.KeWaitForSingleObject(
+        event.into(),
+        KWAIT_REASON::Executive,
+        KPROCESSOR_MODE::KernelMode,
+        false,
+        Some(relative(timeout)),
+    );
+    status == STATUS_SUCCESS
 }
 
 /// The lock both requests take, or none (the bug).
@@ -66,26 +87,28 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, locked: bool) -> anyhow::Result<()> {
         if locked { "under a FAST_MUTEX" } else { "with no lock" }
     ));
 
-    // The second request, beside this one.
+    // The second request, beside this one: it starts, waits for the device to take its resize (a status register
+    // polled for DEVICE_BUSY), then records it.
+    let started = kernel.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
     let k = kernel.clone();
     let second: PIO_WORKITEM_ROUTINE = Box::new(move |_device: PDEVICE_OBJECT| {
+        k.KeSetEvent(started, 0, false);
+        for _ in 0..DEVICE_BUSY.as_micros() / POLL.as_micros() {
+            k.KeStallExecutionProcessor(POLL.as_micros() as u32);
+        }
         record_resize(&*k, entry, lock);
         // The routine runs after its item was dequeued, so it may free it; the event is what the first waits on.
         k.IoFreeWorkItem(item);
         k.KeSetEvent(done, 0, false);
     });
     kernel.IoQueueWorkItem(item, second, WORK_QUEUE_TYPE::DelayedWorkQueue);
-    // The first request: the passive path's own.
+    // The first request, the passive path's own, once the second is under way: the two overlap. Its update comes
+    // long before the second's in a plain run; held between its loads and its stores for longer than DEVICE_BUSY,
+    // it loses the second's.
+    ensure!(wait(&*kernel, started, ctx.timeout), "the second request did not start within {:?}", ctx.timeout);
     record_resize(&*kernel, entry, lock);
 
-    let status = kernel.KeWaitForSingleObject(
-        done.into(),
-        KWAIT_REASON::Executive,
-        KPROCESSOR_MODE::KernelMode,
-        false,
-        Some(relative(ctx.timeout)),
-    );
-    ensure!(status == STATUS_SUCCESS, "the second request did not finish within {:?}", ctx.timeout);
+    ensure!(wait(&*kernel, done, ctx.timeout), "the second request did not finish within {:?}", ctx.timeout);
     // Ordered after both requests (the second's event), so this read is no part of the race.
     let (entries, generation) = (entry.get(&*kernel, ENTRIES), entry.get(&*kernel, GENERATION));
     entry.free(&*kernel);
