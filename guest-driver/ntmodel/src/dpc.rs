@@ -169,6 +169,8 @@ impl NtModel {
         }
         let me = std::thread::current().id();
         let current = self.current_processor();
+        // Processors whose DPC thread this flush has told already: told once, they are waited for, not retold.
+        let mut told = 0u64;
         loop {
             if irql < DISPATCH_LEVEL {
                 self.run_queued_dpcs();
@@ -177,7 +179,7 @@ impl NtModel {
             // Other processors' queues nobody drains or holds: their DPC threads run them.
             let undrained: Vec<ProcessorNumber> = (0..self.processor_count())
                 .map(ProcessorNumber)
-                .filter(|cpu| *cpu != current)
+                .filter(|cpu| *cpu != current && told & (1 << cpu.0) == 0)
                 .filter(|cpu| {
                     let p = &st.processors[cpu.index()];
                     p.draining.is_none() && !p.dpc_queue.is_empty() && p.contexts.is_empty()
@@ -185,7 +187,10 @@ impl NtModel {
                 .collect();
             if !undrained.is_empty() {
                 drop(st);
-                undrained.into_iter().for_each(|cpu| self.wake_dpc_thread(cpu));
+                for cpu in undrained {
+                    told |= 1 << cpu.0;
+                    self.wake_dpc_thread(cpu);
+                }
                 st = lock(&self.dpcs.state);
             }
             loop {
@@ -201,7 +206,11 @@ impl NtModel {
                 let own_free = own.draining.is_none() && !own.dpc_queue.is_empty() && !own.held_by_other(me);
                 let other_free = (0..self.processor_count()).map(ProcessorNumber).any(|cpu| {
                     let p = &st.processors[cpu.index()];
-                    cpu != current && p.draining.is_none() && !p.dpc_queue.is_empty() && p.contexts.is_empty()
+                    cpu != current
+                        && told & (1 << cpu.0) == 0
+                        && p.draining.is_none()
+                        && !p.dpc_queue.is_empty()
+                        && p.contexts.is_empty()
                 });
                 if (irql < DISPATCH_LEVEL && own_free) || other_free {
                     break;

@@ -284,8 +284,18 @@ impl NtModel {
         let mut st = lock(&self.dpcs.state);
         match (old >= DISPATCH_LEVEL, new >= DISPATCH_LEVEL) {
             (false, true) => {
-                while st.processors[cpu.index()].held_by_other(me) {
-                    st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+                if st.processors[cpu.index()].held_by_other(me) {
+                    // Not running until the processor is free: blocked in the model, for the interleaving modes.
+                    drop(st);
+                    self.quiescent();
+                    st = lock(&self.dpcs.state);
+                    while st.processors[cpu.index()].held_by_other(me) {
+                        st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+                    }
+                    st.processors[cpu.index()].contexts.push(Context { thread: me, irql: new });
+                    drop(st);
+                    self.active();
+                    return;
                 }
                 st.processors[cpu.index()].contexts.push(Context { thread: me, irql: new });
             }
@@ -311,11 +321,22 @@ impl NtModel {
     /// processor runs, without waiting for it to drop: it interrupts it. Held until the guard goes.
     pub(crate) fn interrupt_processor(&self, cpu: ProcessorNumber, irql: KIRQL) -> Interrupting<'_> {
         let me = std::thread::current().id();
+        let masked = |p: &Processor| p.masking_irql(me).is_some_and(|masking| masking >= irql);
         let mut st = lock(&self.dpcs.state);
-        while st.processors[cpu.index()].masking_irql(me).is_some_and(|masking| masking >= irql) {
+        let waited = masked(&st.processors[cpu.index()]);
+        if waited {
+            drop(st);
+            self.quiescent();
+            st = lock(&self.dpcs.state);
+        }
+        while masked(&st.processors[cpu.index()]) {
             st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.processors[cpu.index()].contexts.push(Context { thread: me, irql });
+        drop(st);
+        if waited {
+            self.active();
+        }
         Interrupting { model: self, cpu }
     }
 
