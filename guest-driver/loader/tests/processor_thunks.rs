@@ -19,8 +19,9 @@ type Deferred = unsafe extern "win64" fn(*mut KDPC, *mut c_void, *mut c_void, *m
 type NumberEx = unsafe extern "win64" fn(*mut PROCESSOR_NUMBER) -> u32;
 
 /// (KeGetCurrentProcessorNumberEx's index, its PROCESSOR_NUMBER.Number, KPRCB.Number, KPRCB.LegacyNumber, IRQL) of
-/// each DPC call.
-static SEEN: Mutex<Vec<(u32, u8, u32, u8, u8)>> = Mutex::new(Vec::new());
+/// one DPC call.
+type Seen = (u32, u8, u32, u8, u8);
+static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
 
 unsafe extern "win64" fn where_am_i(_dpc: *mut KDPC, _context: *mut c_void, _a1: *mut c_void, _a2: *mut c_void) {
     let number: NumberEx = routine("KeGetCurrentProcessorNumberEx");

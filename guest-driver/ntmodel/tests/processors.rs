@@ -87,10 +87,9 @@ fn a_target_past_the_processors_is_refused_or_ignored_as_windows_does() {
     let k = machine_with(2, STANDARD);
     let log = Arc::new(Mutex::new(Vec::new()));
     let dpc = recording_dpc(&k, &log, |_| {});
-    for bad in [
-        PROCESSOR_NUMBER { Group: 0, Number: 2, Reserved: 0 },
-        PROCESSOR_NUMBER { Group: 1, Number: 0, Reserved: 0 },
-    ] {
+    for bad in
+        [PROCESSOR_NUMBER { Group: 0, Number: 2, Reserved: 0 }, PROCESSOR_NUMBER { Group: 1, Number: 0, Reserved: 0 }]
+    {
         assert_eq!(k.KeSetTargetProcessorDpcEx(dpc, &bad), STATUS_INVALID_PARAMETER);
     }
     // KeSetTargetProcessorDpc past group 0's processors leaves the target as it was: here, the inserter's.
@@ -304,7 +303,10 @@ fn dropping_the_model_ends_its_dpc_threads() {
     let log = Arc::new(Mutex::new(Vec::new()));
     let dpc = recording_dpc(&k, &log, |_| {});
     for n in 1..4 {
-        assert_eq!(k.KeSetTargetProcessorDpcEx(dpc, &PROCESSOR_NUMBER { Group: 0, Number: n, Reserved: 0 }), STATUS_SUCCESS);
+        assert_eq!(
+            k.KeSetTargetProcessorDpcEx(dpc, &PROCESSOR_NUMBER { Group: 0, Number: n, Reserved: 0 }),
+            STATUS_SUCCESS
+        );
         clean(|| k.KeInsertQueueDpc(dpc, PVOID::NULL, PVOID::NULL));
         clean(|| k.KeFlushQueuedDpcs());
     }
