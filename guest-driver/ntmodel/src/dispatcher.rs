@@ -8,6 +8,8 @@ use std::sync::{Condvar, Mutex};
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::interleaving::engine::Engine;
+use crate::interleaving::SyncObject;
 use crate::processor::ProcessorNumber;
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel, ETHREAD_BASE};
@@ -28,11 +30,14 @@ pub(crate) struct Dispatcher {
     objects: Mutex<HashMap<u64, Signal>>,
     /// An object was signaled, a timer set, or the clock moved: waiters look again.
     changed: Condvar,
+    /// The interleaving engine rides here, on a model field this module owns that is not behind a mutex, until
+    /// NtModel gives it a field of its own; nothing in it is about dispatcher objects.
+    pub interleaving: Engine,
 }
 
 impl Dispatcher {
     pub fn new() -> Dispatcher {
-        Dispatcher { objects: Mutex::new(HashMap::new()), changed: Condvar::new() }
+        Dispatcher { objects: Mutex::new(HashMap::new()), changed: Condvar::new(), interleaving: Engine::default() }
     }
 }
 
@@ -52,6 +57,10 @@ impl NtModel {
 
     /// Sets or clears an object's signal state; returns the previous one.
     pub(crate) fn set_signal(&self, addr: u64, signaled: bool) -> bool {
+        if signaled {
+            // Before the signal shows: a waiter it satisfies sees what this thread did up to here.
+            self.hb_release(SyncObject::Dispatcher(addr));
+        }
         let mut objects = lock(&self.dispatcher.objects);
         let Some(s) = objects.get_mut(&addr) else {
             drop(objects);
@@ -166,7 +175,26 @@ impl NtModel {
     /// Blocks until `object` (none: the clock alone) is signaled or `deadline` passes. While it waits, the thread
     /// runs the clock's work a processor would: expiring timers that fall due (its own may be one) and running the
     /// DPCs they queue. `cannot_block`: the caller is a DPC or an ISR, where having to block is 0xB8.
-    fn block_until(&self, object: Option<u64>, deadline: Option<u64>, mut cannot_block: bool) -> NTSTATUS {
+    fn block_until(&self, object: Option<u64>, deadline: Option<u64>, cannot_block: bool) -> NTSTATUS {
+        let mut blocked = false;
+        let status = self.block_until_inner(object, deadline, cannot_block, &mut blocked);
+        if blocked {
+            self.active();
+        }
+        if let (Some(addr), STATUS_SUCCESS) = (object, status) {
+            self.hb_acquire(SyncObject::Dispatcher(addr));
+        }
+        status
+    }
+
+    /// `block_until`'s loop; `blocked` is set once the thread went quiescent to sleep, so the caller wakes it.
+    fn block_until_inner(
+        &self,
+        object: Option<u64>,
+        deadline: Option<u64>,
+        mut cannot_block: bool,
+        blocked: &mut bool,
+    ) -> NTSTATUS {
         loop {
             let next_expiry = self.next_timer_due();
             let mut objects = lock(&self.dispatcher.objects);
@@ -196,6 +224,14 @@ impl NtModel {
                 self.switch_from_dpc();
                 // 0xB8 disabled: the wait blocks the thread the routine borrowed (the DPC watchdog counts it).
                 cannot_block = false;
+                continue;
+            }
+            if !*blocked {
+                // Quiescent before the first sleep, with no model mutex held; then look again, as the signal may
+                // have come meanwhile.
+                drop(objects);
+                self.quiescent();
+                *blocked = true;
                 continue;
             }
             let wake_at = [deadline, next_expiry].into_iter().flatten().min();

@@ -14,6 +14,7 @@ use vhca_ntapi::*;
 
 use crate::address_width;
 use crate::bugcheck::Bugcheck;
+use crate::interleaving::{Access, SyncObject, Watched};
 use crate::low_resources::{Failure, FaultableRoutine};
 use crate::mdl::Mdl;
 use crate::memory::{Memory, RegionKind};
@@ -509,11 +510,16 @@ impl NtModel {
         if let Ok(a) = self.live_adapter(&mut m, adapter) {
             a.common.insert(va, CommonBuffer { logical: iova, pages: r.pages });
         }
+        drop(m);
+        self.watched_access(Watched::CommonBuffer(va), Access::Write);
         Ok((PVOID(va), iova))
     }
 
     pub(crate) fn free_common_buffer(&self, adapter: PDMA_ADAPTER, va: PVOID) -> Result<(), Bugcheck> {
         self.passive_dma_routine()?;
+        // The bookkeeping and the bytes (a ring, a CQ) both end here: a DPC still polling one races with this.
+        self.watched_access(Watched::CommonBuffer(va.0), Access::Free);
+        self.watch_block_free(va.0);
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let a = match self.live_adapter(&mut m, adapter) {
@@ -549,6 +555,8 @@ impl NtModel {
         if let Some(Failure::Status(status)) = self.inject(FaultableRoutine::GetScatterGatherList, None) {
             return status;
         }
+        self.watched_access(Watched::Mdl(mdl.0), Access::Read);
+        self.hb_release(SyncObject::AdapterQueue(adapter.0));
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let r = (|| {
@@ -575,6 +583,7 @@ impl NtModel {
         drop(m);
         match self.refusal(r) {
             Ok(Some((list, routine))) => {
+                self.watched_access(Watched::SgList(list.Handle.0), Access::Write);
                 self.at_dispatch(|| routine(device, &list));
                 STATUS_SUCCESS
             }
@@ -612,6 +621,7 @@ impl NtModel {
         list: PSCATTER_GATHER_LIST,
     ) -> Result<(), Bugcheck> {
         self.dma_irql_exact(DISPATCH_LEVEL)?;
+        self.watched_access(Watched::SgList(list.0), Access::Free);
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let Some(sg) = m.dma.sg_lists.remove(&list.0) else {
@@ -642,6 +652,8 @@ impl NtModel {
     ) -> NTSTATUS {
         let r = self.dma_irql_exact(DISPATCH_LEVEL);
         self.ok(r);
+        self.watched_access(Watched::Adapter(adapter.0), Access::Write);
+        self.hb_release(SyncObject::AdapterQueue(adapter.0));
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let r = (|| {
@@ -739,6 +751,7 @@ impl NtModel {
                 Waiting::Channel { device, registers, routine } => {
                     let base = self.grant_channel(&mut m, adapter, registers);
                     drop(m);
+                    self.hb_acquire(SyncObject::AdapterQueue(adapter.0));
                     self.run_channel_routine(adapter, device, base, routine);
                 }
                 Waiting::List { device, mdl, va, length, write_to_device, routine, at_call } => {
@@ -748,6 +761,8 @@ impl NtModel {
                     });
                     drop(m);
                     if let Ok(Some(list)) = self.refusal(r.map(Some)) {
+                        self.hb_acquire(SyncObject::AdapterQueue(adapter.0));
+                        self.watched_access(Watched::SgList(list.Handle.0), Access::Write);
                         self.at_dispatch(|| routine(device, &list));
                     }
                 }
@@ -779,6 +794,7 @@ impl NtModel {
 
     pub(crate) fn free_adapter_channel(&self, adapter: PDMA_ADAPTER) -> Result<(), Bugcheck> {
         self.dma_irql_exact(DISPATCH_LEVEL)?;
+        self.watched_access(Watched::Adapter(adapter.0), Access::Write);
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let Some(a) = m.dma.adapters.get_mut(&adapter.0) else { return Ok(()) };
@@ -847,6 +863,8 @@ impl NtModel {
     ) -> Result<PHYSICAL_ADDRESS, NTSTATUS> {
         let r = self.dma_irql_max(DISPATCH_LEVEL);
         self.ok(r);
+        self.watched_access(Watched::Adapter(adapter.0), Access::Write);
+        self.watched_access(Watched::Mdl(mdl.0), Access::Read);
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let r = (|| {
@@ -889,6 +907,8 @@ impl NtModel {
         va: PVOID,
     ) -> Result<bool, Bugcheck> {
         self.dma_irql_max(DISPATCH_LEVEL)?;
+        // No adapter argument here: the flush is the MDL's (and, through the register set, the adapter's).
+        self.watched_access(Watched::Mdl(mdl.0), Access::Read);
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let found = m

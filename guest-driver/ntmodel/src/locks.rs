@@ -8,6 +8,7 @@ use std::thread::ThreadId;
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::interleaving::{PointKind, SyncObject};
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel};
 
@@ -118,9 +119,12 @@ impl NtModel {
         }
     }
 
-    /// Blocks until the calling thread owns `obj` exclusively (or shared), then records it as held.
+    /// Blocks until the calling thread owns `obj` exclusively (or shared), then records it as held. Every kind of
+    /// lock passes here, the interrupt spin lock too: its take is what makes KeSynchronizeExecution an edge.
     fn block_acquire(&self, obj: &LockObject, shared: bool, wait: bool) -> bool {
+        self.point(PointKind::Acquire(obj.addr));
         let me = std::thread::current().id();
+        let mut blocked = false;
         let mut st = lock(&obj.state);
         loop {
             let owned_by_me = st.owner == Some(me);
@@ -144,15 +148,28 @@ impl NtModel {
             if !wait {
                 return false;
             }
+            if !blocked {
+                // A thread waiting for a lock counts as quiescent for a paused one (it may hold this very lock).
+                drop(st);
+                self.quiescent();
+                blocked = true;
+                st = lock(&obj.state);
+                continue;
+            }
             st = obj.freed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         drop(st);
+        if blocked {
+            self.active();
+        }
+        self.hb_acquire(SyncObject::Lock(obj.addr));
         self.with_thread(|t| t.held.push(obj.addr));
         true
     }
 
     /// Drops one level of the calling thread's hold on `obj`; wakes waiters when it is free.
     fn block_release(&self, obj: &LockObject) {
+        self.hb_release(SyncObject::Lock(obj.addr));
         let me = std::thread::current().id();
         let mut st = lock(&obj.state);
         if st.owner == Some(me) {
@@ -178,6 +195,7 @@ impl NtModel {
                 t.held.remove(i);
             }
         });
+        self.point(PointKind::Release(obj.addr));
     }
 
     fn must_lock(&self, addr: u64) -> Arc<LockObject> {

@@ -248,6 +248,23 @@ fn current_site() -> Option<CallSite> {
     })
 }
 
+/// The current call's site as reports print it, without the stack walk `current_site` makes for a native call: a
+/// named site (the PE loader's image frames) whole, a native entry by its source location; None outside any entry.
+/// The interleaving engine names points and racing accesses by it in every mode but Off.
+pub(crate) fn current_site_label() -> Option<String> {
+    CURRENT_SITE.with(|s| match &*s.borrow() {
+        Some(Entry::Native(location)) => Some(CallSite::source(location).to_string()),
+        Some(Entry::Given(site)) => Some(site.to_string()),
+        None => None,
+    })
+}
+
+/// Whether the current call's site was named by the caller (a driver binary's frames): it then names the call
+/// better than any location inside the rig.
+pub(crate) fn site_is_named() -> bool {
+    CURRENT_SITE.with(|s| matches!(&*s.borrow(), Some(Entry::Given(_))))
+}
+
 /// The systematic simulation's sub-mode (`verifier /faultssystematic`): fail each new stack, or only record it
 /// ("what if" mode, Windows' `recordboottime` / `recordruntime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -447,7 +464,8 @@ impl LowResources {
 }
 
 /// SplitMix64's output function: a well-mixed 64-bit value from any input (a few lines; no crate needed for it).
-fn splitmix64(x: u64) -> u64 {
+/// The interleaving engine's PCT draws use it too.
+pub(crate) fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

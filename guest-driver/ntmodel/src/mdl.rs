@@ -4,6 +4,7 @@
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::interleaving::{Access, Watched};
 use crate::low_resources::{Failure, FaultableRoutine};
 use crate::memory::RegionKind;
 use crate::verifier::{c4, VerifierFlags};
@@ -38,14 +39,17 @@ impl NtModel {
         }
         let addr = self.new_object();
         lock(&self.memory).mdls.insert(addr, Mdl { va: va.0, len: length, flags: 0 });
+        self.watched_access(Watched::Mdl(addr), Access::Write);
         Ok(PMDL(addr))
     }
 
     pub(crate) fn mdl_free(&self, mdl: PMDL) {
+        self.watched_access(Watched::Mdl(mdl.0), Access::Free);
         lock(&self.memory).mdls.remove(&mdl.0);
     }
 
     pub(crate) fn mdl_build_nonpaged(&self, mdl: PMDL) -> Result<(), Bugcheck> {
+        self.watched_access(Watched::Mdl(mdl.0), Access::Write);
         let irql = self.irql();
         let mut m = lock(&self.memory);
         let Some(d) = m.mdls.get(&mdl.0).cloned() else { return Ok(()) };
@@ -66,6 +70,7 @@ impl NtModel {
         mode: KPROCESSOR_MODE,
         op: LOCK_OPERATION,
     ) -> Result<NTSTATUS, Bugcheck> {
+        self.watched_access(Watched::Mdl(mdl.0), Access::Write);
         let irql = self.irql();
         let mut m = lock(&self.memory);
         let Some(d) = m.mdls.get(&mdl.0).cloned() else { return Ok(STATUS_INVALID_PARAMETER) };
@@ -112,7 +117,9 @@ impl NtModel {
         Ok(STATUS_SUCCESS)
     }
 
+    /// MmUnlockPages writes the MDL (its flags; the pages it describes stay described): its end is IoFreeMdl.
     pub(crate) fn mdl_unlock(&self, mdl: PMDL) -> Result<(), Bugcheck> {
+        self.watched_access(Watched::Mdl(mdl.0), Access::Write);
         let irql = self.irql();
         let mut m = lock(&self.memory);
         let Some(d) = m.mdls.get(&mdl.0).cloned() else { return Ok(()) };

@@ -9,6 +9,7 @@ use std::panic::Location;
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
+use crate::interleaving::{Access, Watched};
 use crate::low_resources::{at_location, FaultableRoutine};
 use crate::pool_types::{PoolRequest, C4_EXECUTABLE_POOL};
 use crate::verifier::{c4, VerifierFlags};
@@ -208,6 +209,7 @@ impl NtModel {
     }
 
     pub(crate) fn pool_free(&self, p: PVOID) -> Result<(), Bugcheck> {
+        self.watch_block_free(p.0);
         let irql = self.irql();
         let mut m = lock(&self.memory);
         let kind = m.regions.get(&p.0).map(|r| r.kind);
@@ -243,6 +245,7 @@ impl NtModel {
     }
 
     pub(crate) fn contiguous_free(&self, va: PVOID) -> Result<(), Bugcheck> {
+        self.watch_block_free(va.0);
         let irql = self.irql();
         if self.checks(VerifierFlags::IRQL_CHECKING) && irql >= DISPATCH_LEVEL {
             self.found(Bugcheck::c4(c4::KERNEL_API_WRONG_IRQL, irql as u64, 0, 0))?;
@@ -278,13 +281,42 @@ impl NtModel {
         Ok(())
     }
 
+    /// The race detector's free of the whole block at `base` (pool, contiguous memory, a common buffer's bytes),
+    /// told before the block leaves the books so a report can still name its tag. Nothing when none starts there.
+    pub(crate) fn watch_block_free(&self, base: u64) {
+        let bytes = lock(&self.memory).regions.get(&base).map(|r| r.bytes);
+        if let Some(len) = bytes {
+            self.watched_access(Watched::Memory { va: base, len }, Access::Free);
+        }
+    }
+
+    /// A race report's name for the memory at `va`: its block's base and the offset, with what the block is.
+    pub(crate) fn memory_name(&self, va: u64) -> String {
+        let m = lock(&self.memory);
+        let Some(r) = m.region_of(va) else { return format!("memory {va:#x} (freed or never allocated)") };
+        let what = match r.kind {
+            RegionKind::NonPagedPool | RegionKind::PagedPool => {
+                let tag: String = r.tag.to_le_bytes().iter().map(|b| char::from(*b)).collect();
+                format!("pool tag '{tag}'")
+            }
+            RegionKind::Contiguous => "contiguous memory".to_string(),
+            RegionKind::CommonBuffer => "common buffer".to_string(),
+            RegionKind::User => "user buffer".to_string(),
+        };
+        format!("memory {:#x}+{:#x} ({what})", r.base, va - r.base)
+    }
+
+    /// The driver's read of model memory (RtlCopyFromVa): a watched read before it is checked, so one that faults
+    /// (freed pool) still meets the free it follows.
     pub(crate) fn cpu_read(&self, va: PVOID, out: &mut [u8]) -> Result<(), Bugcheck> {
+        self.watched_access(Watched::Memory { va: va.0, len: out.len() as u64 }, Access::Read);
         let m = lock(&self.memory);
         self.check_cpu_access(&m, va.0, out.len(), false)?;
         m.copy_from(&*self.backend, va.0, out).map_err(|at| Bugcheck::new(PAGE_FAULT_IN_NONPAGED_AREA, at, 0, 0, 0))
     }
 
     pub(crate) fn cpu_write(&self, va: PVOID, data: &[u8]) -> Result<(), Bugcheck> {
+        self.watched_access(Watched::Memory { va: va.0, len: data.len() as u64 }, Access::Write);
         let m = lock(&self.memory);
         self.check_cpu_access(&m, va.0, data.len(), true)?;
         m.copy_to(&*self.backend, va.0, data).map_err(|at| Bugcheck::new(PAGE_FAULT_IN_NONPAGED_AREA, at, 1, 0, 0))

@@ -4,6 +4,7 @@
 use vhca_ntapi::*;
 
 use super::{Adapter, Refusal, Waiting};
+use crate::interleaving::{Access, SyncObject, Watched};
 use crate::memory::Memory;
 use crate::sg_split::{self, DeviceRun};
 use crate::verifier::e6;
@@ -212,6 +213,8 @@ impl NtModel {
         if request.routine.is_none() && !synchronous {
             return Err(STATUS_INVALID_PARAMETER);
         }
+        self.watched_access(Watched::Mdl(request.mdl.0), Access::Read);
+        self.hb_release(SyncObject::AdapterQueue(adapter.0));
         let checking = self.dma_checking();
         let mut m = lock(&self.memory);
         let r = (|| {

@@ -1,0 +1,134 @@
+//! The interleaving engine on the model's threads: a recording names its points the same in two identical runs,
+//! a bounded preemption pauses the thread at the named point until the other is quiescent (and so turns a read,
+//! pause, write into a lost update), and a PCT seed picks the same change points every time.
+
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::Duration;
+
+use vhca_ntapi::*;
+use vhca_ntmodel::interleaving::{change_points, Resumed, SchedulePoint};
+use vhca_ntmodel::{InterleavingConfig, InterleavingMode, NtModel, NtModelConfig, PointId};
+
+const TAG: u32 = pool_tag(b"vhca");
+
+fn model(interleaving: InterleavingConfig) -> Arc<NtModel> {
+    NtModel::for_tests(NtModelConfig { interleaving, ..NtModelConfig::default() }).0
+}
+
+fn mode(mode: InterleavingMode) -> InterleavingConfig {
+    InterleavingConfig { mode, ..InterleavingConfig::default() }
+}
+
+fn read_counter(k: &NtModel, at: PVOID) -> u64 {
+    let mut bytes = [0u8; 8];
+    k.RtlCopyFromVa(&mut bytes, at);
+    u64::from_le_bytes(bytes)
+}
+
+/// Two threads add one to a counter in pool, each a read then a write with no lock: "writer-b" makes its first
+/// point, then sleeps outside the model (active all the while) before its read; "writer-a" starts once b is known
+/// and, unpaused, is done long before b wakes. The counter's final value. The counter is set up on a thread of its
+/// own that is gone by then: the test's thread, blocked outside the model, would count as active.
+fn two_increments(k: &Arc<NtModel>) -> u64 {
+    let (known, b_is_known) = mpsc::channel();
+    thread::scope(|s| {
+        let setup = || {
+            let counter = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, 8, TAG);
+            k.RtlCopyToVa(counter, &0u64.to_le_bytes());
+            counter
+        };
+        let counter = thread::Builder::new().name("setup".into()).spawn_scoped(s, setup).unwrap().join().unwrap();
+        let b = thread::Builder::new()
+            .name("writer-b".into())
+            .spawn_scoped(s, move || {
+                k.KeGetCurrentIrql();
+                known.send(()).unwrap();
+                thread::sleep(Duration::from_millis(100));
+                let seen = read_counter(k, counter);
+                k.RtlCopyToVa(counter, &(seen + 1).to_le_bytes());
+            })
+            .unwrap();
+        b_is_known.recv().unwrap();
+        thread::Builder::new()
+            .name("writer-a".into())
+            .spawn_scoped(s, move || {
+                let seen = read_counter(k, counter);
+                k.RtlCopyToVa(counter, &(seen + 1).to_le_bytes());
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        b.join().unwrap();
+        read_counter(k, counter)
+    })
+}
+
+fn points_of<'p>(points: &'p [SchedulePoint], thread: &str) -> Vec<&'p SchedulePoint> {
+    points.iter().filter(|p| p.id.thread == thread).collect()
+}
+
+#[test]
+fn a_recording_names_its_points_the_same_in_two_identical_runs() {
+    let run = || {
+        let k = model(mode(InterleavingMode::Record));
+        assert_eq!(two_increments(&k), 2);
+        k.schedule_points().into_iter().map(|p| (p.id.to_string(), p.kind, p.site)).collect::<Vec<_>>()
+    };
+    let (first, second) = (run(), run());
+    assert_eq!(first, second);
+    let a: Vec<_> = first.iter().filter(|(id, _, _)| id.starts_with("writer-a#")).collect();
+    assert_eq!(a.len(), 2, "{first:#?}");
+    assert_eq!((a[0].0.as_str(), a[0].1.as_str()), ("writer-a#1", "call RtlCopyFromVa"));
+    assert_eq!((a[1].0.as_str(), a[1].1.as_str()), ("writer-a#2", "call RtlCopyToVa"));
+    assert!(a[0].2.contains("interleavings.rs:"), "named by the driver's call site: {}", a[0].2);
+}
+
+#[test]
+fn a_preemption_at_the_write_pauses_until_the_other_is_done_and_loses_its_update() {
+    let write = PointId { thread: "writer-a".into(), index: 2 };
+    let config = InterleavingConfig {
+        mode: InterleavingMode::Preempt(vec![write.clone()]),
+        // Longer than b's sleep: only b's end (quiescent once its thread is gone) lets a go on.
+        settle: Duration::from_secs(5),
+        limit: Duration::from_secs(10),
+        ..InterleavingConfig::default()
+    };
+    let k = model(config);
+    assert_eq!(two_increments(&k), 1, "a read 0, paused, b wrote 1, a wrote 1 over it");
+    let preemptions = k.preemptions();
+    assert_eq!(preemptions.len(), 1, "{preemptions:#?}");
+    assert_eq!((&preemptions[0].id, preemptions[0].kind.as_str()), (&write, "call RtlCopyToVa"));
+    assert_eq!(preemptions[0].resumed, Resumed::Quiescent);
+    assert!(preemptions[0].paused >= Duration::from_millis(50), "{:?}", preemptions[0].paused);
+    let points = k.schedule_points();
+    assert!(points_of(&points, "writer-a")[1].contended, "b was active when a got there");
+    let unpaused = model(mode(InterleavingMode::Record));
+    assert_eq!(two_increments(&unpaused), 2, "without the preemption no update is lost");
+    assert_eq!(unpaused.preemptions(), vec![]);
+}
+
+#[test]
+fn a_pct_seed_gives_the_same_change_points_twice() {
+    assert_eq!(change_points(42, 3, 2000), change_points(42, 3, 2000));
+    // One thread, so each pause ends at once (nobody else is active): the pauses are the change points.
+    let run = || {
+        let config = InterleavingConfig {
+            mode: InterleavingMode::Pct { seed: 42, depth: 3 },
+            pct_horizon: 8,
+            ..InterleavingConfig::default()
+        };
+        let k = model(config);
+        let p = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, 8, TAG);
+        for _ in 0..8 {
+            k.RtlCopyToVa(p, &[1; 8]);
+        }
+        k.preemptions().into_iter().map(|p| (p.id, p.resumed)).collect::<Vec<_>>()
+    };
+    let first = run();
+    assert_eq!(first.len(), 2, "depth 3 is two change points, all inside the 9 points passed: {first:?}");
+    assert!(first.iter().all(|(_, resumed)| *resumed == Resumed::Quiescent));
+    let global: Vec<u64> = first.iter().map(|(id, _)| u64::from(id.index)).collect();
+    assert_eq!(global, change_points(42, 3, 8), "one thread: its indices are the global numbers");
+    assert_eq!(run(), first);
+}
