@@ -213,10 +213,10 @@ struct RunPick {
     /// them): the reproducer of one run of an `each_fail_point` expansion.
     #[arg(long, requires = "run", value_parser = clap::value_parser!(u32).range(1..))]
     fail_point: Option<u32>,
-    /// Run --run under one interleaving schedule, as the guest's vhca.interleave takes it: `record`,
-    /// `preempt:<thread>#<k>[,<thread>#<k>]` or `pct:<seed>[:<depth>]`: the reproducer of one run of an
-    /// `interleavings` expansion.
-    #[arg(long, requires = "run", conflicts_with = "fail_point")]
+    /// Run under one interleaving schedule, as the guest's vhca.interleave takes it: `record`,
+    /// `preempt:<thread>#<k>[,<thread>#<k>]` or `pct:<seed>[:<depth>]`; with --run, the reproducer of one run of
+    /// an `interleavings` expansion.
+    #[arg(long, conflicts_with = "fail_point")]
     interleaving: Option<String>,
     /// The NT model's processors and the guest's vCPUs (1 to 64) [default: the run's, else 2 in the model]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -265,16 +265,16 @@ impl RunPick {
             Some(name) => {
                 let (suite, file) = load_suite(self.suite.as_deref())?;
                 let run = pick_run(&suite, name)?;
-                match (self.fail_point, &self.interleaving) {
-                    (Some(k), _) => (run.at_fail_point(k), file),
-                    (None, Some(spec)) => {
-                        (run.with_interleaving(spec).map_err(|e| anyhow::anyhow!("--interleaving: {e}"))?, file)
-                    }
-                    (None, None) => (run, file),
+                match self.fail_point {
+                    Some(k) => (run.at_fail_point(k), file),
+                    None => (run, file),
                 }
             }
             None => (self.ad_hoc()?, None),
         };
+        if let Some(spec) = &self.interleaving {
+            run = run.with_interleaving(spec).map_err(|e| anyhow::anyhow!("--interleaving: {e}"))?;
+        }
         if let Some(t) = self.timeout {
             run.guest.timeout_s = t;
         }
