@@ -589,6 +589,18 @@ mod tests {
         assert!(outcome("race dpc.rs", &raced(true)).passed());
         assert!(!outcome("race mdl", &raced(true)).passed(), "no report names the word");
         assert!(!outcome("race", &observed(json!({}))).passed(), "no race reported");
+        // The run stopped on a bugcheck after the detector reported: its result line still lists the race.
+        let stopped = Observation {
+            bugchecks: vec![crate::stop_line::Bugcheck { code: 0xE6, params: vec![0x26, 0, 0, 0], name: None }],
+            ..raced(false)
+        };
+        assert!(outcome("race", &stopped).passed(), "a race, then the bugcheck it caused");
+        match outcome("bugcheck 0xE6 0x26 0x0 0x0 0x0", &stopped) {
+            Outcome::Fail { reason } => {
+                assert!(reason.contains("cq.rs:10:5") && reason.contains("dpc.rs:3:9"), "{reason}")
+            }
+            Outcome::Pass => panic!("a bugcheck expectation passed a run that reported a race"),
+        }
         assert!(outcome("pass", &observed(json!({"races": []}))).passed());
     }
 
