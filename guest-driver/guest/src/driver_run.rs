@@ -279,7 +279,14 @@ pub(crate) fn model_config(options: &Options) -> NtModelConfig {
         double_buffering: options.double_buffering,
         low_resources: low_resources::config(options),
         processors: options.processors,
-        interleaving: InterleavingConfig { mode: options.interleaving.clone(), ..InterleavingConfig::default() },
+        interleaving: InterleavingConfig {
+            mode: options.interleaving.clone(),
+            // vhca.sys rings its doorbells by its own stores to the BARs, which no transport of this program sees:
+            // every kernel call stands in for a kick, so its interrupts are not all reported as racing the passive
+            // path (the native transport calls device_kicked at each doorbell instead).
+            kicks_at_every_call: options.driver == crate::cmdline::Personality::Sys,
+            ..InterleavingConfig::default()
+        },
     }
 }
 
@@ -288,6 +295,15 @@ mod tests {
     use super::*;
 
     /// The seed suite (the runner's file) names only scenarios this program knows.
+    #[test]
+    fn only_vhca_sys_counts_every_kernel_call_as_a_kick() {
+        let native = Options::parse("vhca.interleave=record vhca.processors=3");
+        let config = model_config(&native);
+        assert_eq!((config.processors, &config.interleaving.mode), (3, &vhca_ntmodel::InterleavingMode::Record));
+        assert!(!config.interleaving.kicks_at_every_call, "the native transport kicks at its doorbells");
+        assert!(model_config(&Options::parse("vhca.driver=sys")).interleaving.kicks_at_every_call);
+    }
+
     #[test]
     fn every_seed_suite_scenario_is_known() {
         let suite = include_str!("../../../runner/suite/suites/seed.toml");
