@@ -153,7 +153,9 @@ impl NtModel {
     /// the wait's timeout form (negative relative, positive absolute on the model's clock). No alert or user APC
     /// ever ends a delay early (the model has neither): STATUS_SUCCESS. A driver binary imports it (the loader's
     /// thunk calls this); the native build's sleeps are the guest program's own, so it is no `NtAsyncKernel` routine.
+    #[track_caller]
     pub fn delay_execution_thread(&self, interval: i64) -> NTSTATUS {
+        let _call = self.kernel_call("KeDelayExecutionThread");
         self.irql_at_most(APC_LEVEL);
         if self.in_borrowed_routine() {
             self.switch_from_dpc();
@@ -226,7 +228,7 @@ impl NtModel {
                 cannot_block = false;
                 continue;
             }
-            if !*blocked {
+            if !*blocked && self.interleaving_on() {
                 // Quiescent before the first sleep, with no model mutex held; then look again, as the signal may
                 // have come meanwhile.
                 drop(objects);

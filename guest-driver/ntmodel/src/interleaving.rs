@@ -235,7 +235,8 @@ pub enum SyncObject {
 const ANY_DEVICE: u64 = u64::MAX;
 
 impl NtModel {
-    fn interleaving_on(&self) -> bool {
+    /// Whether any hook does anything: callers that reshape a wait for the hooks keep the old shape when Off.
+    pub(crate) fn interleaving_on(&self) -> bool {
         !matches!(self.config.interleaving.mode, InterleavingMode::Off)
     }
 

@@ -148,7 +148,7 @@ impl NtModel {
             if !wait {
                 return false;
             }
-            if !blocked {
+            if !blocked && self.interleaving_on() {
                 // A thread waiting for a lock counts as quiescent for a paused one (it may hold this very lock).
                 drop(st);
                 self.quiescent();

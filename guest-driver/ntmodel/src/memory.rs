@@ -171,6 +171,7 @@ impl NtModel {
     /// `caller` the return address in the driver's code (Code integrity checks' P2).
     #[track_caller]
     pub fn allocate_pool(&self, request: PoolRequest, bytes: usize, tag: u32, caller: u64) -> PVOID {
+        let _call = self.kernel_call("ExAllocatePool");
         let r = at_location(Location::caller(), || self.pool_alloc(request, bytes, tag, caller));
         self.ok(r)
     }

@@ -58,7 +58,9 @@ impl NtModel {
     /// GetDmaAdapterInfo, IRQL <= DISPATCH_LEVEL (E6/0x13 under DMA checking). STATUS_NOT_SUPPORTED for a version
     /// other than DMA_ADAPTER_INFO_VERSION1, as its page says. The platform sets no limit of its own on a bus
     /// master's lists (ScatterGatherLimit all ones), has no DMA counter, and no minimum transfer unit (1).
+    #[track_caller]
     pub fn get_dma_adapter_info(&self, adapter: PDMA_ADAPTER, version: u32) -> Result<DMA_ADAPTER_INFO_V1, NTSTATUS> {
+        let _call = self.kernel_call("GetDmaAdapterInfo");
         let r = self.dma_irql_max(DISPATCH_LEVEL);
         self.ok(r);
         if version != DMA_ADAPTER_INFO_VERSION1 {
@@ -79,6 +81,7 @@ impl NtModel {
     /// GetDmaTransferInfo, IRQL <= DISPATCH_LEVEL: what a list for `length` bytes at `offset` into the MDL's buffer
     /// needs. STATUS_NOT_SUPPORTED for an unknown version; STATUS_INVALID_PARAMETER outside the buffer (the page:
     /// Offset in 0..N-1, Length in 1..N-Offset).
+    #[track_caller]
     pub fn get_dma_transfer_info(
         &self,
         adapter: PDMA_ADAPTER,
@@ -87,6 +90,7 @@ impl NtModel {
         length: u32,
         version: u32,
     ) -> Result<DMA_TRANSFER_INFO_V2, NTSTATUS> {
+        let _call = self.kernel_call("GetDmaTransferInfo");
         let r = self.dma_irql_max(DISPATCH_LEVEL);
         self.ok(r);
         if version != DMA_TRANSFER_INFO_VERSION1 && version != DMA_TRANSFER_INFO_VERSION2 {
@@ -121,6 +125,7 @@ impl NtModel {
     /// AllocateCommonBufferEx, PASSIVE_LEVEL (E6/0x13 under DMA checking, as AllocateCommonBuffer): a common
     /// buffer whose logical address lies below `maximum_address` (and below what the device reaches), else NULL,
     /// as the page says. The model cannot ask the backend for a low address: a buffer that lands above is freed.
+    #[track_caller]
     pub fn allocate_common_buffer_ex(
         &self,
         adapter: PDMA_ADAPTER,
@@ -128,6 +133,7 @@ impl NtModel {
         length: u32,
         logical_address: &mut PHYSICAL_ADDRESS,
     ) -> PVOID {
+        let _call = self.kernel_call("AllocateCommonBufferEx");
         let r = self.allocate_common_buffer(adapter, length);
         let (va, logical) = self.ok(r);
         if va.is_null() {
@@ -149,6 +155,7 @@ impl NtModel {
     /// `va`. With the MDL, what the list will take (GetDmaTransferInfo's count); without it the most it may take,
     /// a page per element, as the page says ("the maximum possible size"). STATUS_BUFFER_TOO_SMALL when the MDL's
     /// buffer does not hold the transfer, STATUS_INSUFFICIENT_RESOURCES past the registers IoGetDmaAdapter granted.
+    #[track_caller]
     pub fn calculate_scatter_gather_list(
         &self,
         adapter: PDMA_ADAPTER,
@@ -156,6 +163,7 @@ impl NtModel {
         va: PVOID,
         length: u32,
     ) -> Result<(u32, u32), NTSTATUS> {
+        let _call = self.kernel_call("CalculateScatterGatherList");
         let mut m = lock(&self.memory);
         let r = (|| {
             let a = self.live_adapter(&mut m, adapter)?.clone();
@@ -188,7 +196,9 @@ impl NtModel {
     }
 
     /// GetDmaAlignment: the model's adapters need no alignment of a buffer's start (1 byte).
+    #[track_caller]
     pub fn get_dma_alignment(&self, _adapter: PDMA_ADAPTER) -> u32 {
+        let _call = self.kernel_call("GetDmaAlignment");
         1
     }
 
@@ -198,11 +208,13 @@ impl NtModel {
     /// the routine is required and may wait for map registers as GetScatterGatherList's does (`queued_list`); with
     /// it, registers short now is STATUS_INSUFFICIENT_RESOURCES, and a call without a routine gets the list back
     /// (Ok(Some)). A routine that ran or will run is Ok(None).
+    #[track_caller]
     pub fn build_scatter_gather_list(
         &self,
         adapter: PDMA_ADAPTER,
         request: ListRequest,
     ) -> Result<Option<SCATTER_GATHER_LIST>, NTSTATUS> {
+        let _call = self.kernel_call("BuildScatterGatherListEx");
         let r = if request.up_to_dispatch {
             self.dma_irql_max(DISPATCH_LEVEL)
         } else {
