@@ -96,3 +96,29 @@ fn an_expanded_run_that_raced_fails_alone_with_a_boot_reproducer_in_json_and_jun
     assert!(junit.contains("race on memory 0x2000+0x8"), "{junit}");
     assert!(junit.contains("--interleaving"), "{junit}");
 }
+
+fn problem(text: &str) -> (usize, String, String) {
+    let err = Suite::parse(text, "bad.toml").expect_err("a bad file was accepted");
+    let p = &err.problems[0];
+    (p.line, p.field.clone(), p.message.clone())
+}
+
+#[test]
+fn interleaving_keys_are_checked_strictly_and_name_their_field() {
+    let run = |keys: &str| format!("name = \"t\"\n[[run]]\nname = \"a\"\n{keys}\nexpect = \"pass\"\n");
+    let (line, field, message) = problem(&run("interleavings = \"preempt3\""));
+    assert_eq!((line, field.as_str()), (4, "run[0].interleavings"));
+    assert!(message.contains("preempt1, preempt2 or pct:<runs>"), "{message}");
+    assert_eq!(problem(&run("interleavings = \"pct:0\"")).1, "run[0].interleavings");
+    assert_eq!(problem(&run("max_interleavings = 8")).1, "run[0].max_interleavings", "a budget alone");
+    assert_eq!(problem(&run("interleavings = \"preempt1\"\nmax_interleavings = 0")).1, "run[0].max_interleavings");
+    assert_eq!(problem(&run("processors = 65")).1, "run[0].processors");
+    let (_, field, message) =
+        problem(&run("interleavings = \"preempt1\"\nguest = { extra = { interleave = \"record\" } }"));
+    assert!(field.contains("extra") && message.contains("interleave"), "{field}: {message}");
+    let both = "modes = [\"on\"]\nverifier_flags = \"0x400AA\"\neach_fail_point = true\ninterleavings = \"preempt1\"";
+    assert!(problem(&run(both)).2.contains("a run expands one way"));
+    let ok = Suite::parse(&run("interleavings = \"preempt2\"\nprocessors = 4"), "ok.toml").unwrap();
+    assert_eq!(ok.runs[0].processors, Some(4));
+    assert_eq!(ok.runs[0].interleavings.map(|p| p.budget), Some(vhca_suite::DEFAULT_MAX_INTERLEAVINGS));
+}
