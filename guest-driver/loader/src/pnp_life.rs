@@ -97,7 +97,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
         if count > 0 {
             k.model.assign_interrupts(PDEVICE_OBJECT(pdo as u64), InterruptResources::Messages(count));
         }
-        let messages = model_messages(count);
+        let messages = model_messages(&k.model, count);
         let raw = ResourceList::new(&ranges, &messages, ListKind::Raw);
         let translated = ResourceList::new(&ranges, &messages, ListKind::Translated);
         let status = pnp_irp(io, pdo, IRP_MN_START_DEVICE, Some((&raw, &translated)));

@@ -42,17 +42,15 @@ pub struct MessageInterrupt {
 /// The NT model's vector numbering: message n on vector 0x50 + n (vhca-ntmodel's interrupt.rs, which returns the
 /// same in IO_INTERRUPT_MESSAGE_INFO; tests/interrupt_thunks.rs checks the two agree).
 const MODEL_VECTOR_BASE: u32 = 0x50;
-/// The model delivers every message to processor 0 (its TargetProcessorSet).
-const MODEL_AFFINITY: u64 = 1;
-
-/// The `count` messages as the NT model assigns them (`NtModel::assign_interrupts(device, Messages(count))`): each
-/// at the model's device DIRQL, on its vector, to processor 0.
-pub fn model_messages(count: u32) -> Vec<MessageInterrupt> {
+/// The `count` messages as `model` assigns them (`NtModel::assign_interrupts(device, Messages(count))`): each at
+/// the model's device DIRQL, on its vector, to the processor the model delivers it to (`message_processor`: its
+/// TargetProcessorSet as IoConnectInterruptEx reports it).
+pub fn model_messages(model: &vhca_ntmodel::NtModel, count: u32) -> Vec<MessageInterrupt> {
     (0..count)
         .map(|n| MessageInterrupt {
             level: vhca_ntmodel::DEVICE_DIRQL,
             vector: MODEL_VECTOR_BASE + n,
-            affinity: MODEL_AFFINITY,
+            affinity: 1 << model.message_processor(n),
         })
         .collect()
 }
@@ -154,7 +152,11 @@ mod tests {
 
     #[test]
     fn each_message_is_one_latched_message_descriptor_after_the_bars() {
-        let messages = model_messages(3);
+        let (model, _) = vhca_ntmodel::NtModel::for_tests(Default::default());
+        let messages = model_messages(&model, 3);
+        // Two processors by default: messages 0, 1, 2 go to processors 0, 1, 0.
+        let affinities: Vec<u64> = messages.iter().map(|m| m.affinity).collect();
+        assert_eq!(affinities, [1, 2, 1]);
         let raw = ResourceList::new(&[(0xfea0_0000, 0x4000)], &messages, ListKind::Raw);
         let translated = ResourceList::new(&[(0xfea0_0000, 0x4000)], &messages, ListKind::Translated);
         let (r, t) = (raw.bytes(), translated.bytes());

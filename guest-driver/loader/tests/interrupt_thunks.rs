@@ -131,7 +131,7 @@ fn a_message_isr_runs_at_the_dirql_start_device_named_and_its_dpc_at_dispatch() 
         (0..3).map(|i| first.add(i).read()).collect()
     };
     // What START_DEVICE's translated list says of each message is what the connection gives it.
-    for (entry, listed) in entries.iter().zip(model_messages(3)) {
+    for (entry, listed) in entries.iter().zip(model_messages(&k.model, 3)) {
         assert_eq!(
             (entry.Irql, entry.Vector, entry.TargetProcessorSet as u64),
             (listed.level, listed.vector, listed.affinity)
@@ -189,7 +189,8 @@ fn a_device_with_only_a_line_gets_the_fallback_routine() {
 fn start_device_lists_read_back_through_vhca_sys_reader_as_the_messages_granted() {
     let _turn = take_turn();
     let bars = [(0xfea0_0000u64, 0x4000u32)];
-    let messages = model_messages(5);
+    let (model, _) = vhca_ntmodel::NtModel::for_tests(Default::default());
+    let messages = model_messages(&model, 5);
     let raw = ResourceList::new(&bars, &messages, ListKind::Raw);
     let translated = ResourceList::new(&bars, &messages, ListKind::Translated);
     let read = vhca_sys::interrupt_resources::interrupt_resources(raw.bytes(), translated.bytes());

@@ -106,7 +106,7 @@ impl NtModel {
                     .zip(&objects)
                     .map(|(n, object)| IO_INTERRUPT_MESSAGE_INFO_ENTRY {
                         MessageAddress: PHYSICAL_ADDRESS(MESSAGE_ADDRESS),
-                        TargetProcessorSet: 1,
+                        TargetProcessorSet: 1 << self.message_processor(n),
                         InterruptObject: PKINTERRUPT(*object),
                         MessageData: VECTOR_BASE + n,
                         Vector: VECTOR_BASE + n,
