@@ -81,6 +81,26 @@ fn the_same_writes_under_one_spin_lock_are_no_race() {
 }
 
 #[test]
+fn a_write_after_taking_the_lock_the_earlier_writer_gave_back_is_ordered_by_the_edge_alone() {
+    let k = model(InterleavingMode::Record);
+    let p = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, 64, TAG);
+    let lock = k.KeInitializeSpinLock();
+    let write_then_release = |k: &NtModel| {
+        let old = k.KeAcquireSpinLock(lock);
+        k.RtlCopyToVa(p, &[1u8; 16]);
+        k.KeReleaseSpinLock(lock, old);
+    };
+    // The second thread writes holding nothing, so no common lock excuses it: only release-to-acquire orders it.
+    let acquire_release_then_write = |k: &NtModel| {
+        let old = k.KeAcquireSpinLock(lock);
+        k.KeReleaseSpinLock(lock, old);
+        k.RtlCopyToVa(p, &[2u8; 16]);
+    };
+    one_then_other(&k, write_then_release, acquire_release_then_write);
+    assert_eq!(k.race_reports(), vec![]);
+}
+
+#[test]
 fn the_same_writes_ordered_by_an_event_are_no_race() {
     let k = model(InterleavingMode::Record);
     let p = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, 64, TAG);
