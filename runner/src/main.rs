@@ -9,9 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use vhca_suite::{
-    render_junit, render_table, ConcreteRun, InterleavingsScope, Personality, Shard, Suite, SuiteReport,
-};
+use vhca_suite::{render_junit, render_table, ConcreteRun, InterleavingsScope, Personality, Shard, Suite, SuiteReport};
 
 use vhca_run::accel::{self, AccelChoice};
 use vhca_run::bench;

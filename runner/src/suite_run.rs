@@ -9,14 +9,14 @@ use std::time::Instant;
 
 use vhca_suite::{
     completion_seen, expand_interleavings, expand_recording, fault_points, injected_faults, judge_fail_point,
-    judge_interleaving, judge_run, races, schedule_points, schedule_points_dropped, BootPath, ConcreteRun,
-    Observation, RunReport, Suite, SuiteReport,
+    judge_interleaving, judge_run, races, schedule_points, schedule_points_dropped, BootPath, ConcreteRun, Observation,
+    RunReport, Suite, SuiteReport,
 };
 
 use crate::artifacts;
 use crate::finished_runs;
-use crate::phase_hook::{self, Phase, Pids};
 use crate::next_guest;
+use crate::phase_hook::{self, Phase, Pids};
 use crate::run::{execute, RunError, RunRecord};
 use crate::run_context::RunContext;
 use crate::run_progress::Progress;
@@ -94,7 +94,11 @@ pub fn run_suite(
         if !more.is_empty() {
             let what = format!(
                 "{fail_points} failure point(s) and {schedules} schedule choice(s) recorded: one run each{}",
-                if left_out > 0 { format!(" ({left_out} schedule choice(s) left out by the budgets)") } else { String::new() }
+                if left_out > 0 {
+                    format!(" ({left_out} schedule choice(s) left out by the budgets)")
+                } else {
+                    String::new()
+                }
             );
             on(SuiteEvent::Expanded { runs: more.len(), what });
             reports.extend(run_batch(ctx, &more, runs.len(), opts, on)?);
@@ -200,7 +204,9 @@ fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: R
     judge_interleaving(run, observation, &mut verdict);
     let dropped = schedule_points_dropped(observation);
     if dropped > 0 {
-        verdict.notes.push(format!("the guest left {dropped} contended point(s) out of its list (it lists 500 at most)"));
+        verdict
+            .notes
+            .push(format!("the guest left {dropped} contended point(s) out of its list (it lists 500 at most)"));
     }
     let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), record.path);
     report.schedule_points = schedule_points(observation);

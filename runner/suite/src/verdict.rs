@@ -223,7 +223,9 @@ fn judge_races(expected: &Expected, actual: &Actual, races: &[RaceSeen], notes: 
     let Some(race) = races.first() else { return outcome };
     let race = format!("{race}{}", more(races.len()));
     match outcome {
-        Outcome::Pass => Outcome::Fail { reason: format!("expected {expected}, got {actual} but the detector reported a {race}") },
+        Outcome::Pass => {
+            Outcome::Fail { reason: format!("expected {expected}, got {actual} but the detector reported a {race}") }
+        }
         failed => {
             notes.push(race);
             failed

@@ -11,7 +11,7 @@ use super::Problem;
 use crate::expect::Expected;
 use crate::interleavings::{Expansion, InterleavingPlan, DEFAULT_MAX_INTERLEAVINGS};
 use crate::suite::{
-    DeviceOptions, Personality, GuestKind, GuestOptions, LockKind, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
+    DeviceOptions, GuestKind, GuestOptions, LockKind, Personality, Suite, SuiteRun, VerifierMode, DEFAULT_SILENCE_S,
     DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS, SYSTEMATIC_LOW_RESOURCES,
 };
 use crate::toml_location::line_column;
@@ -268,7 +268,8 @@ fn interleaving_plan(
     checker: &mut Checker,
     field: &dyn Fn(&str) -> String,
 ) -> Option<InterleavingPlan> {
-    let budget = run.max_interleavings.as_ref().map(|b| (b, checker.positive_u32(b, &field("max_interleavings"), 100_000)));
+    let budget =
+        run.max_interleavings.as_ref().map(|b| (b, checker.positive_u32(b, &field("max_interleavings"), 100_000)));
     let Some(text) = &run.interleavings else {
         if let Some((b, _)) = budget {
             checker.at(b.span(), field("max_interleavings"), "a budget without `interleavings` to spend it on");
