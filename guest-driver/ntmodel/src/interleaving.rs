@@ -6,6 +6,12 @@
 //! The parts: `threads` (names and activity), `schedule` (the point log and which points pause), `pct` (its
 //! change points), `engine` (the state and the pause), `vector_clock` and `race_detector` (happens-before), and
 //! `call_scope` (the call site a point or an access is named by).
+//!
+//! What a race report can see: the driver's accesses that pass through the model (RtlCopyFromVa/RtlCopyToVa on
+//! pool, contiguous memory and common buffers; the MDL, adapter, S/G list and common buffer routines) and the edges
+//! the model's routines make. vhca.sys reads and writes its memory directly through the loader's host view, so for
+//! it only the routines' objects are watched; an order the platform makes outside the model (a thread started
+//! after setup, a join) is invisible unless it says so (`platform_release`/`platform_acquire`).
 
 mod call_scope;
 pub(crate) mod engine;
@@ -417,9 +423,20 @@ impl NtModel {
         self.engine().peek(|st| st.schedule.preemptions.clone()).unwrap_or_default()
     }
 
-    /// Every race found, each pair of call sites once, at most 100 per run.
+    /// Every race found, each pair of call sites once, at most 100 per run (`races_found` counts past that).
     pub fn race_reports(&self) -> Vec<RaceReport> {
         self.engine().peek(|st| st.reports.clone()).unwrap_or_default()
+    }
+
+    /// Distinct site pairs that raced, kept in `race_reports` or past its cap.
+    pub fn races_found(&self) -> usize {
+        self.engine().peek(|st| st.races.found).unwrap_or(0)
+    }
+
+    /// Locations the detector refused to watch once it watched a million (a long run over big buffers): races on
+    /// them go unseen, so a run that has any says less than it seems.
+    pub fn watched_locations_refused(&self) -> u64 {
+        self.engine().peek(|st| st.races.refused_locations).unwrap_or(0)
     }
 }
 
