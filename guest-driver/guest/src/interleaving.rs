@@ -86,12 +86,16 @@ pub fn result_details(kernel: &NtModel, mode: &InterleavingMode, processors: u32
     if *mode == InterleavingMode::Off {
         return details;
     }
-    let contended: Vec<SchedulePoint> = kernel.schedule_points().into_iter().filter(|p| p.contended).collect();
-    let dropped = contended.len().saturating_sub(MAX_LISTED_POINTS);
-    let listed: Vec<Value> = contended.iter().take(MAX_LISTED_POINTS).map(point_view).collect();
     details.insert("interleaving".into(), json!({"mode": mode_spec(mode), "processors": processors}));
-    details.insert("schedule_points".into(), json!(listed));
-    details.insert("schedule_points_dropped".into(), json!(dropped));
+    // Only a recording lists its points: the runner expands recordings alone, and a verbs-loopback list is 45 KB
+    // of console (0.2 s under TCG) that a preempt or PCT run, costed against a seed run, need not pay.
+    if *mode == InterleavingMode::Record {
+        let contended: Vec<SchedulePoint> = kernel.schedule_points().into_iter().filter(|p| p.contended).collect();
+        let dropped = contended.len().saturating_sub(MAX_LISTED_POINTS);
+        let listed: Vec<Value> = contended.iter().take(MAX_LISTED_POINTS).map(point_view).collect();
+        details.insert("schedule_points".into(), json!(listed));
+        details.insert("schedule_points_dropped".into(), json!(dropped));
+    }
     details.insert("preemptions".into(), kernel.preemptions().iter().map(preemption_view).collect());
     details.insert("races".into(), kernel.race_reports().iter().map(race_view).collect());
     details
@@ -190,6 +194,9 @@ mod tests {
         for key in RESULT_KEYS {
             assert!(recorded.contains_key(key), "{key} missing from {recorded:?}");
         }
+        let preempted = result_details(&kernel, &InterleavingMode::Pct { seed: 1, depth: 3 }, 2);
+        assert!(!preempted.contains_key("schedule_points"), "only a recording lists its points");
+        assert_eq!(preempted["interleaving"]["mode"], "pct:1:3", "a PCT run prints its seed");
     }
 
     #[test]
