@@ -132,3 +132,60 @@ fn a_pct_seed_gives_the_same_change_points_twice() {
     assert_eq!(global, change_points(42, 3, 8), "one thread: its indices are the global numbers");
     assert_eq!(run(), first);
 }
+
+/// "waiter" makes its first point, then (after a sleep outside the model, active all the while) blocks on a fast
+/// mutex that "holder" took before its pause point: the pause must end when the waiter blocks, as a thread blocked
+/// in the model is quiescent, long before `settle` (a pause that waited for it would hold the model up).
+fn holder_and_waiter(k: &Arc<NtModel>) {
+    let (known, waiter_is_known) = mpsc::channel();
+    thread::scope(|s| {
+        let setup = || k.ExInitializeFastMutex();
+        let mutex = thread::Builder::new().name("setup".into()).spawn_scoped(s, setup).unwrap().join().unwrap();
+        let waiter = thread::Builder::new()
+            .name("waiter".into())
+            .spawn_scoped(s, move || {
+                k.KeGetCurrentIrql();
+                known.send(()).unwrap();
+                thread::sleep(Duration::from_millis(50));
+                k.ExAcquireFastMutex(mutex);
+                k.ExReleaseFastMutex(mutex);
+            })
+            .unwrap();
+        waiter_is_known.recv().unwrap();
+        thread::Builder::new()
+            .name("holder".into())
+            .spawn_scoped(s, move || {
+                k.ExAcquireFastMutex(mutex);
+                k.KeGetCurrentIrql();
+                k.ExReleaseFastMutex(mutex);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        waiter.join().unwrap();
+    });
+}
+
+#[test]
+fn a_pause_ends_when_the_other_thread_blocks_on_the_lock_the_paused_one_holds() {
+    let recording = model(mode(InterleavingMode::Record));
+    holder_and_waiter(&recording);
+    let points = recording.schedule_points();
+    let pause_at = points_of(&points, "holder")
+        .into_iter()
+        .find(|p| p.kind == "call KeGetCurrentIrql")
+        .map(|p| p.id.clone())
+        .expect("the holder's point under the mutex");
+    let config = InterleavingConfig {
+        mode: InterleavingMode::Preempt(vec![pause_at.clone()]),
+        settle: Duration::from_secs(5),
+        limit: Duration::from_secs(10),
+        ..InterleavingConfig::default()
+    };
+    let k = model(config);
+    holder_and_waiter(&k);
+    let preemptions = k.preemptions();
+    assert_eq!(preemptions.len(), 1, "{preemptions:#?}");
+    assert_eq!((&preemptions[0].id, preemptions[0].resumed), (&pause_at, Resumed::Quiescent));
+    assert!(preemptions[0].paused < Duration::from_secs(2), "{:?}", preemptions[0].paused);
+}
