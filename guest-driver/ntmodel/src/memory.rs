@@ -3,7 +3,7 @@
 
 mod pool_quarantine;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::panic::Location;
 
 use vhca_ntapi::*;
@@ -64,7 +64,14 @@ pub(crate) struct Memory {
     quarantine: pool_quarantine::PoolQuarantine,
     pub mdls: HashMap<u64, mdl::Mdl>,
     pub dma: dma_adapter::DmaState,
+    /// Blocks freed while the race detector watched, newest last: (base, bytes, what it was), so a report on a late
+    /// access still names the block (model addresses are never handed out twice). Kept only when the
+    /// interleaving mode is on, at most FREED_NAMES of them.
+    freed_names: VecDeque<(u64, u64, String)>,
 }
+
+/// Freed blocks a race report can still name: a teardown frees a few hundred; the oldest go first.
+const FREED_NAMES: usize = 4096;
 
 impl Memory {
     pub fn region_of(&self, va: u64) -> Option<&Region> {
@@ -285,7 +292,20 @@ impl NtModel {
     /// The race detector's free of the whole block at `base` (pool, contiguous memory, a common buffer's bytes),
     /// told before the block leaves the books so a report can still name its tag. Nothing when none starts there.
     pub(crate) fn watch_block_free(&self, base: u64) {
-        let bytes = lock(&self.memory).regions.get(&base).map(|r| r.bytes);
+        if !self.interleaving_on() {
+            return;
+        }
+        let bytes = {
+            let mut m = lock(&self.memory);
+            let block = m.regions.get(&base).map(|r| (r.bytes, block_label(r)));
+            if let Some((bytes, label)) = &block {
+                if m.freed_names.len() >= FREED_NAMES {
+                    m.freed_names.pop_front();
+                }
+                m.freed_names.push_back((base, *bytes, format!("{label}, freed")));
+            }
+            block.map(|(bytes, _)| bytes)
+        };
         if let Some(len) = bytes {
             self.watched_access(Watched::Memory { va: base, len }, Access::Free);
         }
@@ -294,17 +314,13 @@ impl NtModel {
     /// A race report's name for the memory at `va`: its block's base and the offset, with what the block is.
     pub(crate) fn memory_name(&self, va: u64) -> String {
         let m = lock(&self.memory);
-        let Some(r) = m.region_of(va) else { return format!("memory {va:#x} (freed or never allocated)") };
-        let what = match r.kind {
-            RegionKind::NonPagedPool | RegionKind::PagedPool => {
-                let tag: String = r.tag.to_le_bytes().iter().map(|b| char::from(*b)).collect();
-                format!("pool tag '{tag}'")
-            }
-            RegionKind::Contiguous => "contiguous memory".to_string(),
-            RegionKind::CommonBuffer => "common buffer".to_string(),
-            RegionKind::User => "user buffer".to_string(),
-        };
-        format!("memory {:#x}+{:#x} ({what})", r.base, va - r.base)
+        if let Some(r) = m.region_of(va) {
+            return format!("memory {:#x}+{:#x} ({})", r.base, va - r.base, block_label(r));
+        }
+        match m.freed_names.iter().rev().find(|(base, bytes, _)| (*base..base + bytes).contains(&va)) {
+            Some((base, _, label)) => format!("memory {base:#x}+{:#x} ({label})", va - base),
+            None => format!("memory {va:#x} (never allocated, or freed unwatched)"),
+        }
     }
 
     /// The driver's read of model memory (RtlCopyFromVa): a watched read before it is checked, so one that faults
@@ -402,5 +418,18 @@ impl Drop for NtModel {
         for mem in held {
             let _ = self.backend.free(mem);
         }
+    }
+}
+
+/// What a block is, as a race report says it.
+fn block_label(r: &Region) -> String {
+    match r.kind {
+        RegionKind::NonPagedPool | RegionKind::PagedPool => {
+            let tag: String = r.tag.to_le_bytes().iter().map(|b| char::from(*b)).collect();
+            format!("pool tag '{tag}'")
+        }
+        RegionKind::Contiguous => "contiguous memory".to_string(),
+        RegionKind::CommonBuffer => "common buffer".to_string(),
+        RegionKind::User => "user buffer".to_string(),
     }
 }

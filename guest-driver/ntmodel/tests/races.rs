@@ -155,6 +155,7 @@ fn a_read_after_another_threads_unordered_free_is_one_report() {
     let reports = k.race_reports();
     assert_eq!(reports.len(), 1, "{reports:#?}");
     assert_eq!((reports[0].earlier.access, reports[0].later.access), (Access::Free, Access::Read));
+    assert_eq!(reports[0].object, format!("memory {:#x}+0x0 (pool tag 'vhca', freed)", p.0));
     assert_eq!((reports[0].earlier.thread.as_str(), reports[0].later.thread.as_str()), ("first", "second"));
 }
 
