@@ -58,9 +58,9 @@ fn other_processor<K: NtAsyncKernel>(k: &K) -> u32 {
 #[derive(Default)]
 struct PollNotes {
     runs: AtomicU64,
-    /// The control path began the CQ's teardown: a DPC run that starts after it reads a ring being freed.
-    torn_down: AtomicBool,
-    runs_after_teardown: AtomicU64,
+    /// The CQ was destroyed: a DPC run that starts after it reads a freed ring.
+    destroyed: AtomicBool,
+    runs_after_destroy: AtomicU64,
     failed: AtomicU64,
     processor: AtomicU64,
 }
@@ -72,12 +72,16 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, flush: bool) -> anyhow::Result<()> {
     let reader = ctx.hca.cq_reader(lb.cq[0]).context("the loopback's CQ has no reader")?;
     let done = Done::new(kernel.clone(), WRITES);
     let notes = Arc::new(PollNotes::default());
-    let (k, d, n) = (kernel.clone(), done.clone(), notes.clone());
+    // The kernel keeps its DPC routine as long as it lives (vhca.sys's shim until its own drop), so the routine
+    // holds the kernel and the countdown (which holds the kernel too) weakly: a strong hold would be a cycle, and
+    // vhca.sys's heap would never be empty at unload (0xC4/0x60).
+    let (k, d, n) = (Arc::downgrade(&kernel), Arc::downgrade(&done), notes.clone());
     let dpc = kernel.KeInitializeDpc(Arc::new(move |_dpc, _, _| {
+        let (Some(k), Some(d)) = (k.upgrade(), d.upgrade()) else { return };
         n.runs.fetch_add(1, Ordering::AcqRel);
         n.processor.store(u64::from(k.KeGetCurrentProcessorNumber()), Ordering::Relaxed);
-        if n.torn_down.load(Ordering::Acquire) {
-            n.runs_after_teardown.fetch_add(1, Ordering::AcqRel);
+        if n.destroyed.load(Ordering::Acquire) {
+            n.runs_after_destroy.fetch_add(1, Ordering::AcqRel);
         }
         // The consumer's poll: RtlCopyFromVa of the ring's next slots (CqReader), DISPATCH_LEVEL.
         for cqe in reader.poll(&*k, WRITES as usize) {
@@ -112,26 +116,26 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, flush: bool) -> anyhow::Result<()> {
     pair.free(ctx)?;
 
     // The teardown: disarm, then (the fix) wait for the DPC's end, then destroy the CQ and its ring. A DPC run
-    // that starts after this point reads a ring that is being freed or is gone.
+    // that starts after the destroy reads a ring that is gone.
     kernel.KeCancelTimer(timer);
     if flush {
         kernel.KeFlushQueuedDpcs();
     }
-    notes.torn_down.store(true, Ordering::Release);
     let destroyed = lb.destroy(ctx);
+    notes.destroyed.store(true, Ordering::Release);
     if !flush {
         // The system goes on: a DPC the timer queued before the cancel, or one held on its processor, runs now.
         ctx.host.sleep(RUNS_ON);
         kernel.KeFlushQueuedDpcs();
     }
     destroyed?;
-    let late = notes.runs_after_teardown.load(Ordering::Acquire);
+    let late = notes.runs_after_destroy.load(Ordering::Acquire);
     ctx.detail("dpc_processor", notes.processor.load(Ordering::Relaxed));
     ctx.detail("dpc_runs", notes.runs.load(Ordering::Acquire));
-    ctx.detail("dpc_runs_after_teardown", late);
+    ctx.detail("dpc_runs_after_destroy", late);
     ensure!(all, "the poll DPC saw {} of {WRITES} completions within {:?}", WRITES - done.left(), ctx.timeout);
     ensure!(notes.failed.load(Ordering::Relaxed) == 0, "{} completions failed", notes.failed.load(Ordering::Relaxed));
-    ensure!(late == 0, "the poll DPC ran {late} time(s) after the CQ's teardown began: it read a ring being freed");
+    ensure!(late == 0, "the poll DPC ran {late} time(s) after its CQ was destroyed: it read the freed ring");
     ensure!(data["matches"] == serde_json::json!(true), "the RDMA writes' data did not arrive: {data}");
     Ok(())
 }

@@ -42,7 +42,9 @@ fn recorded(scenario: Scenario, flags: u32, break_fix: bool) -> InterruptingRun 
 fn describe(races: &[RaceReport]) -> String {
     races
         .iter()
-        .map(|r| format!("{}: {} ({}) / {} ({})", r.object, r.earlier.site, r.earlier.thread, r.later.site, r.later.thread))
+        .map(|r| {
+            format!("{}: {} ({}) / {} ({})", r.object, r.earlier.site, r.earlier.thread, r.later.site, r.later.thread)
+        })
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -55,7 +57,12 @@ fn assert_race_between(scenario: Scenario, run: &InterruptingRun, files: [&str; 
         r.earlier.thread != r.later.thread
             && ((a.contains(files[0]) && b.contains(files[1])) || (a.contains(files[1]) && b.contains(files[0])))
     });
-    assert!(found, "{scenario:?}: no race between {files:?} (outcome {:?}); races: [{}]", run.outcome, describe(&races));
+    assert!(
+        found,
+        "{scenario:?}: no race between {files:?} (outcome {:?}); races: [{}]",
+        run.outcome,
+        describe(&races)
+    );
 }
 
 fn assert_clean(scenario: Scenario, run: &InterruptingRun) {
@@ -65,7 +72,6 @@ fn assert_clean(scenario: Scenario, run: &InterruptingRun) {
 }
 
 #[test]
-#[ignore = "waits for the race detector (issue 25 part 3): race_reports() is empty until its body lands"]
 fn every_bug_is_a_race_report_naming_both_sides_in_a_recording_run() {
     for (scenario, files) in BUGS {
         for flags in [0, STANDARD] {
@@ -75,7 +81,6 @@ fn every_bug_is_a_race_report_naming_both_sides_in_a_recording_run() {
 }
 
 #[test]
-#[ignore = "waits for the race detector (issue 25 part 3): race_reports() is empty until its body lands"]
 fn every_fix_taken_back_by_break_fix_is_the_same_race() {
     for ((_, fixed), (_, files)) in FIXES.into_iter().zip(BUGS) {
         assert_race_between(fixed, &recorded(fixed, STANDARD, true), files);
@@ -126,7 +131,6 @@ fn some_preemption_fails(scenario: Scenario, file: &str, budget: usize) -> Optio
 }
 
 #[test]
-#[ignore = "waits for the interleaving engine (issue 25 part 3): schedule_points() is empty until its body lands"]
 fn one_preemption_loses_an_update_where_the_lock_or_the_interrupt_spin_lock_is_missing() {
     let pairs = [
         (Scenario::TwoRequestsRace, Scenario::TwoRequestsLocked, "two_requests.rs"),
