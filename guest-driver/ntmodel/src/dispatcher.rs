@@ -8,7 +8,6 @@ use std::sync::{Condvar, Mutex};
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
-use crate::interleaving::engine::Engine;
 use crate::interleaving::SyncObject;
 use crate::processor::ProcessorNumber;
 use crate::verifier::{c4, VerifierFlags};
@@ -30,14 +29,11 @@ pub(crate) struct Dispatcher {
     objects: Mutex<HashMap<u64, Signal>>,
     /// An object was signaled, a timer set, or the clock moved: waiters look again.
     changed: Condvar,
-    /// The interleaving engine rides here, on a model field this module owns that is not behind a mutex, until
-    /// NtModel gives it a field of its own; nothing in it is about dispatcher objects.
-    pub interleaving: Engine,
 }
 
 impl Dispatcher {
     pub fn new() -> Dispatcher {
-        Dispatcher { objects: Mutex::new(HashMap::new()), changed: Condvar::new(), interleaving: Engine::default() }
+        Dispatcher { objects: Mutex::new(HashMap::new()), changed: Condvar::new() }
     }
 }
 

@@ -247,7 +247,7 @@ impl NtModel {
     }
 
     fn engine(&self) -> &engine::Engine {
-        &self.dispatcher.interleaving
+        &self.interleaving_engine
     }
 
     /// A kernel routine's entry: a point named after it, and the caller's location as the site its points and

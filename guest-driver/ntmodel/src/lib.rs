@@ -137,6 +137,9 @@ pub struct NtModel {
     clock: clock::ModelClock,
     dpcs: dpc::Dpcs,
     dispatcher: dispatcher::Dispatcher,
+    /// The scheduling points' log, the pauses and the race detector (built at the first hook of a run whose
+    /// interleaving mode is not Off).
+    interleaving_engine: interleaving::engine::Engine,
     timers: timer::Timers,
     interrupts: interrupt::Interrupts,
     workers: work_item::SystemWorkers,
@@ -181,6 +184,7 @@ impl NtModel {
             clock: clock::ModelClock::new(ClockSource::Host),
             dpcs: dpc::Dpcs::new(),
             dispatcher: dispatcher::Dispatcher::new(),
+            interleaving_engine: interleaving::engine::Engine::default(),
             timers: timer::Timers::new(),
             interrupts: interrupt::Interrupts::default(),
             workers: work_item::SystemWorkers::default(),
