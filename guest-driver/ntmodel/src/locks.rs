@@ -79,8 +79,12 @@ impl NtModel {
         lock(&self.locks).objects.get(&addr).cloned()
     }
 
-    /// Deadlock detection before a thread blocks on `obj`.
+    /// Deadlock detection before a thread blocks on `obj`. First the processor's own: an ISR (or a routine at a
+    /// higher IRQL) wanting a lock the context it interrupted holds would spin forever on Windows, whatever kind of
+    /// acquisition it is (KeAcquireSpinLockAtDpcLevel in an ISR as much as the interrupt spin lock).
     fn before_acquire(&self, obj: &LockObject) -> Result<(), Bugcheck> {
+        let r = self.interrupt_deadlock_check(obj.addr);
+        self.ok(r);
         let held = self.with_thread(|t| t.held.clone());
         if !self.checks(VerifierFlags::DEADLOCK_DETECTION) {
             return Ok(());

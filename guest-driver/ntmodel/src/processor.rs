@@ -343,8 +343,8 @@ impl NtModel {
     /// The deadlock an ISR walks into on Windows: the context it interrupted on its own processor holds `lock`,
     /// which the ISR now wants, and that context cannot run again to release it before the ISR returns. Reported
     /// as the deadlock detection reports a thread taking a lock it holds (0xC4/0x1000, P2 the lock), since the
-    /// processor is the one that holds it. Called before the ISR's spin lock acquisitions (the interrupt spin lock
-    /// in `deliver`; locks.rs's acquisitions are to call it too). The model's own threads, apart, would only wait.
+    /// processor is the one that holds it. Called before every lock acquisition (locks.rs's `before_acquire`, which
+    /// the interrupt spin lock's take in `deliver` passes too). The model's own threads, apart, would only wait.
     pub(crate) fn interrupt_deadlock_check(&self, lock_addr: u64) -> Result<(), Bugcheck> {
         if !self.checks(VerifierFlags::DEADLOCK_DETECTION) {
             return Ok(());

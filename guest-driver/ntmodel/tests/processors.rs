@@ -279,6 +279,50 @@ fn an_isr_interrupting_a_holder_of_its_spin_lock_on_its_processor_is_the_deadloc
     assert!(matches!(rx.recv_timeout(Duration::from_secs(5)), Ok(Ok(true))));
 }
 
+/// The same deadlock through the ISR's own KeAcquireSpinLockAtDpcLevel on a driver lock (not the interrupt spin
+/// lock): the context it interrupted on processor 0 holds it, so it would spin forever there; 0xC4/0x1000 as well.
+#[test]
+fn an_isr_taking_at_dpc_level_a_lock_its_interrupted_context_holds_is_the_deadlock_c4_1000() {
+    let k = machine_with(2, STANDARD);
+    let lock = k.KeInitializeSpinLock();
+    let weak = Arc::downgrade(&k);
+    let isr: PKMESSAGE_SERVICE_ROUTINE = Arc::new(move |_, _| {
+        let k = weak.upgrade().unwrap();
+        k.KeAcquireSpinLockAtDpcLevel(lock);
+        k.KeReleaseSpinLockFromDpcLevel(lock);
+        true
+    });
+    k.assign_interrupts(PDO, InterruptResources::Messages(2));
+    k.IoConnectInterruptEx(IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
+        PhysicalDeviceObject: PDO,
+        MessageServiceRoutine: isr,
+        SpinLock: PKSPIN_LOCK::NULL,
+        SynchronizeIrql: PASSIVE_LEVEL,
+        FloatingSave: false,
+        FallBackServiceRoutine: None,
+    })
+    .expect("connect");
+    let deliver = |message: u32| {
+        let (k, (tx, rx)) = (k.clone(), mpsc::channel());
+        std::thread::spawn(move || tx.send(NtModel::run_guarded(|| k.deliver(PDO, message))));
+        rx
+    };
+    // Message 1 comes to processor 1: the holder on processor 0 is only waited for. First, as the bugcheck below
+    // unwinds with the connection's interrupt spin lock taken (a stopped machine never gives it back).
+    let old = k.KeAcquireSpinLock(lock);
+    let on_1 = deliver(1);
+    assert!(on_1.recv_timeout(SETTLE).is_err(), "processor 1's ISR spins for the lock");
+    k.KeReleaseSpinLock(lock, old);
+    let r = on_1.recv_timeout(Duration::from_secs(5));
+    assert!(matches!(r, Ok(Ok(true))), "{r:?}");
+    // Message 0 comes to processor 0, whose interrupted context holds the lock: without the check it spins.
+    let _old = k.KeAcquireSpinLock(lock);
+    match deliver(0).recv_timeout(Duration::from_secs(5)) {
+        Ok(Err(b)) => assert_eq!(b, Bugcheck::c4(0x1000, lock.0, 0, 0)),
+        other => panic!("expected 0xC4/0x1000, got {other:?}"),
+    }
+}
+
 #[test]
 fn the_first_system_worker_runs_on_processor_1() {
     let k = machine_with(2, STANDARD);
