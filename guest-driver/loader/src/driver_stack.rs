@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 
 use pe_unwind_info::x86_64::{FunctionTableEntries, Register, UnwindState, XmmRegister};
-use vhca_ntmodel::{CallSite, InjectionMode};
+use vhca_ntmodel::{CallSite, InjectionMode, InterleavingMode};
 
 use crate::image_mapping::MappedImage;
 use crate::loaded_images::{self, LoadedImage};
@@ -154,12 +154,16 @@ fn thread_stack_top() -> Option<u64> {
 }
 
 /// Called by every entry stub before its thunk, on the driver's stack: records the driver's call site for the thunk
-/// when the low-resources simulation is on (the walk costs a few microseconds; with the simulation off, nothing).
+/// when something names calls by it: the low-resources simulation, or an interleaving mode (its points, pauses and
+/// race reports then name the binary's RVA+symbol, not the thunk's line). The walk costs a few microseconds; with
+/// both off, nothing.
 ///
 /// # Safety
 /// `entry` is the block an entry stub pushed on this thread's stack, below the driver's live frames.
 pub unsafe extern "win64" fn capture(entry: *const EntryRegisters) {
-    let wanted = crate::kernel_context::installed().is_some_and(|k| k.model.injection_mode() != InjectionMode::Off);
+    let wanted = crate::kernel_context::installed().is_some_and(|k| {
+        k.model.injection_mode() != InjectionMode::Off || k.model.config().interleaving.mode != InterleavingMode::Off
+    });
     let site = wanted.then(|| {
         // SAFETY: the caller's contract.
         let entry = unsafe { &*entry };
