@@ -119,25 +119,41 @@ fn copy_points(run: &InterruptingRun, file: &str) -> Vec<SchedulePoint> {
     points.into_iter().filter(|p| p.kind.contains("RtlCopy") && p.site.contains(file)).collect()
 }
 
-/// The first single preemption among the recording's copy points in `file` (at most `budget` tried) that turns the
-/// run into a failure other than a race report.
-fn some_preemption_fails(scenario: Scenario, file: &str, budget: usize) -> Option<PointId> {
+/// The first single preemption among the recording's copy points in `file` (at most `budget` tried, the last ones
+/// first: a teardown race sits at the end) that turns the run into a failure other than a race report, with that
+/// outcome.
+fn some_preemption_fails(scenario: Scenario, file: &str, budget: usize) -> Option<(PointId, Outcome)> {
     let points = copy_points(&recorded(scenario, 0, false), file);
     assert!(!points.is_empty(), "{scenario:?}: the recording listed no copy point in {file}");
-    points.into_iter().take(budget).map(|p| p.id).find(|id| {
-        let run = run_interrupting(scenario, machine(0, InterleavingMode::Preempt(vec![id.clone()])), false);
-        !matches!(run.outcome, Ok(Ok(())))
+    points.into_iter().rev().take(budget).find_map(|p| {
+        let run = run_interrupting(scenario, machine(0, InterleavingMode::Preempt(vec![p.id.clone()])), false);
+        (!matches!(run.outcome, Ok(Ok(())))).then_some((p.id, run.outcome))
     })
 }
 
+type Outcome = Result<anyhow::Result<()>, vhca_ntmodel::Bugcheck>;
+
 #[test]
-fn one_preemption_loses_an_update_where_the_lock_or_the_interrupt_spin_lock_is_missing() {
+fn one_preemption_loses_an_update_or_reads_a_freed_ring_where_the_fix_is_missing() {
     let pairs = [
         (Scenario::TwoRequestsRace, Scenario::TwoRequestsLocked, "two_requests.rs"),
         (Scenario::IsrPassiveUnsynchronized, Scenario::IsrPassiveSynchronized, "isr_passive.rs"),
+        (Scenario::DpcPollsDestroyedCq, Scenario::DestroyCqFlushesDpcs, "cq_reader.rs"),
     ];
     for (bug, fixed, file) in pairs {
-        assert!(some_preemption_fails(bug, file, 24).is_some(), "{bug:?}: no single preemption lost an update");
-        assert_eq!(some_preemption_fails(fixed, file, 24), None, "{fixed:?}");
+        let found = some_preemption_fails(bug, file, 24);
+        match (bug, &found) {
+            // The DPC held at its last ring read until the destroy freed the ring: the model's 0x50, P2 0 a read.
+            (Scenario::DpcPollsDestroyedCq, Some((_, Err(b)))) => {
+                assert_eq!((b.code, b.params[1]), (0x50, 0), "{b:?}")
+            }
+            (Scenario::DpcPollsDestroyedCq, other) => panic!("{bug:?}: {other:?}"),
+            (_, Some((_, Ok(Err(e))))) => {
+                assert!(e.to_string().contains("generation") || e.to_string().contains("took"))
+            }
+            (_, other) => panic!("{bug:?}: no single preemption lost an update: {other:?}"),
+        }
+        let fixed_found = some_preemption_fails(fixed, file, 24).map(|(id, _)| id);
+        assert_eq!(fixed_found, None, "{fixed:?}");
     }
 }
