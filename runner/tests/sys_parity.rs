@@ -112,6 +112,13 @@ fn is_fail_point(name: &str) -> bool {
     name.contains("/fail-point-")
 }
 
+/// The runs an `interleavings` entry expands to (`.../interleaving-<thread>#<k>`, `.../pct-<seed>`): named after the
+/// recording's points, which differ between the personalities (vhca.sys passes other kernel calls), so they have no
+/// twin by name; each must pass on its own.
+fn is_interleaving(name: &str) -> bool {
+    name.contains("/interleaving-") || name.contains("/pct-")
+}
+
 /// The routines of a recording run's failure points, sorted (a multiset).
 fn point_routines(report: &Value, recording: &str) -> Vec<String> {
     let run = report["runs"].as_array().expect("runs").iter().find(|r| r["name"] == recording);
@@ -151,6 +158,7 @@ fn native_and_sys_give_identical_verdicts() {
     }
     let report = run_suite(None);
     let all = verdicts(&report);
+    let (interleavings, all): (Vec<_>, Vec<_>) = all.into_iter().partition(|(name, _)| is_interleaving(name));
     let (fail_points, twins): (Vec<_>, Vec<_>) = all.into_iter().partition(|(name, _)| is_fail_point(name));
     // `<run>/sys/verifier-<mode>` is the vhca.sys twin of `<run>/verifier-<mode>`.
     let (sys, native): (Vec<_>, Vec<_>) = twins.into_iter().partition(|(name, _)| name.contains("/sys/"));
@@ -192,6 +200,14 @@ fn native_and_sys_give_identical_verdicts() {
         .map(|(name, _)| format!("{name}: {}", summary(&report, name)))
         .collect();
     assert!(wrong.is_empty(), "fail-point runs that did not come out of their error path clean: {wrong:#?}");
+    // Interleaving runs: the seed expands only fixed scenarios, so every schedule choice of either personality passes.
+    let wrong: Vec<String> = interleavings
+        .iter()
+        .filter(|(_, verdict)| verdict != &pass)
+        .map(|(name, _)| format!("{name}: {}", summary(&report, name)))
+        .collect();
+    assert!(wrong.is_empty(), "interleaving runs of a fixed scenario that did not pass: {wrong:#?}");
+    assert!(interleavings.iter().any(|(name, _)| name.contains("/sys/")), "no vhca.sys interleaving run");
     let sys_points = fail_points.iter().filter(|(name, _)| name.contains("/sys/")).count();
     assert!(sys_points >= 10, "vhca.sys's exhaustive entries expanded into {sys_points} fail-point runs");
     // The one exhaustive entry both personalities run.
