@@ -427,3 +427,20 @@ expect = "pass"
         "set by the run's own fields",
     );
 }
+
+#[test]
+fn expect_sys_gives_vhca_sys_runs_their_own_expectation_and_is_checked_like_expect() {
+    let text = "name = \"t\"\n[defaults]\ndrivers = [\"native\", \"sys\"]\n[[run]]\nname = \"smoke\"\n\
+                expect = \"race shared\"\nexpect_sys = { off = \"pass\", on = \"guest-failed\" }\n";
+    let runs = Suite::parse(text, "t.toml").unwrap_or_else(|e| panic!("{e}")).expand();
+    let got: Vec<(String, String)> = runs.iter().map(|r| (r.name.clone(), r.expected.to_string())).collect();
+    let want = [
+        ("smoke/verifier-off", "race shared"),
+        ("smoke/verifier-on", "race shared"),
+        ("smoke/sys/verifier-off", "pass"),
+        ("smoke/sys/verifier-on", "guest-failed"),
+    ];
+    assert_eq!(got, want.map(|(n, e)| (n.to_string(), e.to_string())));
+    let bad = "name = \"t\"\n[[run]]\nname = \"smoke\"\nexpect = \"pass\"\nexpect_sys = { off = \"pas\" }\n";
+    assert_problem(bad, 5, "run[0].expect_sys.off", "unknown verdict");
+}

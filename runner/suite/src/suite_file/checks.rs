@@ -176,7 +176,8 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
             revalidate_stale: run.device.revalidate_stale,
         };
         let guest = guest_options(&run, &name, (default_timeout, default_silence), checker, &field);
-        let expect = expectations(&run, &modes, checker, &field);
+        let expect = expectations(&run.expect, "expect", &modes, checker, &field);
+        let expect_sys = run.expect_sys.as_ref().map(|e| expectations(e, "expect_sys", &modes, checker, &field));
         let events = required_events(&run, &modes, checker, &field);
         let each_fail_point = each_fail_point(&run, &modes, verifier_flags, checker, &field);
         let drivers = if run.driver.is_some() { vec![guest.driver] } else { default_drivers.clone() };
@@ -188,6 +189,7 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
             guest,
             verifier_flags,
             expect,
+            expect_sys,
             events,
             each_fail_point,
             line,
@@ -531,8 +533,10 @@ fn required_events(
     out
 }
 
+/// One expectation per mode from `expect` (or `expect_sys`, named by `key`).
 fn expectations(
-    run: &RawRun,
+    expect: &Spanned<PerMode<String>>,
+    key: &str,
     modes: &[VerifierMode],
     checker: &mut Checker,
     field: &dyn Fn(&str) -> String,
@@ -545,9 +549,9 @@ fn expectations(
             None
         }
     };
-    match run.expect.get_ref() {
+    match expect.get_ref() {
         PerMode::All(text) => {
-            if let Some(e) = parse(text, run.expect.span(), field("expect"), checker) {
+            if let Some(e) = parse(text, expect.span(), field(key), checker) {
                 out.extend(modes.iter().map(|m| (*m, e.clone())));
             }
         }
@@ -555,7 +559,7 @@ fn expectations(
             let mut seen = Vec::new();
             for (mode, text) in per_mode {
                 seen.push(*mode);
-                let field = field(&format!("expect.{mode}"));
+                let field = field(&format!("{key}.{mode}"));
                 if !modes.contains(mode) {
                     checker.at(
                         text.span(),
@@ -570,8 +574,8 @@ fn expectations(
             }
             for mode in modes.iter().filter(|m| !seen.contains(m)) {
                 checker.at(
-                    run.expect.span(),
-                    field(&format!("expect.{mode}")),
+                    expect.span(),
+                    field(&format!("{key}.{mode}")),
                     format!("no expectation for verifier mode {:?}", mode.as_str()),
                 );
             }

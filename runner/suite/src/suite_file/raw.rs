@@ -48,6 +48,8 @@ pub(super) struct RawRun {
     #[serde(default)]
     pub guest: RawGuest,
     pub expect: Spanned<PerMode<String>>,
+    /// What vhca.sys's runs expect where it differs from `expect` (a check that sees the native build only).
+    pub expect_sys: Option<Spanned<PerMode<String>>>,
     pub events: Option<Spanned<PerMode<Vec<Spanned<String>>>>>,
     /// The exhaustive low-resources mode: this run records its failure points, then each becomes a run of its own.
     pub each_fail_point: Option<Spanned<bool>>,
