@@ -285,10 +285,10 @@ impl NtModel {
         thread.progressed = std::time::Instant::now();
         let id = PointId { thread: thread.name.clone(), index: thread.points };
         let point = SchedulePoint { id, kind: kind.to_string(), site, processor, contended };
-        let pause = state.schedule.pass(point.clone());
+        let pause = state.schedule.pass(point);
         drop(locked);
         self.engine().changed();
-        if pause {
+        if let Some(point) = pause {
             self.engine().pause(config, &point);
         }
     }

@@ -5,6 +5,7 @@
 //! an order to keep, and a pause waits on its condition variable holding nothing else.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -27,6 +28,9 @@ struct Shared {
     state: Mutex<Option<State>>,
     /// A thread passed a point, went quiescent or active, or ended: a paused thread looks again.
     changed: Condvar,
+    /// Threads in `pause` now. Only they wait on `changed`, and a notify is a futex syscall even with no waiter:
+    /// a recording, which never pauses, passes every point without one.
+    paused: AtomicUsize,
 }
 
 /// The interleaving engine of one model.
@@ -89,9 +93,12 @@ impl Engine {
         lock(&self.shared.state).as_ref().map(f)
     }
 
-    /// Something a paused thread waits for may have changed.
+    /// Something a paused thread waits for may have changed. Called after the change was made under the state's
+    /// lock: a thread that starts to pause after this load sees the change when it first looks.
     pub fn changed(&self) {
-        self.shared.changed.notify_all();
+        if self.shared.paused.load(Ordering::SeqCst) > 0 {
+            self.shared.changed.notify_all();
+        }
     }
 
     /// Pauses the calling thread at `point` until every other known thread is quiescent, none progressed for
@@ -99,6 +106,7 @@ impl Engine {
     /// hold none at a point), and the paused thread counts as quiescent for everyone else, so two paused threads
     /// release each other and a thread blocked on a lock the paused one holds lets it go on.
     pub fn pause(&self, config: &InterleavingConfig, point: &SchedulePoint) {
+        self.shared.paused.fetch_add(1, Ordering::SeqCst);
         let mut locked = self.lock(config);
         let me = locked.me;
         let start = Instant::now();
@@ -134,6 +142,7 @@ impl Engine {
             resumed,
         });
         drop(st);
+        self.shared.paused.fetch_sub(1, Ordering::SeqCst);
         self.changed();
     }
 }

@@ -42,20 +42,22 @@ impl Schedule {
         Schedule { plan, points: Vec::new(), dropped: 0, global: 0, preemptions: Vec::new() }
     }
 
-    /// Logs one point; true when the thread is to pause there.
-    pub fn pass(&mut self, point: SchedulePoint) -> bool {
+    /// Logs one point; the point again when the thread is to pause there (a copy only then: a recording passes
+    /// tens of thousands).
+    pub fn pass(&mut self, point: SchedulePoint) -> Option<SchedulePoint> {
         self.global += 1;
         let pause = match &self.plan {
             Plan::None => false,
             Plan::Points(ids) => ids.contains(&point.id),
             Plan::Global(change) => change.binary_search(&self.global).is_ok(),
         };
+        let paused = pause.then(|| point.clone());
         if self.points.len() < MAX_POINTS {
             self.points.push(point);
         } else {
             self.dropped += 1;
         }
-        pause
+        paused
     }
 
     /// Every point logged, grouped per thread in the order of each thread's first point, each thread's in order.
