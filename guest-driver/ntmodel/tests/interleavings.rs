@@ -193,8 +193,9 @@ fn a_pause_ends_when_the_other_thread_blocks_on_the_lock_the_paused_one_holds() 
 /// What a recording costs per point, as vhca.sys's spin-locked wrappers pass them (KeAcquireSpinLock, irql 2,
 /// acquire, KeReleaseSpinLock, release, irql 0) with every kernel call a kick and another thread active, so each
 /// point is contended and logged. Prints the figure (`cargo test --release -p vhca-ntmodel --test interleavings
-/// recording_cost -- --nocapture`); 20 us a point is far above it (about 0.3 us here, 1.1 us when every point
-/// made a futex wake and copied itself) and far below what a point that sleeps or walks its log would cost.
+/// recording_cost -- --nocapture`); 20 us a point is far above it (0.3-1.0 us on the shared 2-core host, from
+/// 1.1-2 us when every point made a futex wake and copied itself) and far below what a point that sleeps or walks
+/// its log would cost.
 #[test]
 fn recording_cost_per_point_of_a_spin_locked_wrapper() {
     let k = model(InterleavingConfig { kicks_at_every_call: true, ..mode(InterleavingMode::Record) });
