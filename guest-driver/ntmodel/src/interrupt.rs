@@ -177,7 +177,12 @@ impl NtModel {
     /// DISPATCH_LEVEL, never the driver's own.
     pub fn deliver(&self, device: PDEVICE_OBJECT, message_id: u32) -> bool {
         let cpu = self.message_processor(message_id);
-        self.run_on_processor(cpu, || self.deliver_here(device, message_id))
+        // The platform's interrupt thread is busy only while it delivers: between messages it sleeps on the
+        // device's eventfd, where a paused thread must not wait for it (nor count points of others as contended).
+        self.active();
+        let claimed = self.run_on_processor(cpu, || self.deliver_here(device, message_id));
+        self.quiescent();
+        claimed
     }
 
     fn deliver_here(&self, device: PDEVICE_OBJECT, message_id: u32) -> bool {
