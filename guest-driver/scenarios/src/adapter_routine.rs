@@ -27,7 +27,7 @@ use core::time::Duration;
 use anyhow::{ensure, Context as _};
 use vhca_ntapi::*;
 
-use crate::dpc_consumer::relative;
+use crate::event_wait::set_within as wait;
 use crate::shared_words::SharedWords;
 use crate::{Ctx, ScenarioHost};
 
@@ -76,17 +76,6 @@ fn allocate_channel<K: NtKernel>(
     let status = k.AllocateAdapterChannel(adapter, device, n, routine);
     k.KeLowerIrql(old);
     status
-}
-
-fn wait<K: NtAsyncKernel>(k: &K, event: PKEVENT, timeout: Duration) -> bool {
-    let status = k.KeWaitForSingleObject(
-        event.into(),
-        KWAIT_REASON::Executive,
-        KPROCESSOR_MODE::KernelMode,
-        false,
-        Some(relative(timeout)),
-    );
-    status == STATUS_SUCCESS
 }
 
 fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, wait_for_routine: bool) -> anyhow::Result<()> {

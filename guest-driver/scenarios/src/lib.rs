@@ -16,6 +16,7 @@ mod cq_poll_dpc;
 mod create_cq_lock;
 mod dpc_consumer;
 mod dpc_wait;
+mod event_wait;
 mod health_watchdog;
 mod isr_passive;
 mod isr_state;

@@ -21,7 +21,7 @@ use anyhow::{ensure, Context as _};
 use core::time::Duration;
 use vhca_ntapi::*;
 
-use crate::dpc_consumer::relative;
+use crate::event_wait::set_within as wait;
 use crate::shared_words::SharedWords;
 use crate::{Ctx, ScenarioHost};
 
@@ -43,18 +43,6 @@ pub fn locked<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
 /// first request's update falls inside it in a plain run.
 const DEVICE_BUSY: Duration = Duration::from_millis(5);
 const POLL: Duration = Duration::from_micros(50);
-
-/// PASSIVE_LEVEL. Whether `event` was set within `timeout`.
-fn wait<K: NtAsyncKernel>(k: &K, event: PKEVENT, timeout: Duration) -> bool {
-    let status = k.KeWaitForSingleObject(
-        event.into(),
-        KWAIT_REASON::Executive,
-        KPROCESSOR_MODE::KernelMode,
-        false,
-        Some(relative(timeout)),
-    );
-    status == STATUS_SUCCESS
-}
 
 /// The lock both requests take, or none (the bug).
 #[derive(Clone, Copy)]
