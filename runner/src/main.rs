@@ -216,6 +216,10 @@ struct RunPick {
     /// an `interleavings` expansion.
     #[arg(long, conflicts_with = "fail_point")]
     interleaving: Option<String>,
+    /// The global points a `pct:` schedule draws its change points among (vhca.pct_horizon) [default: the guest's,
+    /// 2000]; a PCT run of an `interleavings` expansion takes its recording's count, and its reproducer says it.
+    #[arg(long, requires = "interleaving", value_parser = clap::value_parser!(u32).range(1..))]
+    pct_horizon: Option<u32>,
     /// The NT model's processors and the guest's vCPUs (1 to 64) [default: the run's, else 2 in the model]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     processors: Option<u32>,
@@ -272,6 +276,7 @@ impl RunPick {
         };
         if let Some(spec) = &self.interleaving {
             run = run.with_interleaving(spec).map_err(|e| anyhow::anyhow!("--interleaving: {e}"))?;
+            run.interleaving.pct_horizon = self.pct_horizon;
         }
         if let Some(t) = self.timeout {
             run.guest.timeout_s = t;

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use vhca_suite::{
     completion_seen, expand_interleavings, expand_recording, fault_points, injected_faults, judge_fail_point,
-    judge_interleaving, judge_run, races, schedule_points, schedule_points_dropped, BootPath, ConcreteRun, Observation,
-    RunReport, Suite, SuiteReport,
+    judge_interleaving, judge_run, races, schedule_points, schedule_points_dropped, schedule_points_passed, BootPath,
+    ConcreteRun, Observation, RunReport, Suite, SuiteReport,
 };
 
 use crate::artifacts;
@@ -78,7 +78,7 @@ pub fn run_suite(
             let points = expand_recording(run, &report.fault_points);
             fail_points += points.len();
             more.extend(points);
-            let expanded = expand_interleavings(run, &report.schedule_points);
+            let expanded = expand_interleavings(run, &report.schedule_points, report.schedule_points_passed);
             if let Some(plan) = run.interleaving.plan {
                 report.notes.push(format!(
                     "interleavings {}: {} run(s), {} schedule choice(s) left out by max_interleavings = {}",
@@ -210,6 +210,7 @@ fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: R
     }
     let mut report = RunReport::new(run, verdict, record.seconds, ctx.accel.name(), record.path);
     report.schedule_points = schedule_points(observation);
+    report.schedule_points_passed = schedule_points_passed(observation);
     report.races = races(observation);
     report.fault_points = fault_points(observation);
     report.injected_faults = injected_faults(observation);

@@ -109,6 +109,9 @@ pub struct Options {
     pub processors: u32,
     /// The interleaving mode (`vhca.interleave=record|preempt:<thread>#<k>[,<thread>#<k>]|pct:<seed>[:<depth>]`).
     pub interleaving: InterleavingMode,
+    /// The global points a PCT run draws its change points among (`vhca.pct_horizon`, default the model's 2000):
+    /// the suite passes its recording's count, so a short run's change points fall inside it.
+    pub pct_horizon: Option<u32>,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -137,6 +140,7 @@ impl Default for Options {
             timing: TimingConfig::default(),
             processors: vhca_ntmodel::NtModelConfig::default().processors,
             interleaving: InterleavingMode::Off,
+            pct_horizon: None,
             warnings: Vec::new(),
         }
     }
@@ -227,6 +231,10 @@ impl Options {
                     .ok_or(format!("not a processor count 1..={MAX_PROCESSORS}: {value:?}"))?
             }
             "interleave" => self.interleaving = crate::interleaving::parse_mode(value)?,
+            "pct_horizon" => {
+                self.pct_horizon =
+                    Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a point count > 0: {value:?}"))?)
+            }
             "disable_rule" => self
                 .disabled_rules
                 .push(RuleId::parse(value).ok_or(format!("not 0xCODE or 0xCODE/0xSUBCODE: {value:?}"))?),
@@ -369,6 +377,8 @@ mod tests {
         };
         assert_eq!(ids, ["passive#3", "dpc-0#1"]);
         assert_eq!(Options::parse("vhca.interleave=pct:5").interleaving, InterleavingMode::Pct { seed: 5, depth: 3 });
+        assert_eq!(Options::parse("vhca.pct_horizon=340").pct_horizon, Some(340));
+        assert_eq!(Options::parse("vhca.pct_horizon=0").pct_horizon, None);
         let bad = Options::parse("vhca.processors=0 vhca.processors=65 vhca.interleave=preempt:x");
         assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
         assert_eq!((bad.processors, &bad.interleaving), (2, &InterleavingMode::Off));

@@ -284,6 +284,7 @@ pub(crate) fn model_config(options: &Options) -> NtModelConfig {
             // every kernel call stands in for a kick, so its interrupts are not all reported as racing the passive
             // path (the native transport calls device_kicked at each doorbell instead).
             kicks_at_every_call: options.driver == crate::cmdline::Personality::Sys,
+            pct_horizon: options.pct_horizon.unwrap_or(vhca_ntmodel::interleaving::DEFAULT_HORIZON),
             ..InterleavingConfig::default()
         },
     }

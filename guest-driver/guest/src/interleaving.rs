@@ -1,5 +1,8 @@
 //! The interleaving modes in a run: `vhca.interleave` read into the model's mode, and what the model saw put into
 //! the result (the contended scheduling points a recording lists, the pauses taken, the race reports), once.
+//!
+//! A recording's list is the console's biggest line (every byte costs a TCG guest 1.5-8 us), so it goes out as a
+//! table: each distinct thread, kind and site once, each point as five small numbers indexing them.
 
 use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::Duration;
@@ -16,8 +19,7 @@ pub const DEFAULT_PCT_DEPTH: u32 = 3;
 /// byte costs the run 1.5-8 us under TCG; the runner expands from the first ones, the count dropped says the rest.
 pub const MAX_LISTED_POINTS: usize = 500;
 /// The result's keys this module fills (vhca.sys's run copies them from the bugcheck sink into its own result).
-pub const RESULT_KEYS: [&str; 5] =
-    ["interleaving", "schedule_points", "schedule_points_dropped", "preemptions", "races"];
+pub const RESULT_KEYS: [&str; 4] = ["interleaving", "schedule", "preemptions", "races"];
 
 /// Reads `record`, `preempt:<thread>#<k>[,<thread>#<k>]` (bound 1 or 2) or `pct:<seed>[:<depth>]`; `off` too.
 pub fn parse_mode(value: &str) -> Result<InterleavingMode, String> {
@@ -57,8 +59,38 @@ pub fn mode_spec(mode: &InterleavingMode) -> String {
     }
 }
 
-fn point_view(p: &SchedulePoint) -> Value {
-    json!({"point": p.id.to_string(), "kind": p.kind, "site": p.site, "processor": p.processor})
+/// Distinct strings in order of first use, each named by its index.
+#[derive(Default)]
+struct Names(Vec<String>);
+
+impl Names {
+    fn index(&mut self, name: &str) -> usize {
+        match self.0.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                self.0.push(name.to_string());
+                self.0.len() - 1
+            }
+        }
+    }
+}
+
+/// A recording's contended points as `schedule`: `{passed, dropped, threads, kinds, sites, points}`, each point
+/// `[thread, k, kind, site, processor]` (`thread#k`, the three names by their index in their table). `passed`
+/// counts every point the run passed, contended or not (the horizon the suite gives its PCT runs); `dropped` the
+/// contended points past the first `MAX_LISTED_POINTS`. 406 points of a vhca.sys run: 52 KB as objects, ~9 KB so.
+pub fn schedule_view(contended: &[SchedulePoint], passed: u64) -> Value {
+    let (mut threads, mut kinds, mut sites) = (Names::default(), Names::default(), Names::default());
+    let points: Vec<Value> = contended
+        .iter()
+        .take(MAX_LISTED_POINTS)
+        .map(|p| {
+            let (t, kind, site) = (threads.index(&p.id.thread), kinds.index(&p.kind), sites.index(&p.site));
+            json!([t, p.id.index, kind, site, p.processor])
+        })
+        .collect();
+    json!({"passed": passed, "dropped": contended.len().saturating_sub(MAX_LISTED_POINTS),
+           "threads": threads.0, "kinds": kinds.0, "sites": sites.0, "points": points})
 }
 
 fn preemption_view(p: &Preemption) -> Value {
@@ -91,10 +123,7 @@ pub fn result_details(kernel: &NtModel, mode: &InterleavingMode, processors: u32
     // of console (0.2 s under TCG) that a preempt or PCT run, costed against a seed run, need not pay.
     if *mode == InterleavingMode::Record {
         let contended: Vec<SchedulePoint> = kernel.schedule_points().into_iter().filter(|p| p.contended).collect();
-        let dropped = contended.len().saturating_sub(MAX_LISTED_POINTS);
-        let listed: Vec<Value> = contended.iter().take(MAX_LISTED_POINTS).map(point_view).collect();
-        details.insert("schedule_points".into(), json!(listed));
-        details.insert("schedule_points_dropped".into(), json!(dropped));
+        details.insert("schedule".into(), schedule_view(&contended, kernel.schedule_points_passed()));
     }
     details.insert("preemptions".into(), kernel.preemptions().iter().map(preemption_view).collect());
     details.insert("races".into(), kernel.race_reports().iter().map(race_view).collect());
@@ -195,8 +224,47 @@ mod tests {
             assert!(recorded.contains_key(key), "{key} missing from {recorded:?}");
         }
         let preempted = result_details(&kernel, &InterleavingMode::Pct { seed: 1, depth: 3 }, 2);
-        assert!(!preempted.contains_key("schedule_points"), "only a recording lists its points");
+        assert!(!preempted.contains_key("schedule"), "only a recording lists its points");
         assert_eq!(preempted["interleaving"]["mode"], "pct:1:3", "a PCT run prints its seed");
+    }
+
+    fn seen(thread: &str, index: u32, kind: &str, site: &str) -> SchedulePoint {
+        SchedulePoint {
+            id: PointId { thread: thread.into(), index },
+            kind: kind.into(),
+            site: site.into(),
+            processor: index % 2,
+            contended: true,
+        }
+    }
+
+    #[test]
+    fn the_schedule_names_each_thread_kind_and_site_once() {
+        let points = [
+            seen("passive", 3, "call KeAcquireSpinLock", "cq.rs:1:1"),
+            seen("dpc-1", 1, "acquire 0x10", "cq.rs:1:1"),
+            seen("passive", 4, "call KeAcquireSpinLock", "ring.rs:2:2"),
+        ];
+        let view = schedule_view(&points, 77);
+        assert_eq!(
+            view,
+            json!({"passed": 77, "dropped": 0, "threads": ["passive", "dpc-1"],
+                   "kinds": ["call KeAcquireSpinLock", "acquire 0x10"], "sites": ["cq.rs:1:1", "ring.rs:2:2"],
+                   "points": [[0, 3, 0, 0, 1], [1, 1, 1, 0, 1], [0, 4, 0, 1, 0]]})
+        );
+        let many: Vec<SchedulePoint> =
+            (1..=MAX_LISTED_POINTS as u32 + 3).map(|k| seen("passive", k, "irql 2", "x.rs:1:1")).collect();
+        let capped = schedule_view(&many, 900);
+        assert_eq!(capped["points"].as_array().unwrap().len(), MAX_LISTED_POINTS);
+        assert_eq!(capped["dropped"], 3);
+        // What the same points cost as the objects the guest printed before the table.
+        let objects: usize = many[..MAX_LISTED_POINTS]
+            .iter()
+            .map(|p| {
+                json!({"point": p.id.to_string(), "kind": p.kind, "site": p.site, "processor": 0}).to_string().len() + 1
+            })
+            .sum();
+        assert!(capped.to_string().len() * 4 < objects, "the table is not a quarter of the objects' bytes");
     }
 
     #[test]

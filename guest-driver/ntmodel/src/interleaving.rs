@@ -418,6 +418,12 @@ impl NtModel {
         self.engine().peek(|st| st.schedule.dropped()).unwrap_or(0)
     }
 
+    /// Points every thread passed so far, listed or not: what a PCT run's horizon is drawn from (the suite passes
+    /// a recording's count to the PCT runs it expands, so their change points fall inside the run).
+    pub fn schedule_points_passed(&self) -> u64 {
+        self.engine().peek(|st| st.schedule.passed()).unwrap_or(0)
+    }
+
     /// Every pause taken, in order.
     pub fn preemptions(&self) -> Vec<Preemption> {
         self.engine().peek(|st| st.schedule.preemptions.clone()).unwrap_or_default()

@@ -80,6 +80,10 @@ pub struct RunInterleaving {
     /// The points a preempt run must pause at, as the recording listed them (none for a reproducer: it cannot know).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub recorded: Vec<SchedulePointSeen>,
+    /// A PCT run's horizon (`vhca.pct_horizon`): the points its recording passed, so its change points fall inside
+    /// the run and not past its end (the guest's default of 2000 is longer than many a scenario).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pct_horizon: Option<u32>,
 }
 
 impl RunInterleaving {
@@ -173,6 +177,7 @@ impl ConcreteRun {
             spec: Some(spec.to_string()),
             of: Some(self.name.clone()),
             recorded: Vec::new(),
+            pct_horizon: None,
         };
         Ok(ConcreteRun {
             name: format!("{}{suffix}", self.name),
@@ -263,18 +268,35 @@ fn number(v: &Value, key: &str) -> Option<u32> {
     v.get(key).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok())
 }
 
+/// The recording's `schedule` table: `{passed, dropped, threads, kinds, sites, points}`, each point
+/// `[thread, k, kind, site, processor]` with the three names as indexes into their tables (the guest prints it so
+/// to keep its console short: vhca-guest's interleaving.rs, `schedule_view`).
+fn schedule(o: &Observation) -> Option<&Value> {
+    details(o, "schedule")
+}
+
 /// The contended points the recording listed, in order; entries that do not read are skipped (guest output is
-/// untrusted), as are points whose name is not `thread#k`.
+/// untrusted: an index past its table, a name that is not `thread#k`).
 pub fn schedule_points(o: &Observation) -> Vec<SchedulePointSeen> {
-    list(o, "schedule_points")
+    let Some(table) = schedule(o) else { return Vec::new() };
+    let names = |key: &str| table.get(key).and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    let (threads, kinds, sites) = (names("threads"), names("kinds"), names("sites"));
+    let name = |names: &[Value], at: Option<&Value>| {
+        let i = usize::try_from(at?.as_u64()?).ok()?;
+        names.get(i)?.as_str().map(str::to_string)
+    };
+    names("points")
         .iter()
         .filter_map(|p| {
-            let point = text(p, "point").filter(|t| PointId::parse(t).is_some())?;
+            let p = p.as_array()?;
+            let index = p.get(1)?.as_u64().filter(|k| *k > 0)?;
+            let point = format!("{}#{index}", name(threads, p.get(0))?);
+            PointId::parse(&point)?;
             Some(SchedulePointSeen {
                 point,
-                kind: text(p, "kind")?,
-                site: text(p, "site")?,
-                processor: number(p, "processor")?,
+                kind: name(kinds, p.get(2))?,
+                site: name(sites, p.get(3))?,
+                processor: p.get(4)?.as_u64().and_then(|n| u32::try_from(n).ok())?,
             })
         })
         .collect()
@@ -282,7 +304,12 @@ pub fn schedule_points(o: &Observation) -> Vec<SchedulePointSeen> {
 
 /// Contended points the guest left out of its list (it lists 500 at most).
 pub fn schedule_points_dropped(o: &Observation) -> u64 {
-    details(o, "schedule_points_dropped").and_then(Value::as_u64).unwrap_or(0)
+    schedule(o).and_then(|t| t.get("dropped")).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Every point the recording passed, contended or not (0 when it did not say): its PCT runs' horizon.
+pub fn schedule_points_passed(o: &Observation) -> u64 {
+    schedule(o).and_then(|t| t.get("passed")).and_then(Value::as_u64).unwrap_or(0)
 }
 
 /// The points a run paused at, with the kind and site the guest saw there.
@@ -336,15 +363,22 @@ fn evenly_spaced(total: usize, count: usize) -> Vec<usize> {
     (0..count).map(|i| i * total / count).collect()
 }
 
-/// The runs a recording run expands to by its plan, each knowing the points it must pause at.
-pub fn expand_interleavings(run: &ConcreteRun, points: &[SchedulePointSeen]) -> Expanded {
+/// The runs a recording run expands to by its plan, each knowing the points it must pause at; `passed` is every
+/// point the recording passed (`schedule_points_passed`), each PCT run's horizon (0: the guest's default).
+pub fn expand_interleavings(run: &ConcreteRun, points: &[SchedulePointSeen], passed: u64) -> Expanded {
     let Some(plan) = run.interleaving.plan else { return Expanded::default() };
     let budget = plan.budget as usize;
     let choices: Vec<Vec<&SchedulePointSeen>> = match plan.expansion {
         Expansion::Pct { runs } => {
             let seeds = evenly_spaced(runs as usize, budget).into_iter().map(|i| i as u64 + 1);
-            let runs: Vec<ConcreteRun> =
-                seeds.filter_map(|seed| run.with_interleaving(&format!("pct:{seed}")).ok()).collect();
+            let horizon = u32::try_from(passed).ok().filter(|n| *n > 0);
+            let runs: Vec<ConcreteRun> = seeds
+                .filter_map(|seed| {
+                    let mut pct = run.with_interleaving(&format!("pct:{seed}")).ok()?;
+                    pct.interleaving.pct_horizon = horizon;
+                    Some(pct)
+                })
+                .collect();
             return Expanded { left_out: plan_total(plan.expansion, points) - runs.len(), runs };
         }
         Expansion::Preempt1 => points.iter().map(|p| vec![p]).collect(),
@@ -434,8 +468,22 @@ mod tests {
         Suite::parse(&text, "t.toml").unwrap().expand().remove(0)
     }
 
-    fn point(id: &str) -> Value {
-        json!({"point": id, "kind": "call KeAcquireSpinLock", "site": "cq.rs:1:1", "processor": 1})
+    /// A recording's `schedule` table listing `ids` (`thread#k`), every one a KeAcquireSpinLock call at cq.rs:1:1.
+    fn schedule_of(ids: &[&str], passed: u64) -> Value {
+        let mut threads: Vec<&str> = Vec::new();
+        let points: Vec<Value> = ids
+            .iter()
+            .map(|id| {
+                let (thread, k) = id.rsplit_once('#').unwrap();
+                if !threads.contains(&thread) {
+                    threads.push(thread);
+                }
+                let t = threads.iter().position(|x| *x == thread).unwrap();
+                json!([t, k.parse::<u64>().unwrap(), 0, 0, 1])
+            })
+            .collect();
+        json!({"passed": passed, "dropped": 0, "threads": threads, "kinds": ["call KeAcquireSpinLock"],
+               "sites": ["cq.rs:1:1"], "points": points})
     }
 
     fn observed(details: Value) -> Observation {
@@ -477,11 +525,17 @@ mod tests {
 
     #[test]
     fn preempt1_expands_one_run_per_point_within_the_budget() {
-        let o = observed(json!({"schedule_points": [point("passive#1"), {"point": "junk"}, point("dpc-0#2"),
-                                                     point("passive#5"), point("passive#9")]}));
+        let mut table = schedule_of(&["passive#1", "dpc-0#2", "passive#5", "passive#9"], 40);
+        let listed = table["points"].as_array_mut().unwrap();
+        for junk in [json!([0, 3, 9, 0, 1]), json!([0, 0, 0, 0, 1]), json!([7, 3, 0, 0, 1]), json!("passive#4")] {
+            listed.insert(1, junk);
+        }
+        let o = observed(json!({ "schedule": table }));
         let points = schedule_points(&o);
-        assert_eq!(points.len(), 4, "the junk entry is skipped");
-        let expanded = expand_interleavings(&recording("preempt1"), &points);
+        assert_eq!(points.len(), 4, "the junk entries are skipped: {points:?}");
+        assert_eq!(points[1].to_string(), "dpc-0#2 (call KeAcquireSpinLock at cq.rs:1:1, processor 1)");
+        assert_eq!(schedule_points_passed(&o), 40);
+        let expanded = expand_interleavings(&recording("preempt1"), &points, 40);
         let names: Vec<&str> = expanded.runs.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(
             names,
@@ -496,16 +550,16 @@ mod tests {
         let words: Vec<String> = first.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
         assert!(words.contains(&"vhca.interleave=preempt:passive#1".to_string()), "{words:?}");
         assert!(words.contains(&"vhca.processors=4".to_string()), "an expanded run keeps the entry's processors");
-        assert!(expand_interleavings(first, &points).runs.is_empty(), "an expanded run expands to nothing");
+        assert!(expand_interleavings(first, &points, 40).runs.is_empty(), "an expanded run expands to nothing");
+        assert_eq!(first.interleaving.pct_horizon, None, "a preempt run has no horizon to pass");
     }
 
     #[test]
     fn preempt2_pairs_points_of_two_threads_evenly_over_the_list() {
-        let points: Vec<SchedulePointSeen> = schedule_points(&observed(
-            json!({"schedule_points": [point("a#1"), point("a#2"), point("b#1"), point("c#1")]}),
-        ));
+        let points: Vec<SchedulePointSeen> =
+            schedule_points(&observed(json!({ "schedule": schedule_of(&["a#1", "a#2", "b#1", "c#1"], 9) })));
         // Pairs of different threads: a1-b1 a1-c1 a2-b1 a2-c1 b1-c1 (a1-a2 is one thread's).
-        let expanded = expand_interleavings(&recording("preempt2"), &points);
+        let expanded = expand_interleavings(&recording("preempt2"), &points, 9);
         let specs: Vec<&str> = expanded.runs.iter().map(|r| r.interleaving.spec.as_deref().unwrap()).collect();
         assert_eq!(specs, ["preempt:a#1,b#1", "preempt:a#1,c#1", "preempt:a#2,c#1"]);
         assert_eq!(expanded.left_out, 2);
@@ -534,17 +588,32 @@ mod tests {
 
     #[test]
     fn pct_runs_take_seeds_from_one() {
-        let expanded = expand_interleavings(&recording("pct:2"), &[]);
+        let expanded = expand_interleavings(&recording("pct:2"), &[], 0);
         let names: Vec<&str> = expanded.runs.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["v/verifier-on/pct-1", "v/verifier-on/pct-2"]);
         assert_eq!(expanded.left_out, 0);
         assert_eq!(expanded.runs[1].interleaving.of.as_deref(), Some("v/verifier-on"));
+        let words = expanded.runs[0].guest_params();
+        assert!(!words.iter().any(|(k, _)| k == "vhca.pct_horizon"), "no count recorded: the guest's default");
+    }
+
+    /// A short scenario passes fewer points than the guest's default horizon: its PCT runs must be told how many,
+    /// or most of their change points fall past the run's end and it never pauses.
+    #[test]
+    fn pct_runs_take_the_recording_s_point_count_as_their_horizon() {
+        let o = observed(json!({ "schedule": schedule_of(&["passive#1"], 340) }));
+        let expanded = expand_interleavings(&recording("pct:2"), &schedule_points(&o), schedule_points_passed(&o));
+        for run in &expanded.runs {
+            let words: Vec<String> = run.guest_params().iter().map(|(k, v)| format!("{k}={v}")).collect();
+            assert!(words.contains(&"vhca.pct_horizon=340".to_string()), "{words:?}");
+            assert!(words.contains(&format!("vhca.interleave={}", run.interleaving.spec.as_deref().unwrap())));
+        }
     }
 
     #[test]
     fn a_preempt_run_that_never_paused_at_its_point_fails() {
-        let points = schedule_points(&observed(json!({"schedule_points": [point("passive#1")]})));
-        let run = expand_interleavings(&recording("preempt1"), &points).runs.remove(0);
+        let points = schedule_points(&observed(json!({ "schedule": schedule_of(&["passive#1"], 5) })));
+        let run = expand_interleavings(&recording("preempt1"), &points, 5).runs.remove(0);
         let judged = |details: Value| {
             let o = observed(details);
             let mut v = judge_run(&run, &o);

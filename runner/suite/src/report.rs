@@ -68,6 +68,9 @@ pub struct RunReport {
     /// The contended scheduling points a recording listed (what its `interleavings` plan expands).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub schedule_points: Vec<SchedulePointSeen>,
+    /// Every point the recording passed (its PCT runs' horizon); 0 when it said nothing.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub schedule_points_passed: u64,
     /// The races the guest's detector reported.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub races: Vec<RaceSeen>,
@@ -78,6 +81,13 @@ pub struct RunReport {
 pub struct InterleavingOf {
     pub of: String,
     pub spec: String,
+    /// A PCT run's horizon (`boot --pct-horizon`), the points its recording passed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pct_horizon: Option<u32>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl RunReport {
@@ -102,10 +112,15 @@ impl RunReport {
             injected_faults: Vec::new(),
             completion: None,
             interleaving: match (&run.interleaving.of, &run.interleaving.spec) {
-                (Some(of), Some(spec)) => Some(InterleavingOf { of: of.clone(), spec: spec.clone() }),
+                (Some(of), Some(spec)) => Some(InterleavingOf {
+                    of: of.clone(),
+                    spec: spec.clone(),
+                    pct_horizon: run.interleaving.pct_horizon,
+                }),
                 _ => None,
             },
             schedule_points: Vec::new(),
+            schedule_points_passed: 0,
             races: Vec::new(),
         }
     }
@@ -119,7 +134,7 @@ impl RunReport {
         // A vhca.sys run is repeated as one, whether the file or `--driver` made it so.
         let driver = if self.driver == Personality::Sys { " --driver sys" } else { "" };
         self.reproducer = (!self.passed()).then(|| match (&self.interleaving, split_fail_point(&self.name)) {
-            (Some(i), _) => interleaving_reproducer(program, suite_file, &i.of, &i.spec) + driver,
+            (Some(i), _) => interleaving_reproducer(program, suite_file, i) + driver,
             (None, Some((run, k))) => fail_point_reproducer(program, suite_file, run, k) + driver,
             (None, None) => reproducer(program, suite_file, &self.name) + driver,
         });
@@ -202,14 +217,17 @@ pub fn fail_point_reproducer(program: &str, suite_file: Option<&str>, run_name: 
 }
 
 /// The one-line reproducer of an interleaving run: `vhca-run boot --run <run> --interleaving <spec>`.
-pub fn interleaving_reproducer(program: &str, suite_file: Option<&str>, run_name: &str, spec: &str) -> String {
-    let mut words = vec![shell_quote(program), "boot".to_string(), "--run".to_string(), shell_quote(run_name)];
+pub fn interleaving_reproducer(program: &str, suite_file: Option<&str>, run: &InterleavingOf) -> String {
+    let mut words = vec![shell_quote(program), "boot".to_string(), "--run".to_string(), shell_quote(&run.of)];
     if let Some(file) = suite_file {
         words.push("--suite".to_string());
         words.push(shell_quote(file));
     }
     words.push("--interleaving".to_string());
-    words.push(shell_quote(spec));
+    words.push(shell_quote(&run.spec));
+    if let Some(n) = run.pct_horizon {
+        words.push(format!("--pct-horizon {n}"));
+    }
     words.join(" ")
 }
 

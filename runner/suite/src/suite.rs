@@ -235,6 +235,9 @@ impl ConcreteRun {
         if let Some(mode) = self.interleaving.guest_mode() {
             params.push(("vhca.interleave".to_string(), mode));
         }
+        if let Some(n) = self.interleaving.pct_horizon {
+            params.push(("vhca.pct_horizon".to_string(), n.to_string()));
+        }
         match self.fail_point {
             Some(k) => params.push(("vhca.fail_point".to_string(), k.to_string())),
             None if self.records_fail_points => {

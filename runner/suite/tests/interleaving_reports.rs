@@ -18,15 +18,11 @@ fn suite() -> Suite {
     Suite::parse(SUITE, "t.toml").unwrap()
 }
 
+/// A recording that listed passive#1 and dpc-0#4, as the guest's `schedule` table prints them.
 fn recorded() -> Observation {
-    let points: Vec<_> = ["passive#1", "dpc-0#4"]
-        .iter()
-        .map(|p| json!({"point": p, "kind": "acquire 0x10", "site": "cq.rs:1:1", "processor": 0}))
-        .collect();
-    Observation {
-        guest_result: Some(json!({"ok": true, "details": {"schedule_points": points}})),
-        ..Default::default()
-    }
+    let schedule = json!({"passed": 120, "dropped": 0, "threads": ["passive", "dpc-0"], "kinds": ["acquire 0x10"],
+                          "sites": ["cq.rs:1:1"], "points": [[0, 1, 0, 0, 0], [1, 4, 0, 0, 0]]});
+    Observation { guest_result: Some(json!({"ok": true, "details": {"schedule": schedule}})), ..Default::default() }
 }
 
 fn raced() -> Observation {
@@ -58,7 +54,7 @@ fn shards_split_the_recordings_and_each_recording_expands_in_its_own_shard() {
     for shard in &shards {
         for run in shard {
             let points = schedule_points(&recorded());
-            for expanded in expand_interleavings(run, &points).runs {
+            for expanded in expand_interleavings(run, &points, 120).runs {
                 assert!(expanded.name.starts_with(&run.name), "{} expanded from {}", expanded.name, run.name);
                 assert!(!runs.iter().any(|r| r.name == expanded.name), "an expanded name clashes with a suite run");
             }
@@ -70,7 +66,7 @@ fn shards_split_the_recordings_and_each_recording_expands_in_its_own_shard() {
 fn an_expanded_run_that_raced_fails_alone_with_a_boot_reproducer_in_json_and_junit() {
     let s = suite();
     let recording = s.expand().remove(0);
-    let expanded = expand_interleavings(&recording, &schedule_points(&recorded())).runs;
+    let expanded = expand_interleavings(&recording, &schedule_points(&recorded()), 120).runs;
     assert_eq!(expanded.len(), 2);
     let reports = vec![
         report_of(&recording, &recorded()),
@@ -95,6 +91,19 @@ fn an_expanded_run_that_raced_fails_alone_with_a_boot_reproducer_in_json_and_jun
     assert!(junit.contains("interleaving: preempt:passive#1 (of a/verifier-on)"), "{junit}");
     assert!(junit.contains("race on memory 0x2000+0x8"), "{junit}");
     assert!(junit.contains("--interleaving"), "{junit}");
+}
+
+/// A PCT run's reproducer boots it with the horizon it ran with, the points its recording passed: without it the
+/// guest draws the change points among its default 2000 and the run is another schedule.
+#[test]
+fn a_pct_run_s_reproducer_names_its_horizon() {
+    let recording = suite().expand().remove(1);
+    let pct = expand_interleavings(&recording, &schedule_points(&recorded()), 120).runs.remove(0);
+    let report = report_of(&pct, &raced());
+    assert_eq!(
+        report.reproducer.as_deref(),
+        Some("vhca-run boot --run b/verifier-on --suite t.toml --interleaving pct:1 --pct-horizon 120")
+    );
 }
 
 fn problem(text: &str) -> (usize, String, String) {

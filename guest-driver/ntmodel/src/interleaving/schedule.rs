@@ -74,4 +74,37 @@ impl Schedule {
     pub fn dropped(&self) -> u64 {
         self.dropped
     }
+
+    pub fn passed(&self) -> u64 {
+        self.global
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interleaving::DEFAULT_HORIZON;
+
+    fn point(k: u32) -> SchedulePoint {
+        let id = PointId { thread: "passive".into(), index: k };
+        SchedulePoint { id, kind: "irql 2".into(), site: String::new(), processor: 0, contended: true }
+    }
+
+    fn pauses(schedule: &mut Schedule, points: u32) -> usize {
+        (1..=points).filter(|k| schedule.pass(point(*k)).is_some()).count()
+    }
+
+    /// A run of 50 points: with the horizon it passed, every PCT seed pauses it twice (depth 3); drawn among the
+    /// default 2000, most seeds pause it not at all, so a horizon the schedule ignored fails the first count.
+    #[test]
+    fn pct_change_points_fall_inside_a_short_run_given_its_horizon() {
+        let mode = |seed| InterleavingMode::Pct { seed, depth: 3 };
+        for seed in 1..=20 {
+            let mut schedule = Schedule::new(&mode(seed), 50);
+            assert_eq!(pauses(&mut schedule, 50), 2, "seed {seed}");
+            assert_eq!(schedule.passed(), 50);
+        }
+        let default: usize = (1..=20).map(|seed| pauses(&mut Schedule::new(&mode(seed), DEFAULT_HORIZON), 50)).sum();
+        assert!(default < 10, "the default horizon paused a 50-point run {default} times in 20 seeds");
+    }
 }

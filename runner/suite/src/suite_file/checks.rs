@@ -89,8 +89,17 @@ fn is_key(s: &str) -> bool {
 }
 
 /// Keys the suite sets itself from structured fields; an extra may not override them behind the file's back.
-const RESERVED_GUEST_KEYS: [&str; 8] =
-    ["scenario", "lock", "verifier", "fail_point", "faults_systematic", "driver", "processors", "interleave"];
+const RESERVED_GUEST_KEYS: [&str; 9] = [
+    "scenario",
+    "lock",
+    "verifier",
+    "fail_point",
+    "faults_systematic",
+    "driver",
+    "processors",
+    "interleave",
+    "pct_horizon",
+];
 
 /// Validates a parsed suite file: the suite, or every problem found in it.
 pub(super) fn check(raw: RawSuite, text: &str, file: &str) -> Result<Suite, Vec<Problem>> {
