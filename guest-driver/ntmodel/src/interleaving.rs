@@ -252,8 +252,8 @@ impl NtModel {
 
     /// A kernel routine's entry: a point named after it, and the caller's location as the site its points and
     /// accesses report until it returns. Both personalities come here (the loader's thunks call the same
-    /// NtKernel routines); vhca.sys's site is the loader's named image frames when the low-resources simulation
-    /// captured them, else the thunk's location.
+    /// NtKernel routines); vhca.sys's site is the loader's named image frames where its entry stub captured them
+    /// (the faultable, lock, timer and event routines), else the thunk's location.
     #[track_caller]
     pub(crate) fn kernel_call(&self, name: &'static str) -> Option<CallScope> {
         if !self.interleaving_on() {

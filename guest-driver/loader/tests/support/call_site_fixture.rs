@@ -1,5 +1,6 @@
 //! A small hand-assembled PE whose one import call has known driver frames: `outer` calls `inner`, which calls
-//! ExAllocatePool2 through its IAT, each with the unwind info a stack walk reads.
+//! ExAllocatePool2 (or another import of ntoskrnl.exe, `fixture_importing`) through its IAT, each with the unwind
+//! info a stack walk reads.
 
 /// `outer` (RVA 0x1000) calls `inner` (0x1020), which calls ExAllocatePool2(NonPaged, 0x100, 'Test') through the
 /// IAT; each has a prologue its unwind info describes, and a NOP after its call so the return address is not an
@@ -24,7 +25,16 @@ fn u32le(v: u32) -> [u8; 4] {
 
 /// The PE file: headers (0x200), .text at RVA 0x1000 (file 0x200), .rdata at 0x2000 (file 0x400) holding the
 /// import directory, the unwind info and .pdata.
+#[allow(dead_code)] // Each test binary that includes this module uses one of the two.
 pub fn fixture() -> Vec<u8> {
+    fixture_importing("ExAllocatePool2")
+}
+
+/// The same PE with `inner` calling `import` instead, with the same register arguments (rcx 0x40, rdx 0x100,
+/// r8 'Test'): a lock routine takes 0x40 as its lock's address, which the loader only binds, never reads.
+#[allow(dead_code)]
+pub fn fixture_importing(import: &str) -> Vec<u8> {
+    assert!(import.len() < 0x40, "the hint/name entry has 0x50 bytes at 0x20AE");
     let mut f = vec![0u8; 0x600];
     put(&mut f, 0, b"MZ");
     put(&mut f, 0x3C, &u32le(0x40));
@@ -85,9 +95,9 @@ pub fn fixture() -> Vec<u8> {
     put(&mut f, rdata(0x2000), &u32le(0x2028));
     put(&mut f, rdata(0x200C), &u32le(0x2060));
     put(&mut f, rdata(0x2010), &u32le(0x2038));
-    put(&mut f, rdata(0x2028), &0x2048u64.to_le_bytes()); // lookup table: hint/name at 0x2048
-    put(&mut f, rdata(0x2038), &0x2048u64.to_le_bytes()); // IAT, the same until bound
-    put(&mut f, rdata(0x204A), b"ExAllocatePool2\0");
+    put(&mut f, rdata(0x2028), &0x20AEu64.to_le_bytes()); // lookup table: hint/name at 0x20AE, after .pdata
+    put(&mut f, rdata(0x2038), &0x20AEu64.to_le_bytes()); // IAT, the same until bound
+    put(&mut f, rdata(0x20B0), import.as_bytes()); // the name, NUL-terminated by the zeroed file
     put(&mut f, rdata(0x2060), b"ntoskrnl.exe\0");
     // UNWIND_INFO, version 1. outer: prolog 4 bytes, one code: at 4, UWOP_ALLOC_SMALL (2) of (4 + 1) * 8 = 0x28.
     put(&mut f, rdata(0x2080), &[0x01, 0x04, 0x01, 0x00, 0x04, 0x42, 0x00, 0x00]);
