@@ -37,8 +37,14 @@ pub trait DmaBackend: Send + Sync {
     fn write(&self, mem: HostMemId, offset: usize, buf: &[u8]) -> Result<(), BackendError>;
     /// Maps pages `first_page..first_page + pages` of `mem` at a fresh, contiguous device address range.
     fn map(&self, mem: HostMemId, first_page: usize, pages: usize) -> Result<u64, BackendError>;
-    /// Removes the mapping `map` returned; the device faults on it afterwards.
+    /// Removes the mapping `map` (or `map_at`) made; the device faults on it afterwards.
     fn unmap(&self, iova: u64, pages: usize) -> Result<(), BackendError>;
+    /// Maps pages `first_page..first_page + pages` of `mem` at `iova`, an address the model chose: a page's
+    /// physical address in a domain without DMA remapping, or a bounce page below a narrow device's reach
+    /// (`dma_adapter::device_address`). A backend that cannot place mappings says so.
+    fn map_at(&self, _mem: HostMemId, _first_page: usize, _pages: usize, iova: u64) -> Result<(), BackendError> {
+        Err(BackendError::Platform(format!("this backend cannot map at a chosen address ({iova:#x})")))
+    }
     /// Where `mem`'s pages are in this process, when they are plain memory a driver binary may dereference (the
     /// PE loader hands such addresses to vhca.sys). None: reachable only through `read` and `write`.
     fn host_address(&self, _mem: HostMemId) -> Option<*mut u8> {
@@ -203,6 +209,21 @@ impl DmaBackend for HostDmaBackend {
             s.iotlb.insert(iova / PAGE + i as u64, (mem, first_page + i));
         }
         Ok(iova)
+    }
+
+    fn map_at(&self, mem: HostMemId, first_page: usize, pages: usize, iova: u64) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        let bytes = pages.checked_mul(PAGE as usize).ok_or(BackendError::IovaExhausted { pages })?;
+        Self::range(&s, mem, first_page.saturating_mul(PAGE as usize), bytes)?;
+        let first = iova / PAGE;
+        // A chosen address over a live mapping would silently retarget the device: refuse it, as VFIO does.
+        if !iova.is_multiple_of(PAGE) || (first..first + pages as u64).any(|p| s.iotlb.contains_key(&p)) {
+            return Err(BackendError::Platform(format!("iova {iova:#x} (+{pages} pages) is taken or unaligned")));
+        }
+        for i in 0..pages {
+            s.iotlb.insert(first + i as u64, (mem, first_page + i));
+        }
+        Ok(())
     }
 
     fn unmap(&self, iova: u64, pages: usize) -> Result<(), BackendError> {

@@ -3,6 +3,7 @@
 //! Execution routines (AdapterControl, AdapterListControl) run at DISPATCH_LEVEL, at once when the channel and map
 //! registers are free, else from the adapter's wait queue when a put or free gives registers back.
 
+mod device_address;
 mod dma_v3;
 mod queued_list;
 
@@ -37,6 +38,8 @@ pub(crate) struct Mapping {
     /// The shadow is the verifier's: its padding is checked when the mapping ends (a bounce for a narrow device's
     /// reach has no such rule).
     pub padded: bool,
+    /// The runs are the identity domain's (no DMA remapping, `device_address`): they outlive the transfer.
+    pub identity: bool,
 }
 
 impl Mapping {
@@ -50,6 +53,9 @@ impl Mapping {
     }
 
     fn unmap(&self, backend: &dyn crate::DmaBackend) {
+        if self.identity {
+            return;
+        }
         for r in &self.runs {
             let _ = backend.unmap(r.iova, r.pages);
         }
@@ -72,6 +78,8 @@ enum MapFor {
 pub(crate) struct CommonBuffer {
     pub logical: u64,
     pub pages: usize,
+    /// Mapped by the identity domain, which keeps it until the memory goes.
+    pub identity: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -199,6 +207,8 @@ pub(crate) struct DmaState {
     pub register_sets: HashMap<u64, MapRegisterSet>,
     /// Per adapter, execution routines waiting in the order they were queued.
     waiting: HashMap<u64, VecDeque<Waiting>>,
+    /// The physical frames and the device domain's shape (`device_address`).
+    pub layout: device_address::PhysicalLayout,
 }
 
 impl DmaState {
@@ -321,16 +331,24 @@ impl NtModel {
                 return Ok(own);
             }
             // The device cannot reach the buffer's pages: the HAL copies the transfer through map registers (one
-            // bounce per page, the adapter's pool paying for them), as the verifier's double buffering does but
-            // without its padding rules.
+            // bounce per page, the adapter's pool paying for them, the bounce pages below the device's limit), as
+            // the verifier's double buffering does but without its padding rules.
             own.unmap(self.backend());
         }
-        self.map_shadow(m, va, len, pages, verifier_shadow)
+        self.map_shadow(m, va, len, pages, verifier_shadow, reach)
     }
 
     /// The device gets a shadow: fresh pages filled with PADDING and the buffer's bytes copied in at the same page
-    /// offset. `padded`: the verifier's, whose padding is checked at put/flush.
-    fn map_shadow(&self, m: &Memory, va: u64, len: u32, pages: usize, padded: bool) -> Result<Mapping, Refusal> {
+    /// offset, at an address the device reaches. `padded`: the verifier's, whose padding is checked at put/flush.
+    fn map_shadow(
+        &self,
+        m: &mut Memory,
+        va: u64,
+        len: u32,
+        pages: usize,
+        padded: bool,
+        reach: Option<u64>,
+    ) -> Result<Mapping, Refusal> {
         let backend = self.backend();
         let no_memory = |_| Refusal::Status(STATUS_INSUFFICIENT_RESOURCES);
         let shadow = backend.alloc(pages).map_err(no_memory)?;
@@ -340,23 +358,34 @@ impl NtModel {
             let _ = backend.free(shadow);
             return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
         }
-        let mapped = backend.write(shadow, 0, &image).and_then(|()| backend.map(shadow, 0, pages));
-        let Ok(iova) = mapped else {
+        let layout = &mut m.dma.layout;
+        let mapped =
+            backend.write(shadow, 0, &image).and_then(|()| self.map_bounce_for_device(layout, shadow, pages, reach));
+        let Ok(at) = mapped else {
             let _ = backend.free(shadow);
+            layout.forget(shadow);
             return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
         };
-        Ok(Mapping { va, len, runs: vec![DeviceRun { va, len, iova, pages }], shadow: Some(shadow), padded })
+        let runs = vec![DeviceRun { va, len, iova: at.iova, pages }];
+        Ok(Mapping { va, len, runs, shadow: Some(shadow), padded, identity: at.identity })
     }
 
     /// The device gets the buffer's own pages, which must lie in one region, each physically contiguous run at an
     /// address of its own (`sg_split`); MapTransfer takes the first run, a common-buffer mapping one range.
-    fn map_own_pages(&self, m: &Memory, va: u64, len: u32, pages: usize, map_for: MapFor) -> Result<Mapping, Refusal> {
+    fn map_own_pages(
+        &self,
+        m: &mut Memory,
+        va: u64,
+        len: u32,
+        pages: usize,
+        map_for: MapFor,
+    ) -> Result<Mapping, Refusal> {
         let backend = self.backend();
-        let r = m.region_of(va).ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
+        let r = m.region_of(va).cloned().ok_or(Refusal::Status(STATUS_INVALID_PARAMETER))?;
         if va + len as u64 > r.end() {
             return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
         }
-        let mut physical = sg_split::physical_runs(r, va, len, self.config.max_contiguous_pages);
+        let mut physical = sg_split::physical_runs(&r, va, len, self.config.max_contiguous_pages);
         match map_for {
             MapFor::List => {}
             MapFor::Transfer => physical.truncate(1),
@@ -365,29 +394,32 @@ impl NtModel {
                 physical = vec![sg_split::PhysicalRun { va, len, first_page, pages }];
             }
         }
-        let (mem, mut runs) = (r.mem, Vec::with_capacity(physical.len()));
+        let layout = &mut m.dma.layout;
+        let identity = layout.without_remapping;
+        let mut runs = Vec::with_capacity(physical.len());
         for p in physical {
-            match backend.map(mem, p.first_page, p.pages) {
-                Ok(iova) => runs.push(DeviceRun { va: p.va, len: p.len, iova, pages: p.pages }),
+            match self.map_region_for_device(layout, &r, p.first_page, p.pages, device_address::Placement::Anywhere) {
+                Ok(at) => runs.push(DeviceRun { va: p.va, len: p.len, iova: at.iova, pages: p.pages }),
                 Err(_) => {
-                    Mapping { va, len, runs, shadow: None, padded: false }.unmap(backend);
+                    Mapping { va, len, runs, shadow: None, padded: false, identity }.unmap(backend);
                     return Err(Refusal::Status(STATUS_INSUFFICIENT_RESOURCES));
                 }
             }
         }
         let len = runs.iter().map(|r| r.len).sum();
-        Ok(Mapping { va, len, runs, shadow: None, padded: false })
+        Ok(Mapping { va, len, runs, shadow: None, padded: false, identity })
     }
 
     /// Takes the device's view away. A shadow is checked for overruns and, for device-to-memory transfers,
     /// copied back: the moment the CPU first sees what the device wrote.
-    fn unmap_buffer(&self, m: &Memory, mapping: &Mapping, copy_back: bool) -> Result<(), Bugcheck> {
+    fn unmap_buffer(&self, m: &mut Memory, mapping: &Mapping, copy_back: bool) -> Result<(), Bugcheck> {
         let backend = self.backend();
         mapping.unmap(backend);
         let Some(shadow) = mapping.shadow else { return Ok(()) };
         let mut image = vec![0u8; mapping.pages() * PAGE as usize];
         let read = backend.read(shadow, 0, &mut image);
         let _ = backend.free(shadow);
+        m.dma.layout.forget(shadow);
         if read.is_err() {
             return Ok(());
         }
@@ -485,6 +517,17 @@ impl NtModel {
     }
 
     pub(crate) fn allocate_common_buffer(&self, adapter: PDMA_ADAPTER, length: u32) -> Result<(PVOID, u64), Bugcheck> {
+        self.allocate_common_buffer_below(adapter, length, None)
+    }
+
+    /// A common buffer the device reaches, its logical range ending at or below `limit` too where given
+    /// (AllocateCommonBufferEx's maximum address).
+    fn allocate_common_buffer_below(
+        &self,
+        adapter: PDMA_ADAPTER,
+        length: u32,
+        limit: Option<u64>,
+    ) -> Result<(PVOID, u64), Bugcheck> {
         self.passive_dma_routine()?;
         if length == 0 {
             return Ok((PVOID::NULL, 0));
@@ -503,12 +546,16 @@ impl NtModel {
         };
         let mut m = lock(&self.memory);
         let Some(r) = m.regions.get(&va).cloned() else { return Ok((PVOID::NULL, 0)) };
-        let Ok(iova) = self.backend().map(r.mem, 0, r.pages) else {
+        // Windows allocates a common buffer the device reaches: below a narrow device's limit.
+        let reach = m.dma.adapters.get(&adapter.0).and_then(|a| a.reach);
+        let placement = device_address::Placement::within([reach, limit].into_iter().flatten().min());
+        let Ok(at) = self.map_region_for_device(&mut m.dma.layout, &r, 0, r.pages, placement) else {
             self.free_region(&mut m, va);
             return Ok((PVOID::NULL, 0));
         };
+        let iova = at.iova;
         if let Ok(a) = self.live_adapter(&mut m, adapter) {
-            a.common.insert(va, CommonBuffer { logical: iova, pages: r.pages });
+            a.common.insert(va, CommonBuffer { logical: iova, pages: r.pages, identity: at.identity });
         }
         drop(m);
         self.watched_access(Watched::CommonBuffer(va), Access::Write);
@@ -534,8 +581,12 @@ impl NtModel {
                 Ok(())
             };
         };
-        let _ = self.backend().unmap(cb.logical, cb.pages);
-        self.free_region(&mut m, va.0);
+        if !cb.identity {
+            let _ = self.backend().unmap(cb.logical, cb.pages);
+        }
+        if let Some(r) = self.free_region(&mut m, va.0) {
+            m.dma.layout.forget(r.mem);
+        }
         Ok(())
     }
 
@@ -637,7 +688,7 @@ impl NtModel {
             a.sg_out.remove(&list.0);
             a.pool_free += sg.from_pool;
         }
-        self.unmap_buffer(&m, &sg.mapping, !sg.write_to_device)?;
+        self.unmap_buffer(&mut m, &sg.mapping, !sg.write_to_device)?;
         drop(m);
         self.run_waiting(PDMA_ADAPTER(sg.adapter));
         Ok(())
@@ -783,6 +834,7 @@ impl NtModel {
             t.mapping.unmap(self.backend());
             if let Some(s) = t.mapping.shadow {
                 let _ = self.backend().free(s);
+                m.dma.layout.forget(s);
             }
         }
         if let Some(a) = m.dma.adapters.get_mut(&set.adapter) {
@@ -926,7 +978,7 @@ impl NtModel {
         let Some(set) = m.dma.register_sets.get_mut(&base.0) else { return Ok(false) };
         let t = set.transfers.remove(i);
         set.used = set.used.saturating_sub(t.mapping.pages() as u32);
-        self.unmap_buffer(&m, &t.mapping, !t.write_to_device)?;
+        self.unmap_buffer(&mut m, &t.mapping, !t.write_to_device)?;
         Ok(true)
     }
 
@@ -963,7 +1015,7 @@ impl NtModel {
         let mut m = lock(&self.memory);
         let mapping = m.dma.adapters.get_mut(&adapter.0).and_then(|a| a.common_maps.remove(&handle.0));
         match mapping {
-            Some(mp) => self.unmap_buffer(&m, &mp, false),
+            Some(mp) => self.unmap_buffer(&mut m, &mp, false),
             None if checking => self.found(Bugcheck::e6(e6::TOO_MANY_COMMON_BUFFERS_FREED, 1, 0, 0)),
             None => Ok(()),
         }

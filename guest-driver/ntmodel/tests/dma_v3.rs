@@ -149,12 +149,17 @@ fn allocate_common_buffer_ex_honours_the_maximum_address() {
     let a = adapter(&k, v3(64));
     let mut logical = PHYSICAL_ADDRESS(0);
     let va = k.allocate_common_buffer_ex(a, Some(PHYSICAL_ADDRESS(0xFFFF_FFFF)), 4096, &mut logical);
-    assert!(va.is_null(), "the host backend's addresses start at 4 GiB: nothing below it");
+    assert!(!va.is_null() && logical.0 + 4096 <= 1 << 32, "placed below the maximum address: {:#x}", logical.0);
+    k.FreeCommonBuffer(a, 4096, logical, va, true);
     let va = k.allocate_common_buffer_ex(a, None, 4096, &mut logical);
-    assert!(!va.is_null() && logical.0 >= 1 << 32);
+    assert!(!va.is_null() && logical.0 >= 1 << 32, "the host backend's own addresses start at 4 GiB");
     k.FreeCommonBuffer(a, 4096, logical, va, true);
     let narrow = adapter(&k, v3(32));
-    assert!(k.allocate_common_buffer_ex(narrow, None, 4096, &mut logical).is_null(), "out of a 32-bit device's reach");
+    let va = k.allocate_common_buffer_ex(narrow, None, 4096, &mut logical);
+    assert!(!va.is_null() && logical.0 + 4096 <= 1 << 32, "within a 32-bit device's reach: {:#x}", logical.0);
+    k.FreeCommonBuffer(narrow, 4096, logical, va, true);
+    let low = k.allocate_common_buffer_ex(a, Some(PHYSICAL_ADDRESS(0xFF_FFFF)), 4096, &mut logical);
+    assert!(low.is_null(), "nothing below 16 MiB: the model's low frames start at 3 GiB");
 }
 
 #[test]

@@ -124,7 +124,8 @@ impl NtModel {
 
     /// AllocateCommonBufferEx, PASSIVE_LEVEL (E6/0x13 under DMA checking, as AllocateCommonBuffer): a common
     /// buffer whose logical address lies below `maximum_address` (and below what the device reaches), else NULL,
-    /// as the page says. The model cannot ask the backend for a low address: a buffer that lands above is freed.
+    /// as the page says. The buffer is placed below the limit (`device_address`); where nothing is left there, or
+    /// the placement ends past it, NULL.
     #[track_caller]
     pub fn allocate_common_buffer_ex(
         &self,
@@ -134,13 +135,14 @@ impl NtModel {
         logical_address: &mut PHYSICAL_ADDRESS,
     ) -> PVOID {
         let _call = self.kernel_call("AllocateCommonBufferEx");
-        let r = self.allocate_common_buffer(adapter, length);
+        let maximum = maximum_address.map(|a| a.0.saturating_add(1));
+        let r = self.allocate_common_buffer_below(adapter, length, maximum);
         let (va, logical) = self.ok(r);
         if va.is_null() {
             return va;
         }
         let reach = lock(&self.memory).dma.adapters.get(&adapter.0).and_then(|a| a.reach);
-        let limit = [maximum_address.map(|a| a.0.saturating_add(1)), reach].into_iter().flatten().min();
+        let limit = [maximum, reach].into_iter().flatten().min();
         let end = logical + (length as u64).div_ceil(PAGE) * PAGE;
         if limit.is_some_and(|limit| end > limit) {
             let r = self.free_common_buffer(adapter, va);
