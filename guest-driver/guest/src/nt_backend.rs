@@ -130,23 +130,13 @@ impl DmaBackend for VfioDmaBackend {
     }
 
     fn map(&self, mem: HostMemId, first_page: usize, pages: usize) -> Result<u64, BackendError> {
-        let mut s = self.lock();
-        let m = s.memory.get(&mem).ok_or(BackendError::UnknownMemory(mem))?;
-        let offset = first_page.checked_mul(PAGE_SIZE);
-        let len = pages.checked_mul(PAGE_SIZE).filter(|l| *l > 0);
-        let (offset, len) = match (offset, len) {
-            (Some(o), Some(l)) if o.checked_add(l).is_some_and(|end| end <= m.len()) => (o, l),
-            _ => return Err(BackendError::OutOfRange { mem, offset: first_page, len: pages }),
-        };
-        // In bounds (checked above) of a live, page-aligned mapping, so never null.
-        let host = NonNull::new(m.ptr().as_ptr().wrapping_add(offset)).ok_or(BackendError::UnknownMemory(mem))?;
-        let iova = self.mapper.reserve_iova(len).map_err(|_| BackendError::IovaExhausted { pages })?;
-        // SAFETY: `host..host+len` lies inside `m`, page aligned; `free` unmaps every mapping into a memory before
-        // dropping it, so the pages stay valid for as long as the region is mapped.
-        let region = unsafe { self.mapper.map_host(host, len, iova, DmaAccess::READ_WRITE) }.map_err(platform)?;
-        s.mappings.insert(iova, Mapping { mem, pages, region });
-        s.peak_mapped_pages = s.peak_mapped_pages.max(s.mapped_pages());
-        Ok(iova)
+        self.map_pages(mem, first_page, pages, None)
+    }
+
+    /// At an IOVA the model chose (its frames, a bounce page below a device's limit): VFIO_IOMMU_MAP_DMA refuses one
+    /// that overlaps a live mapping, and `DmaMapper` one outside the windows a caller may choose.
+    fn map_at(&self, mem: HostMemId, first_page: usize, pages: usize, iova: u64) -> Result<(), BackendError> {
+        self.map_pages(mem, first_page, pages, Some(iova)).map(|_| ())
     }
 
     fn unmap(&self, iova: u64, pages: usize) -> Result<(), BackendError> {
@@ -162,5 +152,37 @@ impl DmaBackend for VfioDmaBackend {
     /// Each allocation is one anonymous mapping that stays put until `free`.
     fn host_address(&self, mem: HostMemId) -> Option<*mut u8> {
         self.lock().memory.get(&mem).map(|m| m.ptr().as_ptr())
+    }
+}
+
+impl VfioDmaBackend {
+    /// Maps pages of `mem` at `chosen`, or at the mapper's next fresh IOVA.
+    fn map_pages(
+        &self,
+        mem: HostMemId,
+        first_page: usize,
+        pages: usize,
+        chosen: Option<u64>,
+    ) -> Result<u64, BackendError> {
+        let mut s = self.lock();
+        let m = s.memory.get(&mem).ok_or(BackendError::UnknownMemory(mem))?;
+        let offset = first_page.checked_mul(PAGE_SIZE);
+        let len = pages.checked_mul(PAGE_SIZE).filter(|l| *l > 0);
+        let (offset, len) = match (offset, len) {
+            (Some(o), Some(l)) if o.checked_add(l).is_some_and(|end| end <= m.len()) => (o, l),
+            _ => return Err(BackendError::OutOfRange { mem, offset: first_page, len: pages }),
+        };
+        // In bounds (checked above) of a live, page-aligned mapping, so never null.
+        let host = NonNull::new(m.ptr().as_ptr().wrapping_add(offset)).ok_or(BackendError::UnknownMemory(mem))?;
+        let iova = match chosen {
+            Some(iova) => iova,
+            None => self.mapper.reserve_iova(len).map_err(|_| BackendError::IovaExhausted { pages })?,
+        };
+        // SAFETY: `host..host+len` lies inside `m`, page aligned; `free` unmaps every mapping into a memory before
+        // dropping it, so the pages stay valid for as long as the region is mapped.
+        let region = unsafe { self.mapper.map_host(host, len, iova, DmaAccess::READ_WRITE) }.map_err(platform)?;
+        s.mappings.insert(iova, Mapping { mem, pages, region });
+        s.peak_mapped_pages = s.peak_mapped_pages.max(s.mapped_pages());
+        Ok(iova)
     }
 }

@@ -13,6 +13,17 @@ pub const PAGE_SIZE: usize = vhca_proto::PAGE_SIZE as usize;
 pub const IOVA_BASE: u64 = 0x10_0000_0000;
 /// End of the IOVA window (exclusive): 512 GiB, the 39-bit address width of QEMU's intel-iommu by default.
 pub const IOVA_END: u64 = 1 << 39;
+/// Where a caller may choose an IOVA itself (the NT model's frames and bounce pages below a narrow device's limit,
+/// vhca-ntmodel's `device_address`): below the bump window, except page 0 and the interrupt window from the IOAPIC
+/// at 0xFEC0_0000 to 4 GiB, where intel-iommu reserves MSI addresses (0xFEE0_0000) and VFIO refuses mappings.
+const CHOSEN_IOVA_WINDOWS: [std::ops::Range<u64>; 2] = [0x1000..0xFEC0_0000, 0x1_0000_0000..IOVA_BASE];
+
+/// Whether `iova..iova+len` lies in one window a mapping may take: the bump window, or one a caller may choose.
+fn iova_allowed(iova: u64, len: usize) -> bool {
+    let Some(end) = iova.checked_add(len as u64) else { return false };
+    let bump = IOVA_BASE..IOVA_END;
+    std::iter::once(&bump).chain(CHOSEN_IOVA_WINDOWS.iter()).any(|w| iova >= w.start && end <= w.end)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DmaError {
@@ -20,7 +31,7 @@ pub enum DmaError {
     Empty,
     #[error("DMA region of {0:#x} bytes is too large")]
     TooLarge(usize),
-    #[error("IOVA {iova:#x} (+{len:#x}) is not page aligned or leaves the window {IOVA_BASE:#x}..{IOVA_END:#x}")]
+    #[error("IOVA {iova:#x} (+{len:#x}) is not page aligned or leaves the windows a mapping may take")]
     BadIova { iova: u64, len: usize },
     #[error("IOVA window exhausted: {len:#x} bytes wanted at {next:#x}")]
     IovaExhausted { next: u64, len: usize },
@@ -133,7 +144,7 @@ impl DmaMapper {
     ) -> Result<DmaRegion, DmaError> {
         // Built first so an early return frees owned memory through Drop (unmapped regions skip the IOVA unmap).
         let mut region = DmaRegion { container: self.container.clone(), host, len, iova, owns_memory, mapped: false };
-        let in_window = iova.checked_add(len as u64).is_some_and(|end| iova >= IOVA_BASE && end <= IOVA_END);
+        let in_window = iova_allowed(iova, len);
         let aligned = iova.is_multiple_of(PAGE_SIZE as u64)
             && len.is_multiple_of(PAGE_SIZE)
             && (host.as_ptr() as usize).is_multiple_of(PAGE_SIZE);
@@ -333,6 +344,19 @@ mod tests {
         // 5 pages used or guarded so far; 1 page + guard does not fit in the 1 left.
         assert!(matches!(space.reserve(1), Err(DmaError::IovaExhausted { .. })));
         assert!(matches!(space.reserve(usize::MAX), Err(DmaError::TooLarge(_))));
+    }
+
+    #[test]
+    fn chosen_iovas_stay_out_of_page_0_the_interrupt_window_and_past_the_end() {
+        let page = PAGE_SIZE;
+        assert!(iova_allowed(0xC000_0000, page));
+        assert!(iova_allowed(0x8_0000_0000, page));
+        assert!(iova_allowed(IOVA_BASE, page));
+        assert!(!iova_allowed(0, page));
+        assert!(!iova_allowed(0xFEE0_0000, page), "MSI");
+        assert!(!iova_allowed(0xFEBF_F000, 2 * page), "runs into the interrupt window");
+        assert!(!iova_allowed(IOVA_BASE - page as u64, 2 * page), "straddles two windows");
+        assert!(!iova_allowed(IOVA_END, page));
     }
 
     #[test]
