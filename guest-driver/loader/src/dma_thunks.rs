@@ -5,6 +5,7 @@
 //! Which model object stands behind each Windows one is `dma_table`'s.
 #![allow(non_snake_case)] // Thunks carry the names of the routines they implement.
 
+mod physical_address;
 mod unimplemented;
 mod version3;
 
@@ -469,6 +470,9 @@ unsafe extern "win64" fn CreateCommonBufferFromMdl(
     }
 }
 
-pub fn dma_thunks() -> [(&'static str, usize); 1] {
-    [("IoGetDmaAdapter", IoGetDmaAdapter as *const () as usize)]
+pub fn dma_thunks() -> [(&'static str, usize); 2] {
+    [
+        ("IoGetDmaAdapter", IoGetDmaAdapter as *const () as usize),
+        ("MmGetPhysicalAddress", physical_address::MmGetPhysicalAddress as *const () as usize),
+    ]
 }

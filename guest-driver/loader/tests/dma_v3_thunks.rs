@@ -276,20 +276,24 @@ fn version_3_slots_answer_through_the_windows_abi_and_none_is_null() {
         put(adapter, got, 1);
         lower(old);
 
-        // AllocateCommonBufferEx: below 4 GiB is more than the host backend can give; without a maximum it works.
+        // AllocateCommonBufferEx: placed below a 4 GiB maximum; nothing is left below 16 MiB (the model's low frames
+        // start at 3 GiB); without a maximum it works.
         let allocate_ex: unsafe extern "win64" fn(*mut DMA_ADAPTER, *const i64, u32, *mut i64, u8, u32) -> *mut u8 =
             slot(ops, "AllocateCommonBufferEx");
+        let free_common: unsafe extern "win64" fn(*mut DMA_ADAPTER, u32, i64, *mut u8, u8) =
+            slot(ops, "FreeCommonBuffer");
         let mut logical = 0i64;
         let below = 0xFFFF_FFFFi64;
-        assert!(allocate_ex(adapter, &below, 4096, &mut logical, 1, 0).is_null());
+        let low = allocate_ex(adapter, &below, 4096, &mut logical, 1, 0);
+        assert!(!low.is_null() && logical as u64 + 4096 <= 1 << 32, "{logical:#x}");
+        free_common(adapter, 4096, logical, low, 1);
+        assert!(allocate_ex(adapter, &0xFF_FFFF, 4096, &mut logical, 1, 0).is_null());
         let common = allocate_ex(adapter, std::ptr::null(), 4096, &mut logical, 1, 0);
         assert!(!common.is_null() && logical != 0);
         *common.add(8) = 0x5A;
         let mut byte = [0u8; 1];
         backend.device_read(logical as u64 + 8, &mut byte).unwrap();
         assert_eq!(byte, [0x5A], "the device sees the CPU's write at the logical address");
-        let free_common: unsafe extern "win64" fn(*mut DMA_ADAPTER, u32, i64, *mut u8, u8) =
-            slot(ops, "FreeCommonBuffer");
         free_common(adapter, 4096, logical, common, 1);
 
         // The slots the loader does not implement fail as their return types allow, and say so.
