@@ -46,6 +46,9 @@ pub struct DeviceOptions {
     /// Largest queue SET_VRING_NUM may set up: a power of two up to `vring::MAX_QUEUE_SIZE` (the default). The
     /// fuzz harness lowers it to the carrier's 64 so that one input's rings cost it 64², not 1024², descriptor reads.
     pub max_queue_size: u16,
+    /// Offer VIRTIO_F_ACCESS_PLATFORM (bit 33). Off (`--no-access-platform`, with QEMU's iommu_platform=off) stands
+    /// for a device that bypasses the IOMMU, which a driver behind an active IOMMU must refuse at start.
+    pub access_platform: bool,
 }
 
 impl Default for DeviceOptions {
@@ -57,6 +60,7 @@ impl Default for DeviceOptions {
             thread_slice: thread_sched::SHORTEST,
             notify_bound: notifications::RateBound::default(),
             max_queue_size: vring::MAX_QUEUE_SIZE,
+            access_platform: true,
         }
     }
 }
@@ -112,7 +116,9 @@ pub fn serve_locked_down(
     };
 
     let result = match lockdown() {
-        Ok(()) => Ok(Frontend::new(stream, Arc::clone(&shared), config).serve()),
+        Ok(()) => Ok(Frontend::new(stream, Arc::clone(&shared), config)
+            .offering(crate::vhost_user::connection::offered_features(options.access_platform))
+            .serve()),
         Err(cause) => Err(ServeError::Lockdown(cause)),
     };
 

@@ -75,6 +75,10 @@ struct Cli {
     /// Read one byte of every page when a ring or MR is mapped, so an IOVA the vIOMMU refuses fails the command.
     #[arg(long)]
     probe_pages: bool,
+    /// Do not offer VIRTIO_F_ACCESS_PLATFORM (bit 33): a device that bypasses the IOMMU, for QEMU's
+    /// iommu_platform=off; a driver behind an active IOMMU refuses it at start.
+    #[arg(long)]
+    no_access_platform: bool,
     /// Most protection domains alive at once.
     #[arg(long)]
     max_pd: Option<u32>,
@@ -122,6 +126,7 @@ impl Cli {
                     burst: self.max_notifications_per_ms,
                     window: vhca_device::notifications::DEFAULT_WINDOW,
                 },
+                access_platform: !self.no_access_platform,
                 ..DeviceOptions::default()
             },
             Err(err) => Cli::command().error(clap::error::ErrorKind::ValueValidation, err).exit(),

@@ -33,6 +33,15 @@ const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 const ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
 pub const OFFERED_FEATURES: u64 = VERSION_1 | ACCESS_PLATFORM | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
+/// What the device offers: OFFERED_FEATURES, less VIRTIO_F_ACCESS_PLATFORM for a device started without it.
+pub fn offered_features(access_platform: bool) -> u64 {
+    if access_platform {
+        OFFERED_FEATURES
+    } else {
+        OFFERED_FEATURES & !ACCESS_PLATFORM
+    }
+}
+
 /// QEMU needs BACKEND_REQ and REPLY_ACK for iommu_platform=on, CONFIG for the config space, MQ for 4 queues.
 pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::MQ
@@ -106,6 +115,8 @@ pub struct Frontend {
     acked_features: u64,
     acked_protocol: VhostUserProtocolFeatures,
     mem_table: MemTable,
+    /// The virtio features GET_FEATURES answers and SET_FEATURES may ack.
+    offered: u64,
 }
 
 impl Frontend {
@@ -117,7 +128,14 @@ impl Frontend {
             acked_features: 0,
             acked_protocol: VhostUserProtocolFeatures::empty(),
             mem_table: MemTable::default(),
+            offered: OFFERED_FEATURES,
         }
+    }
+
+    /// Offers `features` instead of OFFERED_FEATURES (`offered_features`).
+    pub fn offering(mut self, features: u64) -> Frontend {
+        self.offered = features;
+        self
     }
 
     /// Serves requests until the front-end closes the socket (`Ok`) or sends something malformed (`Err`).
@@ -157,11 +175,11 @@ impl Frontend {
         match request {
             FrontendReq::GET_FEATURES => {
                 expect_empty(request, &msg)?;
-                Ok(Reply::Payload(OFFERED_FEATURES.to_ne_bytes().to_vec()))
+                Ok(Reply::Payload(self.offered.to_ne_bytes().to_vec()))
             }
             FrontendReq::SET_FEATURES => {
                 let acked = expect_u64(request, &msg)?;
-                let extra = acked & !OFFERED_FEATURES;
+                let extra = acked & !self.offered;
                 if extra != 0 {
                     return Err(ProtocolError::Features { acked, extra });
                 }
