@@ -81,6 +81,9 @@ pub fn probe_carrier(qemu: &Path) -> std::io::Result<Carrier> {
 pub struct VhostUserDevice {
     pub socket: PathBuf,
     pub carrier: Carrier,
+    /// iommu_platform=on (the device's DMA goes through the vIOMMU, VIRTIO_F_ACCESS_PLATFORM offered); off only for
+    /// the device a driver behind an active IOMMU must refuse (`device = { access_platform = false }`).
+    pub access_platform: bool,
 }
 
 /// The HCA's chardev id, its QEMU device id and the root port it sits in, on the command line and when hot-plugged.
@@ -110,7 +113,8 @@ impl VhostUserDevice {
         if self.carrier == Carrier::TestDevice {
             device.push_str(",virtio-id=42,num_vqs=4,config_size=12");
         }
-        device.push_str(",iommu_platform=on,ats=on");
+        // ATS is the IOMMU's: a device that bypasses it has none.
+        device.push_str(if self.access_platform { ",iommu_platform=on,ats=on" } else { ",iommu_platform=off" });
         ["-chardev".into(), chardev, "-device".into(), device]
     }
 
@@ -122,8 +126,8 @@ impl VhostUserDevice {
             "id": HCA_DEVICE_ID,
             "chardev": HCA_CHARDEV,
             "bus": HCA_BUS,
-            "iommu_platform": true,
-            "ats": true,
+            "iommu_platform": self.access_platform,
+            "ats": self.access_platform,
         });
         if self.carrier == Carrier::TestDevice {
             args["virtio-id"] = 42.into();
@@ -343,7 +347,7 @@ mod tests {
 
     #[test]
     fn snd_carrier_behind_the_iommu_with_shared_memory() {
-        let dev = VhostUserDevice { socket: "/run/dev.sock".into(), carrier: Carrier::Snd };
+        let dev = VhostUserDevice { socket: "/run/dev.sock".into(), carrier: Carrier::Snd, access_platform: true };
         let args = strings(&config(Some(dev), Accel::Tcg));
         assert_eq!(values(&args, "-machine"), ["q35,kernel-irqchip=split,sata=off,smbus=off"]);
         assert_eq!(values(&args, "-accel"), ["tcg"]);
@@ -366,7 +370,7 @@ mod tests {
 
     #[test]
     fn test_device_carrier_gets_its_virtio_id_and_kvm_uses_host_cpu() {
-        let dev = VhostUserDevice { socket: "/s".into(), carrier: Carrier::TestDevice };
+        let dev = VhostUserDevice { socket: "/s".into(), carrier: Carrier::TestDevice, access_platform: true };
         let mut c = config(Some(dev), Accel::Kvm);
         c.gdb = Some(GdbStub { port: 4321, wait: true });
         let args = strings(&c);
@@ -406,8 +410,16 @@ mod tests {
     }
 
     #[test]
+    fn a_device_without_access_platform_bypasses_the_viommu_on_the_command_line_and_when_hot_plugged() {
+        let dev = VhostUserDevice { socket: "/s".into(), carrier: Carrier::Snd, access_platform: false };
+        assert_eq!(dev.command_line_args()[3], "vhost-user-snd-pci,chardev=vhca0,bus=rp1,iommu_platform=off");
+        let add = dev.qmp_device_add();
+        assert_eq!((add["iommu_platform"].as_bool(), add["ats"].as_bool()), (Some(false), Some(false)));
+    }
+
+    #[test]
     fn hot_plug_arguments_match_the_command_line_device() {
-        let dev = VhostUserDevice { socket: "/r/dev.sock".into(), carrier: Carrier::Snd };
+        let dev = VhostUserDevice { socket: "/r/dev.sock".into(), carrier: Carrier::Snd, access_platform: true };
         let chardev = dev.qmp_chardev_add();
         assert_eq!(chardev["id"], "vhca0");
         assert_eq!(chardev["backend"]["data"]["addr"]["data"]["path"], "/r/dev.sock");
@@ -417,7 +429,8 @@ mod tests {
         assert_eq!((add["bus"].as_str(), add["chardev"].as_str()), (Some("rp1"), Some("vhca0")));
         assert_eq!((add["iommu_platform"].as_bool(), add["ats"].as_bool()), (Some(true), Some(true)));
         assert!(add.get("virtio-id").is_none());
-        let test = VhostUserDevice { socket: "/s".into(), carrier: Carrier::TestDevice }.qmp_device_add();
+        let test = VhostUserDevice { socket: "/s".into(), carrier: Carrier::TestDevice, access_platform: true }
+            .qmp_device_add();
         assert_eq!((test["virtio-id"].as_u64(), test["num_vqs"].as_u64()), (Some(42), Some(4)));
     }
 

@@ -130,7 +130,8 @@ fn attempt(
         Some(s) => plan_restore(&s.machine, &files.dir),
         None => cold_cfg,
     };
-    let hca = VhostUserDevice { socket: files.socket(), carrier: ctx.carrier };
+    let access_platform = !run.device.without_access_platform;
+    let hca = VhostUserDevice { socket: files.socket(), carrier: ctx.carrier, access_platform };
     let request = restore::request_line(&run.guest_params());
     let windows = match &ctx.windows {
         Some(image) => Some(

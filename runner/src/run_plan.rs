@@ -35,7 +35,11 @@ pub fn plan(ctx: &RunContext, run: &ConcreteRun, dir: &Path) -> (DeviceConfig, Q
             .into_iter()
             .chain(run.guest_params().into_iter().map(|(k, v)| format!("{k}={v}")))
             .collect(),
-        device: Some(VhostUserDevice { socket: files.socket(), carrier: ctx.carrier }),
+        device: Some(VhostUserDevice {
+            socket: files.socket(),
+            carrier: ctx.carrier,
+            access_platform: !run.device.without_access_platform,
+        }),
         serial_log: files.serial(),
         serial_socket: None,
         qmp_socket: files.qmp(),

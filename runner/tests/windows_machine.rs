@@ -43,7 +43,7 @@ fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
 
 #[test]
 fn windows_command_line_golden() {
-    let hca = VhostUserDevice { socket: "/r/device.sock".into(), carrier: Carrier::Snd };
+    let hca = VhostUserDevice { socket: "/r/device.sock".into(), carrier: Carrier::Snd, access_platform: true };
     let mut m = machine(Path::new("/r"), Some(hca));
     m.accel = Accel::Kvm;
     m.cdroms = vec!["/isos/win.iso".into(), "/r/answer.iso".into()];
@@ -150,7 +150,7 @@ fn qemu_here_starts_the_windows_machine_with_the_hca_and_the_kdnet_nic() {
     };
     let _device = launch(&cfg, &dir.path().join("device.log"), Duration::from_secs(10)).unwrap();
     let carrier = probe_carrier(&bins.qemu).unwrap();
-    let m = machine(dir.path(), Some(VhostUserDevice { socket, carrier }));
+    let m = machine(dir.path(), Some(VhostUserDevice { socket, carrier, access_platform: true }));
     let log = dir.path().join("qemu.log");
     let mut qemu = Supervised::spawn("qemu", m.command(), Some(&log)).unwrap();
     let qmp = Qmp::connect(&m.qmp_socket, Duration::from_secs(20));

@@ -77,6 +77,9 @@ pub struct DeviceOptions {
     /// `vhca-device --revalidate-stale`: a register made stale by an IOTLB invalidation asks the vIOMMU again on its
     /// next use, so DMA after an unmap reaches the IOMMU (which refuses it and reports the fault to the guest).
     pub revalidate_stale: bool,
+    /// `device = { access_platform = false }`: `vhca-device --no-access-platform` and QEMU's iommu_platform=off, the
+    /// device that bypasses the IOMMU, which the driver must refuse at start.
+    pub without_access_platform: bool,
 }
 
 /// Which build of the driver runs a scenario in the guest: the driver core compiled into the guest program, or
@@ -275,6 +278,9 @@ impl ConcreteRun {
         if self.device.revalidate_stale {
             args.push("--revalidate-stale".to_string());
         }
+        if self.device.without_access_platform {
+            args.push("--no-access-platform".to_string());
+        }
         args
     }
 }
@@ -370,6 +376,7 @@ mod tests {
                 map_registers: Some(16),
                 inject: vec!["max_contiguous_pages=4".into()],
                 revalidate_stale: false,
+                without_access_platform: false,
             },
             guest: GuestOptions {
                 scenario: name.into(),
@@ -447,6 +454,26 @@ mod tests {
         assert_eq!(filtered.len(), 1);
         assert_eq!(filtered[0].name, "a/verifier-on");
         assert!(suite.expand_filtered("(").is_err());
+    }
+
+    #[test]
+    fn a_run_without_access_platform_starts_the_device_without_it() {
+        let mut plain = run("a", &[(VerifierMode::On, Expected::Pass)]);
+        plain.device = DeviceOptions::default();
+        let mut without = plain.clone();
+        without.device.without_access_platform = true;
+        let args = |r: SuiteRun| {
+            let suite = Suite {
+                name: "t".into(),
+                source: "t".into(),
+                runs: vec![r],
+                guest: GuestKind::Linux,
+                windows_image: None,
+            };
+            suite.expand()[0].device_args()
+        };
+        assert!(args(plain).is_empty());
+        assert_eq!(args(without), ["--no-access-platform"]);
     }
 
     #[test]

@@ -183,6 +183,7 @@ fn validate(raw: RawSuite, file: &str, checker: &mut Checker) -> Suite {
                 .filter_map(|(j, kv)| check_injection(kv, &field(&format!("device.inject[{j}]")), checker))
                 .collect(),
             revalidate_stale: run.device.revalidate_stale,
+            without_access_platform: run.device.access_platform == Some(false),
         };
         let guest = guest_options(&run, &name, (default_timeout, default_silence), checker, &field);
         let expect = expectations(&run.expect, "expect", &modes, checker, &field);

@@ -69,6 +69,8 @@ pub(super) struct RawDevice {
     pub inject: Vec<Spanned<String>>,
     #[serde(default)]
     pub revalidate_stale: bool,
+    /// false: the device without VIRTIO_F_ACCESS_PLATFORM (iommu_platform=off).
+    pub access_platform: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
