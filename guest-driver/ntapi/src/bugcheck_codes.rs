@@ -20,6 +20,12 @@ pub const DRIVER_CORRUPTED_EXPOOL: u32 = 0xC5;
 pub const DRIVER_VERIFIER_IOMANAGER_VIOLATION: u32 = 0xC9;
 pub const DRIVER_IRQL_NOT_LESS_OR_EQUAL: u32 = 0xD1;
 pub const DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL: u32 = 0xD5;
+/// Special Pool's guard page touched by a driver (0xD6) or by the system on its behalf (0xCD); freed special pool
+/// touched by the system (0xCC; 0xD5 when the driver's own code did): bug-check-0xd6--driver-page-fault-beyond-end-of-
+/// allocation, bug-check-0xcd--page-fault-beyond-end-of-allocation, bug-check-0xcc--page-fault-in-freed-special-pool.
+pub const DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION: u32 = 0xD6;
+pub const PAGE_FAULT_BEYOND_END_OF_ALLOCATION: u32 = 0xCD;
+pub const PAGE_FAULT_IN_FREED_SPECIAL_POOL: u32 = 0xCC;
 pub const DRIVER_VERIFIER_DMA_VIOLATION: u32 = 0xE6;
 // The asynchronous paths' codes (interrupts, DPCs, timers, work items): bug-check-0xc7--timer-or-dpc-invalid,
 // bug-check-0xce--driver-unloaded-without-cancelling-pending-operations, bug-check-0xe4--worker-invalid,
@@ -51,6 +57,9 @@ pub fn bugcheck_name(code: u32) -> Option<&'static str> {
         DRIVER_VERIFIER_IOMANAGER_VIOLATION => "DRIVER_VERIFIER_IOMANAGER_VIOLATION",
         DRIVER_IRQL_NOT_LESS_OR_EQUAL => "DRIVER_IRQL_NOT_LESS_OR_EQUAL",
         DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL => "DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL",
+        DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION => "DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION",
+        PAGE_FAULT_BEYOND_END_OF_ALLOCATION => "PAGE_FAULT_BEYOND_END_OF_ALLOCATION",
+        PAGE_FAULT_IN_FREED_SPECIAL_POOL => "PAGE_FAULT_IN_FREED_SPECIAL_POOL",
         DRIVER_VERIFIER_DMA_VIOLATION => "DRIVER_VERIFIER_DMA_VIOLATION",
         TIMER_OR_DPC_INVALID => "TIMER_OR_DPC_INVALID",
         DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS => {

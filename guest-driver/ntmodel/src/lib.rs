@@ -47,7 +47,7 @@ pub use low_resources::{
 pub use pool_types::PoolRequest;
 pub use processor::ProcessorNumber;
 pub use timing::{ClockSource, TimingConfig, TIMING_OPTION_KEYS};
-pub use verifier::{RuleId, VerifierFlags};
+pub use verifier::{RuleId, SpecialPoolAlignment, VerifierFlags};
 
 pub(crate) const PAGE: u64 = vhca_ntapi::PAGE_SIZE;
 

@@ -2,6 +2,7 @@
 //! pages at fake virtual addresses, and the CPU's checked access to them (paged memory at raised IRQL faults).
 
 mod pool_quarantine;
+mod special_pool;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::panic::Location;
@@ -12,8 +13,8 @@ use crate::bugcheck::Bugcheck;
 use crate::interleaving::{Access, Watched};
 use crate::low_resources::{at_location, FaultableRoutine};
 use crate::pool_types::{PoolRequest, C4_EXECUTABLE_POOL};
-use crate::verifier::{c4, VerifierFlags};
-use crate::{dma_adapter, lock, mdl, HostMemId, NtModel, PAGE};
+use crate::verifier::{c4, SpecialPoolAlignment, VerifierFlags};
+use crate::{dma_adapter, lock, mdl, HostMemId, HostView, NtModel, PAGE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RegionKind {
@@ -62,6 +63,8 @@ pub(crate) struct Memory {
     pub freed_pool: HashSet<u64>,
     /// Freed pool's pages, still backed for the CPU (`NtModel::retire_pool`).
     quarantine: pool_quarantine::PoolQuarantine,
+    /// Special Pool's blocks, live and freed, and its alignment setting.
+    special: special_pool::SpecialPool,
     pub mdls: HashMap<u64, mdl::Mdl>,
     pub dma: dma_adapter::DmaState,
     /// Blocks freed while the race detector watched, newest last: (base, bytes, what it was), so a report on a late
@@ -151,14 +154,15 @@ impl NtModel {
     /// it) and the device's view of its pages goes with it, as for any free. Without Special Pool its pages
     /// stay backed, and so mapped where a driver binary was handed them, with what was written: Windows returns a
     /// freed block to the pool allocator, still mapped, so a late reader (a DPC left running past a remove) reads
-    /// stale state instead of faulting. With Special Pool (0x1) the pages go at once and a late access faults: the
-    /// model's stand-in for special pool's inaccessible freed pages until issue 26 models special pool fully.
+    /// stale state instead of faulting. Freed special pool (0x1) is held the same way, for another reason: its
+    /// range is inaccessible (the model's accesses 0xD5 by its books, a driver binary's by the loader's page
+    /// protection, `with_freed_special_pool`), and holding its pages keeps their process addresses from being
+    /// reused under the driver until the quarantine lets them go, as Windows delays reusing freed special pool.
     fn retire_pool(&self, m: &mut Memory, base: u64) {
-        if self.checks(VerifierFlags::SPECIAL_POOL) {
-            self.free_region(m, base);
-            return;
-        }
         let Some(r) = m.regions.remove(&base) else { return };
+        if m.special.live(base).is_some() {
+            m.special.retire(base, r.end(), r.mem);
+        }
         if self.backend.revoke_device_access(r.mem).is_err() {
             // A backend that cannot keep CPU-only memory, or one whose unmap failed (it leaked the pages then).
             let _ = self.backend.free(r.mem);
@@ -213,14 +217,88 @@ impl NtModel {
             return Ok(PVOID::NULL);
         }
         let kind = if request.paged { RegionKind::PagedPool } else { RegionKind::NonPagedPool };
+        if self.checks(VerifierFlags::SPECIAL_POOL) {
+            return Ok(self.alloc_special(bytes as u64, kind, tag).map(PVOID).unwrap_or(PVOID::NULL));
+        }
         Ok(self.alloc_region(bytes as u64, kind, tag, 0).map(PVOID).unwrap_or(PVOID::NULL))
+    }
+
+    /// A special pool block: its own pages and a guard page, the allocation against the guard (Verify End) or right
+    /// after it (Verify Start), every other byte of its pages the pattern its free checks. The guard page is part of
+    /// the region, so the block's pages are one backend allocation and one range of a driver binary's addresses
+    /// (the loader makes the guard inaccessible there); the model's own accesses are refused by `check_cpu_access`.
+    fn alloc_special(&self, bytes: u64, kind: RegionKind, tag: u32) -> Option<u64> {
+        let alignment = lock(&self.memory).special.alignment;
+        let placement = special_pool::Placement::new(bytes, alignment)?;
+        let mem = self.backend.alloc(placement.pages).ok()?;
+        let data = placement.data();
+        let pattern = vec![special_pool::PATTERN; (data.end - data.start) as usize];
+        let allocation = (placement.start - data.start) as usize..(placement.start - data.start + bytes) as usize;
+        let pattern = [&pattern[..allocation.start], &vec![0; allocation.len()][..], &pattern[allocation.end..]].concat();
+        if self.backend.write(mem, data.start as usize, &pattern).is_err() {
+            let _ = self.backend.free(mem);
+            return None;
+        }
+        let mut m = lock(&self.memory);
+        let base = m.reserve_va(placement.pages, false, 0);
+        m.regions.insert(base, Region { base, bytes, pages: placement.pages, mem, kind, tag, locks: 0 });
+        m.special.insert(base, bytes, placement);
+        Some(base + placement.start)
+    }
+
+    /// Special Pool's alignment from now on (Windows' Verify Start / Verify End; Verify End unless set).
+    pub fn set_special_pool_alignment(&self, alignment: SpecialPoolAlignment) {
+        lock(&self.memory).special.alignment = alignment;
+    }
+
+    /// The guard page of the live special pool block handed out at `va`, as a model address (None: not one).
+    pub fn special_pool_guard(&self, va: PVOID) -> Option<PVOID> {
+        let m = lock(&self.memory);
+        let base = m.special.base_of(va.0)?;
+        Some(PVOID(base + m.special.live(base)?.placement.guard as u64 * PAGE))
+    }
+
+    /// Runs `f` on the process view of the freed special pool block once handed out at `va` while the model still
+    /// holds its pages (the quarantine), under the model's memory lock, so the pages cannot be given back (and
+    /// their addresses reused) before `f` is done: the PE loader makes them inaccessible there. False: not held.
+    pub fn with_freed_special_pool(&self, va: PVOID, f: impl FnOnce(HostView)) -> bool {
+        let m = lock(&self.memory);
+        let Some(mem) = m.special.freed_memory(va.0).filter(|mem| m.quarantine.holds(*mem)) else { return false };
+        let Some(host) = self.backend.host_address(mem) else { return false };
+        let Some((base, end)) = m.special.freed_range(va.0) else { return false };
+        f(HostView { model_base: base, bytes: end - base, host_base: host as usize });
+        true
+    }
+
+    /// At the free of the special pool block at `base`: its pattern whole, or 0xC1 naming the first byte changed.
+    fn special_pool_free_check(&self, m: &Memory, va: u64, base: u64) -> Result<(), Bugcheck> {
+        let Some(block) = m.special.live(base).copied() else { return Ok(()) };
+        let Some(r) = m.regions.get(&base) else { return Ok(()) };
+        let data = block.placement.data();
+        let mut contents = vec![0u8; (data.end - data.start) as usize];
+        if self.backend.read(r.mem, data.start as usize, &mut contents).is_err() {
+            return Ok(());
+        }
+        let start = (block.placement.start - data.start) as usize;
+        match special_pool::corrupted_pattern(&contents, start..start + block.bytes as usize) {
+            Some((at, subcode)) => self.found(Bugcheck::new(
+                SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION,
+                va,
+                base + data.start + at as u64,
+                0,
+                subcode,
+            )),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn pool_free(&self, p: PVOID) -> Result<(), Bugcheck> {
         self.watch_block_free(p.0);
         let irql = self.irql();
         let mut m = lock(&self.memory);
-        let kind = m.regions.get(&p.0).map(|r| r.kind);
+        // A special pool block is handed out inside its region, not at its base.
+        let base = m.special.base_of(p.0).unwrap_or(p.0);
+        let kind = m.regions.get(&base).map(|r| r.kind);
         let pool_type = match kind {
             Some(RegionKind::PagedPool) => POOL_TYPE::PagedPool,
             Some(RegionKind::NonPagedPool) => POOL_TYPE::NonPagedPool,
@@ -236,7 +314,8 @@ impl NtModel {
                 self.found(Bugcheck::c4(c4::FREE_NONPAGED_ABOVE_DISPATCH, irql as u64, pool_type as u64, p.0))?;
             }
         }
-        self.retire_pool(&mut m, p.0);
+        self.special_pool_free_check(&m, p.0, base)?;
+        self.retire_pool(&mut m, base);
         m.freed_pool.insert(p.0);
         Ok(())
     }
@@ -278,8 +357,21 @@ impl NtModel {
         while at < end {
             // Not a verifier rule: the access cannot go on, so this one is never disabled.
             let Some(r) = m.region_of(at) else {
+                // Freed special pool stays named as such (Special Pool's own verdict, not a verifier rule to
+                // disable: the page is gone either way).
+                if m.special.is_freed(at) {
+                    return Err(Bugcheck::new(DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL, at, write as u64, 0, 0));
+                }
                 return Err(Bugcheck::new(PAGE_FAULT_IN_NONPAGED_AREA, at, write as u64, 0, 0));
             };
+            if let Some(block) = m.special.live(r.base) {
+                let guard = r.base + block.placement.guard as u64 * PAGE;
+                let first = at.max(guard);
+                if first < end.min(guard + PAGE) {
+                    // P3, the instruction, is unknown to the model (the native driver's access is a kernel call).
+                    return Err(Bugcheck::new(DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION, first, write as u64, 0, 0));
+                }
+            }
             if r.kind.pageable() && r.locks == 0 && irql >= DISPATCH_LEVEL && self.checks(VerifierFlags::IRQL_CHECKING)
             {
                 self.found(Bugcheck::new(DRIVER_IRQL_NOT_LESS_OR_EQUAL, at, irql as u64, write as u64, 0))?;

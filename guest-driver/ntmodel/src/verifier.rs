@@ -59,6 +59,28 @@ impl std::ops::BitOr for VerifierFlags {
     }
 }
 
+/// Special Pool's alignment, Windows' system-wide Verify Start / Verify End setting (GFlags; Microsoft, "Detecting
+/// Overruns and Underruns"): which misuse faults at once (`memory/special_pool.rs` places the blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecialPoolAlignment {
+    /// The end touches the guard page after it: an overrun faults (0xD6), an underrun is found at free (0xC1).
+    #[default]
+    VerifyEnd,
+    /// The start is the first byte after the guard page before it: an underrun faults, an overrun is found at free.
+    VerifyStart,
+}
+
+impl SpecialPoolAlignment {
+    /// `verify_end` / `end` or `verify_start` / `start` (GFlags' names).
+    pub fn parse(text: &str) -> Option<SpecialPoolAlignment> {
+        match text.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "verify_end" | "end" => Some(SpecialPoolAlignment::VerifyEnd),
+            "verify_start" | "start" => Some(SpecialPoolAlignment::VerifyStart),
+            _ => None,
+        }
+    }
+}
+
 /// Parameter 1 values of bugcheck 0xC4 DRIVER_VERIFIER_DETECTED_VIOLATION the model raises.
 pub mod c4 {
     pub const ZERO_BYTE_ALLOCATION: u64 = 0x00;

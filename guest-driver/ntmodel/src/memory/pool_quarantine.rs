@@ -44,6 +44,11 @@ impl PoolQuarantine {
         self.held.drain(..).map(|(mem, _)| mem).collect()
     }
 
+    /// Whether `mem` is still held (not yet given back).
+    pub fn holds(&self, mem: HostMemId) -> bool {
+        self.held.iter().any(|(m, _)| *m == mem)
+    }
+
     /// Bytes held now (never above `CAP_BYTES`).
     pub fn bytes(&self) -> u64 {
         self.bytes
