@@ -11,11 +11,14 @@ mod command_transport;
 mod completion_path;
 mod completion_waits;
 mod cq_reader;
+mod device_control;
 mod dma_delivery;
 mod error;
 mod event_hand_off;
 mod hca;
+pub mod ioctl_codec;
 mod ring;
+mod user_verbs;
 
 pub use cl_mutex::{ClMutex, ClMutexKind};
 pub use command_event::CommandEvent;
@@ -26,7 +29,9 @@ pub use completion_path::{
 };
 pub use completion_waits::{CompletionWaits, CqCompletions, PathDevices};
 pub use cq_reader::CqReader;
+pub use device_control::{dispatch as dispatch_device_control, status_of, ControlReply, FileContext, ReleasedObjects};
 pub use error::DriverError;
 pub use event_hand_off::HandOffCounts;
 pub use hca::{Hca, HcaConfig, MrMapping, MrSource, RegisteredMr};
 pub use ring::RingMemory;
+pub use user_verbs::UserVerbs;
