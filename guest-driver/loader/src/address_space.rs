@@ -2,7 +2,8 @@
 //! pool, contiguous memory and common buffers; a driver binary dereferences what it gets, so each such address goes
 //! to the driver as where the backend keeps that page in this process (`NtModel::host_view`), and comes back to the
 //! model translated again. Memory the model never gave out (the driver's stack, its image) is passed through as is,
-//! so the model's own checks see an address it does not know and say so.
+//! so the model's own checks see an address it does not know and say so. Special Pool's inaccessible pages are
+//! kept here too (`special_pool`): they are a view of the same addresses.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -11,10 +12,14 @@ use std::sync::Mutex;
 use vhca_ntapi::PVOID;
 use vhca_ntmodel::{HostView, NtModel};
 
+use crate::special_pool::SpecialPoolPages;
+
 #[derive(Default)]
 pub struct AddressSpace {
     /// host base -> the region's view
     by_host: Mutex<BTreeMap<usize, HostView>>,
+    /// Special Pool's guard pages and freed blocks, made inaccessible at their process addresses.
+    pub special_pool: SpecialPoolPages,
 }
 
 impl AddressSpace {

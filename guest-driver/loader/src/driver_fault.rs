@@ -151,6 +151,7 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
         let (code, [p1, p2, p3, p4]) = paged_touch_bugcheck(address, irql, rip, error_code);
         crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
     }
+    special_pool_fault(address, rip, error_code);
     let Some(image) = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size) else {
         // Not the driver: the loader's own fault takes the default action (a core, an abnormal exit).
         // SAFETY: restoring the default disposition; returning re-runs the faulting instruction.
@@ -172,6 +173,34 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
         image.name
     );
     let (code, [p1, p2, p3, p4]) = fault_bugcheck(address, rip, error_code);
+    crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
+}
+
+/// Special Pool's guard page or a freed special pool block (special_pool.rs), touched by the driver (0xD6 / 0xD5,
+/// its RVA and symbol named) or by a loader or CRT routine it called (0xCD / 0xCC); returns when the fault is not
+/// special pool's. Never an exception the driver may handle: Microsoft's pages say these "cannot be protected by a
+/// try - except handler".
+fn special_pool_fault(address: u64, rip: u64, error_code: u64) {
+    let Some(k) = crate::kernel_context::installed() else { return };
+    let Some(fault) = k.addresses.special_pool.fault(address as usize) else { return };
+    let image = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size);
+    let site = match image {
+        Some(image) => {
+            let rva = (rip as usize - image.base) as u32;
+            let symbol = match image.symbols.nearest(rva) {
+                Some((name, offset)) => format!("{name}+{offset:#x}"),
+                None => "no symbol".to_string(),
+            };
+            format!("{} at RVA {rva:#x} ({symbol})", image.name)
+        }
+        None => format!("the instruction at {rip:#x}, outside the driver"),
+    };
+    let what = match fault {
+        crate::special_pool::SpecialPoolFault::GuardPage => "special pool guard page",
+        crate::special_pool::SpecialPoolFault::Freed => "freed special pool",
+    };
+    println!("VHCA-LOADER: {what} at {address:#x} touched by {site}");
+    let (code, [p1, p2, p3, p4]) = fault.bugcheck(address, rip, error_code, image.is_some());
     crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
 }
 

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 
 use vhca_ntapi::{
     NtKernel, MDL_SOURCE_IS_NONPAGED_POOL, MEMORY_CACHING_TYPE, PAGE_SIZE, PHYSICAL_ADDRESS, PMDL,
-    POOL_FLAG_RAISE_ON_FAILURE,
+    POOL_FLAG_RAISE_ON_FAILURE, SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION,
 };
 use vhca_ntmodel::PoolRequest;
 use windows_sys::Wdk::Foundation::MDL;
@@ -21,7 +21,8 @@ use crate::kernel_context::kernel;
 site_entry!(ExAllocatePool2_entry => ExAllocatePool2);
 site_entry!(MmAllocateContiguousMemorySpecifyCache_entry => MmAllocateContiguousMemorySpecifyCache);
 site_entry!(IoAllocateMdl_entry => IoAllocateMdl);
-site_entry!(MmProbeAndLockPages_entry => MmProbeAndLockPages);
+// MmProbeAndLockPages raises its failure into the driver: its stub keeps the driver's registers for the dispatch.
+crate::seh::raise::raising_entry!(MmProbeAndLockPages_entry => MmProbeAndLockPages);
 
 /// The pool routines' import addresses: each puts its return address, the driver's code that called it, into the
 /// fourth argument register (both routines take three) before the call-site stub, so the thunk can name it as
@@ -71,11 +72,18 @@ unsafe extern "win64" fn ExAllocatePoolWithTag(pool_type: u32, bytes: usize, tag
 
 /// One pool block for the driver, at its process address (0 when refused). The pages are the backend's as the
 /// model keeps them, read/write and never executable whatever the pool (docs/loader.md, "Pool"); paged ones join
-/// Force IRQL checking's trim.
+/// Force IRQL checking's trim. Under Special Pool the block's guard page is made inaccessible here, so the
+/// driver's own overrun (or underrun, Verify Start) faults at its first byte past the block.
 fn allocate(request: PoolRequest, bytes: usize, tag: u32, caller: u64) -> usize {
     let k = kernel();
     let va = at_driver_site(|| k.model.allocate_pool(request, bytes, tag, caller));
     let at = k.addresses.to_host(&k.model, va);
+    if let Some(guard) = k.model.special_pool_guard(va) {
+        k.addresses.special_pool.guard(k.addresses.to_host(&k.model, guard));
+    }
+    // A paged Verify End block off a page boundary stays resident (`PageablePool::insert`): Force IRQL checking's
+    // trim misses it, one check traded for the other on that block; a Verify Start block starts its page and is
+    // trimmed as any (its guard page stays inaccessible throughout).
     if request.paged {
         k.pageable.insert(at, bytes);
     }
@@ -86,9 +94,33 @@ unsafe extern "win64" fn ExFreePoolWithTag(p: *mut c_void, tag: u32) {
     let k = kernel();
     let va = k.addresses.to_model(p as usize);
     k.pageable.remove(p as usize);
+    // Special Pool's pattern first, so 0xC1 names the driver's addresses, not the model's.
+    if let Some((corrupted, subcode)) = k.model.special_pool_corruption(va) {
+        let at = k.addresses.to_host(&k.model, corrupted) as u64;
+        crate::kernel_context::bugcheck(SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION, p as u64, at, 0, subcode);
+    }
     // The model checks the free (double free, a block it never gave out) and stops the machine as Windows does.
     k.model.ExFreePoolWithTag(va, tag);
+    // Freed special pool: inaccessible at once, while the model still holds its pages.
+    k.model.with_freed_special_pool(va, |view| k.addresses.special_pool.freed(view.host_base, view.bytes as usize));
     k.addresses.forget(p as usize);
+}
+
+/// MmIsVerifierEnabled(VerifierFlags): the verifier's flags, STATUS_SUCCESS when Driver Verifier is on and
+/// STATUS_NOT_SUPPORTED when it is off (the model's reading of wdm.h's routine, which Microsoft documents only by
+/// its prototype). vhca.sys asks it whether Special Pool is on, to give each Rust allocation its own pool block.
+unsafe extern "win64" fn MmIsVerifierEnabled(flags: *mut u32) -> i32 {
+    const STATUS_NOT_SUPPORTED: i32 = 0xC000_00BBu32 as i32;
+    let verifier = kernel().model.verifier();
+    if !flags.is_null() {
+        // SAFETY: the driver's out parameter.
+        unsafe { *flags = verifier.0 };
+    }
+    if verifier.enabled() {
+        0
+    } else {
+        STATUS_NOT_SUPPORTED
+    }
 }
 
 unsafe extern "win64" fn MmAllocateContiguousMemorySpecifyCache(
@@ -239,10 +271,11 @@ unsafe extern "win64" fn ZwFreeVirtualMemory(
     0
 }
 
-/// MmProbeAndLockPages(Mdl, AccessMode, Operation). Windows raises an exception when the pages cannot be locked;
-/// a driver binary without a handler for it gets what an unhandled exception in a system thread gives, 0x7E with
-/// the status, which is what this does. On success the MDL says its pages are locked, with their frame numbers.
-unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation: i32) {
+/// MmProbeAndLockPages(Mdl, AccessMode, Operation). Windows raises an exception when the pages cannot be locked:
+/// the status returned here is raised by the entry stub into the driver's frames (`seh`), where a __try/__except
+/// takes it; with no handler it is 0x7E with the status, as an unhandled exception in a system thread is. On
+/// success the MDL says its pages are locked, with their frame numbers, and nothing is raised (0).
+unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation: i32) -> u32 {
     use vhca_ntapi::{KPROCESSOR_MODE, LOCK_OPERATION, MDL_PAGES_LOCKED};
     let mode = if mode == 0 { KPROCESSOR_MODE::KernelMode } else { KPROCESSOR_MODE::UserMode };
     let operation = match operation {
@@ -253,19 +286,14 @@ unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation:
     let k = kernel();
     let status = at_driver_site(|| k.model.MmProbeAndLockPages(k.mdls.model_mdl(mdl), mode, operation));
     if status.0 < 0 {
-        crate::kernel_context::bugcheck(
-            crate::driver_fault::SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
-            status.0 as u32 as u64,
-            0,
-            0,
-            0,
-        );
+        return status.0 as u32;
     }
     // SAFETY: the driver's MDL, sized by IoAllocateMdl for its pages.
     unsafe {
         (*mdl).MdlFlags |= MDL_PAGES_LOCKED as i16;
         fill_pfns(mdl);
     }
+    0
 }
 
 unsafe extern "win64" fn MmUnlockPages(mdl: *mut MDL) {
@@ -290,8 +318,9 @@ unsafe fn fill_pfns(mdl: *mut MDL) {
     }
 }
 
-pub fn memory_thunks() -> [(&'static str, usize); 12] {
+pub fn memory_thunks() -> [(&'static str, usize); 13] {
     [
+        ("MmIsVerifierEnabled", MmIsVerifierEnabled as *const () as usize),
         ("ExAllocatePool2", ExAllocatePool2_import as *const () as usize),
         ("ExAllocatePoolWithTag", ExAllocatePoolWithTag_import as *const () as usize),
         ("ExFreePoolWithTag", ExFreePoolWithTag as *const () as usize),
