@@ -25,6 +25,7 @@ mod map_registers;
 mod paged_context;
 mod pool_executable;
 mod pool_exhaustion;
+mod pool_overrun;
 mod shared_buffer;
 mod shared_words;
 mod smoke;
@@ -100,6 +101,10 @@ pub enum Scenario {
     DpcBoundedBatch,
     PoolExecutable,
     PoolNonExecutable,
+    PoolOverrun,
+    PoolOverrunFixed,
+    PoolUseAfterFree,
+    PoolUseAfterFreeFixed,
     DpcPollsDestroyedCq,
     DestroyCqFlushesDpcs,
     LateAdapterRoutine,
@@ -113,7 +118,7 @@ pub enum Scenario {
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 35] = [
+    pub const DRIVER: [Scenario; 39] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -141,6 +146,10 @@ impl Scenario {
         Scenario::DpcBoundedBatch,
         Scenario::PoolExecutable,
         Scenario::PoolNonExecutable,
+        Scenario::PoolOverrun,
+        Scenario::PoolOverrunFixed,
+        Scenario::PoolUseAfterFree,
+        Scenario::PoolUseAfterFreeFixed,
         Scenario::DpcPollsDestroyedCq,
         Scenario::DestroyCqFlushesDpcs,
         Scenario::LateAdapterRoutine,
@@ -181,6 +190,10 @@ impl Scenario {
             Scenario::DpcBoundedBatch => "dpc-bounded-batch",
             Scenario::PoolExecutable => "pool-executable",
             Scenario::PoolNonExecutable => "pool-non-executable",
+            Scenario::PoolOverrun => "pool-overrun",
+            Scenario::PoolOverrunFixed => "pool-overrun-fixed",
+            Scenario::PoolUseAfterFree => "pool-use-after-free",
+            Scenario::PoolUseAfterFreeFixed => "pool-use-after-free-fixed",
             Scenario::DpcPollsDestroyedCq => "dpc-polls-destroyed-cq",
             Scenario::DestroyCqFlushesDpcs => "destroy-cq-flushes-dpcs",
             Scenario::LateAdapterRoutine => "late-adapter-routine",
@@ -245,6 +258,10 @@ impl Scenario {
             Scenario::DpcBoundedBatch => dpc_wait::bounded_batch(ctx),
             Scenario::PoolExecutable => pool_executable::executable(ctx),
             Scenario::PoolNonExecutable => pool_executable::non_executable(ctx),
+            Scenario::PoolOverrun => pool_overrun::overrun(ctx),
+            Scenario::PoolOverrunFixed => pool_overrun::overrun_fixed(ctx),
+            Scenario::PoolUseAfterFree => pool_overrun::use_after_free(ctx),
+            Scenario::PoolUseAfterFreeFixed => pool_overrun::use_after_free_fixed(ctx),
             Scenario::DpcPollsDestroyedCq => cq_poll_dpc::polls_destroyed(ctx),
             Scenario::DestroyCqFlushesDpcs => cq_poll_dpc::flushes_dpcs(ctx),
             Scenario::LateAdapterRoutine => adapter_routine::late(ctx),
