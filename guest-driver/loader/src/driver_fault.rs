@@ -167,12 +167,23 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
         Some((name, offset)) => format!("{name}+{offset:#x}"),
         None => "no symbol".to_string(),
     };
-    println!(
+    let line = format!(
         "VHCA-LOADER: {} in {} at RVA {rva:#x} ({symbol}) touching {address:#x}",
         if signal == libc::SIGBUS { "bus error" } else { "access violation" },
         image.name
     );
     let (code, [p1, p2, p3, p4]) = fault_bugcheck(address, rip, error_code);
+    // An access violation Windows raises as an exception (0x7E's case) goes to the driver's own handlers first;
+    // the line and the bugcheck are what the dispatch stops with when none takes it.
+    if code == SYSTEM_THREAD_EXCEPTION_NOT_HANDLED && signal == libc::SIGSEGV {
+        let write = error_code & 0x2 != 0;
+        // SAFETY: this SIGSEGV's context, its RIP in the image; the signal returns into the dispatch.
+        unsafe {
+            crate::seh::raise::hand_over_fault(&mut *(context as *mut libc::ucontext_t), address, write, line, (code, [p1, p2, p3, p4]))
+        };
+        return;
+    }
+    println!("{line}");
     crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
 }
 

@@ -41,6 +41,7 @@ pub mod registry_table;
 pub mod registry_thunks;
 pub mod remove_lock_table;
 pub mod remove_lock_thunks;
+pub mod seh;
 pub mod special_pool;
 pub mod start_resources;
 pub mod timer_thunks;

@@ -271,10 +271,11 @@ unsafe extern "win64" fn ZwFreeVirtualMemory(
     0
 }
 
-/// MmProbeAndLockPages(Mdl, AccessMode, Operation). Windows raises an exception when the pages cannot be locked;
-/// a driver binary without a handler for it gets what an unhandled exception in a system thread gives, 0x7E with
-/// the status, which is what this does. On success the MDL says its pages are locked, with their frame numbers.
-unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation: i32) {
+/// MmProbeAndLockPages(Mdl, AccessMode, Operation). Windows raises an exception when the pages cannot be locked:
+/// the status returned here is raised by the entry stub into the driver's frames (`seh`), where a __try/__except
+/// takes it; with no handler it is 0x7E with the status, as an unhandled exception in a system thread is. On
+/// success the MDL says its pages are locked, with their frame numbers, and nothing is raised (0).
+unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation: i32) -> u32 {
     use vhca_ntapi::{KPROCESSOR_MODE, LOCK_OPERATION, MDL_PAGES_LOCKED};
     let mode = if mode == 0 { KPROCESSOR_MODE::KernelMode } else { KPROCESSOR_MODE::UserMode };
     let operation = match operation {
@@ -285,19 +286,14 @@ unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation:
     let k = kernel();
     let status = at_driver_site(|| k.model.MmProbeAndLockPages(k.mdls.model_mdl(mdl), mode, operation));
     if status.0 < 0 {
-        crate::kernel_context::bugcheck(
-            crate::driver_fault::SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
-            status.0 as u32 as u64,
-            0,
-            0,
-            0,
-        );
+        return status.0 as u32;
     }
     // SAFETY: the driver's MDL, sized by IoAllocateMdl for its pages.
     unsafe {
         (*mdl).MdlFlags |= MDL_PAGES_LOCKED as i16;
         fill_pfns(mdl);
     }
+    0
 }
 
 unsafe extern "win64" fn MmUnlockPages(mdl: *mut MDL) {

@@ -423,6 +423,7 @@ impl ImportResolver for NtThunks {
             .chain(timer_thunks())
             .chain(dispatcher_thunks())
             .chain(processor_thunks())
+            .chain(crate::seh::raise::seh_thunks())
             .map(|(n, a)| ("ntoskrnl.exe", n, a));
         thunks()
             .into_iter()
