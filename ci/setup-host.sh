@@ -66,6 +66,9 @@ command -v objcopy >/dev/null 2>&1 || pkgs+=(binutils)
 dpkg -s libc6-dev >/dev/null 2>&1 || pkgs+=(libc6-dev)
 # rustc links Linux binaries with the system cc; a minimal Debian has none.
 command -v cc >/dev/null 2>&1 || pkgs+=(gcc)
+# vhca.sys's one C unit (guest-driver/sys/c/probe.c: __try/__except around MmProbeAndLockPages) is compiled by
+# clang for x86_64-pc-windows-msvc; Debian's clang has that target built in and needs no Windows SDK.
+command -v clang >/dev/null 2>&1 || pkgs+=(clang)
 # cargo (crates.io) and pip (the linter below) speak HTTPS.
 [ -f /etc/ssl/certs/ca-certificates.crt ] || pkgs+=(ca-certificates)
 # Windows guests (never booted here): OVMF for the UEFI machine the tests start paused, xorriso for the answer disc,

@@ -447,3 +447,73 @@ fn the_inf_enables_msi_x_in_its_ddinstall_hw_section() {
     let one = inf.replace("MessageNumberLimit,0x00010001,5", "MessageNumberLimit,0x00010001,1");
     assert!(msi_problems(&one).iter().any(|p| p.contains("MessageNumberLimit")));
 }
+
+/// A public symbol's RVA from vhca.pdb.
+fn public_rva(dir: &Path, name: &str) -> Option<u32> {
+    let mut pdb = pdb::PDB::open(std::fs::File::open(dir.join("vhca.pdb")).unwrap()).unwrap();
+    let address_map = pdb.address_map().unwrap();
+    let symbols = pdb.global_symbols().unwrap();
+    let mut iter = symbols.iter();
+    while let Some(symbol) = pdb::FallibleIterator::next(&mut iter).unwrap() {
+        if let Ok(pdb::SymbolData::Public(public)) = symbol.parse() {
+            if public.name.to_string() == name {
+                return public.offset.to_rva(&address_map).map(|rva| rva.0);
+            }
+        }
+    }
+    None
+}
+
+/// The RVA of the IAT slot the loader fills for ntoskrnl.exe's `routine`.
+fn iat_slot(file: &PeFile64, routine: &str) -> Option<u32> {
+    let table = file.import_table().ok()??;
+    let mut descriptors = table.descriptors().ok()?;
+    while let Some(d) = descriptors.next().ok()? {
+        let mut thunks = table.thunks(d.original_first_thunk.get(LE)).ok()?;
+        let mut index = 0;
+        while let Some(thunk) = thunks.next::<pe::ImageNtHeaders64>().ok()? {
+            if let Ok(object::read::pe::Import::Name(_, name)) = table.import::<pe::ImageNtHeaders64>(thunk) {
+                if name == routine.as_bytes() {
+                    return Some(d.first_thunk.get(LE) + 8 * index);
+                }
+            }
+            index += 1;
+        }
+    }
+    None
+}
+
+#[test]
+fn the_probe_wrapper_has_an_seh_handler_bound_to_c_specific_handler() {
+    let Some(dir) = package() else { return };
+    let image = read(&dir, "vhca.sys");
+    let file = PeFile64::parse(&image[..]).unwrap();
+    let sections = file.section_table();
+    let at = |rva: u32| sections.pe_data_at(&image[..], rva).unwrap_or_else(|| panic!("RVA {rva:#x} not in the file"));
+    let u32_at = |rva: u32| u32::from_le_bytes(at(rva)[..4].try_into().unwrap());
+    let probe = public_rva(&dir, "vhca_probe_and_lock_pages").expect("c/probe.c's wrapper is in vhca.pdb");
+    let pdata = file.data_directory(pe::IMAGE_DIRECTORY_ENTRY_EXCEPTION).expect("an exception directory (.pdata)");
+    let (pdata_rva, pdata_size) = (pdata.virtual_address.get(LE), pdata.size.get(LE));
+    let entry = (0..pdata_size / 12)
+        .map(|i| pdata_rva + 12 * i)
+        .find(|&e| u32_at(e) == probe)
+        .expect("a .pdata entry for the probe wrapper");
+    let info = u32_at(entry + 8);
+    let header = at(info);
+    assert_ne!((header[0] >> 3) & 1, 0, "the wrapper's UNWIND_INFO has UNW_FLAG_EHANDLER");
+    let count = u32::from(header[2]);
+    let handler_at = info + 4 + 2 * (count + (count & 1));
+    let handler = u32_at(handler_at);
+    // The handler is the import thunk `jmp [rip + disp]` through __C_specific_handler's IAT slot.
+    let code = at(handler);
+    assert_eq!(&code[..2], &[0xFF, 0x25], "the handler at {handler:#x} is an import thunk");
+    let slot = (handler as i64 + 6 + i32::from_le_bytes(code[2..6].try_into().unwrap()) as i64) as u32;
+    assert_eq!(Some(slot), iat_slot(&file, "__C_specific_handler"), "the handler is __C_specific_handler's thunk");
+    // Its scope table: a __try whose __except takes every exception (filter 1), inside the function.
+    let scopes = u32_at(handler_at + 4);
+    let end = u32_at(entry + 4);
+    let takes_all = (0..scopes).map(|i| handler_at + 8 + 16 * i).any(|s| {
+        u32_at(s + 8) == 1 && (probe..end).contains(&u32_at(s + 12)) && (probe..end).contains(&u32_at(s))
+    });
+    assert!(takes_all, "no EXCEPTION_EXECUTE_HANDLER scope in the probe wrapper's table");
+}

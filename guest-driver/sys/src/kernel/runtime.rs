@@ -29,9 +29,10 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
 pub static _fltused: i32 = 0;
 
 /// The C++ frame handler the precompiled liballoc's unwind tables (.xdata) name: the standard library for this
-/// target is built to unwind, this driver with panic=abort never does. Should an SEH exception (one
-/// MmProbeAndLockPages raises, say) be dispatched through a Rust frame, the answer is ExceptionContinueSearch (1):
-/// this frame handles nothing, the search goes on to the kernel's own handlers.
+/// target is built to unwind, this driver with panic=abort never does. An SEH exception dispatched through a Rust
+/// frame (one the driver's C unit, c/probe.c, did not take; or an access violation in Rust code) gets
+/// ExceptionContinueSearch (1), while searching and while unwinding alike: a Rust frame takes no exception and has
+/// nothing to clean up, so the search goes on to the callers' handlers and, with none, ends in 0x7E.
 #[no_mangle]
 pub extern "C" fn __CxxFrameHandler3(_record: usize, _frame: usize, _context: usize, _dispatcher: usize) -> i32 {
     1

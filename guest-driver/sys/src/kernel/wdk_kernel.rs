@@ -21,6 +21,21 @@ use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock};
 use super::spin_locked::SpinLocked;
 use super::wdk_async_kernel::{release, AsyncObject};
 
+extern "C" {
+    /// c/probe.c: MmProbeAndLockPages inside __try; 0 or the code of the exception it raised.
+    fn vhca_probe_and_lock_pages(mdl: *mut MDL, access_mode: i8, operation: i32) -> i32;
+}
+
+// What c/probe.c calls, bound from ntoskrnl.exe here (the C unit names __imp_ symbols, which only these raw-dylib
+// declarations provide): MmProbeAndLockPages, and __C_specific_handler, the language handler its unwind info
+// names, imported as a WDK-built driver imports it. Neither is called from Rust.
+#[allow(dead_code)]
+#[link(name = "ntoskrnl.exe", kind = "raw-dylib", modifiers = "+verbatim")]
+extern "system" {
+    fn MmProbeAndLockPages(mdl: *mut MDL, access_mode: i8, operation: i32);
+    fn __C_specific_handler(record: *mut c_void, frame: usize, context: *mut c_void, dispatcher: *mut c_void) -> i32;
+}
+
 /// A kernel object the shim allocated for the caller; boxed so its address never moves. Held, not read: the box
 /// keeps the object alive until the shim is dropped.
 #[allow(dead_code)]
@@ -326,12 +341,12 @@ impl NtKernel for WdkKernel {
     }
 
     fn MmProbeAndLockPages(&self, mdl: PMDL, access_mode: KPROCESSOR_MODE, operation: LOCK_OPERATION) -> NTSTATUS {
-        // Windows raises an exception when the pages cannot be locked; Rust cannot catch SEH, so such a failure
-        // is not returned here but stops the machine (KMODE_EXCEPTION_NOT_HANDLED). vhca.sys only probes
-        // buffers it owns. (docs/windows.md)
-        // SAFETY: IRQL <= APC_LEVEL for pageable memory, the caller's.
-        unsafe { wdk::MmProbeAndLockPages(mdl.0 as *mut MDL, access_mode as i8, operation as i32) };
-        STATUS_SUCCESS
+        // Windows raises an exception when the pages cannot be locked; Rust has no __try, so the call is made in
+        // C (c/probe.c), whose __except returns the exception's code (docs/windows.md). The simulation's
+        // STATUS_INSUFFICIENT_RESOURCES counts as a refused resource, as a NULL from an allocation does.
+        // SAFETY: IRQL <= APC_LEVEL for pageable memory, the caller's; the wrapper only calls MmProbeAndLockPages.
+        let status = NTSTATUS(unsafe { vhca_probe_and_lock_pages(mdl.0 as *mut MDL, access_mode as i8, operation as i32) });
+        self.noting(status, status == STATUS_INSUFFICIENT_RESOURCES)
     }
 
     fn MmUnlockPages(&self, mdl: PMDL) {
