@@ -3,6 +3,7 @@
 
 pub mod event_log;
 pub mod hca_commands;
+pub mod ioctl_dispatch;
 pub mod qmp_events;
 pub mod seeds;
 pub mod serial_console;
@@ -20,4 +21,5 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("qmp_events", qmp_events::run),
     ("event_log", event_log::run),
     ("suite_file", suite_file::run),
+    ("ioctl_dispatch", ioctl_dispatch::run),
 ];

@@ -31,6 +31,7 @@ pub fn all() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         seeds.push(("event_log", name, text.as_bytes().to_vec()));
     }
     seeds.push(("suite_file", "seed-suite", vhca_suite::SEED_SUITE.as_bytes().to_vec()));
+    seeds.push(("ioctl_dispatch", "two-files-verbs-session", ioctl_session()));
     seeds
 }
 
@@ -209,4 +210,44 @@ fn vhost_session(iotlb: IotlbAt) -> Vec<u8> {
     }
     input.extend(message(11, 1, &[], &state(0, 0)));
     input
+}
+
+/// File 0 opens a context and makes a PD, a CQ, a QP and an MR, posts a SEND and polls; file 1 opens and names file
+/// 0's CQ and MR (refused); file 0 closes with everything live, so CLEANUP has work.
+fn ioctl_session() -> Vec<u8> {
+    use crate::ioctl_dispatch::{record, selector::*};
+    use vhca_driver_core::ioctl_codec::*;
+    let open = OpenContextIn { abi_version: USER_ABI_VERSION.into(), reserved: 0.into() };
+    let cq = CreateCqIn { entries: 16.into(), reserved: 0.into() };
+    // The model numbers objects from 1 in creation order: PD 1, CQ 2, QP 3, MR 4.
+    let qp = CreateQpIn {
+        pd: 1.into(),
+        send_cq: 2.into(),
+        recv_cq: 2.into(),
+        sq_entries: 8.into(),
+        rq_entries: 8.into(),
+        reserved: 0.into(),
+    };
+    let mr = RegMrIn { addr: 0x10000.into(), length: 4096.into(), pd: 1.into(), access: 1.into(), reserved: 0.into() };
+    let mut wqe = Wqe { wr_id: 1.into(), opcode: (WrOpcode::Send as u32).into(), num_sge: 1.into(), ..Wqe::default() };
+    wqe.sge[0] = Sge { addr: 0x10000.into(), length: 64.into(), lkey: 4.into() };
+    let post = PostIn { qpn: 3.into(), count: 1.into() };
+    let poll = PollCqIn { cq: 2.into(), max: 4.into() };
+    let theirs = HandleIn { handle: 2.into(), reserved: 0.into() };
+    let their_mr = HandleIn { handle: 4.into(), reserved: 0.into() };
+    [
+        record(0, OPEN_CONTEXT, open.as_bytes(), 16, &[]),
+        record(0, QUERY_DEVICE, &[], 64, &[]),
+        record(0, ALLOC_PD, &[], 8, &[]),
+        record(0, CREATE_CQ, cq.as_bytes(), 8, &[]),
+        record(0, CREATE_QP, qp.as_bytes(), 8, &[]),
+        record(0, REG_MR, mr.as_bytes(), 24, &[]),
+        record(0, POST_SEND, post.as_bytes(), 64, wqe.as_bytes()),
+        record(0, POLL_CQ, poll.as_bytes(), 128, &[]),
+        record(1, OPEN_CONTEXT, open.as_bytes(), 16, &[]),
+        record(1, DESTROY_CQ, theirs.as_bytes(), 0, &[]),
+        record(1, DEREG_MR, their_mr.as_bytes(), 0, &[]),
+        record(0, CLOSE, &[], 0, &[]),
+    ]
+    .concat()
 }
