@@ -151,7 +151,9 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
         let (code, [p1, p2, p3, p4]) = paged_touch_bugcheck(address, irql, rip, error_code);
         crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
     }
-    special_pool_fault(address, rip, error_code);
+    // SAFETY: this signal's ucontext.
+    let rsp = unsafe { (*(context as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RSP as usize] } as u64;
+    special_pool_fault(address, rip, rsp, error_code);
     let Some(image) = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size) else {
         // Not the driver: the loader's own fault takes the default action (a core, an abnormal exit).
         // SAFETY: restoring the default disposition; returning re-runs the faulting instruction.
@@ -188,21 +190,42 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
 }
 
 /// Special Pool's guard page or a freed special pool block (special_pool.rs), touched by the driver (0xD6 / 0xD5,
-/// its RVA and symbol named) or by a loader or CRT routine it called (0xCD / 0xCC); returns when the fault is not
-/// special pool's. Never an exception the driver may handle: Microsoft's pages say these "cannot be protected by a
-/// try - except handler".
-fn special_pool_fault(address: u64, rip: u64, error_code: u64) {
+/// its RVA and symbol named) or by other code (0xCD / 0xCC); returns when the fault is not special pool's. The
+/// driver's stores include the CRT routines it imports (memcpy, memset: ntoskrnl.exe's exports, bound through a
+/// win64 thunk to libc's), which call nothing back: at their fault the nearest return address into the image on
+/// the stack, a few words up (libc's frame, the thunk's saved registers), is the driver's call site, and that is
+/// what is named. Never an exception the driver may handle: Microsoft's pages say these "cannot be
+/// protected by a try - except handler".
+fn special_pool_fault(address: u64, rip: u64, rsp: u64, error_code: u64) {
     let Some(k) = crate::kernel_context::installed() else { return };
     let Some(fault) = k.addresses.special_pool.fault(address as usize) else { return };
-    let image = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size);
+    let in_image = |at: u64| IMAGE.get().filter(|i| (at as usize).wrapping_sub(i.base) < i.size);
+    let (image, site_address, called) = match in_image(rip) {
+        Some(image) => (Some(image), rip, false),
+        None => {
+            // Deep enough for the win64 thunk's frame (its return, three pushes and the ten XMM registers the
+            // Windows convention makes it save: 24 words) and libc's memcpy (none); a value that only looks like
+            // a code address of the image could name the wrong site, never change the parameters (P3 is RIP).
+            const WORDS: usize = 64;
+            // SAFETY: the faulting thread's stack pointer, on its own mapped stack (a fault on the stack itself is
+            // not special pool's, so never here); the words above the stack pointer are the thread's frames.
+            let caller = (0..WORDS).map(|i| unsafe { (rsp as *const u64).add(i).read() }).find(|a| in_image(*a).is_some());
+            match caller {
+                Some(caller) => (in_image(caller), caller, true),
+                None => (None, rip, false),
+            }
+        }
+    };
     let site = match image {
         Some(image) => {
+            let rip = site_address;
             let rva = (rip as usize - image.base) as u32;
             let symbol = match image.symbols.nearest(rva) {
                 Some((name, offset)) => format!("{name}+{offset:#x}"),
                 None => "no symbol".to_string(),
             };
-            format!("{} at RVA {rva:#x} ({symbol})", image.name)
+            let by = if called { "a routine called from " } else { "" };
+            format!("{by}{} at RVA {rva:#x} ({symbol})", image.name)
         }
         None => format!("the instruction at {rip:#x}, outside the driver"),
     };

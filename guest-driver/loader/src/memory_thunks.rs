@@ -78,14 +78,18 @@ fn allocate(request: PoolRequest, bytes: usize, tag: u32, caller: u64) -> usize 
     let k = kernel();
     let va = at_driver_site(|| k.model.allocate_pool(request, bytes, tag, caller));
     let at = k.addresses.to_host(&k.model, va);
-    if let Some(guard) = k.model.special_pool_guard(va) {
-        k.addresses.special_pool.guard(k.addresses.to_host(&k.model, guard));
+    let guard = k.model.special_pool_guard(va).map(|g| k.addresses.to_host(&k.model, g));
+    if let Some(guard) = guard {
+        k.addresses.special_pool.guard(guard);
     }
-    // A paged Verify End block off a page boundary stays resident (`PageablePool::insert`): Force IRQL checking's
-    // trim misses it, one check traded for the other on that block; a Verify Start block starts its page and is
-    // trimmed as any (its guard page stays inaccessible throughout).
     if request.paged {
-        k.pageable.insert(at, bytes);
+        // Force IRQL checking trims whole pages: a special pool block's are its data pages (from the page it
+        // starts in up to its guard page with Verify End; from its start with Verify Start), never the guard.
+        let (first, bytes) = match guard {
+            Some(guard) if guard > at => (at - at % PAGE_SIZE as usize, guard - (at - at % PAGE_SIZE as usize)),
+            _ => (at, bytes),
+        };
+        k.pageable.insert(first, bytes);
     }
     at
 }
@@ -93,7 +97,12 @@ fn allocate(request: PoolRequest, bytes: usize, tag: u32, caller: u64) -> usize 
 unsafe extern "win64" fn ExFreePoolWithTag(p: *mut c_void, tag: u32) {
     let k = kernel();
     let va = k.addresses.to_model(p as usize);
-    k.pageable.remove(p as usize);
+    // A paged block is on the trim's books by its first page (a Verify End block does not start its page).
+    let first = match k.model.special_pool_guard(va) {
+        Some(_) => p as usize - p as usize % PAGE_SIZE as usize,
+        None => p as usize,
+    };
+    k.pageable.remove(first);
     // Special Pool's pattern first, so 0xC1 names the driver's addresses, not the model's.
     if let Some((corrupted, subcode)) = k.model.special_pool_corruption(va) {
         let at = k.addresses.to_host(&k.model, corrupted) as u64;
