@@ -1,6 +1,6 @@
 //! The global allocator: vhca.sys's Rust heap (Vec, Box, Arc) is one non-paged pool block with vhca's tag, reserved
 //! in DriverEntry and carved up by linked_list_allocator's first-fit heap under a kernel spin lock, so alloc works at
-//! IRQL <= DISPATCH_LEVEL.
+//! IRQL <= DISPATCH_LEVEL; under Special Pool each Rust allocation is its own pool block instead.
 //!
 //! Why one reserved block and not a pool allocation per Rust allocation: Rust's collections treat a failed
 //! allocation as fatal (a panic, here a bugcheck), while Windows fails pool allocations under low memory and Driver
@@ -9,23 +9,46 @@
 //! low-resources-verbs were Rust allocations, each a bugcheck. With the heap reserved up front, the one allocation
 //! Windows can fail is DriverEntry's, which then fails the load with STATUS_INSUFFICIENT_RESOURCES; every allocation
 //! the driver can handle failing (rings, buffers, MDLs, S/G lists) is its own kernel call, as before.
+//!
+//! Why each Rust allocation is its own ExAllocatePool2 block under Special Pool (0x1): inside one 4 MiB block
+//! Special Pool guards only the block's ends, so an overrun of a Vec or Box in vhca.sys would run into its heap
+//! neighbour unseen; as a pool block of its own each gets its own pages and guard page, and its free its own
+//! inaccessible pages. No slab is shared: a slab of small blocks would put several allocations on one page, where
+//! Special Pool guards none of them but the last. The reserved heap stays as well, because the Rust paths are not
+//! fallible (Vec::push, Box::new, format! abort on a failed allocation, and try_reserve covers only part of them;
+//! making every driver path fallible is more than this allocator can promise): a pool block refused (real low
+//! memory) is served from the heap instead, so no allocation panics, and under the low resources simulation
+//! (0x4, 0x40000) the allocator keeps to the heap alone, as before, so the simulation's failure points stay the
+//! driver's own kernel calls and not 186 Rust allocations it cannot handle.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use linked_list_allocator::Heap;
 use vhca_ntapi::{pool_tag, POOL_FLAG_NON_PAGED};
 
 use super::kernel_imports::{KeAcquireSpinLockRaiseToDpc, KeReleaseSpinLock};
-use windows_sys::Wdk::System::SystemServices::{ExAllocatePool2, ExFreePoolWithTag};
+use windows_sys::Wdk::System::SystemServices::{ExAllocatePool2, ExFreePoolWithTag, MmIsVerifierEnabled};
 
 /// 'vhca' in a pool dump (!poolused, !pool).
 pub const POOL_TAG: u32 = pool_tag(b"vhca");
 /// The Rust heap's size: the seed scenarios use well under a megabyte of it at their peak; the rest is margin. A
 /// Rust allocation it cannot satisfy is a panic (bugcheck 0x20000001), as any exhausted fixed heap.
 pub const HEAP_BYTES: usize = 4 << 20;
+
+/// Driver Verifier's flags the choice depends on: Special Pool, and the two low resources simulations.
+const SPECIAL_POOL: u32 = 0x1;
+const LOW_RESOURCES: u32 = 0x4 | 0x40000;
+/// A pool block's alignment on x64 (MEMORY_ALLOCATION_ALIGNMENT); a Rust layout asking for more uses the heap.
+const POOL_ALIGNMENT: usize = 16;
+
+/// Each Rust allocation its own pool block (Special Pool on, no low resources simulation); set once in `reserve`.
+static PER_ALLOCATION: AtomicBool = AtomicBool::new(false);
+/// The heap block's address, so a free can tell heap memory from a pool block of its own.
+static HEAP_BASE: AtomicUsize = AtomicUsize::new(0);
 
 /// The heap and the KSPIN_LOCK that guards it (KeAcquireSpinLockRaiseToDpc: a holder is never preempted by a DPC
 /// on its processor that allocates too).
@@ -72,7 +95,18 @@ pub fn reserve() -> bool {
         unsafe { heap.init(block, HEAP_BYTES) };
         *reserved = block;
     });
+    HEAP_BASE.store(block as usize, Ordering::Release);
+    let mut flags = 0u32;
+    // SAFETY: PASSIVE_LEVEL; an out parameter on the stack.
+    let verified = unsafe { MmIsVerifierEnabled(&mut flags) } >= 0;
+    PER_ALLOCATION.store(verified && flags & SPECIAL_POOL != 0 && flags & LOW_RESOURCES == 0, Ordering::Release);
     true
+}
+
+/// Whether `ptr` is inside the reserved heap (else it is a pool block of its own).
+fn in_heap(ptr: *mut u8) -> bool {
+    let base = HEAP_BASE.load(Ordering::Acquire);
+    base != 0 && (ptr as usize).wrapping_sub(base) < HEAP_BYTES
 }
 
 /// Gives the heap's block back to the pool; DriverUnload's last act. A heap with allocations still in it is left
@@ -84,6 +118,7 @@ pub fn release() {
             return core::ptr::null_mut();
         }
         *heap = Heap::empty();
+        HEAP_BASE.store(0, Ordering::Release);
         core::mem::replace(reserved, core::ptr::null_mut())
     });
     if !block.is_null() {
@@ -94,15 +129,30 @@ pub fn release() {
 
 pub struct PoolAllocator;
 
-// SAFETY: every block comes from the one heap, which hands out each byte once and checks layouts itself; it
-// returns null when it cannot satisfy a request (and before `reserve`).
+// SAFETY: every block comes from the one heap, which hands out each byte once and checks layouts itself, or is a
+// pool block of its own, at least 16-byte aligned, whose layout asked no more; null when neither can serve it (and
+// before `reserve`).
 unsafe impl GlobalAlloc for PoolAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if PER_ALLOCATION.load(Ordering::Acquire) && layout.align() <= POOL_ALIGNMENT {
+            // SAFETY: IRQL <= DISPATCH_LEVEL (Rust code in this driver never runs above it); non-paged NX pool with
+            // vhca's tag.
+            let block = unsafe { ExAllocatePool2(POOL_FLAG_NON_PAGED, layout.size(), POOL_TAG) }.cast::<u8>();
+            if !block.is_null() {
+                return block;
+            }
+        }
         HEAP.with(|heap, _| heap.allocate_first_fit(layout).map_or(core::ptr::null_mut(), NonNull::as_ptr))
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc` with this layout (GlobalAlloc's contract), so from this heap.
+        if !in_heap(ptr) {
+            // SAFETY: IRQL <= DISPATCH_LEVEL; a block `alloc` took from the pool with this tag, freed once
+            // (GlobalAlloc's contract).
+            unsafe { ExFreePoolWithTag(ptr.cast::<c_void>(), POOL_TAG) };
+            return;
+        }
+        // SAFETY: `ptr` came from `alloc` with this layout (GlobalAlloc's contract), and lies in this heap.
         HEAP.with(|heap, _| unsafe { heap.deallocate(NonNull::new_unchecked(ptr), layout) })
     }
 }
