@@ -4,7 +4,7 @@
 use std::fmt;
 
 use vhca_driver_core::ClMutexKind;
-use vhca_ntmodel::{InterleavingMode, LowResourcesConfig, RuleId, TimingConfig, VerifierFlags};
+use vhca_ntmodel::{InterleavingMode, LowResourcesConfig, RuleId, SpecialPoolAlignment, TimingConfig, VerifierFlags};
 
 /// PCI identity of the device to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +75,9 @@ pub struct Options {
     pub lock: Option<ClMutexKind>,
     /// Driver Verifier flags of the NT model (`vhca.verifier`, 0 = off).
     pub verifier: VerifierFlags,
+    /// Special Pool's alignment (`vhca.special_pool=verify_end|verify_start`, Windows' GFlags setting; Verify End
+    /// unless given): which end of each block touches its guard page when the verifier flags have 0x1.
+    pub special_pool: SpecialPoolAlignment,
     /// Longest physically contiguous run, in pages, the NT model can still find (`vhca.fragmentation`).
     pub fragmentation: Option<usize>,
     /// Map registers of the NT model's HAL per adapter (`vhca.map_registers`); None: the model's default. Not the
@@ -126,6 +129,7 @@ impl Default for Options {
             reset_method: None,
             lock: None,
             verifier: VerifierFlags::NONE,
+            special_pool: SpecialPoolAlignment::VerifyEnd,
             fragmentation: None,
             map_registers: None,
             double_buffering: true,
@@ -212,6 +216,10 @@ impl Options {
             "verifier" => {
                 self.verifier = VerifierFlags::parse(value).ok_or(format!("not verifier flags: {value:?}"))?
             }
+            "special_pool" => {
+                self.special_pool = SpecialPoolAlignment::parse(value)
+                    .ok_or(format!("not verify_end or verify_start: {value:?}"))?
+            }
             "samples" => {
                 self.samples = Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a count > 0: {value:?}"))?)
             }
@@ -284,6 +292,14 @@ mod tests {
         assert_eq!(options.reset_method.as_deref(), Some("pm"));
         assert_eq!(options.init, None);
         assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+    }
+
+    #[test]
+    fn special_pool_alignment_is_verify_end_unless_verify_start_is_given() {
+        assert_eq!(Options::parse("").special_pool, SpecialPoolAlignment::VerifyEnd);
+        assert_eq!(Options::parse("vhca.special_pool=verify_start").special_pool, SpecialPoolAlignment::VerifyStart);
+        let bad = Options::parse("vhca.special_pool=middle");
+        assert_eq!((bad.special_pool, bad.warnings.len()), (SpecialPoolAlignment::VerifyEnd, 1));
     }
 
     #[test]

@@ -223,7 +223,11 @@ pub fn run(
         r.details.insert("double_buffering".into(), json!(config.double_buffering));
     }
     let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
-    let kernel = Arc::new(NtModel::new(config.clone(), backend.clone(), handler.clone()).with_timing(options.timing));
+    let kernel = Arc::new(
+        NtModel::new(config.clone(), backend.clone(), handler.clone())
+            .with_timing(options.timing)
+            .with_special_pool_alignment(options.special_pool),
+    );
     handler.witness().attach(&kernel, &options.interleaving, options.processors);
     // The doorbells and commands the transport sends order the device's later interrupts after them.
     channel.tell_model(&kernel, PDO.0);

@@ -302,7 +302,8 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     // The native run's timing (the clock's tick, the DPC watchdog's allotment), so the watchdog judges alike.
     let model = Arc::new(
         NtModel::new(config.clone(), Arc::new(VfioDmaBackend::new(mapper)), handler.clone())
-            .with_timing(options.timing),
+            .with_timing(options.timing)
+            .with_special_pool_alignment(options.special_pool),
     );
     handler.witness().attach(&model, &options.interleaving, options.processors);
     low_resources::start(&model, &config.low_resources, &sink);

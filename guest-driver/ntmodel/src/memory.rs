@@ -251,6 +251,12 @@ impl NtModel {
         lock(&self.memory).special.alignment = alignment;
     }
 
+    /// The model with Special Pool's alignment set, as the guest builds it from `vhca.special_pool`.
+    pub fn with_special_pool_alignment(self, alignment: SpecialPoolAlignment) -> NtModel {
+        self.set_special_pool_alignment(alignment);
+        self
+    }
+
     /// The guard page of the live special pool block handed out at `va`, as a model address (None: not one).
     pub fn special_pool_guard(&self, va: PVOID) -> Option<PVOID> {
         let m = lock(&self.memory);
@@ -270,24 +276,33 @@ impl NtModel {
         true
     }
 
-    /// At the free of the special pool block at `base`: its pattern whole, or 0xC1 naming the first byte changed.
-    fn special_pool_free_check(&self, m: &Memory, va: u64, base: u64) -> Result<(), Bugcheck> {
-        let Some(block) = m.special.live(base).copied() else { return Ok(()) };
-        let Some(r) = m.regions.get(&base) else { return Ok(()) };
+    /// The special pool block handed out at `va`: the first byte of its pattern the driver changed and 0xC1's
+    /// subcode for it (0x23 before the block, 0x24 after its end); None when whole, or not a special pool block.
+    /// The PE loader asks before the free, to name the driver's own addresses in the bugcheck.
+    pub fn special_pool_corruption(&self, va: PVOID) -> Option<(PVOID, u64)> {
+        let m = lock(&self.memory);
+        let base = m.special.base_of(va.0)?;
+        Self::corruption_in(&*self.backend, &m, base)
+    }
+
+    fn corruption_in(backend: &dyn crate::DmaBackend, m: &Memory, base: u64) -> Option<(PVOID, u64)> {
+        let block = m.special.live(base).copied()?;
+        let r = m.regions.get(&base)?;
         let data = block.placement.data();
         let mut contents = vec![0u8; (data.end - data.start) as usize];
-        if self.backend.read(r.mem, data.start as usize, &mut contents).is_err() {
-            return Ok(());
-        }
+        backend.read(r.mem, data.start as usize, &mut contents).ok()?;
         let start = (block.placement.start - data.start) as usize;
-        match special_pool::corrupted_pattern(&contents, start..start + block.bytes as usize) {
-            Some((at, subcode)) => self.found(Bugcheck::new(
-                SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION,
-                va,
-                base + data.start + at as u64,
-                0,
-                subcode,
-            )),
+        let (at, subcode) = special_pool::corrupted_pattern(&contents, start..start + block.bytes as usize)?;
+        Some((PVOID(base + data.start + at as u64), subcode))
+    }
+
+    /// At the free of the special pool block at `base`: its pattern whole, or 0xC1 (Microsoft, "Bug Check 0xC1":
+    /// P1 the address freed, P2 where the bits are corrupted, P4 the subcode).
+    fn special_pool_free_check(&self, m: &Memory, va: u64, base: u64) -> Result<(), Bugcheck> {
+        match Self::corruption_in(&*self.backend, m, base) {
+            Some((at, subcode)) => {
+                self.found(Bugcheck::new(SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION, va, at.0, 0, subcode))
+            }
             None => Ok(()),
         }
     }
