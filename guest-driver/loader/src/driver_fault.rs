@@ -181,7 +181,13 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
         let write = error_code & 0x2 != 0;
         // SAFETY: this SIGSEGV's context, its RIP in the image; the signal returns into the dispatch.
         unsafe {
-            crate::seh::raise::hand_over_fault(&mut *(context as *mut libc::ucontext_t), address, write, line, (code, [p1, p2, p3, p4]))
+            crate::seh::raise::hand_over_fault(
+                &mut *(context as *mut libc::ucontext_t),
+                address,
+                write,
+                line,
+                (code, [p1, p2, p3, p4]),
+            )
         };
         return;
     }
@@ -218,13 +224,13 @@ fn special_pool_fault(address: u64, rip: u64, rsp: u64, error_code: u64) {
     };
     let site = match image {
         Some(image) => {
-            let rip = site_address;
-            let rva = (rip as usize - image.base) as u32;
-            let symbol = match image.symbols.nearest(rva) {
+            let rva = (site_address as usize - image.base) as u32;
+            // A return address follows its call, which may end the function: the symbol is the call's byte's.
+            let symbol = match image.symbols.nearest(if called { rva - 1 } else { rva }) {
                 Some((name, offset)) => format!("{name}+{offset:#x}"),
                 None => "no symbol".to_string(),
             };
-            let by = if called { "a routine called from " } else { "" };
+            let by = if called { "a routine called from (returning to) " } else { "" };
             format!("{by}{} at RVA {rva:#x} ({symbol})", image.name)
         }
         None => format!("the instruction at {rip:#x}, outside the driver"),
