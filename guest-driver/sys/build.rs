@@ -19,7 +19,9 @@ fn compile_probe() -> PathBuf {
         .arg(&out)
         .arg(source)
         .status()
-        .unwrap_or_else(|e| panic!("{clang} not found ({e}): ci/setup-host.sh installs clang, which vhca.sys's C unit needs"));
+        .unwrap_or_else(|e| {
+            panic!("{clang} not found ({e}): ci/setup-host.sh installs clang, which vhca.sys's C unit needs")
+        });
     assert!(status.success(), "{clang} failed on {source}");
     out
 }

@@ -1,7 +1,7 @@
 //! Structured exceptions through a driver image's .pdata/.xdata: a raise inside __try reaches its __except and the
 //! function returns the code; a __finally in a callee runs on the unwind to its caller's __except; an access
 //! violation in driver code is handed to the same dispatch; a filter that declines, or no handler, is still 0x7E
-//! with the code and the raise point. The image is a hand-assembled PE laid out as clang builds one
+//! with the code and the raise point, and a filter that continues a raised (noncontinuable) status is 0x7E 0xC0000025. The image is a hand-assembled PE laid out as clang builds one
 //! (tests/support/seh_fixture.rs). A bugcheck ends the process, and the fault handler is one per process, so each
 //! case runs in a child process (this test binary again, its ignored `child` test).
 
@@ -19,7 +19,7 @@ use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelCo
 #[path = "support/seh_fixture.rs"]
 mod seh_fixture;
 
-use seh_fixture::{fixture, COUNTER, FAULTING, FILTERED, GUARDED, OUTER, UNGUARDED, UNGUARDED_RETURN};
+use seh_fixture::{fixture, CONTINUED, COUNTER, FAULTING, FILTERED, GUARDED, OUTER, UNGUARDED, UNGUARDED_RETURN};
 
 const CASE: &str = "VHCA_LOADER_SEH_CASE";
 const STOPPED: i32 = 0x33;
@@ -35,7 +35,8 @@ impl BugcheckHandler for StopAndExit {
 }
 
 fn run_case(case: &str) {
-    let model = Arc::new(NtModel::new(NtModelConfig::default(), Arc::new(HostDmaBackend::default()), Arc::new(StopAndExit)));
+    let model =
+        Arc::new(NtModel::new(NtModelConfig::default(), Arc::new(HostDmaBackend::default()), Arc::new(StopAndExit)));
     assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));
     let image = vhca_loader::load(&fixture(), &NtThunks).expect("the fixture loads");
     vhca_loader::driver_stack::register(&image, "seh.sys");
@@ -50,6 +51,7 @@ fn run_case(case: &str) {
         "fault" => call(FAULTING, 0),
         "filtered" => call(FILTERED, STATUS_INSUFFICIENT_RESOURCES),
         "unguarded" => call(UNGUARDED, STATUS_INSUFFICIENT_RESOURCES),
+        "continued" => call(CONTINUED, STATUS_INSUFFICIENT_RESOURCES),
         other => panic!("no case {other}"),
     };
     // SAFETY: the image's .data, mapped read-write.
@@ -107,4 +109,12 @@ fn a_declining_filter_or_no_handler_is_still_0x7e_at_the_raise_point() {
     let (out, _) = case("unguarded");
     let raise_point = base(&out) + u64::from(UNGUARDED_RETURN);
     assert!(out.contains(&format!("STOP 0x7e 0xc000009a {raise_point:#x}")), "{out}");
+}
+
+#[test]
+fn continuing_a_raised_status_is_0x7e_noncontinuable() {
+    let (out, code) = case("continued");
+    assert_eq!(code, Some(STOPPED), "{out}");
+    // STATUS_NONCONTINUABLE_EXCEPTION: a filter may not continue what RtlRaiseStatus raised.
+    assert!(out.contains("STOP 0x7e 0xc0000025"), "{out}");
 }

@@ -512,8 +512,8 @@ fn the_probe_wrapper_has_an_seh_handler_bound_to_c_specific_handler() {
     // Its scope table: a __try whose __except takes every exception (filter 1), inside the function.
     let scopes = u32_at(handler_at + 4);
     let end = u32_at(entry + 4);
-    let takes_all = (0..scopes).map(|i| handler_at + 8 + 16 * i).any(|s| {
-        u32_at(s + 8) == 1 && (probe..end).contains(&u32_at(s + 12)) && (probe..end).contains(&u32_at(s))
-    });
+    let takes_all = (0..scopes)
+        .map(|i| handler_at + 8 + 16 * i)
+        .any(|s| u32_at(s + 8) == 1 && (probe..end).contains(&u32_at(s + 12)) && (probe..end).contains(&u32_at(s)));
     assert!(takes_all, "no EXCEPTION_EXECUTE_HANDLER scope in the probe wrapper's table");
 }

@@ -2,7 +2,9 @@
 //! scope table, one record per __try (innermost first) with its code range, its filter (or the constant 1,
 //! EXCEPTION_EXECUTE_HANDLER) or __finally, and the __except block's address (0 for a __finally).
 
-use windows_sys::Win32::System::Diagnostics::Debug::{CONTEXT, DISPATCHER_CONTEXT, EXCEPTION_POINTERS, EXCEPTION_RECORD};
+use windows_sys::Win32::System::Diagnostics::Debug::{
+    CONTEXT, DISPATCHER_CONTEXT, EXCEPTION_POINTERS, EXCEPTION_RECORD,
+};
 
 use super::context_record::{EXCEPTION_TARGET_UNWIND, EXCEPTION_UNWINDING};
 use super::dispatch::{self, EXCEPTION_CONTINUE_EXECUTION, EXCEPTION_CONTINUE_SEARCH};
@@ -47,7 +49,13 @@ pub enum ScopeAction {
 /// The scopes of one call of the handler, from `first` (DISPATCHER_CONTEXT's ScopeIndex), that contain the
 /// frame's PC: each __except's filter while searching; while unwinding each __finally, until the __except being
 /// unwound to (its jump target is TargetIp).
-pub fn actions(scopes: &[ScopeRecord], first: usize, pc_rva: u32, unwinding: bool, target_rva: Option<u32>) -> Vec<ScopeAction> {
+pub fn actions(
+    scopes: &[ScopeRecord],
+    first: usize,
+    pc_rva: u32,
+    unwinding: bool,
+    target_rva: Option<u32>,
+) -> Vec<ScopeAction> {
     let mut actions = Vec::new();
     for (i, scope) in scopes.iter().enumerate().skip(first) {
         if pc_rva < scope.begin || pc_rva >= scope.end {
@@ -105,7 +113,9 @@ pub unsafe extern "win64" fn __C_specific_handler(
                 } else {
                     let mut pointers = EXCEPTION_POINTERS { ExceptionRecord: record, ContextRecord: context };
                     // SAFETY: the image's filter expression, (EXCEPTION_POINTERS*, EstablisherFrame).
-                    unsafe { std::mem::transmute::<u64, Filter>(base + u64::from(scopes[i].handler))(&mut pointers, frame) }
+                    unsafe {
+                        std::mem::transmute::<u64, Filter>(base + u64::from(scopes[i].handler))(&mut pointers, frame)
+                    }
                 };
                 if answer < 0 {
                     return EXCEPTION_CONTINUE_EXECUTION;

@@ -28,9 +28,21 @@ pub fn to_context(registers: &Registers) -> CONTEXT {
     context.MxCsr = registers.mxcsr;
     context.Rip = registers.rip;
     let gpr = [
-        &mut context.Rax, &mut context.Rcx, &mut context.Rdx, &mut context.Rbx, &mut context.Rsp,
-        &mut context.Rbp, &mut context.Rsi, &mut context.Rdi, &mut context.R8, &mut context.R9,
-        &mut context.R10, &mut context.R11, &mut context.R12, &mut context.R13, &mut context.R14,
+        &mut context.Rax,
+        &mut context.Rcx,
+        &mut context.Rdx,
+        &mut context.Rbx,
+        &mut context.Rsp,
+        &mut context.Rbp,
+        &mut context.Rsi,
+        &mut context.Rdi,
+        &mut context.R8,
+        &mut context.R9,
+        &mut context.R10,
+        &mut context.R11,
+        &mut context.R12,
+        &mut context.R13,
+        &mut context.R14,
         &mut context.R15,
     ];
     for (slot, value) in gpr.into_iter().zip(registers.gpr) {
@@ -46,8 +58,22 @@ pub fn to_context(registers: &Registers) -> CONTEXT {
 
 pub fn from_context(context: &CONTEXT) -> Registers {
     let gpr = [
-        context.Rax, context.Rcx, context.Rdx, context.Rbx, context.Rsp, context.Rbp, context.Rsi, context.Rdi,
-        context.R8, context.R9, context.R10, context.R11, context.R12, context.R13, context.R14, context.R15,
+        context.Rax,
+        context.Rcx,
+        context.Rdx,
+        context.Rbx,
+        context.Rsp,
+        context.Rbp,
+        context.Rsi,
+        context.Rdi,
+        context.R8,
+        context.R9,
+        context.R10,
+        context.R11,
+        context.R12,
+        context.R13,
+        context.R14,
+        context.R15,
     ];
     let base = context as *const CONTEXT as *const u8;
     // SAFETY: as in to_context.
@@ -84,7 +110,8 @@ mod tests {
         let context = to_context(&r);
         assert_eq!((context.Rbx, context.Rsp, context.R15), (0x103, 0x104, 0x10F));
         // SAFETY: reading the 16 bytes at Windows' offset of XMM6 in the record.
-        let xmm6 = unsafe { ((&context as *const CONTEXT as *const u8).add(0x1A0 + 6 * 16) as *const u128).read_unaligned() };
+        let xmm6 =
+            unsafe { ((&context as *const CONTEXT as *const u8).add(0x1A0 + 6 * 16) as *const u128).read_unaligned() };
         assert_eq!(xmm6, r.xmm[6]);
         assert_eq!(from_context(&context), r);
     }

@@ -60,7 +60,13 @@ pub fn dispatch_or_stop(record: &mut EXCEPTION_RECORD, at: Registers) -> ! {
         "VHCA-LOADER: exception {code:#x} raised at {:#x} in the driver: no handler took it",
         record.ExceptionAddress as u64
     );
-    crate::kernel_context::bugcheck(SYSTEM_THREAD_EXCEPTION_NOT_HANDLED, u64::from(code), record.ExceptionAddress as u64, 0, 0)
+    crate::kernel_context::bugcheck(
+        SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+        u64::from(code),
+        record.ExceptionAddress as u64,
+        0,
+        0,
+    )
 }
 
 fn search(record: &mut EXCEPTION_RECORD, at: Registers, stack: StackBounds) -> u32 {
@@ -124,7 +130,13 @@ fn call_handler(
 /// resumes in the target frame at `target_ip` with RAX = `return_value`. A target not on the stack is 0x7E.
 pub fn unwind(target_frame: u64, target_ip: u64, record: *mut EXCEPTION_RECORD, return_value: u64) -> ! {
     let Some((at, stack)) = RAISES.with(|r| r.borrow().last().map(|raise| (raise.registers, raise.stack))) else {
-        crate::kernel_context::bugcheck(SYSTEM_THREAD_EXCEPTION_NOT_HANDLED, u64::from(STATUS_INVALID_UNWIND_TARGET), target_ip, 0, 0)
+        crate::kernel_context::bugcheck(
+            SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+            u64::from(STATUS_INVALID_UNWIND_TARGET),
+            target_ip,
+            0,
+            0,
+        )
     };
     // SAFETY: a record of the unwind's caller (the dispatch's own, or the driver's for an unwind it asked for);
     // an unwind without one gets an STATUS_UNWIND record of its own.
@@ -158,5 +170,11 @@ pub fn unwind(target_frame: u64, target_ip: u64, record: *mut EXCEPTION_RECORD, 
         }
     }
     println!("VHCA-LOADER: an unwind to frame {target_frame:#x} (at {target_ip:#x}) found no such frame");
-    crate::kernel_context::bugcheck(SYSTEM_THREAD_EXCEPTION_NOT_HANDLED, u64::from(STATUS_INVALID_UNWIND_TARGET), target_ip, 0, 0)
+    crate::kernel_context::bugcheck(
+        SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
+        u64::from(STATUS_INVALID_UNWIND_TARGET),
+        target_ip,
+        0,
+        0,
+    )
 }

@@ -24,13 +24,19 @@ pub struct WalkedFrame {
 pub fn step(registers: &mut Registers, stack: StackBounds) -> Option<Result<WalkedFrame, UnwindError>> {
     let pc = registers.rip;
     let (image_base, sections, pdata) = loaded_images::with_image_at(pc, |image| {
-        (image.base as u64, image.sections.clone(), image.at_rva(image.pdata.0).map(|b| &b[..b.len().min(image.pdata.1 as usize)]))
+        (
+            image.base as u64,
+            image.sections.clone(),
+            image.at_rva(image.pdata.0).map(|b| &b[..b.len().min(image.pdata.1 as usize)]),
+        )
     })?;
     let at_rva = |rva: u32| -> Option<&'static [u8]> {
         let (start, len) = sections.iter().copied().find(|(s, len)| rva >= *s && rva - *s < *len)?;
         // SAFETY: inside one section of an image still mapped (a dispatch runs on the image's own thread, in one
         // of its calls: the image is not unloaded under its own code).
-        Some(unsafe { std::slice::from_raw_parts((image_base + u64::from(rva)) as *const u8, (start + len - rva) as usize) })
+        Some(unsafe {
+            std::slice::from_raw_parts((image_base + u64::from(rva)) as *const u8, (start + len - rva) as usize)
+        })
     };
     let at = *registers;
     let rva = (pc - image_base) as u32;
@@ -49,10 +55,12 @@ pub fn step(registers: &mut Registers, stack: StackBounds) -> Option<Result<Walk
         });
     };
     let entry = entry_address(pdata, function);
-    Some(
-        virtual_unwind::unwind_frame(image_base, function, &at_rva, stack, registers)
-            .map(|frame| WalkedFrame { at, frame, image_base, function_entry: entry }),
-    )
+    Some(virtual_unwind::unwind_frame(image_base, function, &at_rva, stack, registers).map(|frame| WalkedFrame {
+        at,
+        frame,
+        image_base,
+        function_entry: entry,
+    }))
 }
 
 fn read_return(stack: StackBounds, rsp: u64) -> Result<u64, UnwindError> {

@@ -120,9 +120,22 @@ pub unsafe fn hand_over_fault(
 ) {
     let g = &context.uc_mcontext.gregs;
     let gpr = [
-        libc::REG_RAX, libc::REG_RCX, libc::REG_RDX, libc::REG_RBX, libc::REG_RSP, libc::REG_RBP, libc::REG_RSI,
-        libc::REG_RDI, libc::REG_R8, libc::REG_R9, libc::REG_R10, libc::REG_R11, libc::REG_R12, libc::REG_R13,
-        libc::REG_R14, libc::REG_R15,
+        libc::REG_RAX,
+        libc::REG_RCX,
+        libc::REG_RDX,
+        libc::REG_RBX,
+        libc::REG_RSP,
+        libc::REG_RBP,
+        libc::REG_RSI,
+        libc::REG_RDI,
+        libc::REG_R8,
+        libc::REG_R9,
+        libc::REG_R10,
+        libc::REG_R11,
+        libc::REG_R12,
+        libc::REG_R13,
+        libc::REG_R14,
+        libc::REG_R15,
     ]
     .map(|r| g[r as usize] as u64);
     let rip = g[libc::REG_RIP as usize] as u64;

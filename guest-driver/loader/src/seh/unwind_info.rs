@@ -29,7 +29,11 @@ fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
 
 impl RuntimeFunction {
     fn parse(bytes: &[u8], at: usize) -> Option<RuntimeFunction> {
-        Some(RuntimeFunction { begin: u32_at(bytes, at)?, end: u32_at(bytes, at + 4)?, unwind_info: u32_at(bytes, at + 8)? })
+        Some(RuntimeFunction {
+            begin: u32_at(bytes, at)?,
+            end: u32_at(bytes, at + 4)?,
+            unwind_info: u32_at(bytes, at + 8)?,
+        })
     }
 
     /// The entry of `pdata` (an image's exception directory) whose range holds `rva`, by binary search as
@@ -198,7 +202,8 @@ mod tests {
 
     #[test]
     fn a_chained_entry_follows_an_odd_count_padded_to_even() {
-        let bytes = [0x21, 0x04, 0x01, 0x00, 0x04, 0x42, 0x00, 0x00, 0x00, 0x10, 0, 0, 0x40, 0x10, 0, 0, 0x80, 0x20, 0, 0];
+        let bytes =
+            [0x21, 0x04, 0x01, 0x00, 0x04, 0x42, 0x00, 0x00, 0x00, 0x10, 0, 0, 0x40, 0x10, 0, 0, 0x80, 0x20, 0, 0];
         let info = UnwindInfo::parse(&bytes).unwrap();
         assert_eq!(info.ops, vec![(4, UnwindOp::Alloc(0x28))]);
         assert_eq!(info.chained, Some(RuntimeFunction { begin: 0x1000, end: 0x1040, unwind_info: 0x2080 }));

@@ -14,6 +14,9 @@ pub const UNGUARDED_RETURN: u32 = 0x10AA;
 pub const FAULTING: u32 = 0x10C0;
 /// `filtered(status)`: as `guarded`, but its filter answers EXCEPTION_CONTINUE_SEARCH.
 pub const FILTERED: u32 = 0x10E0;
+/// `continued(status)`: as `guarded`, but its filter answers EXCEPTION_CONTINUE_EXECUTION, which a raised status
+/// (noncontinuable) cannot take.
+pub const CONTINUED: u32 = 0x1120;
 /// The u32 the __finally increments, in .data.
 pub const COUNTER: u32 = 0x3000;
 
@@ -21,6 +24,7 @@ const INNER: u32 = 0x1040;
 const C_SPECIFIC_HANDLER_THUNK: u32 = 0x1080;
 const FINALLY: u32 = 0x1090;
 const FILTER_DECLINES: u32 = 0x1100;
+const FILTER_CONTINUES: u32 = 0x1108;
 const IAT_RAISE: u32 = 0x2040;
 const IAT_HANDLER: u32 = 0x2048;
 
@@ -84,7 +88,7 @@ pub fn fixture() -> Vec<u8> {
     put(&mut f, dirs + 8, &0x2000u32.to_le_bytes());
     put(&mut f, dirs + 12, &40u32.to_le_bytes());
     put(&mut f, dirs + 24, &0x2240u32.to_le_bytes());
-    put(&mut f, dirs + 28, &(6 * 12u32).to_le_bytes());
+    put(&mut f, dirs + 28, &(7 * 12u32).to_le_bytes());
     let sections = opt + 240;
     for (i, (name, rva, size, raw, characteristics)) in [
         (b".text\0\0\0", 0x1000u32, 0x200u32, 0x200u32, 0x6000_0020u32),
@@ -115,6 +119,7 @@ pub fn fixture() -> Vec<u8> {
     };
     framed_call(&mut f, GUARDED);
     framed_call(&mut f, FILTERED);
+    framed_call(&mut f, CONTINUED);
     // inner: sub rsp,0x28; call [IAT ExRaiseStatus]; nop; add rsp,0x28; ret
     let mut inner = vec![0x48, 0x83, 0xEC, 0x28, 0xFF, 0x15];
     inner.extend(rel(IAT_RAISE, INNER + 10));
@@ -146,6 +151,8 @@ pub fn fixture() -> Vec<u8> {
     put(&mut f, text(FAULTING), &faulting);
     // The filter that declines: xor eax,eax (EXCEPTION_CONTINUE_SEARCH); ret.
     put(&mut f, text(FILTER_DECLINES), &[0x31, 0xC0, 0xC3]);
+    // The filter that continues: mov eax,-1 (EXCEPTION_CONTINUE_EXECUTION); ret.
+    put(&mut f, text(FILTER_CONTINUES), &[0xB8, 0xFF, 0xFF, 0xFF, 0xFF, 0xC3]);
 
     // Imports: ExRaiseStatus and __C_specific_handler from ntoskrnl.exe.
     put(&mut f, rdata(0x2000), &0x2028u32.to_le_bytes());
@@ -159,13 +166,24 @@ pub fn fixture() -> Vec<u8> {
     put(&mut f, rdata(0x208A), b"__C_specific_handler\0");
     put(&mut f, rdata(0x20A0), b"ntoskrnl.exe\0");
 
-    let infos: [(u32, u32, u32, Vec<u8>); 6] = [
+    let infos: [(u32, u32, u32, Vec<u8>); 7] = [
         (GUARDED, GUARDED + 0x1A, 0x2100, framed_info([GUARDED + 0xA, GUARDED + 0x11, 1, GUARDED + 0x18])),
         (INNER, INNER + 0x10, 0x2130, small_info(Some([INNER + 4, INNER + 11, FINALLY, 0]))),
         (OUTER, OUTER + 0x13, 0x2160, small_info(Some([OUTER + 4, OUTER + 10, 1, OUTER + 0x11]))),
         (UNGUARDED, UNGUARDED + 0x10, 0x2190, small_info(None)),
         (FAULTING, FAULTING + 0x1B, 0x21D0, framed_info([FAULTING + 0xA, FAULTING + 0x11, 1, FAULTING + 0x19])),
-        (FILTERED, FILTERED + 0x1A, 0x2200, framed_info([FILTERED + 0xA, FILTERED + 0x11, FILTER_DECLINES, FILTERED + 0x18])),
+        (
+            FILTERED,
+            FILTERED + 0x1A,
+            0x2200,
+            framed_info([FILTERED + 0xA, FILTERED + 0x11, FILTER_DECLINES, FILTERED + 0x18]),
+        ),
+        (
+            CONTINUED,
+            CONTINUED + 0x1A,
+            0x22A0,
+            framed_info([CONTINUED + 0xA, CONTINUED + 0x11, FILTER_CONTINUES, CONTINUED + 0x18]),
+        ),
     ];
     for (i, (begin, end, info_rva, info)) in infos.iter().enumerate() {
         put(&mut f, rdata(*info_rva), info);

@@ -345,7 +345,8 @@ impl NtKernel for WdkKernel {
         // C (c/probe.c), whose __except returns the exception's code (docs/windows.md). The simulation's
         // STATUS_INSUFFICIENT_RESOURCES counts as a refused resource, as a NULL from an allocation does.
         // SAFETY: IRQL <= APC_LEVEL for pageable memory, the caller's; the wrapper only calls MmProbeAndLockPages.
-        let status = NTSTATUS(unsafe { vhca_probe_and_lock_pages(mdl.0 as *mut MDL, access_mode as i8, operation as i32) });
+        let status =
+            NTSTATUS(unsafe { vhca_probe_and_lock_pages(mdl.0 as *mut MDL, access_mode as i8, operation as i32) });
         self.noting(status, status == STATUS_INSUFFICIENT_RESOURCES)
     }
 
