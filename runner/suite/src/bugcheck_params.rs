@@ -10,7 +10,9 @@
 use vhca_ntapi::{
     ATTEMPTED_SWITCH_FROM_DPC, DPC_WATCHDOG_VIOLATION, DRIVER_IRQL_NOT_LESS_OR_EQUAL,
     DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION, DRIVER_VERIFIER_IOMANAGER_VIOLATION,
-    IRQL_NOT_LESS_OR_EQUAL, MULTIPLE_IRP_COMPLETE_REQUESTS, PAGE_FAULT_IN_NONPAGED_AREA,
+    DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION, DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL, IRQL_NOT_LESS_OR_EQUAL,
+    MULTIPLE_IRP_COMPLETE_REQUESTS, PAGE_FAULT_BEYOND_END_OF_ALLOCATION, PAGE_FAULT_IN_FREED_SPECIAL_POOL,
+    PAGE_FAULT_IN_NONPAGED_AREA, SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION,
     SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD, SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
     TIMER_OR_DPC_INVALID, WORKER_INVALID,
 };
@@ -97,6 +99,52 @@ const CODES: &[(u32, [&str; 4])] = &[
             "the new thread (the model: the processor's idle-thread stand-in)",
             "the original thread's stack address (the model: its wait or delay frame)",
             "",
+        ],
+    ),
+    // Special Pool's faults: bug-check-0xd6--driver-page-fault-beyond-end-of-allocation,
+    // bug-check-0xcd--page-fault-beyond-end-of-allocation, bug-check-0xd5--driver-page-fault-in-freed-special-pool,
+    // bug-check-0xcc--page-fault-in-freed-special-pool. The D-codes when the driver's own code touched the page,
+    // the C-codes when a routine outside its image did (docs/verifier.md, "Special Pool").
+    (
+        DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION,
+        [
+            "memory referenced (the guard page past the block, or before it under Verify Start)",
+            "access: 0 read, 1 write",
+            "address that referenced the memory (the model's own check: 0)",
+            "",
+        ],
+    ),
+    (
+        PAGE_FAULT_BEYOND_END_OF_ALLOCATION,
+        ["memory referenced (a guard page)", "access: 0 read, 1 write", "address that referenced the memory", ""],
+    ),
+    (
+        DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL,
+        [
+            "memory referenced (a freed special pool block)",
+            "access: 0 read, 1 write",
+            "address that referenced the memory (the model's own check: 0)",
+            "",
+        ],
+    ),
+    (
+        PAGE_FAULT_IN_FREED_SPECIAL_POOL,
+        [
+            "memory referenced (a freed special pool block)",
+            "access: 0 read, 1 write",
+            "address that referenced the memory",
+            "",
+        ],
+    ),
+    // bug-check-0xc1--special-pool-detected-memory-corruption: found at the free; P4, not P1, is the subclass
+    // (0x23 bytes before the block changed, 0x24 bytes after its end).
+    (
+        SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION,
+        [
+            "address the driver freed",
+            "reserved (the model: the first pattern byte found changed)",
+            "0 or the address of the corruption (the model: 0)",
+            "subclass: 0x23 underrun, 0x24 overrun short of the guard page",
         ],
     ),
     // bug-check-0xd4--system-scan-at-raised-irql-caught-improper-driver-unlo: the kernel calls a DPC or ISR of a

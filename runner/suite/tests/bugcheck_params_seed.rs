@@ -95,7 +95,7 @@ fn the_check_tells_a_missing_row_from_a_present_one() {
     ] {
         assert_eq!(missing(code, &Param::Is(p1)), None, "{code:#X}/{p1:#X}");
     }
-    for code in [0x35, 0x44, 0xB8, 0xD4] {
+    for code in [0x35, 0x44, 0xB8, 0xD4, 0xD6, 0xCD, 0xD5, 0xCC, 0xC1] {
         assert_eq!(missing(code, &Param::Any), None, "{code:#X}");
     }
 }
