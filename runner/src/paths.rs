@@ -32,8 +32,7 @@ pub struct Program {
     static_only: bool,
 }
 
-pub const DEVICE: Program =
-    Program {
+pub const DEVICE: Program = Program {
     name: "vhca-device",
     flag: "--device-bin",
     env: "VHCA_DEVICE_BIN",

@@ -217,8 +217,8 @@ impl Options {
                 self.verifier = VerifierFlags::parse(value).ok_or(format!("not verifier flags: {value:?}"))?
             }
             "special_pool" => {
-                self.special_pool = SpecialPoolAlignment::parse(value)
-                    .ok_or(format!("not verify_end or verify_start: {value:?}"))?
+                self.special_pool =
+                    SpecialPoolAlignment::parse(value).ok_or(format!("not verify_end or verify_start: {value:?}"))?
             }
             "samples" => {
                 self.samples = Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a count > 0: {value:?}"))?)

@@ -215,7 +215,8 @@ fn special_pool_fault(address: u64, rip: u64, rsp: u64, error_code: u64) {
             const WORDS: usize = 64;
             // SAFETY: the faulting thread's stack pointer, on its own mapped stack (a fault on the stack itself is
             // not special pool's, so never here); the words above the stack pointer are the thread's frames.
-            let caller = (0..WORDS).map(|i| unsafe { (rsp as *const u64).add(i).read() }).find(|a| in_image(*a).is_some());
+            let caller =
+                (0..WORDS).map(|i| unsafe { (rsp as *const u64).add(i).read() }).find(|a| in_image(*a).is_some());
             match caller {
                 Some(caller) => (in_image(caller), caller, true),
                 None => (None, rip, false),

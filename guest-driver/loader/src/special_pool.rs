@@ -77,7 +77,8 @@ impl SpecialPoolPages {
         }
         let mut books = crate::lock(&self.books);
         // Its pages may be a freed block's, given back and reused: that range is live now.
-        let stale: Vec<usize> = books.freed.range(..guard + PAGE).filter(|(_, end)| **end > guard).map(|(s, _)| *s).collect();
+        let stale: Vec<usize> =
+            books.freed.range(..guard + PAGE).filter(|(_, end)| **end > guard).map(|(s, _)| *s).collect();
         for start in stale {
             books.freed.remove(&start);
         }

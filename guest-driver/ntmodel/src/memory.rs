@@ -234,7 +234,8 @@ impl NtModel {
         let data = placement.data();
         let pattern = vec![special_pool::PATTERN; (data.end - data.start) as usize];
         let allocation = (placement.start - data.start) as usize..(placement.start - data.start + bytes) as usize;
-        let pattern = [&pattern[..allocation.start], &vec![0; allocation.len()][..], &pattern[allocation.end..]].concat();
+        let pattern =
+            [&pattern[..allocation.start], &vec![0; allocation.len()][..], &pattern[allocation.end..]].concat();
         if self.backend.write(mem, data.start as usize, &pattern).is_err() {
             let _ = self.backend.free(mem);
             return None;

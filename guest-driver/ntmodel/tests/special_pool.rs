@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use vhca_ntapi::*;
-use vhca_ntmodel::{Bugcheck, CaptureBugchecks, HostDmaBackend, NtModel, NtModelConfig, SpecialPoolAlignment};
 use vhca_ntmodel::VerifierFlags;
+use vhca_ntmodel::{Bugcheck, CaptureBugchecks, HostDmaBackend, NtModel, NtModelConfig, SpecialPoolAlignment};
 
 const TAG: u32 = pool_tag(b"Vhsp");
 

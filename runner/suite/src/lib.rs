@@ -51,7 +51,7 @@ pub use serial_scan::{
 pub use shard::{durations_from_report, shard_runs, Shard, ShardParseError};
 pub use stop_line::{bugcheck_name, parse_bugcheck, Bugcheck};
 pub use suite::{
-    split_fail_point, ConcreteRun, DeviceOptions, Personality, GuestKind, GuestOptions, LockKind, Suite, SuiteRun,
+    split_fail_point, ConcreteRun, DeviceOptions, GuestKind, GuestOptions, LockKind, Personality, Suite, SuiteRun,
     VerifierMode, DEFAULT_SILENCE_S, DEFAULT_TIMEOUT_S, DEFAULT_VERIFIER_FLAGS, FAIL_POINT_INFIX,
     SYSTEMATIC_LOW_RESOURCES,
 };

@@ -102,8 +102,9 @@ impl<'a> DriverServices for KernelServices<'a> {
         if i.resources.is_empty() {
             return Ok(None);
         }
-        let waits = CompletionWaits::connect(self.kernel.clone(), self.channel.clone(), i.devices, DEFAULT_CQE_BUDGET, None)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let waits =
+            CompletionWaits::connect(self.kernel.clone(), self.channel.clone(), i.devices, DEFAULT_CQE_BUDGET, None)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
         let kind = connection_kind(waits.connection());
         let routed = match (i.msix, waits.connection()) {
             (Some(plan), Some(INTERRUPT_CONNECTION::MessageBased(_))) => {
