@@ -20,7 +20,7 @@ else
 fi
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(vhost_user_connection hca_commands serial_console qmp_events event_log suite_file)
+    targets=(vhost_user_connection hca_commands serial_console qmp_events event_log suite_file ioctl_dispatch)
 fi
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
