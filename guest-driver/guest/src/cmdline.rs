@@ -115,6 +115,9 @@ pub struct Options {
     /// The global points a PCT run draws its change points among (`vhca.pct_horizon`, default the model's 2000):
     /// the suite passes its recording's count, so a short run's change points fall inside it.
     pub pct_horizon: Option<u32>,
+    /// Sleep/resume cycles (S0→S3→S0) once the device started (`vhca.power=sleep-resume` for one,
+    /// `sleep-resume:N` for N); 0: none.
+    pub sleep_resume: u32,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -145,6 +148,7 @@ impl Default for Options {
             processors: vhca_ntmodel::NtModelConfig::default().processors,
             interleaving: InterleavingMode::Off,
             pct_horizon: None,
+            sleep_resume: 0,
             warnings: Vec::new(),
         }
     }
@@ -242,6 +246,15 @@ impl Options {
             "pct_horizon" => {
                 self.pct_horizon =
                     Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a point count > 0: {value:?}"))?)
+            }
+            "power" => {
+                self.sleep_resume = match value.split_once(':') {
+                    None if value == "sleep-resume" => 1,
+                    Some(("sleep-resume", n)) => {
+                        n.parse().ok().filter(|n| *n > 0).ok_or(format!("not a cycle count > 0: {n:?}"))?
+                    }
+                    _ => return Err(format!("not sleep-resume or sleep-resume:N: {value:?}")),
+                }
             }
             "disable_rule" => self
                 .disabled_rules
@@ -395,6 +408,16 @@ mod tests {
         assert_eq!(Options::parse("vhca.interleave=pct:5").interleaving, InterleavingMode::Pct { seed: 5, depth: 3 });
         assert_eq!(Options::parse("vhca.pct_horizon=340").pct_horizon, Some(340));
         assert_eq!(Options::parse("vhca.pct_horizon=0").pct_horizon, None);
+    }
+
+    #[test]
+    fn power_takes_a_sleep_resume_cycle_count() {
+        assert_eq!(Options::parse("").sleep_resume, 0);
+        assert_eq!(Options::parse("vhca.power=sleep-resume").sleep_resume, 1);
+        assert_eq!(Options::parse("vhca.power=sleep-resume:3").sleep_resume, 3);
+        let refused = Options::parse("vhca.power=hibernate vhca.power=sleep-resume:0");
+        assert_eq!(refused.sleep_resume, 0);
+        assert_eq!(refused.warnings.len(), 2, "{:?}", refused.warnings);
         let bad = Options::parse("vhca.processors=0 vhca.processors=65 vhca.interleave=preempt:x");
         assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
         assert_eq!((bad.processors, &bad.interleaving), (2, &InterleavingMode::Off));

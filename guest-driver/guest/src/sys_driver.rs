@@ -333,7 +333,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     report.phases_ms.push(("sys_load", started.elapsed().as_secs_f64() * 1000.0));
     let life_started = std::time::Instant::now();
     let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
+    // Sleep and resume between START_DEVICE and REMOVE_DEVICE, as the power manager sends it (`vhca.power`).
+    vhca_loader::power_life::plan_sleep_resume(options.sleep_resume);
     let life = run_life(&mapped, true);
+    let power = vhca_loader::power_life::outcome();
     // Windows runs on after an unload: for the scenarios whose bug shows only then (a timer left set expires later,
     // its DPC in an unloaded driver), the model's clock keeps ticking for as long as the native run gives it.
     let runs_on = crate::driver_run::find(&options.scenario).and_then(|s| s.runs_on_after_unload());
@@ -394,6 +397,15 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     }
     if let Some(error) = scenario_error {
         bail!("{error}");
+    }
+    if options.sleep_resume > 0 {
+        report.details.insert(
+            "power".into(),
+            serde_json::json!({ "sleep_resume_cycles": power.cycles, "device_irps": power.device_irps }),
+        );
+        if let Some(why) = &power.failure {
+            bail!("sleep/resume: {why}");
+        }
     }
     match life {
         Err(failure @ (LifeFailure::DriverEntry(_) | LifeFailure::StartDevice(_))) if injected => {

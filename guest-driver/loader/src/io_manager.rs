@@ -10,7 +10,7 @@ use std::mem::size_of;
 use std::sync::Mutex;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_EXTENSION, DRIVER_OBJECT, IO_STACK_LOCATION, IRP};
-use windows_sys::Wdk::Storage::FileSystem::DO_DEVICE_INITIALIZING;
+use windows_sys::Wdk::Storage::FileSystem::{DO_DEVICE_INITIALIZING, DO_POWER_PAGABLE};
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_NOT_SUPPORTED, STATUS_SUCCESS};
 
 /// DriverEntry, AddDevice, a dispatch routine and DriverUnload as the image calls them.
@@ -148,8 +148,9 @@ impl IoManager {
         let mut pdo = std::ptr::null_mut();
         let status = self.create_device(self.bus_driver, 0, &mut pdo);
         assert_eq!(status, STATUS_SUCCESS, "out of memory for the PDO");
-        // SAFETY: just created; a started PDO is no longer initializing.
-        unsafe { (*pdo).Flags &= !DO_DEVICE_INITIALIZING };
+        // SAFETY: just created; a started PDO is no longer initializing. The PCI bus driver's PDOs are pageable for
+        // power: the power manager then sends the stack's power IRPs at PASSIVE_LEVEL (IRP_MN_SET_POWER's page).
+        unsafe { (*pdo).Flags = ((*pdo).Flags & !DO_DEVICE_INITIALIZING) | DO_POWER_PAGABLE };
         self.pdo.store(pdo as usize, std::sync::atomic::Ordering::Relaxed);
         pdo
     }

@@ -24,6 +24,7 @@ use crate::irp_dispatch;
 use crate::kernel_context::{bugcheck, kernel};
 use crate::lock_thunks::lock_thunks;
 use crate::memory_thunks::memory_thunks;
+use crate::power_life::power_thunks;
 use crate::processor_thunks::processor_thunks;
 use crate::registry_thunks::registry_thunks;
 use crate::remove_lock_thunks::remove_lock_thunks;
@@ -417,6 +418,7 @@ impl ImportResolver for NtThunks {
             .chain(memory_thunks())
             .chain(dma_thunks())
             .chain(remove_lock_thunks())
+            .chain(power_thunks())
             .chain(interrupt_thunks())
             .chain(dpc_thunks())
             .chain(work_item_thunks())

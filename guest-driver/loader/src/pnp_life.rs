@@ -107,6 +107,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
             unload(driver);
             return Err(LifeFailure::StartDevice(status));
         }
+        crate::power_life::run_planned(io, pdo);
     }
 
     step("IRP_MN_REMOVE_DEVICE");

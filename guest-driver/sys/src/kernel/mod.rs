@@ -3,6 +3,7 @@
 //! (pnp.rs, power.rs; everything else goes down unchanged).
 
 mod common_buffer;
+mod completion_routine;
 mod config_space;
 mod debug_print;
 mod dma_operations;

@@ -1,31 +1,227 @@
-//! IRP_MJ_POWER: the FDO owns no power policy (the device keeps no state across D-states that the driver core
-//! does not rebuild at START_DEVICE), so every power IRP goes down unchanged, as Microsoft's rules for passing
-//! power IRPs have it: PoStartNextPowerIrp (required before Windows Vista, harmless since), skip, PoCallDriver.
+//! IRP_MJ_POWER: the FDO owns its device's power policy. A system power IRP goes down with a completion routine that
+//! asks for the matching device power IRP (PoRequestPowerIrp) and completes the system IRP once that one is done; a
+//! device IRP for D3 quiesces the device's DMA before it goes down, one for D0 re-initialises the device after the
+//! bus driver powered it (started_device.rs). Microsoft's steps are cited where each is taken (docs/windows.md).
+
+use core::ffi::c_void;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP};
-use windows_sys::Wdk::System::SystemServices::{PoCallDriver, PoStartNextPowerIrp};
-use windows_sys::Win32::Foundation::NTSTATUS;
+use windows_sys::Wdk::System::SystemServices::{
+    DevicePowerState, IofCompleteRequest, PoCallDriver, PoRequestPowerIrp, PoSetPowerState, PoStartNextPowerIrp,
+    SystemPowerState, IRP_MN_QUERY_POWER, IRP_MN_SET_POWER, POWER_STATE, PREQUEST_POWER_COMPLETE,
+};
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_MORE_PROCESSING_REQUIRED, STATUS_PENDING, STATUS_SUCCESS};
+use windows_sys::Win32::System::Power::{PowerDeviceD0, PowerDeviceD3, PowerSystemWorking};
+use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
+use super::completion_routine::{copy_to_next_with, mark_pending};
+use super::debug_print::print_line;
 use super::fdo::fdo;
-use super::irp::{complete, skip_current_stack};
+use super::irp::{complete, current_stack, skip_current_stack};
+use super::irql;
 use super::remove_lock;
 
-/// The IRP_MJ_POWER dispatch routine. PASSIVE_LEVEL (the FDO is DO_POWER_PAGABLE).
+/// A completion routine's answer that lets the IRP go on up (STATUS_CONTINUE_COMPLETION).
+const CONTINUE_COMPLETION: NTSTATUS = STATUS_SUCCESS;
+const PASSIVE_LEVEL: u8 = 0;
+
+/// The IRP_MJ_POWER dispatch routine. PASSIVE_LEVEL: the PDO is DO_POWER_PAGABLE, and so is the FDO (IRP_MN_SET_POWER's
+/// page: the power manager then sends at PASSIVE_LEVEL).
+///
+/// PoStartNextPowerIrp and PoCallDriver are what Windows Server 2003 and earlier required; since Windows Vista the
+/// first does nothing and the second is IoCallDriver (their reference pages), so on Windows 10 and later neither is a
+/// rule: they are kept as the pattern that works on every version.
 ///
 /// # Safety
 /// Called by the I/O manager with one of this driver's FDOs and a power IRP.
 pub unsafe extern "system" fn dispatch_power(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
-    // SAFETY: PASSIVE_LEVEL (DO_POWER_PAGABLE), holding only the remove lock; the I/O manager's contract; the IRP
-    // is not touched after PoCallDriver (the lock is released by tag).
+    // SAFETY: PASSIVE_LEVEL, holding only the remove lock; the I/O manager's contract. The IRP is not touched after it
+    // goes down, except through the completion routines this driver set (the lock is released by tag).
     unsafe {
         let fdo = fdo(device);
-        PoStartNextPowerIrp(irp);
+        let stack = current_stack(irp);
+        let minor = (*stack).MinorFunction as u32;
+        let kind = (*stack).Parameters.Power.Type;
+        // "Sending a Device Set-Power IRP in Response to a System Set-Power IRP", step 1: the remove lock, tagged by
+        // the IRP; on failure completed with that status (no PoStartNextPowerIrp needed since Vista).
         if let Err(status) = remove_lock::acquire(&mut fdo.remove_lock, irp) {
             return complete(irp, status);
         }
+        let system = kind == SystemPowerState;
+        let device_set = minor == IRP_MN_SET_POWER && kind == DevicePowerState;
+        match minor {
+            IRP_MN_SET_POWER | IRP_MN_QUERY_POWER if system => {
+                // Steps 2-6: down with a completion routine, pending; the device IRP is asked for on the way up.
+                down_then(fdo.lower, irp, system_irp_back, device)
+            }
+            _ if device_set && (*stack).Parameters.Power.State.DeviceState == PowerDeviceD0 => {
+                // "Drivers handle power-up IRPs ... in the IoCompletion routines as the IRPs travel back up": the
+                // device is only powered once the bus driver is done.
+                down_then(fdo.lower, irp, powered_up, device)
+            }
+            _ if device_set => {
+                // Power-down on the way down: DMA quiesced (reset, rings and channel freed) while the device still
+                // decodes, then PoSetPowerState "before the device powers down", then down to the bus driver, which
+                // must see every set-power IRP.
+                if let Some(started) = fdo.started.as_mut() {
+                    started.power_down();
+                }
+                let state = (*stack).Parameters.Power.State;
+                PoSetPowerState(device, DevicePowerState, state);
+                pass_down(fdo, irp)
+            }
+            // A device query (nothing stops a D3: vhca.sys keeps no request across power states) and any other
+            // minor go down unchanged.
+            _ => pass_down(fdo, irp),
+        }
+    }
+}
+
+/// Down unchanged; the lock released by tag.
+///
+/// # Safety
+/// As dispatch_power's body, holding the remove lock for `irp`.
+unsafe fn pass_down(fdo: &mut super::fdo::Fdo, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the caller's contract.
+    unsafe {
+        PoStartNextPowerIrp(irp);
         skip_current_stack(irp);
         let status = PoCallDriver(fdo.lower, irp);
         remove_lock::release(&mut fdo.remove_lock, irp);
         status
     }
+}
+
+/// IoCopyCurrentIrpStackLocationToNext, IoSetCompletionRoutine, IoMarkIrpPending, PoCallDriver, STATUS_PENDING: the
+/// IRP comes back to `routine` (its context the FDO), which releases the remove lock.
+///
+/// # Safety
+/// As dispatch_power's body, holding the remove lock for `irp`.
+unsafe fn down_then(
+    lower: *mut DEVICE_OBJECT,
+    irp: *mut IRP,
+    routine: super::completion_routine::CompletionRoutine,
+    device: *const DEVICE_OBJECT,
+) -> NTSTATUS {
+    // SAFETY: the caller's contract; the IRP is marked before it goes, as the pending rule needs.
+    unsafe {
+        copy_to_next_with(irp, routine, device as *mut c_void);
+        mark_pending(irp);
+        PoCallDriver(lower, irp);
+    }
+    STATUS_PENDING
+}
+
+/// The system power IRP back from the bus driver: asks for the device state it maps to (S0 → D0, every sleep state →
+/// D3, which every PCI device supports in S1-S4; a driver that can wake would read DEVICE_CAPABILITIES' DeviceState
+/// table instead), with the same minor, and keeps the system IRP until that one is done. A failed system IRP (a
+/// vetoed query) goes on up as it is.
+unsafe extern "system" fn system_irp_back(
+    _device: *const DEVICE_OBJECT,
+    irp: *const IRP,
+    fdo_device: *const c_void,
+) -> NTSTATUS {
+    let irp = irp as *mut IRP;
+    // SAFETY: the completion routine set in dispatch_power, with the FDO as context; the IRP is this driver's again
+    // (its current location is the FDO's), held under the remove lock taken there.
+    unsafe {
+        let fdo = fdo(fdo_device.cast());
+        if (*irp).IoStatus.Anonymous.Status < 0 {
+            PoStartNextPowerIrp(irp);
+            remove_lock::release(&mut fdo.remove_lock, irp);
+            return CONTINUE_COMPLETION;
+        }
+        let stack = current_stack(irp);
+        let minor = (*stack).MinorFunction;
+        let target = if (*stack).Parameters.Power.State.SystemState == PowerSystemWorking {
+            PowerDeviceD0
+        } else {
+            PowerDeviceD3
+        };
+        let callback = core::mem::transmute::<Option<PowerComplete>, PREQUEST_POWER_COMPLETE>(Some(device_irp_done));
+        let status = PoRequestPowerIrp(
+            fdo.pdo,
+            minor,
+            POWER_STATE { DeviceState: target },
+            callback,
+            irp as *const c_void,
+            core::ptr::null_mut(),
+        );
+        if status != STATUS_PENDING {
+            // No device IRP will come to complete this one: it ends with the reason.
+            (*irp).IoStatus.Anonymous.Status = status;
+            PoStartNextPowerIrp(irp);
+            remove_lock::release(&mut fdo.remove_lock, irp);
+            return CONTINUE_COMPLETION;
+        }
+        STATUS_MORE_PROCESSING_REQUIRED
+    }
+}
+
+/// REQUEST_POWER_COMPLETE, as windows-sys leaves its parameters out.
+type PowerComplete =
+    unsafe extern "system" fn(*const DEVICE_OBJECT, u8, POWER_STATE, *const c_void, *const IO_STATUS_BLOCK);
+
+/// The device IRP asked for in system_irp_back is done: the system IRP takes its status and completes (the steps'
+/// PowerCompletion callback).
+unsafe extern "system" fn device_irp_done(
+    _pdo: *const DEVICE_OBJECT,
+    _minor: u8,
+    _state: POWER_STATE,
+    system_irp: *const c_void,
+    status: *const IO_STATUS_BLOCK,
+) {
+    let irp = system_irp as *mut IRP;
+    // SAFETY: the system IRP system_irp_back kept (MORE_PROCESSING_REQUIRED), its current location the FDO's; the
+    // power manager's status block of the finished device IRP.
+    unsafe {
+        let device = (*current_stack(irp)).DeviceObject;
+        let fdo = fdo(device);
+        (*irp).IoStatus.Anonymous.Status = (*status).Anonymous.Status;
+        PoStartNextPowerIrp(irp);
+        IofCompleteRequest(irp, 0);
+        remove_lock::release(&mut fdo.remove_lock, irp);
+    }
+}
+
+/// The D0 IRP back from the bus driver: the device powered, so it is initialised again (started_device.rs) and D0
+/// reported with PoSetPowerState "after the device powers up". A failed re-initialisation does not fail the IRP
+/// ("function and filter drivers above the bus driver must not fail a device set-power IRP"): the device stays
+/// without a channel, D0 is not reported, and the failure is printed.
+unsafe extern "system" fn powered_up(
+    _device: *const DEVICE_OBJECT,
+    irp: *const IRP,
+    fdo_device: *const c_void,
+) -> NTSTATUS {
+    let irp = irp as *mut IRP;
+    // SAFETY: the completion routine set in dispatch_power, with the FDO as context; the remove lock taken there is
+    // held until here.
+    unsafe {
+        let device: *const DEVICE_OBJECT = fdo_device.cast();
+        let fdo = fdo(device);
+        let powered = (*irp).IoStatus.Anonymous.Status >= 0;
+        let ready = match fdo.started.as_mut() {
+            _ if !powered => false,
+            None => true,
+            // The bring-up maps, allocates and waits: PASSIVE_LEVEL only. The model's bus driver (and pci.sys for a
+            // pageable stack) completes at PASSIVE_LEVEL; anywhere else this would need a work item.
+            Some(_) if irql::current() != PASSIVE_LEVEL => {
+                print_line("VHCA: D0 completed above PASSIVE_LEVEL: the device is not re-initialised");
+                false
+            }
+            Some(started) => match started.power_up() {
+                Ok(()) => true,
+                Err(why) => {
+                    print_line(&alloc::format!("VHCA: D0 re-initialisation failed: {why}"));
+                    false
+                }
+            },
+        };
+        if ready {
+            PoSetPowerState(device, DevicePowerState, POWER_STATE { DeviceState: PowerDeviceD0 });
+        }
+        PoStartNextPowerIrp(irp);
+        remove_lock::release(&mut fdo.remove_lock, irp);
+    }
+    CONTINUE_COMPLETION
 }

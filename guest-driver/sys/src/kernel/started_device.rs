@@ -74,6 +74,8 @@ pub struct StartedDevice {
     unused_queues: Vec<Queue>,
     /// The channel's own adapter (the core gets its own in Hca::open).
     adapter: PDMA_ADAPTER,
+    /// In D3 (power.rs): the device reset, its rings and channel freed; D0 brings it up again.
+    asleep: bool,
     /// Last: unmapped after everything that uses the registers.
     _bars: Vec<MappedBar>,
 }
@@ -169,6 +171,7 @@ impl StartedDevice {
             msix: None,
             unused_queues: Vec::new(),
             adapter,
+            asleep: false,
             _bars: bars,
         };
         device.bring_up()?;
@@ -243,6 +246,37 @@ impl StartedDevice {
                 .ok_or("command transport: event posting failed")?,
         ));
         reset.armed = false;
+        Ok(())
+    }
+
+    /// Entering D3 (power.rs, before the IRP goes down): DMA quiesced as on STOP, but what D0 needs is kept (the BARs'
+    /// mappings, the adapter, the interrupt resources and MSI-X plan). The reset first: after it the device no
+    /// longer reads or writes the rings and buffers freed next. Nothing else is in flight: vhca.sys takes no request
+    /// outside START_DEVICE, whose scenario disconnected its interrupt before it returned. PASSIVE_LEVEL.
+    pub fn power_down(&mut self) {
+        if self.asleep {
+            return;
+        }
+        let _ = self.transport.reset(&mut KernelWait::after(RESET_TIMEOUT));
+        self.channel = None;
+        self.unused_queues.clear();
+        self.asleep = true;
+    }
+
+    /// Back in D0 (power.rs, once the bus driver powered the device up): the device really initialised again, as
+    /// at START_DEVICE (bus mastering, which a D3hot→D0 transition may clear, then reset, features, every queue,
+    /// DRIVER_OK, the channel). A failure leaves no channel, so nothing later uses a ring that is not there: a
+    /// scenario answers "no command transport" and REMOVE frees what is left. PASSIVE_LEVEL.
+    pub fn power_up(&mut self) -> Result<(), String> {
+        if !self.asleep {
+            return Ok(());
+        }
+        let mut command = [0u8; 2];
+        check("IRP_MN_READ_CONFIG", config_space::read(self.pdo, PCI_COMMAND as u32, &mut command))?;
+        let command = command_with_decoding_and_mastering(u16::from_le_bytes(command)).to_le_bytes();
+        check("IRP_MN_WRITE_CONFIG", config_space::write(self.pdo, PCI_COMMAND as u32, &command))?;
+        self.bring_up()?;
+        self.asleep = false;
         Ok(())
     }
 
