@@ -403,8 +403,14 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
             "power".into(),
             serde_json::json!({ "sleep_resume_cycles": power.cycles, "device_irps": power.device_irps }),
         );
-        if let Some(why) = &power.failure {
-            bail!("sleep/resume: {why}");
+        match &power.failure {
+            // Under the simulation a power-up that failed cleanly is the driver's error path, as a failed start is:
+            // judged on what the driver left behind (the unload checks and the leak census below).
+            Some(why) if injected && power.power_up_failed => {
+                error_path = Some(format!("sleep/resume: {why}"));
+            }
+            Some(why) => bail!("sleep/resume: {why}"),
+            None => {}
         }
     }
     match life {

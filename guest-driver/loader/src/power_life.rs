@@ -40,7 +40,7 @@ const POWER_IRP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many sleep/resume cycles the next life runs after START_DEVICE (`vhca.power=sleep-resume[:N]`).
 static CYCLES: AtomicU32 = AtomicU32::new(0);
 /// What the cycles did, for the run's report.
-static OUTCOME: Mutex<PowerOutcome> = Mutex::new(PowerOutcome { cycles: 0, device_irps: 0, failure: None });
+static OUTCOME: Mutex<PowerOutcome> = Mutex::new(PowerOutcome::NONE);
 /// The device power state each device object last reported with PoSetPowerState (absent: D0, as started).
 static REPORTED: Mutex<Option<HashMap<usize, i32>>> = Mutex::new(None);
 
@@ -54,6 +54,13 @@ pub struct PowerOutcome {
     /// The first rule broken or IRP failed, which ends the cycles; the life goes on to REMOVE_DEVICE, as Windows
     /// goes on with a device that failed to power up.
     pub failure: Option<String>,
+    /// The failure is the device not back in D0 after S0 while every rule held: the driver's failed power-up (its
+    /// error path under the low-resources simulation), not a broken rule.
+    pub power_up_failed: bool,
+}
+
+impl PowerOutcome {
+    const NONE: PowerOutcome = PowerOutcome { cycles: 0, device_irps: 0, failure: None, power_up_failed: false };
 }
 
 /// Sets how many sleep/resume cycles the life runs once the device started (0: none).
@@ -69,7 +76,7 @@ pub fn outcome() -> PowerOutcome {
 /// The planned cycles on a started stack, in the PnP manager's thread at PASSIVE_LEVEL. Stops at the first failure.
 pub fn run_planned(io: &IoManager, pdo: *mut DEVICE_OBJECT) {
     let cycles = CYCLES.load(Ordering::Relaxed);
-    *crate::lock(&OUTCOME) = PowerOutcome { cycles: 0, device_irps: 0, failure: None };
+    *crate::lock(&OUTCOME) = PowerOutcome::NONE;
     *crate::lock(&REPORTED) = None;
     if cycles == 0 {
         return;
@@ -83,6 +90,10 @@ pub fn run_planned(io: &IoManager, pdo: *mut DEVICE_OBJECT) {
             Ok(()) => return,
             Err(why) => {
                 println!("VHCA-LOADER: power: {why}");
+                if outcome.failure.is_some() {
+                    // An IRQL rule broke first: that is the failure, whatever came of the IRP.
+                    outcome.power_up_failed = false;
+                }
                 outcome.failure.get_or_insert(why);
                 return;
             }
@@ -110,7 +121,11 @@ fn sleep_and_resume(io: &IoManager, pdo: *mut DEVICE_OBJECT) -> Result<(), Strin
     if resume < 0 {
         return Err(format!("IRP_MN_SET_POWER S0 failed with {:#010x}: the device did not power up", resume as u32));
     }
-    expect_device_state(pdo, asked, PowerDeviceD0, "S0")
+    let back = expect_device_state(pdo, asked, PowerDeviceD0, "S0");
+    if back.is_err() && device_irps() > asked {
+        crate::lock(&OUTCOME).power_up_failed = true;
+    }
+    back
 }
 
 fn device_irps() -> u32 {
