@@ -179,6 +179,26 @@ pub fn run(
         (TargetDevice::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
     };
     mark(report, "scenario");
+    let result = match result {
+        Ok(()) if options.sleep_resume > 0 => {
+            let mut cycles = 0;
+            let slept = (0..options.sleep_resume).try_for_each(|_| {
+                // D3 as vhca.sys quiesces it: the reset first, then the rings and buffers the device had go.
+                transport.reset(timeout).context("D3: reset")?;
+                commands = None;
+                driver = None;
+                queues.clear();
+                let up = crate::sleep_resume::power_up(&transport, &mapper, interrupts.as_mut(), queue_count, timeout)?;
+                queues = up.queues;
+                commands = Some(up.commands);
+                cycles += 1;
+                anyhow::Ok(())
+            });
+            report.details.insert("power".into(), serde_json::json!({ "sleep_resume_cycles": cycles }));
+            slept.context("sleep/resume")
+        }
+        other => other,
+    };
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
     let reset = transport.reset(timeout);
     drop(commands);
@@ -221,14 +241,14 @@ pub fn run(
     Ok(())
 }
 
-pub(crate) type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
+pub type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
 
 /// The messages the native driver's NT model gets, when the run has interrupts.
 fn model_messages(interrupts: Option<&QueueInterrupts>) -> Option<driver_run::ModelMessages> {
     interrupts.map(|i| driver_run::ModelMessages { sink: i.model_sink(), count: i.message_count() })
 }
 
-pub(crate) fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow::Result<Queue> {
+pub fn setup_queue(transport: &VirtioPci, mapper: &DmaMapper, index: u16) -> anyhow::Result<Queue> {
     let max = transport.queue_max_size(index)?;
     ensure!(max > 0, "queue {index} has size 0");
     // Split rings need a power of two; take the largest one the device allows, capped at the carrier's size.

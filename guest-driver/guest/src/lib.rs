@@ -24,6 +24,7 @@ pub mod rng;
 pub mod roundtrip;
 pub mod run_process;
 pub mod shutdown;
+pub mod sleep_resume;
 pub mod sys_driver;
 pub mod test_modes;
 pub mod vfio;

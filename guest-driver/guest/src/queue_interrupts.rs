@@ -107,6 +107,12 @@ impl<'d> QueueInterrupts<'d> {
         self.waiting.push(index);
     }
 
+    /// Writes the MSI-X routing into the device again, after a reset put every source on VIRTIO_MSI_NO_VECTOR
+    /// (sleep_resume.rs's D0).
+    pub fn reprogram(&self, transport: &VirtioPci) -> anyhow::Result<()> {
+        Ok(self.plan.program(transport)?)
+    }
+
     /// The NT model's end of the messages, for the native driver's run to attach its model to.
     pub fn model_sink(&self) -> Arc<ModelInterrupts> {
         self.model.clone()
