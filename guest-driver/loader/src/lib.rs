@@ -34,6 +34,7 @@ pub mod object_table;
 pub mod pageable_pool;
 pub mod pe_image;
 pub mod pnp_life;
+pub mod pnp_sequence;
 pub mod power_life;
 pub mod privileged_instructions;
 pub mod processor_block;

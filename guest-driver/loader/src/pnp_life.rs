@@ -7,12 +7,16 @@ use std::ffi::c_void;
 
 use vhca_ntapi::{NtKernel, DRIVER_VERIFIER_DETECTED_VIOLATION, PASSIVE_LEVEL};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};
-use windows_sys::Wdk::System::SystemServices::{IRP_MJ_PNP, IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE};
+use windows_sys::Wdk::System::SystemServices::{
+    IRP_MJ_PNP, IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE,
+    IRP_MN_QUERY_STOP_DEVICE, IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE,
+};
 use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 
 use crate::image_mapping::MappedImage;
 use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager, UnloadFn};
 use crate::irp_dispatch;
+use crate::pnp_sequence::{self, PnpStack, PnpStep};
 use crate::kernel_context::{bugcheck, kernel};
 use crate::start_resources::{model_messages, ListKind, ResourceList};
 use vhca_ntapi::PDEVICE_OBJECT;
@@ -80,9 +84,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
         unload(driver);
         return Err(LifeFailure::NoAddDevice);
     };
-    // SAFETY: the driver's AddDevice, with its driver object and the PDO, at PASSIVE_LEVEL.
-    let status = unsafe { std::mem::transmute::<usize, AddDeviceFn>(add_device as usize)(driver, pdo) };
-    back_at_passive("AddDevice");
+    let status = call_add_device(add_device as usize, driver, pdo);
     if status < 0 {
         unload(driver);
         return Err(LifeFailure::AddDevice(status));
@@ -90,17 +92,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
 
     if start {
         step("IRP_MN_START_DEVICE");
-        let ranges = io.bus().memory_resources();
-        // The PnP manager's part: the messages the platform enabled are the device's, in the model (which
-        // IoConnectInterruptEx connects) and in both lists; none (a polling run) gives no interrupt descriptor.
-        let count = io.bus().message_interrupts();
-        if count > 0 {
-            k.model.assign_interrupts(PDEVICE_OBJECT(pdo as u64), InterruptResources::Messages(count));
-        }
-        let messages = model_messages(&k.model, count);
-        let raw = ResourceList::new(&ranges, &messages, ListKind::Raw);
-        let translated = ResourceList::new(&ranges, &messages, ListKind::Translated);
-        let status = pnp_irp(io, pdo, IRP_MN_START_DEVICE, Some((&raw, &translated)));
+        let status = start_device(io, pdo);
         if status < 0 {
             // Windows sends REMOVE_DEVICE to a stack whose start failed; the driver frees there.
             pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE, None);
@@ -108,6 +100,13 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
             return Err(LifeFailure::StartDevice(status));
         }
         crate::power_life::run_planned(io, pdo);
+        let outcome = pnp_sequence::run(pnp_sequence::planned(), &mut LiveStack { io, driver, pdo, add_device: add_device as usize });
+        let stack_gone = outcome.stack_gone;
+        pnp_sequence::record(outcome);
+        if stack_gone {
+            // The sequence's REMOVE was the last: Windows sends no second one to a stack that is gone.
+            return finish(io, driver, pdo);
+        }
     }
 
     step("IRP_MN_REMOVE_DEVICE");
@@ -115,6 +114,11 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
     if status < 0 {
         return Err(LifeFailure::RemoveDevice(status));
     }
+    finish(io, driver, pdo)
+}
+
+/// After the last REMOVE_DEVICE: no device of the driver may be left, then DriverUnload and the PDO goes.
+fn finish(io: &IoManager, driver: *mut DRIVER_OBJECT, pdo: *mut DEVICE_OBJECT) -> Result<(), LifeFailure> {
     // Only the PDO is left on the bus driver's side; the driver's own devices must be gone.
     let left = io.devices_of(driver);
     if left > 0 {
@@ -123,6 +127,61 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
     unload(driver);
     io.delete_device(pdo);
     Ok(())
+}
+
+/// The driver's AddDevice, with its driver object and the PDO, at PASSIVE_LEVEL.
+fn call_add_device(add_device: usize, driver: *mut DRIVER_OBJECT, pdo: *mut DEVICE_OBJECT) -> NTSTATUS {
+    // SAFETY: the routine DriverEntry set in the driver extension, called as the PnP manager calls it.
+    let status = unsafe { std::mem::transmute::<usize, AddDeviceFn>(add_device)(driver, pdo) };
+    back_at_passive("AddDevice");
+    status
+}
+
+/// START_DEVICE with the device's resources, as the PnP manager assigns them (again, after a STOP or a disable).
+fn start_device(io: &IoManager, pdo: *mut DEVICE_OBJECT) -> NTSTATUS {
+    let k = kernel();
+    let ranges = io.bus().memory_resources();
+    // The PnP manager's part: the messages the platform enabled are the device's, in the model (which
+    // IoConnectInterruptEx connects) and in both lists; none (a polling run) gives no interrupt descriptor.
+    let count = io.bus().message_interrupts();
+    if count > 0 {
+        k.model.assign_interrupts(PDEVICE_OBJECT(pdo as u64), InterruptResources::Messages(count));
+    }
+    let messages = model_messages(&k.model, count);
+    let raw = ResourceList::new(&ranges, &messages, ListKind::Raw);
+    let translated = ResourceList::new(&ranges, &messages, ListKind::Translated);
+    pnp_irp(io, pdo, IRP_MN_START_DEVICE, Some((&raw, &translated)))
+}
+
+/// The real stack for a PnP sequence (pnp_sequence.rs): each step an IRP at the top of the PDO's stack, or the
+/// driver's AddDevice.
+struct LiveStack<'a> {
+    io: &'a IoManager,
+    driver: *mut DRIVER_OBJECT,
+    pdo: *mut DEVICE_OBJECT,
+    /// The AddDevice routine DriverEntry set.
+    add_device: usize,
+}
+
+impl PnpStack for LiveStack<'_> {
+    fn send(&mut self, s: PnpStep) -> NTSTATUS {
+        step(s.name());
+        let minor = match s {
+            PnpStep::Start => return start_device(self.io, self.pdo),
+            PnpStep::AddDevice => return call_add_device(self.add_device, self.driver, self.pdo),
+            PnpStep::QueryStop => IRP_MN_QUERY_STOP_DEVICE,
+            PnpStep::CancelStop => IRP_MN_CANCEL_STOP_DEVICE,
+            PnpStep::Stop => IRP_MN_STOP_DEVICE,
+            PnpStep::QueryRemove => IRP_MN_QUERY_REMOVE_DEVICE,
+            PnpStep::CancelRemove => IRP_MN_CANCEL_REMOVE_DEVICE,
+            PnpStep::Remove => IRP_MN_REMOVE_DEVICE,
+        };
+        pnp_irp(self.io, self.pdo, minor, None)
+    }
+
+    fn devices_left(&self) -> usize {
+        self.io.devices_of(self.driver)
+    }
 }
 
 /// A PnP IRP from the PnP manager to the top of the PDO's stack, as Windows sends it: status preset to

@@ -1,0 +1,322 @@
+//! The PnP manager's sequences on a started stack beyond the straight line, as Windows sends them: a rebalance
+//! (QUERY_STOP, then STOP and START with resources again, or CANCEL_STOP when the stack refused), a query-remove
+//! cancelled, and disable/enable (QUERY_REMOVE, REMOVE, then a new AddDevice and START), with the rules Microsoft's
+//! pages give a function driver for each checked (docs/verifier.md "PnP sequences").
+
+use std::sync::Mutex;
+
+use windows_sys::Win32::Foundation::NTSTATUS;
+
+/// Which sequence a life runs between START_DEVICE and its last REMOVE_DEVICE (`vhca.pnp=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PnpSequence {
+    /// DriverEntry, AddDevice, START, REMOVE: nothing in between.
+    #[default]
+    Straight,
+    /// `rebalance[:N]`: N times QUERY_STOP → STOP → START (CANCEL_STOP instead when QUERY_STOP is refused).
+    Rebalance(u32),
+    /// `query-stop-cancel`: QUERY_STOP → CANCEL_STOP, as when another stack refused the rebalance.
+    QueryStopCancel,
+    /// `query-remove-cancel`: QUERY_REMOVE → CANCEL_REMOVE, as when a handle kept the device from being disabled.
+    QueryRemoveCancel,
+    /// `disable-enable[:N]`: N times QUERY_REMOVE → REMOVE, then AddDevice and START again (`pnputil
+    /// /disable-device` then `/enable-device`).
+    DisableEnable(u32),
+}
+
+impl PnpSequence {
+    /// The `vhca.pnp=` value: `rebalance`, `rebalance:N`, `query-stop-cancel`, `query-remove-cancel`,
+    /// `disable-enable`, `disable-enable:N` (N > 0) or `straight`.
+    pub fn parse(value: &str) -> Result<PnpSequence, String> {
+        let (name, count) = match value.split_once(':') {
+            Some((name, n)) => {
+                (name, Some(n.parse().ok().filter(|n| *n > 0).ok_or(format!("not a count > 0: {n:?}"))?))
+            }
+            None => (value, None),
+        };
+        match (name, count) {
+            ("straight", None) => Ok(PnpSequence::Straight),
+            ("rebalance", n) => Ok(PnpSequence::Rebalance(n.unwrap_or(1))),
+            ("disable-enable", n) => Ok(PnpSequence::DisableEnable(n.unwrap_or(1))),
+            ("query-stop-cancel", None) => Ok(PnpSequence::QueryStopCancel),
+            ("query-remove-cancel", None) => Ok(PnpSequence::QueryRemoveCancel),
+            _ => Err(format!(
+                "not straight, rebalance[:N], query-stop-cancel, query-remove-cancel or disable-enable[:N]: {value:?}"
+            )),
+        }
+    }
+}
+
+/// One thing the PnP manager does to the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PnpStep {
+    QueryStop,
+    CancelStop,
+    Stop,
+    /// START_DEVICE with the resources assigned again.
+    Start,
+    QueryRemove,
+    CancelRemove,
+    Remove,
+    /// The driver's AddDevice with the same PDO, once REMOVE deleted its FDO.
+    AddDevice,
+}
+
+impl PnpStep {
+    pub fn name(self) -> &'static str {
+        match self {
+            PnpStep::QueryStop => "IRP_MN_QUERY_STOP_DEVICE",
+            PnpStep::CancelStop => "IRP_MN_CANCEL_STOP_DEVICE",
+            PnpStep::Stop => "IRP_MN_STOP_DEVICE",
+            PnpStep::Start => "IRP_MN_START_DEVICE",
+            PnpStep::QueryRemove => "IRP_MN_QUERY_REMOVE_DEVICE",
+            PnpStep::CancelRemove => "IRP_MN_CANCEL_REMOVE_DEVICE",
+            PnpStep::Remove => "IRP_MN_REMOVE_DEVICE",
+            PnpStep::AddDevice => "AddDevice",
+        }
+    }
+}
+
+/// The stack the sequence runs on: each step sent at PASSIVE_LEVEL in the PnP manager's thread, its final status
+/// back. `devices_left` is how many device objects the driver still has (after a REMOVE: none may be).
+pub trait PnpStack {
+    fn send(&mut self, step: PnpStep) -> NTSTATUS;
+    fn devices_left(&self) -> usize;
+}
+
+/// What a sequence did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SequenceOutcome {
+    /// Every step sent, with the status it came back with.
+    pub steps: Vec<(PnpStep, NTSTATUS)>,
+    /// Queries the driver refused (allowed: the PnP manager then cancels, and the device stays started).
+    pub refused: u32,
+    /// The first rule broken or step failed, which ends the sequence.
+    pub failure: Option<String>,
+    /// The driver's stack is gone (REMOVE succeeded and no AddDevice followed, or AddDevice failed): the life's own
+    /// REMOVE_DEVICE is not sent.
+    pub stack_gone: bool,
+}
+
+impl SequenceOutcome {
+    fn send(&mut self, stack: &mut dyn PnpStack, step: PnpStep) -> NTSTATUS {
+        let status = stack.send(step);
+        self.steps.push((step, status));
+        status
+    }
+
+    /// A step the driver must not fail: STOP ("A driver must set Irp->IoStatus.Status to STATUS_SUCCESS",
+    /// IRP_MN_STOP_DEVICE's page), CANCEL_STOP and CANCEL_REMOVE ("The driver must not fail this operation",
+    /// Handling an IRP_MN_CANCEL_STOP_DEVICE / _REMOVE_DEVICE Request), REMOVE ("Drivers must succeed this IRP",
+    /// IRP_MN_REMOVE_DEVICE's page).
+    fn must_succeed(&mut self, stack: &mut dyn PnpStack, step: PnpStep) -> bool {
+        let status = self.send(stack, step);
+        if status < 0 {
+            self.failure = Some(format!("{} failed with {:#010x}: a driver must not fail it", step.name(), status as u32));
+        }
+        status >= 0
+    }
+
+    fn start(&mut self, stack: &mut dyn PnpStack) -> bool {
+        let status = self.send(stack, PnpStep::Start);
+        if status < 0 {
+            self.failure = Some(format!("IRP_MN_START_DEVICE after the stop failed with {:#010x}", status as u32));
+        }
+        status >= 0
+    }
+
+    /// QUERY_STOP, then STOP and START if the stack agreed, CANCEL_STOP if it refused ("If any driver in the
+    /// stack fails the query-stop IRP, the PnP manager sends an IRP_MN_CANCEL_STOP_DEVICE", Stopping a Device).
+    fn rebalance(&mut self, stack: &mut dyn PnpStack) -> bool {
+        if self.send(stack, PnpStep::QueryStop) < 0 {
+            self.refused += 1;
+            return self.must_succeed(stack, PnpStep::CancelStop);
+        }
+        self.must_succeed(stack, PnpStep::Stop) && self.start(stack)
+    }
+
+    /// QUERY_REMOVE, then REMOVE with no device object left after it, then AddDevice and START; CANCEL_REMOVE if
+    /// the stack refused the query.
+    fn disable_enable(&mut self, stack: &mut dyn PnpStack) -> bool {
+        if self.send(stack, PnpStep::QueryRemove) < 0 {
+            self.refused += 1;
+            return self.must_succeed(stack, PnpStep::CancelRemove);
+        }
+        if !self.must_succeed(stack, PnpStep::Remove) {
+            return false;
+        }
+        self.stack_gone = true;
+        let left = stack.devices_left();
+        if left > 0 {
+            self.failure = Some(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
+            return false;
+        }
+        let status = self.send(stack, PnpStep::AddDevice);
+        if status < 0 {
+            self.failure = Some(format!("AddDevice after the disable failed with {:#010x}", status as u32));
+            return false;
+        }
+        self.stack_gone = false;
+        self.start(stack)
+    }
+}
+
+/// Runs `sequence` on a started stack, stopping at the first failure.
+pub fn run(sequence: PnpSequence, stack: &mut dyn PnpStack) -> SequenceOutcome {
+    let mut outcome = SequenceOutcome::default();
+    match sequence {
+        PnpSequence::Straight => {}
+        PnpSequence::Rebalance(n) => {
+            for _ in 0..n {
+                if !outcome.rebalance(stack) {
+                    break;
+                }
+            }
+        }
+        PnpSequence::QueryStopCancel => {
+            if outcome.send(stack, PnpStep::QueryStop) < 0 {
+                outcome.refused += 1;
+            }
+            outcome.must_succeed(stack, PnpStep::CancelStop);
+        }
+        PnpSequence::QueryRemoveCancel => {
+            if outcome.send(stack, PnpStep::QueryRemove) < 0 {
+                outcome.refused += 1;
+            }
+            outcome.must_succeed(stack, PnpStep::CancelRemove);
+        }
+        PnpSequence::DisableEnable(n) => {
+            for _ in 0..n {
+                if !outcome.disable_enable(stack) {
+                    break;
+                }
+            }
+        }
+    }
+    outcome
+}
+
+/// The sequence the next life runs, and what the last one did, for the guest's report.
+static PLANNED: Mutex<PnpSequence> = Mutex::new(PnpSequence::Straight);
+static OUTCOME: Mutex<Option<SequenceOutcome>> = Mutex::new(None);
+
+pub fn plan(sequence: PnpSequence) {
+    *crate::lock(&PLANNED) = sequence;
+}
+
+pub fn planned() -> PnpSequence {
+    *crate::lock(&PLANNED)
+}
+
+pub(crate) fn record(outcome: SequenceOutcome) {
+    *crate::lock(&OUTCOME) = Some(outcome);
+}
+
+/// What the last life's sequence did (None: it ran none, or did not reach START).
+pub fn outcome() -> Option<SequenceOutcome> {
+    crate::lock(&OUTCOME).clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use windows_sys::Win32::Foundation::{STATUS_SUCCESS, STATUS_UNSUCCESSFUL};
+
+    /// A stack that answers each step from a rule and records nothing itself.
+    struct Fake {
+        answer: fn(PnpStep) -> NTSTATUS,
+        devices: usize,
+    }
+
+    impl PnpStack for Fake {
+        fn send(&mut self, step: PnpStep) -> NTSTATUS {
+            match step {
+                PnpStep::Remove => self.devices = 0,
+                PnpStep::AddDevice => self.devices = 1,
+                _ => {}
+            }
+            (self.answer)(step)
+        }
+        fn devices_left(&self) -> usize {
+            self.devices
+        }
+    }
+
+    fn steps(outcome: &SequenceOutcome) -> Vec<PnpStep> {
+        outcome.steps.iter().map(|(s, _)| *s).collect()
+    }
+
+    #[test]
+    fn parses_every_sequence_and_refuses_the_rest() {
+        assert_eq!(PnpSequence::parse("rebalance"), Ok(PnpSequence::Rebalance(1)));
+        assert_eq!(PnpSequence::parse("disable-enable:3"), Ok(PnpSequence::DisableEnable(3)));
+        assert_eq!(PnpSequence::parse("query-remove-cancel"), Ok(PnpSequence::QueryRemoveCancel));
+        assert_eq!(PnpSequence::parse("query-stop-cancel"), Ok(PnpSequence::QueryStopCancel));
+        assert_eq!(PnpSequence::parse("straight"), Ok(PnpSequence::Straight));
+        for bad in ["rebalance:0", "query-stop-cancel:2", "eject", "disable-enable:x"] {
+            assert!(PnpSequence::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_agreed_rebalance_is_query_stop_stop_start_each_time() {
+        let mut stack = Fake { answer: |_| STATUS_SUCCESS, devices: 1 };
+        let outcome = run(PnpSequence::Rebalance(2), &mut stack);
+        use PnpStep::*;
+        assert_eq!(steps(&outcome), [QueryStop, Stop, Start, QueryStop, Stop, Start]);
+        assert_eq!((outcome.failure, outcome.refused, outcome.stack_gone), (None, 0, false));
+    }
+
+    #[test]
+    fn a_refused_query_stop_is_cancelled_and_never_stopped() {
+        let mut stack = Fake {
+            answer: |s| if s == PnpStep::QueryStop { STATUS_UNSUCCESSFUL } else { STATUS_SUCCESS },
+            devices: 1,
+        };
+        let outcome = run(PnpSequence::Rebalance(1), &mut stack);
+        assert_eq!(steps(&outcome), [PnpStep::QueryStop, PnpStep::CancelStop]);
+        assert_eq!((outcome.failure, outcome.refused), (None, 1));
+    }
+
+    #[test]
+    fn failing_a_stop_or_a_cancel_breaks_the_rule() {
+        let mut stack =
+            Fake { answer: |s| if s == PnpStep::Stop { STATUS_UNSUCCESSFUL } else { STATUS_SUCCESS }, devices: 1 };
+        let outcome = run(PnpSequence::Rebalance(3), &mut stack);
+        assert_eq!(steps(&outcome), [PnpStep::QueryStop, PnpStep::Stop]);
+        assert!(outcome.failure.unwrap().contains("IRP_MN_STOP_DEVICE failed"));
+        let mut stack = Fake {
+            answer: |s| if s == PnpStep::CancelRemove { STATUS_UNSUCCESSFUL } else { STATUS_SUCCESS },
+            devices: 1,
+        };
+        let outcome = run(PnpSequence::QueryRemoveCancel, &mut stack);
+        assert_eq!(steps(&outcome), [PnpStep::QueryRemove, PnpStep::CancelRemove]);
+        assert!(outcome.failure.unwrap().contains("must not fail"));
+    }
+
+    #[test]
+    fn disable_enable_removes_then_adds_and_starts_again() {
+        let mut stack = Fake { answer: |_| STATUS_SUCCESS, devices: 1 };
+        let outcome = run(PnpSequence::DisableEnable(2), &mut stack);
+        use PnpStep::*;
+        assert_eq!(steps(&outcome), [QueryRemove, Remove, AddDevice, Start, QueryRemove, Remove, AddDevice, Start]);
+        assert_eq!((outcome.failure, outcome.stack_gone), (None, false));
+    }
+
+    #[test]
+    fn a_device_left_after_remove_ends_the_disable() {
+        struct Leaky;
+        impl PnpStack for Leaky {
+            fn send(&mut self, _: PnpStep) -> NTSTATUS {
+                STATUS_SUCCESS
+            }
+            fn devices_left(&self) -> usize {
+                1
+            }
+        }
+        let outcome = run(PnpSequence::DisableEnable(1), &mut Leaky);
+        assert_eq!(steps(&outcome), [PnpStep::QueryRemove, PnpStep::Remove]);
+        assert!(outcome.failure.unwrap().contains("left after IRP_MN_REMOVE_DEVICE"));
+        assert!(outcome.stack_gone, "the life must not send a second REMOVE to a stack that is gone");
+    }
+}
