@@ -118,6 +118,9 @@ pub struct Options {
     /// Sleep/resume cycles (S0→S3→S0) once the device started (`vhca.power=sleep-resume` for one,
     /// `sleep-resume:N` for N); 0: none.
     pub sleep_resume: u32,
+    /// The PnP sequence the life runs between START_DEVICE and its last REMOVE (`vhca.pnp=rebalance[:N]`,
+    /// `query-stop-cancel`, `query-remove-cancel`, `disable-enable[:N]`); default the straight line.
+    pub pnp: vhca_loader::pnp_sequence::PnpSequence,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -149,6 +152,7 @@ impl Default for Options {
             interleaving: InterleavingMode::Off,
             pct_horizon: None,
             sleep_resume: 0,
+            pnp: Default::default(),
             warnings: Vec::new(),
         }
     }
@@ -247,6 +251,7 @@ impl Options {
                 self.pct_horizon =
                     Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a point count > 0: {value:?}"))?)
             }
+            "pnp" => self.pnp = vhca_loader::pnp_sequence::PnpSequence::parse(value)?,
             "power" => {
                 self.sleep_resume = match value.split_once(':') {
                     None if value == "sleep-resume" => 1,
@@ -408,6 +413,16 @@ mod tests {
         assert_eq!(Options::parse("vhca.interleave=pct:5").interleaving, InterleavingMode::Pct { seed: 5, depth: 3 });
         assert_eq!(Options::parse("vhca.pct_horizon=340").pct_horizon, Some(340));
         assert_eq!(Options::parse("vhca.pct_horizon=0").pct_horizon, None);
+    }
+
+    #[test]
+    fn pnp_names_the_sequence_and_refuses_an_unknown_one() {
+        use vhca_loader::pnp_sequence::PnpSequence;
+        assert_eq!(Options::parse("").pnp, PnpSequence::Straight);
+        assert_eq!(Options::parse("vhca.pnp=rebalance:2").pnp, PnpSequence::Rebalance(2));
+        assert_eq!(Options::parse("vhca.pnp=disable-enable").pnp, PnpSequence::DisableEnable(1));
+        let refused = Options::parse("vhca.pnp=eject");
+        assert_eq!((refused.pnp, refused.warnings.len()), (PnpSequence::Straight, 1));
     }
 
     #[test]

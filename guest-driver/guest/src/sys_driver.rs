@@ -335,7 +335,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
     // Sleep and resume between START_DEVICE and REMOVE_DEVICE, as the power manager sends it (`vhca.power`).
     vhca_loader::power_life::plan_sleep_resume(options.sleep_resume);
+    // Then the PnP manager's sequence (`vhca.pnp`): a rebalance, a cancelled query or disable/enable.
+    vhca_loader::pnp_sequence::plan(options.pnp);
     let life = run_life(&mapped, true);
+    let pnp = vhca_loader::pnp_sequence::outcome();
     let power = vhca_loader::power_life::outcome();
     // Windows runs on after an unload: for the scenarios whose bug shows only then (a timer left set expires later,
     // its DPC in an unloaded driver), the model's clock keeps ticking for as long as the native run gives it.
@@ -397,6 +400,14 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     }
     if let Some(error) = scenario_error {
         bail!("{error}");
+    }
+    if let Some(pnp) = pnp.filter(|p| !p.steps.is_empty()) {
+        let steps: Vec<String> =
+            pnp.steps.iter().map(|(s, status)| format!("{} {:#x}", s.name(), *status as u32)).collect();
+        report.details.insert("pnp".into(), serde_json::json!({ "steps": steps, "refused": pnp.refused }));
+        if let Some(why) = &pnp.failure {
+            bail!("PnP sequence: {why}");
+        }
     }
     if options.sleep_resume > 0 {
         report.details.insert(

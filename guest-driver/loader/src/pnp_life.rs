@@ -16,8 +16,8 @@ use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 use crate::image_mapping::MappedImage;
 use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager, UnloadFn};
 use crate::irp_dispatch;
-use crate::pnp_sequence::{self, PnpStack, PnpStep};
 use crate::kernel_context::{bugcheck, kernel};
+use crate::pnp_sequence::{self, PnpStack, PnpStep};
 use crate::start_resources::{model_messages, ListKind, ResourceList};
 use vhca_ntapi::PDEVICE_OBJECT;
 use vhca_ntmodel::{InterruptResources, VerifierFlags};
@@ -100,7 +100,10 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
             return Err(LifeFailure::StartDevice(status));
         }
         crate::power_life::run_planned(io, pdo);
-        let outcome = pnp_sequence::run(pnp_sequence::planned(), &mut LiveStack { io, driver, pdo, add_device: add_device as usize });
+        let outcome = pnp_sequence::run(
+            pnp_sequence::planned(),
+            &mut LiveStack { io, driver, pdo, add_device: add_device as usize },
+        );
         let stack_gone = outcome.stack_gone;
         pnp_sequence::record(outcome);
         if stack_gone {

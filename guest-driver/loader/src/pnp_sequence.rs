@@ -112,7 +112,8 @@ impl SequenceOutcome {
     fn must_succeed(&mut self, stack: &mut dyn PnpStack, step: PnpStep) -> bool {
         let status = self.send(stack, step);
         if status < 0 {
-            self.failure = Some(format!("{} failed with {:#010x}: a driver must not fail it", step.name(), status as u32));
+            self.failure =
+                Some(format!("{} failed with {:#010x}: a driver must not fail it", step.name(), status as u32));
         }
         status >= 0
     }
@@ -269,10 +270,8 @@ mod tests {
 
     #[test]
     fn a_refused_query_stop_is_cancelled_and_never_stopped() {
-        let mut stack = Fake {
-            answer: |s| if s == PnpStep::QueryStop { STATUS_UNSUCCESSFUL } else { STATUS_SUCCESS },
-            devices: 1,
-        };
+        let mut stack =
+            Fake { answer: |s| if s == PnpStep::QueryStop { STATUS_UNSUCCESSFUL } else { STATUS_SUCCESS }, devices: 1 };
         let outcome = run(PnpSequence::Rebalance(1), &mut stack);
         assert_eq!(steps(&outcome), [PnpStep::QueryStop, PnpStep::CancelStop]);
         assert_eq!((outcome.failure, outcome.refused), (None, 1));

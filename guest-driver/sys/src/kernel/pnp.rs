@@ -1,6 +1,7 @@
 //! IRP_MJ_PNP for the FDO, as a WDM function driver handles it: START_DEVICE after the lower drivers (the PCI bus
-//! driver) started the device; STOP, SURPRISE_REMOVAL and REMOVE quiesce it and free everything before the IRP
-//! goes down; the query/cancel IRPs are succeeded and passed down; anything else passes down untouched.
+//! driver) started the device (again after a STOP: a rebalance); STOP, SURPRISE_REMOVAL and REMOVE quiesce it and
+//! free everything before the IRP goes down; queries succeed going down, cancels after the lower drivers; anything
+//! else passes down untouched.
 
 use alloc::format;
 
@@ -85,6 +86,10 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             status
         }
         IRP_MN_STOP_DEVICE | IRP_MN_SURPRISE_REMOVAL => {
+            // STOP releases every hardware resource (Handling an IRP_MN_STOP_DEVICE Request): dropping the started
+            // device resets it, frees its rings and common buffers, puts its DMA adapter and unmaps its BARs (no
+            // interrupt is connected outside a scenario). What the next START needs is the PDO and the lower
+            // device, which the FDO keeps: START rebuilds everything from the resources it brings.
             fdo.started = None;
             // SAFETY: PASSIVE_LEVEL, holding the remove lock; succeeded here, then passed down as the PnP rules
             // require.
@@ -93,16 +98,27 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
                 pass_down(fdo.lower, irp)
             }
         }
-        IRP_MN_QUERY_STOP_DEVICE
-        | IRP_MN_CANCEL_STOP_DEVICE
-        | IRP_MN_QUERY_REMOVE_DEVICE
-        | IRP_MN_CANCEL_REMOVE_DEVICE => {
-            // Nothing is queued in this driver: stopping or removing never has to wait for it.
+        IRP_MN_QUERY_STOP_DEVICE | IRP_MN_QUERY_REMOVE_DEVICE => {
+            // The query's rule (Handling an IRP_MN_QUERY_STOP_DEVICE Request): refuse with STATUS_UNSUCCESSFUL
+            // while requests are live that cannot be held or drained, else hold new ones and drain. vhca.sys has
+            // none to hold: it takes no request outside START_DEVICE, whose scenario destroyed its QPs, CQs and
+            // MRs and disconnected its interrupt before START returned, so the device is idle and what it has
+            // (the channel, the rings) is rebuilt by the next START. A request path that outlives an IRP (a
+            // device interface's open contexts) must make this refuse while contexts hold HCA objects.
             // SAFETY: as above.
             unsafe {
                 set_status(irp, STATUS_SUCCESS);
                 pass_down(fdo.lower, irp)
             }
+        }
+        IRP_MN_CANCEL_STOP_DEVICE | IRP_MN_CANCEL_REMOVE_DEVICE => {
+            // The bus driver first, then up the stack; a function driver must not fail it, and one that arrives
+            // while the device is started (another stack refused the query) is simply succeeded (Handling an
+            // IRP_MN_CANCEL_STOP_DEVICE Request). Nothing was held at the query, so nothing is released here.
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; the IRP is ours again when this returns.
+            unsafe { IoForwardIrpSynchronously(fdo.lower, irp) };
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; ours to complete.
+            unsafe { complete(irp, STATUS_SUCCESS) }
         }
         // SAFETY: PASSIVE_LEVEL, holding the remove lock; not ours: down unchanged, status untouched.
         _ => unsafe { pass_down(fdo.lower, irp) },
