@@ -199,6 +199,28 @@ pub fn run(
         }
         other => other,
     };
+    let result = match result {
+        Ok(()) if crate::pnp_restart::restarts(options.pnp) > 0 => {
+            // STOP (or REMOVE) as vhca.sys does it: the reset, then the rings and buffers go; START brings the
+            // device up from nothing, proved by QUERY_DEVICE. The VFIO BAR mappings and MSI-X eventfds stay: the
+            // guest program is its own bus driver, and their release is vhca.sys's side of the rule.
+            let mut restarts = 0;
+            let restarted = (0..crate::pnp_restart::restarts(options.pnp)).try_for_each(|_| {
+                transport.reset(timeout).context("STOP: reset")?;
+                commands = None;
+                driver = None;
+                queues.clear();
+                let up = crate::sleep_resume::power_up(&transport, &mapper, interrupts.as_mut(), queue_count, timeout)?;
+                queues = up.queues;
+                commands = Some(up.commands);
+                restarts += 1;
+                anyhow::Ok(())
+            });
+            report.details.insert("pnp".into(), serde_json::json!({ "native_restarts": restarts }));
+            restarted.context("PnP stop/start")
+        }
+        other => other,
+    };
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
     let reset = transport.reset(timeout);
     drop(commands);

@@ -18,6 +18,7 @@ pub mod model_interrupts;
 pub mod msix_vectors;
 pub mod nt_backend;
 pub mod pci;
+pub mod pnp_restart;
 pub mod queue_interrupts;
 pub mod report;
 pub mod rng;
