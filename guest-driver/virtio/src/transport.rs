@@ -71,6 +71,8 @@ pub enum TransportError<E: core::fmt::Display + core::fmt::Debug> {
     OutsideWindow { offset: u64, width: u64, len: u32 },
     #[error("device did not finish reset within {0:?} (status {1:#x})")]
     ResetTimeout(Duration, u8),
+    #[error("device status reads all ones: the device is gone (surprise removal)")]
+    DeviceGone,
     #[error("device lacks required features {missing:#x} (offers {offered:#x}){hint}")]
     MissingFeatures { missing: u64, offered: u64, hint: &'static str },
     #[error("device refused FEATURES_OK (status {0:#x}) for features {1:#x}")]
@@ -86,6 +88,9 @@ pub enum TransportError<E: core::fmt::Display + core::fmt::Debug> {
     #[error("MSI-X vector {wanted} for {what}: the device read back {got:#x}, refusing it (QEMU: past its table)")]
     VectorRefused { what: MsixSource, wanted: u16, got: u16 },
 }
+
+/// What a status read gives when the function behind the BAR is gone (all ones).
+const GONE_STATUS: u8 = 0xff;
 
 /// A capability's window inside its BAR: offsets are relative to the window and checked against its length.
 #[derive(Debug, Clone)]
@@ -197,13 +202,19 @@ impl<R: Registers> VirtioPci<R> {
         self.common.w8(DEVICE_STATUS, status | bits)
     }
 
-    /// Writes 0 and waits for the device to read back 0: only then is the reset complete.
+    /// Writes 0 and waits for the device to read back 0: only then is the reset complete. A status of all ones is
+    /// no device at all: a PCI function that is gone answers every read with all ones, and no virtio status has the
+    /// reserved bits 0x10 and 0x20 set. That ends the wait at once, so a teardown after a surprise removal does not
+    /// poll a gone device for the whole limit (5 s in vhca.sys).
     pub fn reset(&self, wait: &mut impl PollWait) -> Result<(), TransportError<R::Error>> {
         self.common.w8(DEVICE_STATUS, 0)?;
         loop {
             let status = self.status()?;
             if status == 0 {
                 return Ok(());
+            }
+            if status == GONE_STATUS {
+                return Err(TransportError::DeviceGone);
             }
             if !wait.pause() {
                 return Err(TransportError::ResetTimeout(wait.limit(), status));
@@ -368,6 +379,8 @@ mod tests {
         /// MSI-X table entries: a vector register keeps a value below this, or reads back NO_VECTOR (as QEMU's).
         msix_entries: u16,
         queue_vectors: [u16; 4],
+        /// Hot-unplugged: every read is all ones, as from a PCI function that is gone.
+        gone: bool,
     }
 
     #[derive(Clone)]
@@ -387,6 +400,9 @@ mod tests {
         }
         fn read(&self, offset: u64, width: usize) -> u32 {
             let mut d = self.0.borrow_mut();
+            if d.gone {
+                return u32::MAX >> (32 - 8 * width as u32);
+            }
             let select = |d: &FakeDevice, at: usize| u16::from_le_bytes([d.memory[at], d.memory[at + 1]]) as usize;
             match offset {
                 DEVICE_FEATURE => (d.offered >> (32 * (d.memory[DEVICE_FEATURE_SELECT as usize] & 1))) as u32,
@@ -492,6 +508,17 @@ mod tests {
         assert_eq!(bar.written(0x1000 + 16), vec![2]);
         t.driver_ok().unwrap();
         assert_eq!(t.status().unwrap(), STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+    }
+
+    #[test]
+    fn a_gone_device_ends_the_reset_at_once() {
+        let bar = FakeBar::new(F_VERSION_1);
+        let t = VirtioPci::new(caps(), |_| Ok(bar.clone())).unwrap();
+        bar.0.borrow_mut().gone = true;
+        // One pause allowed: a reset that polled the all-ones status like a busy device would time out instead.
+        assert!(matches!(t.reset(&mut CountedWait(1)), Err(TransportError::DeviceGone)));
+        bar.0.borrow_mut().gone = false;
+        t.reset(&mut CountedWait(1)).unwrap();
     }
 
     #[test]
