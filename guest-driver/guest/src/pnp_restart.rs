@@ -9,7 +9,11 @@ use vhca_loader::pnp_sequence::PnpSequence;
 pub fn restarts(sequence: PnpSequence) -> u32 {
     match sequence {
         PnpSequence::Rebalance(n) | PnpSequence::DisableEnable(n) => n,
-        PnpSequence::Straight | PnpSequence::QueryStopCancel | PnpSequence::QueryRemoveCancel => 0,
+        // A surprise removal ends the device's life: the guest program's own teardown after the scenario is it.
+        PnpSequence::Straight
+        | PnpSequence::QueryStopCancel
+        | PnpSequence::QueryRemoveCancel
+        | PnpSequence::SurpriseRemoval => 0,
     }
 }
 

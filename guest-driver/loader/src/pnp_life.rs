@@ -9,7 +9,7 @@ use vhca_ntapi::{NtKernel, DRIVER_VERIFIER_DETECTED_VIOLATION, PASSIVE_LEVEL};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};
 use windows_sys::Wdk::System::SystemServices::{
     IRP_MJ_PNP, IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE,
-    IRP_MN_QUERY_STOP_DEVICE, IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE,
+    IRP_MN_QUERY_STOP_DEVICE, IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
 };
 use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 
@@ -178,6 +178,7 @@ impl PnpStack for LiveStack<'_> {
             PnpStep::QueryRemove => IRP_MN_QUERY_REMOVE_DEVICE,
             PnpStep::CancelRemove => IRP_MN_CANCEL_REMOVE_DEVICE,
             PnpStep::Remove => IRP_MN_REMOVE_DEVICE,
+            PnpStep::SurpriseRemoval => IRP_MN_SURPRISE_REMOVAL,
         };
         pnp_irp(self.io, self.pdo, minor, None)
     }

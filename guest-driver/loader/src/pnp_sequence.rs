@@ -22,6 +22,9 @@ pub enum PnpSequence {
     /// `disable-enable[:N]`: N times QUERY_REMOVE → REMOVE, then AddDevice and START again (`pnputil
     /// /disable-device` then `/enable-device`).
     DisableEnable(u32),
+    /// `surprise-removal`: SURPRISE_REMOVAL, then REMOVE, with no query first: what Windows sends once the bus
+    /// driver reports the device missing. The device itself stays present here (no hot-unplug behind it).
+    SurpriseRemoval,
 }
 
 impl PnpSequence {
@@ -40,8 +43,10 @@ impl PnpSequence {
             ("disable-enable", n) => Ok(PnpSequence::DisableEnable(n.unwrap_or(1))),
             ("query-stop-cancel", None) => Ok(PnpSequence::QueryStopCancel),
             ("query-remove-cancel", None) => Ok(PnpSequence::QueryRemoveCancel),
+            ("surprise-removal", None) => Ok(PnpSequence::SurpriseRemoval),
             _ => Err(format!(
-                "not straight, rebalance[:N], query-stop-cancel, query-remove-cancel or disable-enable[:N]: {value:?}"
+                "not straight, rebalance[:N], query-stop-cancel, query-remove-cancel, disable-enable[:N] or \
+                 surprise-removal: {value:?}"
             )),
         }
     }
@@ -58,6 +63,7 @@ pub enum PnpStep {
     QueryRemove,
     CancelRemove,
     Remove,
+    SurpriseRemoval,
     /// The driver's AddDevice with the same PDO, once REMOVE deleted its FDO.
     AddDevice,
 }
@@ -72,6 +78,7 @@ impl PnpStep {
             PnpStep::QueryRemove => "IRP_MN_QUERY_REMOVE_DEVICE",
             PnpStep::CancelRemove => "IRP_MN_CANCEL_REMOVE_DEVICE",
             PnpStep::Remove => "IRP_MN_REMOVE_DEVICE",
+            PnpStep::SurpriseRemoval => "IRP_MN_SURPRISE_REMOVAL",
             PnpStep::AddDevice => "AddDevice",
         }
     }
@@ -193,6 +200,17 @@ pub fn run(sequence: PnpSequence, stack: &mut dyn PnpStack) -> SequenceOutcome {
                 }
             }
         }
+        // "A driver must set Irp->IoStatus.Status to STATUS_SUCCESS" (IRP_MN_SURPRISE_REMOVAL's page); REMOVE
+        // follows once every handle is closed, with the same rules as any REMOVE.
+        PnpSequence::SurpriseRemoval => {
+            if outcome.must_succeed(stack, PnpStep::SurpriseRemoval) && outcome.must_succeed(stack, PnpStep::Remove) {
+                outcome.stack_gone = true;
+                let left = stack.devices_left();
+                if left > 0 {
+                    outcome.failure = Some(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
+                }
+            }
+        }
     }
     outcome
 }
@@ -300,6 +318,21 @@ mod tests {
         use PnpStep::*;
         assert_eq!(steps(&outcome), [QueryRemove, Remove, AddDevice, Start, QueryRemove, Remove, AddDevice, Start]);
         assert_eq!((outcome.failure, outcome.stack_gone), (None, false));
+    }
+
+    #[test]
+    fn surprise_removal_is_followed_by_remove_and_must_succeed() {
+        let mut stack = Fake { answer: |_| STATUS_SUCCESS, devices: 1 };
+        let outcome = run(PnpSequence::SurpriseRemoval, &mut stack);
+        assert_eq!(steps(&outcome), [PnpStep::SurpriseRemoval, PnpStep::Remove]);
+        assert_eq!((outcome.failure, outcome.stack_gone), (None, true));
+        let mut stack = Fake {
+            answer: |s| if s == PnpStep::SurpriseRemoval { STATUS_UNSUCCESSFUL } else { STATUS_SUCCESS },
+            devices: 1,
+        };
+        let outcome = run(PnpSequence::SurpriseRemoval, &mut stack);
+        assert!(outcome.failure.unwrap().contains("IRP_MN_SURPRISE_REMOVAL failed"));
+        assert!(!outcome.stack_gone, "the life's own REMOVE still frees a stack whose surprise removal failed");
     }
 
     #[test]
