@@ -14,6 +14,7 @@ mod cq_fallback;
 mod cq_growth;
 mod cq_poll_dpc;
 mod create_cq_lock;
+mod dma32;
 mod dpc_consumer;
 mod dpc_wait;
 mod event_wait;
@@ -22,10 +23,12 @@ mod isr_passive;
 mod isr_state;
 mod late_completion;
 mod map_registers;
+mod own_list;
 mod paged_context;
 mod pool_executable;
 mod pool_exhaustion;
 mod pool_overrun;
+mod sg_fragmented;
 mod shared_buffer;
 mod shared_words;
 mod smoke;
@@ -113,12 +116,16 @@ pub enum Scenario {
     TwoRequestsLocked,
     IsrPassiveUnsynchronized,
     IsrPassiveSynchronized,
+    Dma32AboveFourGib,
+    Dma32AboveFourGibFixed,
+    SgFragmented,
+    SgFragmentedFixed,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 39] = [
+    pub const DRIVER: [Scenario; 43] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -158,6 +165,10 @@ impl Scenario {
         Scenario::TwoRequestsLocked,
         Scenario::IsrPassiveUnsynchronized,
         Scenario::IsrPassiveSynchronized,
+        Scenario::Dma32AboveFourGib,
+        Scenario::Dma32AboveFourGibFixed,
+        Scenario::SgFragmented,
+        Scenario::SgFragmentedFixed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -202,6 +213,10 @@ impl Scenario {
             Scenario::TwoRequestsLocked => "two-requests-locked",
             Scenario::IsrPassiveUnsynchronized => "isr-passive-unsynchronized",
             Scenario::IsrPassiveSynchronized => "isr-passive-synchronized",
+            Scenario::Dma32AboveFourGib => "dma32-above-4g",
+            Scenario::Dma32AboveFourGibFixed => "dma32-above-4g-fixed",
+            Scenario::SgFragmented => "sg-fragmented",
+            Scenario::SgFragmentedFixed => "sg-fragmented-fixed",
         }
     }
 
@@ -270,6 +285,10 @@ impl Scenario {
             Scenario::TwoRequestsLocked => two_requests::locked(ctx),
             Scenario::IsrPassiveUnsynchronized => isr_passive::unsynchronized(ctx),
             Scenario::IsrPassiveSynchronized => isr_passive::synchronized(ctx),
+            Scenario::Dma32AboveFourGib => dma32::ignores_width(ctx),
+            Scenario::Dma32AboveFourGibFixed => dma32::honours_width(ctx),
+            Scenario::SgFragmented => sg_fragmented::first_element_only(ctx),
+            Scenario::SgFragmentedFixed => sg_fragmented::every_element(ctx),
         }
     }
 }
