@@ -29,6 +29,7 @@ mod pool_executable;
 mod pool_exhaustion;
 mod pool_overrun;
 mod sg_fragmented;
+mod sg_queued;
 mod shared_buffer;
 mod shared_words;
 mod smoke;
@@ -120,12 +121,14 @@ pub enum Scenario {
     Dma32AboveFourGibFixed,
     SgFragmented,
     SgFragmentedFixed,
+    SgQueuedFreedMdl,
+    SgQueuedMdlKept,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 43] = [
+    pub const DRIVER: [Scenario; 45] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -169,6 +172,8 @@ impl Scenario {
         Scenario::Dma32AboveFourGibFixed,
         Scenario::SgFragmented,
         Scenario::SgFragmentedFixed,
+        Scenario::SgQueuedFreedMdl,
+        Scenario::SgQueuedMdlKept,
     ];
 
     pub fn name(self) -> &'static str {
@@ -217,6 +222,8 @@ impl Scenario {
             Scenario::Dma32AboveFourGibFixed => "dma32-above-4g-fixed",
             Scenario::SgFragmented => "sg-fragmented",
             Scenario::SgFragmentedFixed => "sg-fragmented-fixed",
+            Scenario::SgQueuedFreedMdl => "sg-queued-freed-mdl",
+            Scenario::SgQueuedMdlKept => "sg-queued-mdl-kept",
         }
     }
 
@@ -289,6 +296,8 @@ impl Scenario {
             Scenario::Dma32AboveFourGibFixed => dma32::honours_width(ctx),
             Scenario::SgFragmented => sg_fragmented::first_element_only(ctx),
             Scenario::SgFragmentedFixed => sg_fragmented::every_element(ctx),
+            Scenario::SgQueuedFreedMdl => sg_queued::freed_mdl(ctx),
+            Scenario::SgQueuedMdlKept => sg_queued::mdl_kept(ctx),
         }
     }
 }
