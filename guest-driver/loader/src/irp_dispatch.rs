@@ -4,9 +4,13 @@
 
 use std::ffi::c_void;
 
-use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP, PIO_COMPLETION_ROUTINE};
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE};
+use windows_sys::Wdk::System::SystemServices::{
+    IRP_MJ_PNP, IRP_MJ_POWER, IRP_MN_QUERY_POWER, IRP_MN_SET_POWER, IRP_MN_WAIT_WAKE,
+};
 use windows_sys::Win32::Foundation::{
-    NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING,
+    NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_IMPLEMENTED, STATUS_NOT_SUPPORTED,
+    STATUS_PENDING, STATUS_SUCCESS,
 };
 
 use crate::io_manager::{DispatchFn, IoManager};
@@ -52,7 +56,7 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
         (*stack).DeviceObject = device;
         let driver = (*device).DriverObject;
         if io.is_bus_driver(driver) {
-            let status = io.bus().pnp(&*stack);
+            let status = bus_answer(io, irp, &*stack);
             complete_request(io, irp, status);
             return status;
         }
@@ -77,6 +81,28 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
                 STATUS_NOT_SUPPORTED
             }
         }
+    }
+}
+
+/// What the bus driver completes an IRP at its PDO with, by major function: PnP IRPs are the bus's own answer;
+/// power IRPs are answered as the PCI bus driver does for a device it powers (a set or query of a system or device
+/// state succeeds, WAIT_WAKE is refused: the model's device cannot wake the system, POWER_SEQUENCE is optional and
+/// not implemented); any other IRP is completed with the status it came with, as a bus driver does with an IRP it
+/// does not handle. Power's minor codes 2 and 3 are PnP's REMOVE_DEVICE and CANCEL_REMOVE_DEVICE: without the split
+/// a power IRP got the bus's answer for a removal.
+///
+/// # Safety
+/// A live IRP whose current location is `stack`.
+unsafe fn bus_answer(io: &IoManager, irp: *mut IRP, stack: &IO_STACK_LOCATION) -> NTSTATUS {
+    match u32::from(stack.MajorFunction) {
+        IRP_MJ_PNP => io.bus().pnp(stack),
+        IRP_MJ_POWER => match u32::from(stack.MinorFunction) {
+            IRP_MN_SET_POWER | IRP_MN_QUERY_POWER => STATUS_SUCCESS,
+            IRP_MN_WAIT_WAKE => STATUS_NOT_SUPPORTED,
+            _ => STATUS_NOT_IMPLEMENTED,
+        },
+        // SAFETY: the caller's contract.
+        _ => unsafe { (*irp).IoStatus.Anonymous.Status },
     }
 }
 

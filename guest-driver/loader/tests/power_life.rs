@@ -17,7 +17,9 @@ use vhca_loader::power_life::{outcome, plan_sleep_resume, run_planned};
 use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE};
 use windows_sys::Wdk::System::SystemServices::{DevicePowerState, SystemPowerState, IRP_MJ_POWER, IRP_MN_SET_POWER};
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_MORE_PROCESSING_REQUIRED, STATUS_PENDING, STATUS_SUCCESS};
+use windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_MORE_PROCESSING_REQUIRED, STATUS_NOT_SUPPORTED, STATUS_PENDING, STATUS_SUCCESS,
+};
 use windows_sys::Win32::System::Power::{PowerDeviceD0, PowerDeviceD3, PowerSystemWorking};
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
@@ -40,12 +42,14 @@ impl BugcheckHandler for StopAndExit {
     }
 }
 
-/// A bus driver that succeeds every IRP at its PDO, power ones included.
+/// A bus driver that refuses every PnP IRP at its PDO: the power IRPs that reach it must be answered as power IRPs
+/// (the I/O manager's bus answers by major function), so a cycle that passes shows they were not taken for PnP's
+/// REMOVE_DEVICE and CANCEL_REMOVE_DEVICE, whose minor codes SET_POWER and QUERY_POWER share.
 struct PoweredBus;
 
 impl BusDriver for PoweredBus {
     fn pnp(&self, _stack: &IO_STACK_LOCATION) -> NTSTATUS {
-        STATUS_SUCCESS
+        STATUS_NOT_SUPPORTED
     }
 }
 
