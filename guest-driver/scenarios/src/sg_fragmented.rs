@@ -1,5 +1,5 @@
 //! sg-fragmented and sg-fragmented-fixed: a buffer whose pages are physically fragmented (the run sets the
-//! fragmentation knob, `vhca.fragmentation=1`: no two of its pages adjacent), so GetScatterGatherList gives one
+//! fragmentation knob, `vhca.fragmentation=4`: no more than four of its pages adjacent), so GetScatterGatherList gives one
 //! element per page run, each mapped on its own.
 //!
 //! The fix hands the device every element (one MR per element here, so each element's data is checked on its own
@@ -24,7 +24,7 @@ use crate::own_list::{register_at, OwnList};
 use crate::verbs::{compare, cqe_view, dereg, expect_success, pattern, register, sge, wqe, Buffer, Loopback};
 use crate::{Ctx, ScenarioHost};
 
-const LEN: u32 = 4 * 4096;
+const LEN: u32 = 8 * 4096;
 
 pub fn first_element_only<H: ScenarioHost>(ctx: &mut Ctx<H>) -> anyhow::Result<()> {
     run(ctx, false)
@@ -64,7 +64,7 @@ fn run<H: ScenarioHost>(ctx: &mut Ctx<H>, every_element: bool) -> anyhow::Result
     // bug goes unseen, and only an unchecked run must have met the fragmented list.
     ensure!(
         elements.len() > 1 || ctx.host.dma_checking() != Some(false),
-        "the buffer's list has one element: is the run's fragmentation 1?"
+        "the buffer's list has one element: is the run's fragmentation 4?"
     );
     ensure!(
         moved == LEN && check["matches"] == serde_json::json!(true),
