@@ -64,6 +64,15 @@ impl FileContext {
         self.cqs.contains(&cq)
     }
 
+    /// The HCA these handles named is gone (a STOP dropped it with everything on it): the file keeps its open
+    /// context and holds nothing, so a handle it names later is as unknown as a made-up one.
+    pub fn forget(&mut self) {
+        self.pds.clear();
+        self.cqs.clear();
+        self.qps.clear();
+        self.mrs.clear();
+    }
+
     /// IRP_MJ_CLEANUP: destroys what the file left, dependents first (QPs use CQs and PDs, MRs use PDs).
     pub fn release(&mut self, verbs: &mut impl UserVerbs) -> ReleasedObjects {
         let mut released = ReleasedObjects::default();

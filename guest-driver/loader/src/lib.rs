@@ -9,6 +9,8 @@
 pub mod address_space;
 pub mod cr8_emulation;
 pub mod debug_log;
+pub mod device_interface_thunks;
+pub mod device_interfaces;
 pub mod dispatcher_thunks;
 pub mod dma_table;
 pub mod dma_thunks;
@@ -48,6 +50,7 @@ pub mod special_pool;
 pub mod start_resources;
 pub mod timer_thunks;
 pub mod unbound_import_trap;
+pub mod user_requests;
 pub mod work_item_thunks;
 
 use std::sync::{Mutex, MutexGuard};

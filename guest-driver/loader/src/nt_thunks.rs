@@ -14,6 +14,7 @@ use windows_sys::Win32::System::Kernel::PROCESSOR_NUMBER;
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
 use crate::debug_log::RESULT_MARK;
+use crate::device_interface_thunks::device_interface_thunks;
 use crate::dispatcher_thunks::dispatcher_thunks;
 use crate::dma_thunks::dma_thunks;
 use crate::dpc_thunks::dpc_thunks;
@@ -426,6 +427,7 @@ impl ImportResolver for NtThunks {
             .chain(dispatcher_thunks())
             .chain(processor_thunks())
             .chain(crate::seh::raise::seh_thunks())
+            .chain(device_interface_thunks())
             .map(|(n, a)| ("ntoskrnl.exe", n, a));
         thunks()
             .into_iter()

@@ -437,3 +437,15 @@ fn a_verb_the_driver_core_refuses_answers_its_status() {
     assert_eq!(status_of(DriverError::QueueFull), STATUS_DEVICE_BUSY);
     assert_eq!(status_of(DriverError::NoMemory { routine: "x", bytes: 1 }), STATUS_INSUFFICIENT_RESOURCES);
 }
+
+#[test]
+fn a_forgotten_file_keeps_its_context_and_names_nothing() {
+    let mut f = fixture();
+    f.file.forget();
+    assert_eq!(f.file.live_objects(), 0);
+    let destroy = HandleIn { handle: f.cq.into(), reserved: 0.into() };
+    assert_eq!(status(&mut f.hca, &mut f.file, IOCTL_VHCA_DESTROY_CQ, destroy.as_bytes(), 0), STATUS_INVALID_HANDLE);
+    // Still opened: a new object needs no second OPEN_CONTEXT.
+    let pd = new_pd(&mut f.hca, &mut f.file);
+    assert!(f.file.live_objects() == 1 && f.hca.pds.contains(&pd));
+}

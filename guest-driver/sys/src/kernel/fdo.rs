@@ -4,6 +4,7 @@
 use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
 use windows_sys::Wdk::System::SystemServices::IO_REMOVE_LOCK;
 
+use super::control_path::ControlPath;
 use super::started_device::StartedDevice;
 
 pub struct Fdo {
@@ -13,13 +14,15 @@ pub struct Fdo {
     pub started: Option<StartedDevice>,
     /// Held by every IRP in this driver; REMOVE_DEVICE waits for it (remove_lock.rs).
     pub remove_lock: IO_REMOVE_LOCK,
+    /// What IRP_MJ_DEVICE_CONTROL reaches of the started device, and the device interface (control_path.rs).
+    pub control: ControlPath,
 }
 
 /// The extension of one of this driver's FDOs.
 ///
 /// # Safety
 /// `device` is an FDO this driver created in AddDevice and has not deleted; the PnP manager serialises the PnP
-/// IRPs that change it, and the other IRP paths only read `lower`.
+/// IRPs that change it; the other IRP paths read `lower` and go through `control`'s own mutex.
 pub unsafe fn fdo<'a>(device: *const DEVICE_OBJECT) -> &'a mut Fdo {
     // SAFETY: the caller's contract; AddDevice wrote an Fdo there.
     unsafe { &mut *((*device).DeviceExtension as *mut Fdo) }

@@ -53,6 +53,8 @@ extern "system" {
         size: u32,
     ) -> NTSTATUS;
     pub fn ZwClose(handle: HANDLE) -> NTSTATUS;
+    /// Frees the symbolic link IoRegisterDeviceInterface gave (wdm.h; windows-sys says ntdll.dll).
+    pub fn RtlFreeUnicodeString(string: *mut UNICODE_STRING);
     /// User buffers for the scenarios (ntifs.h; windows-sys says ntdll.dll).
     pub fn ZwAllocateVirtualMemory(
         process: HANDLE,

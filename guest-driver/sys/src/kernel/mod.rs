@@ -1,11 +1,15 @@
 //! The kernel half of vhca.sys: DriverEntry and the dispatch table, AddDevice and DriverUnload; the WDK shim
 //! (vhca-ntapi over ntoskrnl.exe and HAL.dll), the device's registers and DMA memory, and the IRP families
-//! (pnp.rs, power.rs; everything else goes down unchanged).
+//! (pnp.rs, power.rs, device_control_irp.rs for CREATE/CLEANUP/CLOSE/DEVICE_CONTROL; everything else goes down
+//! unchanged).
 
 mod common_buffer;
 mod completion_routine;
 mod config_space;
+mod control_path;
 mod debug_print;
+mod device_control_irp;
+mod device_interface;
 mod dma_operations;
 mod fdo;
 mod interrupt_completions;
@@ -31,7 +35,8 @@ use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};
 use windows_sys::Wdk::Storage::FileSystem::{DO_DEVICE_INITIALIZING, DO_POWER_PAGABLE};
 use windows_sys::Wdk::System::SystemServices::IO_REMOVE_LOCK;
 use windows_sys::Wdk::System::SystemServices::{
-    IoAttachDeviceToDeviceStack, IoCreateDevice, IoDeleteDevice, IRP_MJ_PNP, IRP_MJ_POWER,
+    IoAttachDeviceToDeviceStack, IoCreateDevice, IoDeleteDevice, IRP_MJ_CLEANUP, IRP_MJ_CLOSE, IRP_MJ_CREATE,
+    IRP_MJ_DEVICE_CONTROL, IRP_MJ_PNP, IRP_MJ_POWER,
 };
 use windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_NO_SUCH_DEVICE, STATUS_SUCCESS, UNICODE_STRING,
@@ -61,6 +66,10 @@ pub unsafe fn driver_entry(driver: *mut DRIVER_OBJECT, _registry_path: *const UN
         }
         d.MajorFunction[IRP_MJ_PNP as usize] = Some(pnp::dispatch_pnp);
         d.MajorFunction[IRP_MJ_POWER as usize] = Some(power::dispatch_power);
+        d.MajorFunction[IRP_MJ_CREATE as usize] = Some(device_control_irp::dispatch_create);
+        d.MajorFunction[IRP_MJ_CLEANUP as usize] = Some(device_control_irp::dispatch_cleanup);
+        d.MajorFunction[IRP_MJ_CLOSE as usize] = Some(device_control_irp::dispatch_close);
+        d.MajorFunction[IRP_MJ_DEVICE_CONTROL as usize] = Some(device_control_irp::dispatch_device_control);
         d.DriverUnload = Some(driver_unload);
         (*d.DriverExtension).AddDevice = Some(add_device);
     }
@@ -97,8 +106,10 @@ unsafe extern "system" fn add_device(driver: *const DRIVER_OBJECT, pdo: *const D
     unsafe {
         let extension = (*device).DeviceExtension as *mut Fdo;
         let remove_lock = IO_REMOVE_LOCK::default();
-        extension.write(Fdo { pdo: pdo as *mut DEVICE_OBJECT, lower, started: None, remove_lock });
+        let control = control_path::ControlPath::new();
+        extension.write(Fdo { pdo: pdo as *mut DEVICE_OBJECT, lower, started: None, remove_lock, control });
         remove_lock::initialize(&mut (*extension).remove_lock);
+        (*extension).control.initialize();
         (*device).Flags |= DO_POWER_PAGABLE;
         (*device).Flags &= !DO_DEVICE_INITIALIZING;
     }

@@ -44,6 +44,8 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
         // FDO is detached and deleted: nothing can reach it afterwards.
         // SAFETY: this IRP holds the lock; PASSIVE_LEVEL.
         unsafe { remove_lock::release_and_wait(lock, irp) };
+        fdo.control.stopping();
+        fdo.control.removed();
         fdo.started = None;
         let lower = fdo.lower;
         // SAFETY: PASSIVE_LEVEL, no lock held (the remove lock was given back); the extension is dropped once, just
@@ -71,6 +73,7 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
                     (p.AllocatedResources, p.AllocatedResourcesTranslated)
                 };
                 status = start(fdo, device as *mut DEVICE_OBJECT, raw, translated);
+                fdo.control.started(fdo.started.as_ref());
             } else if !forwarded {
                 status = STATUS_DEVICE_CONFIGURATION_ERROR;
             }
@@ -90,6 +93,7 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             // device resets it, frees its rings and common buffers, puts its DMA adapter and unmaps its BARs (no
             // interrupt is connected outside a scenario). What the next START needs is the PDO and the lower
             // device, which the FDO keeps: START rebuilds everything from the resources it brings.
+            fdo.control.stopping();
             fdo.started = None;
             // SAFETY: PASSIVE_LEVEL, holding the remove lock; succeeded here, then passed down as the PnP rules
             // require.

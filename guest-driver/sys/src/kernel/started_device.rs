@@ -280,6 +280,11 @@ impl StartedDevice {
         Ok(())
     }
 
+    /// What the device-control path opens its own HCA on (control_path.rs), while there is a channel.
+    pub fn control_parts(&self) -> Option<(Arc<WdkKernel>, Arc<SysCommandTransport>, *mut DEVICE_OBJECT)> {
+        Some((self.kernel.clone(), self.channel.clone()?, self.pdo))
+    }
+
     /// Runs one scenario on the driver core over this device; `fdo` is vhca.sys's device object for it. PASSIVE_LEVEL.
     pub fn run_scenario(&self, fdo: *mut DEVICE_OBJECT, scenario: Scenario, options: &ScenarioOptions) -> RunResult {
         match &self.channel {

@@ -1,0 +1,201 @@
+//! Requests as the I/O manager builds them for a user-mode caller: CREATE on a device gives a FILE_OBJECT, each
+//! DeviceIoControl an IRP_MJ_DEVICE_CONTROL (RequestorMode UserMode, the buffered copy in and out), and the last
+//! handle's close CLEANUP then CLOSE; plus DriverEntry and AddDevice alone, for a driver these requests test.
+
+use std::ffi::c_void;
+use std::mem::size_of;
+
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, FILE_OBJECT, IRP, MDL};
+use windows_sys::Wdk::System::SystemServices::{
+    IRP_BUFFERED_IO, IRP_DEALLOCATE_BUFFER, IRP_INPUT_OPERATION, IRP_MJ_CLEANUP, IRP_MJ_CLOSE, IRP_MJ_CREATE,
+    IRP_MJ_DEVICE_CONTROL,
+};
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INSUFFICIENT_RESOURCES};
+
+use crate::image_mapping::MappedImage;
+use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager};
+use crate::irp_dispatch;
+use crate::kernel_context::kernel;
+
+/// wdm.h: KPROCESSOR_MODE UserMode; the FILE_OBJECT type code; the flag MmGetSystemAddressForMdlSafe reads.
+const USER_MODE: i8 = 1;
+const IO_TYPE_FILE: i16 = 5;
+const MDL_MAPPED_TO_SYSTEM_VA: i16 = 0x0001;
+
+/// The transfer method in a control code's low two bits (devioctl.h's METHOD_*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TransferMethod {
+    Buffered,
+    InDirect,
+    OutDirect,
+    Neither,
+}
+
+fn method_of(code: u32) -> TransferMethod {
+    [TransferMethod::Buffered, TransferMethod::InDirect, TransferMethod::OutDirect, TransferMethod::Neither]
+        [(code & 3) as usize]
+}
+
+/// A driver after DriverEntry and AddDevice, its FDO on top of the bus driver's PDO.
+pub struct AddedDriver {
+    pub driver: *mut DRIVER_OBJECT,
+    pub top: *mut DEVICE_OBJECT,
+}
+
+/// DriverEntry then AddDevice with the device's PDO, as the PnP life begins (pnp_life.rs), without START_DEVICE.
+pub fn add_driver(image: &MappedImage) -> Result<AddedDriver, NTSTATUS> {
+    let io = &kernel().io;
+    let driver = io.new_driver_object(image.base(), image.size());
+    let pdo = io.device_pdo();
+    let registry_path = windows_sys::Win32::Foundation::UNICODE_STRING::default();
+    // SAFETY: the image's entry point, PASSIVE_LEVEL, a fresh driver object, as the I/O manager calls DriverEntry;
+    // then the AddDevice it set, with the PDO.
+    unsafe {
+        let entry = std::mem::transmute::<usize, DriverEntryFn>(image.at(image.image.entry_rva));
+        let status = entry(driver, &registry_path as *const _ as *const c_void);
+        if status < 0 {
+            return Err(status);
+        }
+        let add = (*(*driver).DriverExtension).AddDevice.ok_or(STATUS_INSUFFICIENT_RESOURCES)?;
+        let status = std::mem::transmute::<usize, AddDeviceFn>(add as usize)(driver, pdo);
+        if status < 0 {
+            return Err(status);
+        }
+        Ok(AddedDriver { driver, top: top_of(pdo) })
+    }
+}
+
+/// An open of a device: the FILE_OBJECT CREATE filled in (its FsContext is the driver's).
+pub struct UserFile {
+    pub file: *mut FILE_OBJECT,
+    device: *mut DEVICE_OBJECT,
+}
+
+/// What a DeviceIoControl returned: the IRP's final status, its Information, and the output the caller sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoctlReply {
+    pub status: NTSTATUS,
+    pub information: usize,
+    pub output: Vec<u8>,
+}
+
+/// One IRP of `major` for `file` at the top of `device`'s stack, from a user-mode caller; `prepare` fills the
+/// stack location and buffers. Returns the final status and Information (the driver completes synchronously; a
+/// pending IRP is not waited for yet).
+fn send(
+    device: *mut DEVICE_OBJECT,
+    file: *mut FILE_OBJECT,
+    major: u32,
+    prepare: impl FnOnce(*mut IRP),
+) -> (NTSTATUS, usize) {
+    let io = &kernel().io;
+    // SAFETY: a live device; a fresh IRP whose next location is the top driver's.
+    unsafe {
+        let irp = io.allocate_irp((*device).StackSize);
+        assert!(!irp.is_null(), "out of memory for an IRP");
+        (*irp).RequestorMode = USER_MODE;
+        (*irp).Tail.Overlay.OriginalFileObject = file;
+        let stack = IoManager::next_stack(irp);
+        (*stack).MajorFunction = major as u8;
+        (*stack).FileObject = file;
+        prepare(irp);
+        irp_dispatch::call_driver(io, device, irp);
+        let reply = ((*irp).IoStatus.Anonymous.Status, (*irp).IoStatus.Information);
+        io.free_irp(irp);
+        reply
+    }
+}
+
+impl UserFile {
+    /// CREATE on `device` (the top of its stack, as opening its interface's link reaches it).
+    pub fn create(device: *mut DEVICE_OBJECT) -> Result<UserFile, NTSTATUS> {
+        // SAFETY: FILE_OBJECT is plain data; zeroed as the object manager hands one to the I/O manager.
+        let mut file: Box<FILE_OBJECT> = Box::new(unsafe { std::mem::zeroed() });
+        file.Type = IO_TYPE_FILE;
+        file.Size = size_of::<FILE_OBJECT>() as i16;
+        file.DeviceObject = device;
+        let file = Box::into_raw(file);
+        let (status, _) = send(device, file, IRP_MJ_CREATE, |_| {});
+        if status < 0 {
+            // SAFETY: made above, no driver holds it after a failed CREATE.
+            drop(unsafe { Box::from_raw(file) });
+            return Err(status);
+        }
+        Ok(UserFile { file, device })
+    }
+
+    /// The driver's FsContext (what CREATE stored).
+    pub fn fs_context(&self) -> *mut c_void {
+        // SAFETY: our live file object.
+        unsafe { (*self.file).FsContext }
+    }
+
+    /// DeviceIoControl: `input` copied into a SystemBuffer of max(in, out) bytes; for BUFFERED the output is copied
+    /// back from it (Information bytes), for IN/OUT_DIRECT `output` is described by an MDL mapped to system space
+    /// (one address space here) and the driver writes it in place. NEITHER passes the caller's pointers.
+    pub fn device_control(&self, code: u32, input: &[u8], output: &mut [u8]) -> IoctlReply {
+        let method = method_of(code);
+        let system_len = match method {
+            TransferMethod::Buffered => input.len().max(output.len()),
+            _ => input.len(),
+        };
+        let mut system = vec![0u8; system_len];
+        system[..input.len()].copy_from_slice(input);
+        // SAFETY: MDL is plain data; its PFN array is not read by this driver's direct path.
+        let mut mdl: Box<MDL> = Box::new(unsafe { std::mem::zeroed() });
+        let out_ptr = output.as_mut_ptr();
+        let (status, information) = send(self.device, self.file, IRP_MJ_DEVICE_CONTROL, |irp| {
+            // SAFETY: the fresh IRP `send` made; the buffers outlive the call.
+            unsafe {
+                let stack = IoManager::next_stack(irp);
+                let p = &mut (*stack).Parameters.DeviceIoControl;
+                p.IoControlCode = code;
+                p.InputBufferLength = input.len() as u32;
+                p.OutputBufferLength = output.len() as u32;
+                (*irp).AssociatedIrp.SystemBuffer =
+                    if system.is_empty() { std::ptr::null_mut() } else { system.as_mut_ptr().cast() };
+                match method {
+                    TransferMethod::Buffered => {
+                        (*irp).Flags = IRP_BUFFERED_IO | IRP_DEALLOCATE_BUFFER | IRP_INPUT_OPERATION;
+                        (*irp).UserBuffer = out_ptr.cast();
+                    }
+                    TransferMethod::InDirect | TransferMethod::OutDirect if !output.is_empty() => {
+                        (*irp).Flags = IRP_BUFFERED_IO | IRP_DEALLOCATE_BUFFER;
+                        mdl.Size = size_of::<MDL>() as i16;
+                        mdl.StartVa = ((out_ptr as usize) & !0xFFF) as *mut c_void;
+                        mdl.ByteOffset = (out_ptr as usize & 0xFFF) as u32;
+                        mdl.ByteCount = output.len() as u32;
+                        mdl.MappedSystemVa = out_ptr.cast();
+                        mdl.MdlFlags = MDL_MAPPED_TO_SYSTEM_VA;
+                        (*irp).MdlAddress = &mut *mdl;
+                    }
+                    TransferMethod::InDirect | TransferMethod::OutDirect => {}
+                    TransferMethod::Neither => {
+                        p.Type3InputBuffer = input.as_ptr() as *mut c_void;
+                        (*irp).UserBuffer = out_ptr.cast();
+                    }
+                }
+            }
+        });
+        let shown = match method {
+            TransferMethod::Buffered if status >= 0 => {
+                let n = information.min(output.len());
+                output[..n].copy_from_slice(&system[..n]);
+                n
+            }
+            TransferMethod::Buffered => 0,
+            _ => information.min(output.len()),
+        };
+        IoctlReply { status, information, output: output[..shown].to_vec() }
+    }
+
+    /// The last handle closed: CLEANUP in the caller's context, then CLOSE once no reference is left. Returns both
+    /// statuses.
+    pub fn close(self) -> (NTSTATUS, NTSTATUS) {
+        let (cleanup, _) = send(self.device, self.file, IRP_MJ_CLEANUP, |_| {});
+        let (close, _) = send(self.device, self.file, IRP_MJ_CLOSE, |_| {});
+        // SAFETY: made by `create`; after CLOSE no driver holds it.
+        drop(unsafe { Box::from_raw(self.file) });
+        (cleanup, close)
+    }
+}

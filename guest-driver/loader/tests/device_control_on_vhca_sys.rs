@@ -1,0 +1,78 @@
+//! The real vhca.sys's CREATE, DEVICE_CONTROL, CLEANUP and CLOSE routines, reached as a user-mode caller's requests
+//! reach them (user_requests.rs): each must be the driver's own (a missing one passes down to the bus driver, whose
+//! answer differs), CREATE must leave a context in FsContext and CLOSE take it back. Without START_DEVICE the HCA is
+//! not there, so an IOCTL is answered STATUS_DEVICE_NOT_READY by the dispatch routine itself.
+//! Without the package this test fails under CI=true (the test command builds it first) and skips otherwise.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::NoBus;
+use vhca_loader::device_interfaces;
+use vhca_loader::io_manager::IoManager;
+use vhca_loader::kernel_context::{install, LoaderKernel};
+use vhca_loader::nt_thunks::NtThunks;
+use vhca_loader::user_requests::{add_driver, UserFile};
+use vhca_ntmodel::{NtModel, NtModelConfig};
+
+fn package_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("VHCA_WINDOWS_DRIVER_DIR") {
+        return PathBuf::from(dir);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("vhca-sys")
+}
+
+const IRP_MJ_CREATE: usize = 0;
+const IRP_MJ_READ: usize = 3;
+const IRP_MJ_DEVICE_CONTROL: usize = 14;
+const IRP_MJ_CLEANUP: usize = 18;
+const IRP_MJ_CLOSE: usize = 2;
+/// IOCTL_VHCA_OPEN_CONTEXT (docs/protocol.md section 12) and its input: ABI version 1.
+const IOCTL_VHCA_OPEN_CONTEXT: u32 = 0x8056_E000;
+const STATUS_DEVICE_NOT_READY: i32 = 0xC000_00A3_u32 as i32;
+
+#[test]
+fn vhca_sys_answers_create_device_control_cleanup_and_close_itself() {
+    let dir = package_dir();
+    let Ok(bytes) = std::fs::read(dir.join("vhca.sys")) else {
+        let why = format!("no {}/vhca.sys: run ci/build-windows.sh", dir.display());
+        assert!(!std::env::var("CI").is_ok_and(|v| v == "true"), "{why}");
+        eprintln!("skipped: {why}");
+        return;
+    };
+    let (model, _backend) = NtModel::for_tests(NtModelConfig::default());
+    let model: Arc<NtModel> = model;
+    assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));
+    let image = vhca_loader::load(&bytes, &NtThunks).expect("vhca.sys loads");
+    vhca_loader::driver_stack::register(&image, "vhca.sys");
+    let added = add_driver(&image).expect("DriverEntry and AddDevice");
+
+    // SAFETY: the driver object DriverEntry filled in.
+    let table = unsafe { (*added.driver).MajorFunction };
+    let pass_down = table[IRP_MJ_READ].map(|f| f as usize);
+    for (name, major) in [
+        ("CREATE", IRP_MJ_CREATE),
+        ("CLEANUP", IRP_MJ_CLEANUP),
+        ("CLOSE", IRP_MJ_CLOSE),
+        ("DEVICE_CONTROL", IRP_MJ_DEVICE_CONTROL),
+    ] {
+        let routine = table[major].map(|f| f as usize);
+        assert!(routine.is_some() && routine != pass_down, "IRP_MJ_{name} goes down unchanged");
+    }
+
+    let file = UserFile::create(added.top).expect("CREATE succeeds");
+    assert!(!file.fs_context().is_null(), "CREATE left no FileContext in FsContext");
+    let input = [1u8, 0, 0, 0, 0, 0, 0, 0];
+    let mut output = [0u8; 16];
+    let reply = file.device_control(IOCTL_VHCA_OPEN_CONTEXT, &input, &mut output);
+    assert_eq!(reply.status, STATUS_DEVICE_NOT_READY, "{reply:?}");
+    assert_eq!(reply.information, 0);
+    // Not started: no interface was registered (START_DEVICE registers and enables it).
+    assert!(device_interfaces::all().is_empty());
+    assert_eq!(file.close(), (0, 0), "CLEANUP, CLOSE");
+}

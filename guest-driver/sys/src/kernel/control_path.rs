@@ -1,0 +1,154 @@
+//! The started HCA as IRP_MJ_DEVICE_CONTROL reaches it: one driver-core Hca for every open file, opened at the first
+//! request after START_DEVICE and dropped at STOP/REMOVE, behind a KMUTEX (its verbs wait for the device at
+//! PASSIVE_LEVEL, so a spin lock cannot hold them), with the device interface that admits the opens.
+
+use alloc::sync::Arc;
+use core::cell::UnsafeCell;
+use core::ffi::c_void;
+
+use vhca_driver_core::{status_of, CommandTransport, CommandTransportError, CompletionSignal, Hca, HcaConfig};
+use vhca_ntapi::{NTSTATUS as CoreStatus, PDEVICE_OBJECT};
+use vhca_proto::Event;
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, KMUTANT};
+use windows_sys::Wdk::System::SystemServices::{
+    Executive, KeInitializeMutex, KeReleaseMutex, KeWaitForSingleObject, KernelMode,
+};
+
+use super::device_interface::DeviceInterface;
+use super::started_device::StartedDevice;
+use super::sys_command_transport::SysCommandTransport;
+use super::wdk_kernel::WdkKernel;
+
+/// The control path's HCA holds the channel by Arc: it outlives any one IRP, and STOP drops it before the channel.
+pub struct SharedChannel(Arc<SysCommandTransport>);
+
+impl CommandTransport for SharedChannel {
+    fn execute(&self, request: &[u8], response_capacity: usize) -> Result<alloc::vec::Vec<u8>, CommandTransportError> {
+        self.0.execute(request, response_capacity)
+    }
+    fn ring_doorbell(&self, records: &[u8]) -> Result<(), CommandTransportError> {
+        self.0.ring_doorbell(records)
+    }
+    fn poll_event(&self) -> Option<Event> {
+        self.0.poll_event()
+    }
+    fn wait_for_interrupts(&self, signal: Option<Arc<dyn CompletionSignal>>) {
+        self.0.wait_for_interrupts(signal)
+    }
+}
+
+pub type ControlHca = Hca<WdkKernel, SharedChannel>;
+
+/// What START_DEVICE handed the control path: enough to open its HCA when a request first needs one.
+struct Source {
+    kernel: Arc<WdkKernel>,
+    channel: Arc<SysCommandTransport>,
+    pdo: *mut DEVICE_OBJECT,
+}
+
+#[derive(Default)]
+struct ControlState {
+    source: Option<Source>,
+    hca: Option<ControlHca>,
+    /// Counts STARTs: a file opened under an earlier one holds handles of an HCA that is gone.
+    generation: u32,
+}
+
+/// In the FDO's extension (non-paged), from AddDevice to REMOVE_DEVICE.
+pub struct ControlPath {
+    mutex: UnsafeCell<KMUTANT>,
+    state: UnsafeCell<ControlState>,
+    /// Changed by PnP IRPs alone (serialised by the PnP manager), never by a request.
+    interface: Option<DeviceInterface>,
+}
+
+impl ControlPath {
+    pub fn new() -> ControlPath {
+        // SAFETY: KMUTANT is plain data; KeInitializeMutex fills it in `initialize` before any use.
+        let mutex = unsafe { core::mem::zeroed() };
+        ControlPath { mutex: UnsafeCell::new(mutex), state: UnsafeCell::default(), interface: None }
+    }
+
+    /// # Safety
+    /// Once, in AddDevice, at the path's final address (the FDO's extension). PASSIVE_LEVEL.
+    pub unsafe fn initialize(&self) {
+        // SAFETY: the caller's contract; level 0 (no mutex-level ordering is used in this driver).
+        unsafe { KeInitializeMutex(self.mutex.get(), 0) }
+    }
+
+    /// Runs `f` with the mutex held. PASSIVE_LEVEL (a dispatch routine, or PnP); `f` may wait for the device.
+    fn locked<R>(&self, f: impl FnOnce(&mut ControlState) -> R) -> R {
+        // SAFETY: PASSIVE_LEVEL, an infinite KernelMode wait on our initialised mutex (KeWaitForSingleObject allows
+        // it at IRQL <= APC_LEVEL); a KMUTEX disables normal kernel APCs while held, as a driver's lock must.
+        unsafe {
+            KeWaitForSingleObject(
+                self.mutex.get() as *const c_void,
+                Executive,
+                KernelMode as i8,
+                false,
+                core::ptr::null(),
+            );
+        }
+        // SAFETY: the mutex is held: no other thread is inside `locked`.
+        let out = f(unsafe { &mut *self.state.get() });
+        // SAFETY: held by this thread since the wait above; PASSIVE_LEVEL.
+        unsafe { KeReleaseMutex(self.mutex.get(), false) };
+        out
+    }
+
+    /// START_DEVICE succeeded: requests may reach the HCA, and the interface is enabled. PASSIVE_LEVEL, PnP.
+    pub fn started(&mut self, device: Option<&StartedDevice>) {
+        let Some((kernel, channel, pdo)) = device.and_then(StartedDevice::control_parts) else { return };
+        self.locked(|s| {
+            s.generation = s.generation.wrapping_add(1);
+            s.source = Some(Source { kernel, channel, pdo });
+        });
+        if self.interface.is_none() {
+            self.interface = DeviceInterface::register(pdo).ok();
+        }
+        if let Some(interface) = self.interface.as_mut() {
+            interface.set_enabled(true);
+        }
+    }
+
+    /// STOP, SURPRISE_REMOVAL or REMOVE, before the started device goes: no new open, then (once the request in
+    /// flight let go of the mutex) the HCA is dropped, so none of its objects outlives the channel. PASSIVE_LEVEL.
+    pub fn stopping(&mut self) {
+        if let Some(interface) = self.interface.as_mut() {
+            interface.set_enabled(false);
+        }
+        self.locked(|s| {
+            s.hca = None;
+            s.source = None;
+        });
+    }
+
+    /// REMOVE_DEVICE, after `stopping`: the interface's link is given back.
+    pub fn removed(&mut self) {
+        self.interface = None;
+    }
+
+    /// The current START's number, for a new file.
+    pub fn generation(&self) -> u32 {
+        self.locked(|s| s.generation)
+    }
+
+    /// Runs `f` on the started HCA (opened now if this is its first request) with the mutex held; `generation` is
+    /// the file's. Err(STATUS_DEVICE_NOT_READY) while the device is not started, or the open's own status.
+    pub fn with_hca<R>(&self, f: impl FnOnce(&mut ControlHca, u32) -> R) -> Result<R, CoreStatus> {
+        self.locked(|s| {
+            let Some(source) = &s.source else { return Err(STATUS_DEVICE_NOT_READY) };
+            if s.hca.is_none() {
+                let channel = SharedChannel(source.channel.clone());
+                let pdo = PDEVICE_OBJECT(source.pdo as u64);
+                let hca = Hca::open(source.kernel.clone(), channel, pdo, HcaConfig::default()).map_err(status_of)?;
+                s.hca = Some(hca);
+            }
+            let generation = s.generation;
+            Ok(f(s.hca.as_mut().expect("opened above"), generation))
+        })
+    }
+}
+
+/// STATUS_DEVICE_NOT_READY (ntstatus.h): a request between STOP and the next START.
+pub const STATUS_DEVICE_NOT_READY: CoreStatus = CoreStatus(0xC000_00A3_u32 as i32);

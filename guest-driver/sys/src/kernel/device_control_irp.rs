@@ -1,0 +1,197 @@
+//! IRP_MJ_CREATE, CLEANUP, CLOSE and DEVICE_CONTROL on the FDO: a FileContext per file object (in its FsContext),
+//! the IOCTL's buffers found where its transfer method puts them, then the driver core's shared dispatcher.
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+
+use vhca_driver_core::ioctl_codec::{method_of, TransferMethod};
+use vhca_driver_core::{dispatch_device_control as dispatch_ioctl, ControlReply, FileContext};
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, FILE_OBJECT, IRP, MDL};
+use windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
+};
+
+use super::fdo::fdo;
+use super::irp::{complete, current_stack};
+use super::remove_lock;
+
+/// wdm.h's MDL flags MmGetSystemAddressForMdlSafe reads.
+const MDL_MAPPED_TO_SYSTEM_VA: i16 = 0x0001;
+const MDL_SOURCE_IS_NONPAGED_POOL: i16 = 0x0004;
+/// STATUS_INVALID_DEVICE_STATE: a request on a file object CREATE did not open through this driver.
+const STATUS_INVALID_DEVICE_STATE: NTSTATUS = 0xC000_0184_u32 as i32;
+
+/// What FsContext points to: the dispatcher's context and the START it was opened under.
+struct OpenFile {
+    context: FileContext,
+    generation: u32,
+}
+
+/// The file's OpenFile, if CREATE made one.
+///
+/// # Safety
+/// `file` is NULL or the IRP's live file object, used by one request of it at a time (the control mutex).
+unsafe fn open_file<'a>(file: *mut FILE_OBJECT) -> Option<&'a mut OpenFile> {
+    // SAFETY: the caller's contract; FsContext is ours from CREATE to CLOSE.
+    unsafe { file.as_ref().and_then(|f| (f.FsContext as *mut OpenFile).as_mut()) }
+}
+
+/// Takes the remove lock for `irp`, runs `f`, completes the IRP with what `f` answers and releases the lock; a
+/// request after REMOVE began is completed with STATUS_DELETE_PENDING. PASSIVE_LEVEL, the caller's thread.
+///
+/// # Safety
+/// One of this driver's FDOs and an IRP of the I/O manager's, ours to complete.
+unsafe fn under_remove_lock(device: *const DEVICE_OBJECT, irp: *mut IRP, f: impl FnOnce() -> ControlReply) -> NTSTATUS {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let fdo = fdo(device);
+        if let Err(status) = remove_lock::acquire(&mut fdo.remove_lock, irp) {
+            return complete(irp, status);
+        }
+        let reply = f();
+        (*irp).IoStatus.Information = reply.information;
+        let status = complete(irp, reply.status.0);
+        remove_lock::release(&mut fdo.remove_lock, irp);
+        status
+    }
+}
+
+fn answer(status: NTSTATUS) -> ControlReply {
+    ControlReply { status: vhca_ntapi::NTSTATUS(status), information: 0 }
+}
+
+/// IRP_MJ_CREATE: a new open of the interface gets an empty FileContext. PASSIVE_LEVEL, in the opener's thread.
+///
+/// # Safety
+/// Called by the I/O manager with one of this driver's FDOs and its IRP.
+pub unsafe extern "system" fn dispatch_create(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the I/O manager's contract; the file object is the one being opened, ours to fill in.
+    unsafe {
+        let file = (*current_stack(irp)).FileObject;
+        let generation = fdo(device).control.generation();
+        under_remove_lock(device, irp, || {
+            if file.is_null() {
+                return answer(STATUS_INVALID_PARAMETER);
+            }
+            let open = Box::new(OpenFile { context: FileContext::new(), generation });
+            (*file).FsContext = Box::into_raw(open).cast();
+            answer(STATUS_SUCCESS)
+        })
+    }
+}
+
+/// IRP_MJ_CLEANUP: the last handle to the file closed (the process exited, say), in the closer's context: what the
+/// file left on the HCA is destroyed, dependents first, and its user pages unlocked with its MRs. PASSIVE_LEVEL.
+///
+/// # Safety
+/// As dispatch_create.
+pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the I/O manager's contract.
+    unsafe {
+        let file = (*current_stack(irp)).FileObject;
+        let control = &fdo(device).control;
+        under_remove_lock(device, irp, || {
+            if let Some(open) = open_file(file) {
+                let released = control.with_hca(|hca, generation| {
+                    if open.generation == generation {
+                        open.context.release(hca);
+                    }
+                });
+                // Not started (STOP dropped the HCA and everything on it): nothing of the file is left to release.
+                if released.is_err() || open.context.live_objects() != 0 {
+                    open.context.forget();
+                }
+            }
+            answer(STATUS_SUCCESS)
+        })
+    }
+}
+
+/// IRP_MJ_CLOSE: the file object's last reference went; its context is freed. PASSIVE_LEVEL, any thread.
+///
+/// # Safety
+/// As dispatch_create.
+pub unsafe extern "system" fn dispatch_close(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the I/O manager's contract; CLEANUP ran before, so no request of this file is left.
+    unsafe {
+        let file = (*current_stack(irp)).FileObject;
+        under_remove_lock(device, irp, || {
+            if let Some(f) = file.as_mut() {
+                if !f.FsContext.is_null() {
+                    drop(Box::from_raw(f.FsContext as *mut OpenFile));
+                    f.FsContext = core::ptr::null_mut();
+                }
+            }
+            answer(STATUS_SUCCESS)
+        })
+    }
+}
+
+/// MmGetSystemAddressForMdlSafe (a wdm.h inline): the MDL's system address when it has one. This driver imports no
+/// MmMapLockedPagesSpecifyCache: an MDL the I/O manager built for IN/OUT_DIRECT without a mapping is refused as the
+/// macro's NULL would be.
+///
+/// # Safety
+/// A live, locked MDL.
+unsafe fn system_address(mdl: *mut MDL) -> Option<*mut u8> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mapped = (*mdl).MdlFlags & (MDL_MAPPED_TO_SYSTEM_VA | MDL_SOURCE_IS_NONPAGED_POOL) != 0;
+        Some((*mdl).MappedSystemVa.cast::<u8>()).filter(|p| mapped && !p.is_null())
+    }
+}
+
+/// IRP_MJ_DEVICE_CONTROL: the buffers as the I/O manager passes them for the code's method (the input always in
+/// SystemBuffer; the output there too for BUFFERED, behind Irp->MdlAddress for the direct methods; NEITHER is not
+/// used by vhca's codes), then the shared dispatcher on the started HCA under the control mutex. PASSIVE_LEVEL, in
+/// the caller's thread and process (REG_MR's probe runs there).
+///
+/// # Safety
+/// As dispatch_create.
+pub unsafe extern "system" fn dispatch_device_control(device: *const DEVICE_OBJECT, irp: *mut IRP) -> NTSTATUS {
+    // SAFETY: the I/O manager's contract: the stack location's parameters describe SystemBuffer and the MDL.
+    unsafe {
+        let stack = current_stack(irp);
+        let p = (*stack).Parameters.DeviceIoControl;
+        let (code, in_len, out_len) = (p.IoControlCode, p.InputBufferLength as usize, p.OutputBufferLength as usize);
+        let file = (*stack).FileObject;
+        let control = &fdo(device).control;
+        under_remove_lock(device, irp, || {
+            let Some(open) = open_file(file) else { return answer(STATUS_INVALID_DEVICE_STATE) };
+            let system = (*irp).AssociatedIrp.SystemBuffer as *mut u8;
+            if (in_len > 0 || out_len > 0) && system.is_null() && method_of(code) == TransferMethod::Buffered {
+                return answer(STATUS_INVALID_PARAMETER);
+            }
+            if in_len > 0 && system.is_null() {
+                return answer(STATUS_INVALID_PARAMETER);
+            }
+            // Copied out first: for BUFFERED the output is written over the same SystemBuffer.
+            let input: Vec<u8> =
+                if in_len == 0 { Vec::new() } else { core::slice::from_raw_parts(system, in_len).to_vec() };
+            let output: &mut [u8] = match method_of(code) {
+                _ if out_len == 0 => &mut [],
+                TransferMethod::Buffered => core::slice::from_raw_parts_mut(system, out_len),
+                TransferMethod::InDirect | TransferMethod::OutDirect => {
+                    let mdl = (*irp).MdlAddress;
+                    if mdl.is_null() || ((*mdl).ByteCount as usize) < out_len {
+                        return answer(STATUS_INVALID_PARAMETER);
+                    }
+                    match system_address(mdl) {
+                        Some(va) => core::slice::from_raw_parts_mut(va, out_len),
+                        None => return answer(STATUS_INSUFFICIENT_RESOURCES),
+                    }
+                }
+                TransferMethod::Neither => return answer(STATUS_INVALID_DEVICE_REQUEST),
+            };
+            let reply = control.with_hca(|hca, generation| {
+                if open.generation != generation {
+                    // Opened before a STOP: its handles named objects of an HCA that is gone.
+                    open.context.forget();
+                    open.generation = generation;
+                }
+                dispatch_ioctl(hca, &mut open.context, code, &input, output)
+            });
+            reply.unwrap_or_else(|status| ControlReply { status, information: 0 })
+        })
+    }
+}
