@@ -91,7 +91,8 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
         let file = (*current_stack(irp)).FileObject;
         let control = &fdo(device).control;
         under_remove_lock(device, irp, || {
-            if let Some(open) = open_file(file) {
+            // A file that holds nothing needs no HCA: an open and close must not open one.
+            if let Some(open) = open_file(file).filter(|open| open.context.live_objects() != 0) {
                 let released = control.with_hca(|hca, generation| {
                     if open.generation == generation {
                         open.context.release(hca);
