@@ -35,6 +35,7 @@ const IRP_MJ_CLOSE: usize = 2;
 /// IOCTL_VHCA_OPEN_CONTEXT (docs/protocol.md section 12) and its input: ABI version 1.
 const IOCTL_VHCA_OPEN_CONTEXT: u32 = 0x8056_E000;
 const STATUS_DEVICE_NOT_READY: i32 = 0xC000_00A3_u32 as i32;
+const STATUS_INVALID_DEVICE_REQUEST: i32 = 0xC000_0010_u32 as i32;
 
 #[test]
 fn vhca_sys_answers_create_device_control_cleanup_and_close_itself() {
@@ -72,6 +73,9 @@ fn vhca_sys_answers_create_device_control_cleanup_and_close_itself() {
     let reply = file.device_control(IOCTL_VHCA_OPEN_CONTEXT, &input, &mut output);
     assert_eq!(reply.status, STATUS_DEVICE_NOT_READY, "{reply:?}");
     assert_eq!(reply.information, 0);
+    // OPEN_CONTEXT's function with METHOD_NEITHER: no vhca code uses it, refused before the HCA is looked for.
+    let reply = file.device_control(IOCTL_VHCA_OPEN_CONTEXT | 3, &input, &mut output);
+    assert_eq!(reply.status, STATUS_INVALID_DEVICE_REQUEST, "{reply:?}");
     // Not started: no interface was registered (START_DEVICE registers and enables it).
     assert!(device_interfaces::all().is_empty());
     assert_eq!(file.close(), (0, 0), "CLEANUP, CLOSE");
