@@ -60,6 +60,34 @@ pub trait BusDriver: Send + Sync {
     fn unmap_io_space(&self, _base: *mut u8, _length: usize) {}
 }
 
+/// The bus driver as the I/O manager holds it: every PnP minor code that reached it is noted, so the PnP manager can
+/// tell whether a function driver that succeeded a PnP IRP passed it down (pnp_sequence.rs).
+struct PnpWitness {
+    inner: Box<dyn BusDriver>,
+    seen: Mutex<Vec<u8>>,
+}
+
+// Every method is forwarded: one added to BusDriver with a default must be forwarded here too, or the witness would
+// answer with the default instead of the real bus.
+impl BusDriver for PnpWitness {
+    fn pnp(&self, stack: &IO_STACK_LOCATION) -> NTSTATUS {
+        crate::lock(&self.seen).push(stack.MinorFunction);
+        self.inner.pnp(stack)
+    }
+    fn memory_resources(&self) -> Vec<(u64, u32)> {
+        self.inner.memory_resources()
+    }
+    fn message_interrupts(&self) -> u32 {
+        self.inner.message_interrupts()
+    }
+    fn map_io_space(&self, physical: u64, length: usize) -> Option<*mut u8> {
+        self.inner.map_io_space(physical, length)
+    }
+    fn unmap_io_space(&self, base: *mut u8, length: usize) {
+        self.inner.unmap_io_space(base, length)
+    }
+}
+
 /// Devices and IRPs the I/O manager made, with their sizes, so each is freed exactly once.
 #[derive(Default)]
 struct Objects {
@@ -69,7 +97,7 @@ struct Objects {
 
 pub struct IoManager {
     objects: Mutex<Objects>,
-    bus: Box<dyn BusDriver>,
+    bus: PnpWitness,
     /// The PDO's driver object: its MajorFunction table stays empty; IoCallDriver at the PDO goes to `bus`.
     bus_driver: *mut DRIVER_OBJECT,
     /// The device's PDO once made: what the platform names when it reports the device (an IOMMU fault).
@@ -96,7 +124,7 @@ impl IoManager {
         }
         IoManager {
             objects: Mutex::new(Objects::default()),
-            bus,
+            bus: PnpWitness { inner: bus, seen: Mutex::new(Vec::new()) },
             bus_driver,
             pdo: Default::default(),
             enumeration: Mutex::new(()),
@@ -109,7 +137,12 @@ impl IoManager {
     }
 
     pub(crate) fn bus(&self) -> &dyn BusDriver {
-        &*self.bus
+        &self.bus
+    }
+
+    /// The PnP minor codes that reached the bus driver since the last call, oldest first.
+    pub(crate) fn take_pnp_at_bus(&self) -> Vec<u8> {
+        std::mem::take(&mut *crate::lock(&self.bus.seen))
     }
 
     /// Whether `driver` is the PDO's driver object: IRPs sent there go to the bus driver.

@@ -102,7 +102,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
         crate::power_life::run_planned(io, pdo);
         let outcome = pnp_sequence::run(
             pnp_sequence::planned(),
-            &mut LiveStack { io, driver, pdo, add_device: add_device as usize },
+            &mut LiveStack { io, driver, pdo, add_device: add_device as usize, expected_at_bus: None },
         );
         let stack_gone = outcome.stack_gone;
         pnp_sequence::record(outcome);
@@ -164,14 +164,20 @@ struct LiveStack<'a> {
     pdo: *mut DEVICE_OBJECT,
     /// The AddDevice routine DriverEntry set.
     add_device: usize,
+    /// The minor code the last step's IRP had (None: AddDevice), which the bus driver must have seen if it succeeded.
+    expected_at_bus: Option<u8>,
 }
 
 impl PnpStack for LiveStack<'_> {
     fn send(&mut self, s: PnpStep) -> NTSTATUS {
         step(s.name());
+        self.io.take_pnp_at_bus();
         let minor = match s {
-            PnpStep::Start => return start_device(self.io, self.pdo),
-            PnpStep::AddDevice => return call_add_device(self.add_device, self.driver, self.pdo),
+            PnpStep::AddDevice => {
+                self.expected_at_bus = None;
+                return call_add_device(self.add_device, self.driver, self.pdo);
+            }
+            PnpStep::Start => IRP_MN_START_DEVICE,
             PnpStep::QueryStop => IRP_MN_QUERY_STOP_DEVICE,
             PnpStep::CancelStop => IRP_MN_CANCEL_STOP_DEVICE,
             PnpStep::Stop => IRP_MN_STOP_DEVICE,
@@ -180,11 +186,20 @@ impl PnpStack for LiveStack<'_> {
             PnpStep::Remove => IRP_MN_REMOVE_DEVICE,
             PnpStep::SurpriseRemoval => IRP_MN_SURPRISE_REMOVAL,
         };
+        self.expected_at_bus = Some(minor as u8);
+        if s == PnpStep::Start {
+            return start_device(self.io, self.pdo);
+        }
         pnp_irp(self.io, self.pdo, minor, None)
     }
 
     fn devices_left(&self) -> usize {
         self.io.devices_of(self.driver)
+    }
+
+    fn reached_bus(&mut self) -> bool {
+        let seen = self.io.take_pnp_at_bus();
+        self.expected_at_bus.is_none_or(|minor| seen.contains(&minor))
     }
 }
 

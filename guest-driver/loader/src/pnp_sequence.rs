@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use windows_sys::Win32::Foundation::NTSTATUS;
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_UNSUCCESSFUL};
 
 /// Which sequence a life runs between START_DEVICE and its last REMOVE_DEVICE (`vhca.pnp=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -89,6 +89,8 @@ impl PnpStep {
 pub trait PnpStack {
     fn send(&mut self, step: PnpStep) -> NTSTATUS;
     fn devices_left(&self) -> usize;
+    /// Whether the last step's IRP reached the bus driver (AddDevice has none: true).
+    fn reached_bus(&mut self) -> bool;
 }
 
 /// What a sequence did.
@@ -106,9 +108,21 @@ pub struct SequenceOutcome {
 }
 
 impl SequenceOutcome {
+    /// The first rule broken is the one reported: what follows from it is not.
+    fn fail(&mut self, why: String) {
+        self.failure.get_or_insert(why);
+    }
+
+    /// One step. A function driver that succeeds a PnP IRP passes it down to the bus driver ("Passing PnP IRPs Down
+    /// the Device Stack": only a driver that fails it completes it without passing it on; the bus driver, the
+    /// parent, handles the cancels and START first): a success the bus never saw breaks that rule.
     fn send(&mut self, stack: &mut dyn PnpStack, step: PnpStep) -> NTSTATUS {
         let status = stack.send(step);
         self.steps.push((step, status));
+        if status >= 0 && !stack.reached_bus() {
+            self.fail(format!("{} succeeded without reaching the bus driver", step.name()));
+            return STATUS_UNSUCCESSFUL;
+        }
         status
     }
 
@@ -119,8 +133,7 @@ impl SequenceOutcome {
     fn must_succeed(&mut self, stack: &mut dyn PnpStack, step: PnpStep) -> bool {
         let status = self.send(stack, step);
         if status < 0 {
-            self.failure =
-                Some(format!("{} failed with {:#010x}: a driver must not fail it", step.name(), status as u32));
+            self.fail(format!("{} failed with {:#010x}: a driver must not fail it", step.name(), status as u32));
         }
         status >= 0
     }
@@ -128,7 +141,7 @@ impl SequenceOutcome {
     fn start(&mut self, stack: &mut dyn PnpStack) -> bool {
         let status = self.send(stack, PnpStep::Start);
         if status < 0 {
-            self.failure = Some(format!("IRP_MN_START_DEVICE after the stop failed with {:#010x}", status as u32));
+            self.fail(format!("IRP_MN_START_DEVICE after the stop failed with {:#010x}", status as u32));
         }
         status >= 0
     }
@@ -156,12 +169,12 @@ impl SequenceOutcome {
         self.stack_gone = true;
         let left = stack.devices_left();
         if left > 0 {
-            self.failure = Some(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
+            self.fail(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
             return false;
         }
         let status = self.send(stack, PnpStep::AddDevice);
         if status < 0 {
-            self.failure = Some(format!("AddDevice after the disable failed with {:#010x}", status as u32));
+            self.fail(format!("AddDevice after the disable failed with {:#010x}", status as u32));
             return false;
         }
         self.stack_gone = false;
@@ -207,7 +220,7 @@ pub fn run(sequence: PnpSequence, stack: &mut dyn PnpStack) -> SequenceOutcome {
                 outcome.stack_gone = true;
                 let left = stack.devices_left();
                 if left > 0 {
-                    outcome.failure = Some(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
+                    outcome.fail(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
                 }
             }
         }
@@ -258,6 +271,9 @@ mod tests {
         }
         fn devices_left(&self) -> usize {
             self.devices
+        }
+        fn reached_bus(&mut self) -> bool {
+            true
         }
     }
 
@@ -336,6 +352,29 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_completed_without_passing_it_down_breaks_the_rule() {
+        /// Completes CANCEL_STOP itself, as vhca.sys would without forwarding it to the bus driver first.
+        struct KeepsCancel(Option<PnpStep>);
+        impl PnpStack for KeepsCancel {
+            fn send(&mut self, step: PnpStep) -> NTSTATUS {
+                self.0 = Some(step);
+                STATUS_SUCCESS
+            }
+            fn devices_left(&self) -> usize {
+                1
+            }
+            fn reached_bus(&mut self) -> bool {
+                self.0 != Some(PnpStep::CancelStop)
+            }
+        }
+        let outcome = run(PnpSequence::QueryStopCancel, &mut KeepsCancel(None));
+        assert_eq!(
+            outcome.failure.as_deref(),
+            Some("IRP_MN_CANCEL_STOP_DEVICE succeeded without reaching the bus driver")
+        );
+    }
+
+    #[test]
     fn a_device_left_after_remove_ends_the_disable() {
         struct Leaky;
         impl PnpStack for Leaky {
@@ -344,6 +383,9 @@ mod tests {
             }
             fn devices_left(&self) -> usize {
                 1
+            }
+            fn reached_bus(&mut self) -> bool {
+                true
             }
         }
         let outcome = run(PnpSequence::DisableEnable(1), &mut Leaky);
