@@ -96,6 +96,10 @@ pub trait NtKernel: Send + Sync {
     ) -> PVOID;
     /// IRQL < DISPATCH_LEVEL.
     fn MmFreeContiguousMemory(&self, base_address: PVOID);
+    /// Any IRQL. The physical address behind a resident virtual address (0 for none). Not a device address: under
+    /// DMA remapping only the adapter's logical addresses reach memory; only the physical-address-to-device bug
+    /// scenario hands it to the device.
+    fn MmGetPhysicalAddress(&self, base_address: PVOID) -> PHYSICAL_ADDRESS;
 
     // ---- DMA adapter (IoGetDmaAdapter and the DMA_OPERATIONS table) ----
 

@@ -219,6 +219,10 @@ impl NtKernel for NtModel {
         self.ok(r)
     }
 
+    fn MmGetPhysicalAddress(&self, base_address: PVOID) -> PHYSICAL_ADDRESS {
+        PHYSICAL_ADDRESS(self.mm_get_physical_address(base_address.0))
+    }
+
     #[track_caller]
     fn IoGetDmaAdapter(
         &self,

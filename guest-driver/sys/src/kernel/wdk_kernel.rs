@@ -393,6 +393,11 @@ impl NtKernel for WdkKernel {
         unsafe { wdk::MmFreeContiguousMemory(base_address.0 as *const c_void) }
     }
 
+    fn MmGetPhysicalAddress(&self, base_address: PVOID) -> PHYSICAL_ADDRESS {
+        // SAFETY: any IRQL; it only reads the page tables for the address, which the caller holds resident.
+        PHYSICAL_ADDRESS(unsafe { wdk::MmGetPhysicalAddress(base_address.0 as *const c_void) } as u64)
+    }
+
     fn IoGetDmaAdapter(
         &self,
         physical_device_object: PDEVICE_OBJECT,
