@@ -13,16 +13,12 @@
 //! keeps), an IOVA the domain never mapped, and the platform's IOMMU refuses the read: the device's event log names
 //! the refusal and the guest reports the platform's DMA fault as use-after-unmap does.
 
-use alloc::vec;
-use core::time::Duration;
-
 use anyhow::ensure;
 use vhca_ntapi::*;
-use vhca_proto::status::WcStatus;
-use vhca_proto::{EventKind, WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE};
 
-use crate::own_list::{register_at, OwnList};
-use crate::verbs::{compare, cqe_view, dereg, pattern, register, sge, status_name, wqe, Buffer, Loopback};
+use crate::device_read::device_reads;
+use crate::own_list::OwnList;
+use crate::verbs::{pattern, Buffer, Loopback};
 use crate::{Ctx, ScenarioHost};
 
 const LEN: u32 = 4096;
@@ -61,11 +57,9 @@ fn transfer<H: ScenarioHost>(ctx: &mut Ctx<H>, adapter: PDMA_ADAPTER) -> anyhow:
     let src = Buffer::pool(ctx, LEN)?;
     let data = pattern(32, LEN as usize);
     src.fill(ctx, &data);
-    let dst = Buffer::common(ctx, LEN)?;
-    dst.fill(ctx, &vec![0; LEN as usize]);
     let list = OwnList::take(ctx, adapter, src.va(), LEN, true)?;
-    ctx.detail("elements", list.elements());
     let elements = list.elements();
+    ctx.detail("elements", &elements);
     let &[(logical, len)] = elements.as_slice() else {
         list.give_back(ctx);
         anyhow::bail!("the one-page buffer's list has {} elements", elements.len());
@@ -74,43 +68,20 @@ fn transfer<H: ScenarioHost>(ctx: &mut Ctx<H>, adapter: PDMA_ADAPTER) -> anyhow:
     let device_address = logical & (FOUR_GIB - 1);
     ctx.detail("device_address", device_address);
     ctx.say(format_args!("element {logical:#x}+{len}; the 32-bit device is programmed with {device_address:#x}"));
-    let mr_src = register_at(ctx, lb.pd, src.va(), device_address, len, 0)?;
-    let mr_dst = register(
-        ctx,
-        lb.pd,
-        &dst,
-        ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
-        vhca_driver_core::MrMapping::ScatterGather,
-        true,
-    )?;
-    let c = lb.run_on_a(ctx, &wqe(1, WrOpcode::RdmaWrite, &[sge(&mr_src, 0, LEN)], Some((&mr_dst, 0))))?;
-    ctx.detail("completion", cqe_view(&c));
-    ctx.say(format_args!("RDMA_WRITE out of the 32-bit device's MR completed with {}", status_name(c.status.get())));
-    let refused = c.status.get() != WcStatus::Success as u32;
-    let (dmar, fault) = if refused {
-        // The platform's IOMMU report: with DMA checking, 0xE6/0x26 stops the machine here.
-        let dmar = ctx.report_platform_iommu_faults(Duration::from_secs(2));
-        (dmar, ctx.wait_event(EventKind::DmaFault, Duration::from_secs(1)))
-    } else {
-        (None, None)
-    };
-    ctx.detail("dma_fault_event", fault.is_some());
-    let check = compare("device_read_through_bounce", &dst.read(ctx), &data);
-    ctx.detail("data", &check);
-    dereg(ctx, &mr_src)?;
-    dereg(ctx, &mr_dst)?;
+    let read = device_reads(ctx, &lb, src.va(), device_address, &data);
     list.give_back(ctx);
     src.free(ctx);
-    dst.free(ctx);
     lb.destroy(ctx)?;
-    ensure!(
-        !refused,
-        "the device's read at {device_address:#x} (the low 32 bits of the logical address {logical:#x}) was refused \
-         ({}; device DMA fault event: {}, platform IOMMU reports: {dmar:?})",
-        status_name(c.status.get()),
-        fault.is_some()
-    );
+    let read = read?;
+    if let Some(status) = read.refused {
+        anyhow::bail!(
+            "the device's read at {device_address:#x} (the low 32 bits of the logical address {logical:#x}) was \
+             refused ({status}; device DMA fault event: {}, platform IOMMU reports: {:?})",
+            read.fault_event,
+            read.iommu_reports
+        );
+    }
     ensure!(logical + len as u64 <= FOUR_GIB, "the 32-bit device's element {logical:#x}+{len} ends above 4 GiB");
-    ensure!(check["matches"] == serde_json::json!(true), "the device read other data than the buffer's");
+    ensure!(read.matches, "the device read other data than the buffer's");
     Ok(())
 }

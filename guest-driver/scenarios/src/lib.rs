@@ -14,6 +14,7 @@ mod cq_fallback;
 mod cq_growth;
 mod cq_poll_dpc;
 mod create_cq_lock;
+mod device_read;
 mod dma32;
 mod dpc_consumer;
 mod dpc_wait;
@@ -25,6 +26,7 @@ mod late_completion;
 mod map_registers;
 mod own_list;
 mod paged_context;
+mod physical_address;
 mod pool_executable;
 mod pool_exhaustion;
 mod pool_overrun;
@@ -123,12 +125,14 @@ pub enum Scenario {
     SgFragmentedFixed,
     SgQueuedFreedMdl,
     SgQueuedMdlKept,
+    PhysicalAddressToDevice,
+    LogicalAddressToDevice,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 45] = [
+    pub const DRIVER: [Scenario; 47] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -174,6 +178,8 @@ impl Scenario {
         Scenario::SgFragmentedFixed,
         Scenario::SgQueuedFreedMdl,
         Scenario::SgQueuedMdlKept,
+        Scenario::PhysicalAddressToDevice,
+        Scenario::LogicalAddressToDevice,
     ];
 
     pub fn name(self) -> &'static str {
@@ -224,6 +230,8 @@ impl Scenario {
             Scenario::SgFragmentedFixed => "sg-fragmented-fixed",
             Scenario::SgQueuedFreedMdl => "sg-queued-freed-mdl",
             Scenario::SgQueuedMdlKept => "sg-queued-mdl-kept",
+            Scenario::PhysicalAddressToDevice => "physical-address-to-device",
+            Scenario::LogicalAddressToDevice => "logical-address-to-device",
         }
     }
 
@@ -298,6 +306,8 @@ impl Scenario {
             Scenario::SgFragmentedFixed => sg_fragmented::every_element(ctx),
             Scenario::SgQueuedFreedMdl => sg_queued::freed_mdl(ctx),
             Scenario::SgQueuedMdlKept => sg_queued::mdl_kept(ctx),
+            Scenario::PhysicalAddressToDevice => physical_address::physical(ctx),
+            Scenario::LogicalAddressToDevice => physical_address::logical(ctx),
         }
     }
 }
