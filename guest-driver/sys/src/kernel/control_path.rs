@@ -123,6 +123,18 @@ impl ControlPath {
         });
     }
 
+    /// A set-power to D3, before the device is quiesced: the HCA is dropped as at STOP (the power-down frees the
+    /// channel its objects live on, and D0 builds a new one), but the interface stays enabled, since the device is
+    /// still there; `started` at D0 gives requests the new channel. A file opened before the sleep is of an older
+    /// START, so its objects are forgotten, not released on a channel that is gone. PASSIVE_LEVEL (the stack is
+    /// DO_POWER_PAGABLE).
+    pub fn sleeping(&mut self) {
+        self.locked(|s| {
+            s.hca = None;
+            s.source = None;
+        });
+    }
+
     /// REMOVE_DEVICE, after `stopping`: the interface's link is given back.
     pub fn removed(&mut self) {
         self.interface = None;

@@ -63,6 +63,7 @@ pub unsafe extern "system" fn dispatch_power(device: *const DEVICE_OBJECT, irp: 
                 // Power-down on the way down: DMA quiesced (reset, rings and channel freed) while the device still
                 // decodes, then PoSetPowerState "before the device powers down", then down to the bus driver, which
                 // must see every set-power IRP.
+                fdo.control.sleeping();
                 if let Some(started) = fdo.started.as_mut() {
                     started.power_down();
                 }
@@ -218,6 +219,8 @@ unsafe extern "system" fn powered_up(
             },
         };
         if ready {
+            // Requests reach the HCA again, on the channel the power-up built.
+            fdo.control.started(fdo.started.as_ref());
             PoSetPowerState(device, DevicePowerState, POWER_STATE { DeviceState: PowerDeviceD0 });
         }
         PoStartNextPowerIrp(irp);
