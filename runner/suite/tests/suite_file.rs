@@ -69,7 +69,8 @@ fn seed_suite_parses_and_expands() {
     let runs = suite.expand();
     // Every run in each of its personalities and modes; every scenario in both personalities, verifier off and on
     // (issue 13); the low-resources entries with the verifier on, in both (vhca.sys takes MmProbeAndLockPages'
-    // exception in its __try/__except, seed.toml says so).
+    // exception in its __try/__except, seed.toml says so); the resume's fail points in vhca.sys alone, whose D0 path
+    // the NT model reaches (the native power-up does not go through it).
     assert_eq!(runs.len(), suite.runs.iter().map(|r| r.drivers.len() * r.expect.len()).sum::<usize>());
     let recordings: Vec<&str> = runs.iter().filter(|r| r.records_fail_points).map(|r| r.name.as_str()).collect();
     assert_eq!(
@@ -78,7 +79,8 @@ fn seed_suite_parses_and_expands() {
             "low-resources-verbs/verifier-on",
             "low-resources-verbs/sys/verifier-on",
             "low-resources-user-buffer/verifier-on",
-            "low-resources-user-buffer/sys/verifier-on"
+            "low-resources-user-buffer/sys/verifier-on",
+            "low-resources-resume/sys/verifier-on",
         ]
     );
     assert!(runs.iter().filter(|r| r.run.starts_with("low-resources")).all(|r| r.mode == VerifierMode::On));
@@ -88,10 +90,12 @@ fn seed_suite_parses_and_expands() {
     let native_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Native]).map(|r| r.name.as_str()).collect();
     assert_eq!(native_only, Vec::<&str>::new());
-    // vhca.sys's own IRP handling runs as vhca.sys only: the native driver core has no IRPs.
+    // vhca.sys's own IRP handling runs as vhca.sys only: the native driver core has no IRPs. So do the resume's
+    // fail points (the native power-up is not the NT model's) and surprise-removal, the loader's SURPRISE_REMOVAL
+    // IRP on a present device, which has no native twin until a real hot-unplug drives both.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
-    assert_eq!(sys_only, ["irp-completed-twice", "irp-completed-once"]);
+    assert_eq!(sys_only, ["irp-completed-twice", "irp-completed-once", "low-resources-resume", "surprise-removal"]);
     for name in ["irp-completed-twice/sys/verifier-off", "irp-completed-once/sys/verifier-on"] {
         assert!(runs.iter().any(|r| r.name == name && r.guest.driver == Personality::Sys), "no {name}");
     }
