@@ -3,7 +3,8 @@
 //! process (`vhca-load`), since a fault or bugcheck inside it ends the process as it ends a machine.
 //! Without the package these tests fail under CI=true (the test command builds it first) and skip otherwise.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::{Command, Output};
 
 use object::pe;
@@ -13,31 +14,7 @@ use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::nt_thunks::NtThunks;
 use vhca_loader::{load, ImportResolver, LoadError, PeImage};
 
-fn package_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("VHCA_WINDOWS_DRIVER_DIR") {
-        return PathBuf::from(dir);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("vhca-sys")
-}
-
-/// vhca.sys's bytes, or None (skip) outside CI when it was never built. Under CI=true a missing package fails.
-fn vhca_sys() -> Option<Vec<u8>> {
-    let path = package_dir().join("vhca.sys");
-    match std::fs::read(&path) {
-        Ok(bytes) => Some(bytes),
-        Err(e) => {
-            let why = format!("{}: {e}: run ci/build-windows.sh", path.display());
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{why}");
-            }
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
-}
+use common::vhca_sys_package::{package_dir, vhca_sys};
 
 /// Offsets of the fields the tests break, read by `object` from the pristine image.
 struct Layout {

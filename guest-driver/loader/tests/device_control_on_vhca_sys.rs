@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::vhca_sys_package::vhca_sys;
 use common::NoBus;
 use vhca_loader::device_interfaces;
 use vhca_loader::io_manager::IoManager;
@@ -16,16 +16,6 @@ use vhca_loader::kernel_context::{install, LoaderKernel};
 use vhca_loader::nt_thunks::NtThunks;
 use vhca_loader::user_requests::{add_driver, UserFile};
 use vhca_ntmodel::{NtModel, NtModelConfig};
-
-fn package_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("VHCA_WINDOWS_DRIVER_DIR") {
-        return PathBuf::from(dir);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("vhca-sys")
-}
 
 const IRP_MJ_CREATE: usize = 0;
 const IRP_MJ_READ: usize = 3;
@@ -39,13 +29,7 @@ const STATUS_INVALID_DEVICE_REQUEST: i32 = 0xC000_0010_u32 as i32;
 
 #[test]
 fn vhca_sys_answers_create_device_control_cleanup_and_close_itself() {
-    let dir = package_dir();
-    let Ok(bytes) = std::fs::read(dir.join("vhca.sys")) else {
-        let why = format!("no {}/vhca.sys: run ci/build-windows.sh", dir.display());
-        assert!(!std::env::var("CI").is_ok_and(|v| v == "true"), "{why}");
-        eprintln!("skipped: {why}");
-        return;
-    };
+    let Some(bytes) = vhca_sys() else { return };
     let (model, _backend) = NtModel::for_tests(NtModelConfig::default());
     let model: Arc<NtModel> = model;
     assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));

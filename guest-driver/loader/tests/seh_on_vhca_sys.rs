@@ -7,9 +7,9 @@
 mod common;
 
 use std::ffi::c_void;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::vhca_sys_package::{package_dir, vhca_sys};
 use common::{routine, NoBus};
 use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::io_manager::IoManager;
@@ -19,16 +19,6 @@ use vhca_loader::seh::c_specific_handler::{actions, ScopeAction, ScopeRecord};
 use vhca_loader::seh::unwind_info::{RuntimeFunction, UnwindInfo, UnwindOp, UNW_FLAG_EHANDLER, UNW_FLAG_UHANDLER};
 use vhca_ntmodel::{NtModel, NtModelConfig};
 
-fn package_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("VHCA_WINDOWS_DRIVER_DIR") {
-        return PathBuf::from(dir);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("vhca-sys")
-}
-
 const STATUS_ACCESS_VIOLATION: i32 = 0xC000_0005_u32 as i32;
 const POOL_FLAG_NON_PAGED: u64 = 0x40;
 const MDL_PAGES_LOCKED: i16 = 0x2;
@@ -36,12 +26,7 @@ const MDL_PAGES_LOCKED: i16 = 0x2;
 #[test]
 fn vhca_sys_probe_wrapper_takes_the_raised_status_in_its_except() {
     let dir = package_dir();
-    let Ok(bytes) = std::fs::read(dir.join("vhca.sys")) else {
-        let why = format!("no {}/vhca.sys: run ci/build-windows.sh", dir.display());
-        assert!(!std::env::var("CI").is_ok_and(|v| v == "true"), "{why}");
-        eprintln!("skipped: {why}");
-        return;
-    };
+    let Some(bytes) = vhca_sys() else { return };
     let (model, _backend) = NtModel::for_tests(NtModelConfig::default());
     let model: Arc<NtModel> = model;
     assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));

@@ -4,6 +4,9 @@
 /// Not every test file runs on the shared kernel (some install their own, once or per child process).
 #[allow(dead_code)]
 pub mod shared_kernel;
+/// Only the tests of the built vhca.sys use it.
+#[allow(dead_code)]
+pub mod vhca_sys_package;
 
 use vhca_loader::io_manager::BusDriver;
 use vhca_loader::nt_thunks::NtThunks;
