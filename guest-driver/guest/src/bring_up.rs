@@ -179,21 +179,28 @@ pub fn run(
         (TargetDevice::Rng, _) => self_test_rng(scenario, &mut queues, &mapper, timeout, report),
     };
     mark(report, "scenario");
+    // D3 (vhca.sys quiesces the device) and STOP or REMOVE (it releases it) leave the device here alike: the reset
+    // first, then the rings and buffers it had go, and a bring-up from nothing, proved by QUERY_DEVICE. The VFIO BAR
+    // mappings and MSI-X eventfds stay: the guest program is its own bus driver, and their release is vhca.sys's
+    // side of the rule.
+    let mut reinitialise = |step: &str, rounds: u32| -> (u32, anyhow::Result<()>) {
+        let mut done = 0;
+        let result = (0..rounds).try_for_each(|_| {
+            transport.reset(timeout).with_context(|| format!("{step}: reset"))?;
+            commands = None;
+            driver = None;
+            queues.clear();
+            let up = crate::sleep_resume::power_up(&transport, &mapper, interrupts.as_mut(), queue_count, timeout)?;
+            queues = up.queues;
+            commands = Some(up.commands);
+            done += 1;
+            anyhow::Ok(())
+        });
+        (done, result)
+    };
     let result = match result {
         Ok(()) if options.sleep_resume > 0 => {
-            let mut cycles = 0;
-            let slept = (0..options.sleep_resume).try_for_each(|_| {
-                // D3 as vhca.sys quiesces it: the reset first, then the rings and buffers the device had go.
-                transport.reset(timeout).context("D3: reset")?;
-                commands = None;
-                driver = None;
-                queues.clear();
-                let up = crate::sleep_resume::power_up(&transport, &mapper, interrupts.as_mut(), queue_count, timeout)?;
-                queues = up.queues;
-                commands = Some(up.commands);
-                cycles += 1;
-                anyhow::Ok(())
-            });
+            let (cycles, slept) = reinitialise("D3", options.sleep_resume);
             report.details.insert("power".into(), serde_json::json!({ "sleep_resume_cycles": cycles }));
             slept.context("sleep/resume")
         }
@@ -201,21 +208,7 @@ pub fn run(
     };
     let result = match result {
         Ok(()) if crate::pnp_restart::restarts(options.pnp) > 0 => {
-            // STOP (or REMOVE) as vhca.sys does it: the reset, then the rings and buffers go; START brings the
-            // device up from nothing, proved by QUERY_DEVICE. The VFIO BAR mappings and MSI-X eventfds stay: the
-            // guest program is its own bus driver, and their release is vhca.sys's side of the rule.
-            let mut restarts = 0;
-            let restarted = (0..crate::pnp_restart::restarts(options.pnp)).try_for_each(|_| {
-                transport.reset(timeout).context("STOP: reset")?;
-                commands = None;
-                driver = None;
-                queues.clear();
-                let up = crate::sleep_resume::power_up(&transport, &mapper, interrupts.as_mut(), queue_count, timeout)?;
-                queues = up.queues;
-                commands = Some(up.commands);
-                restarts += 1;
-                anyhow::Ok(())
-            });
+            let (restarts, restarted) = reinitialise("STOP", crate::pnp_restart::restarts(options.pnp));
             report.details.insert("pnp".into(), serde_json::json!({ "native_restarts": restarts }));
             restarted.context("PnP stop/start")
         }
