@@ -284,10 +284,25 @@ fn smoke_suite_with(
     }
 }
 
-/// A cache dir the fault tests that leave the snapshot intact share, so the snapshot is built once for them.
+/// A cache dir the fault tests that leave the snapshot intact share, so the snapshot is built once for them. A
+/// static's TempDir is never dropped, so the directory (a 500 MiB snapshot in it) would outlive the test process:
+/// it is removed at the process's exit instead, which the test harness reaches through exit(3) after the last test.
+static SHARED_SNAPSHOTS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 fn shared_snapshots() -> &'static Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+    SHARED_SNAPSHOTS.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        // SAFETY: registers a plain extern "C" function with no arguments; it runs once, at exit.
+        assert_eq!(unsafe { libc::atexit(remove_shared_snapshots) }, 0, "atexit");
+        dir
+    })
+}
+
+/// The atexit handler of `shared_snapshots`: the directory, if it was made.
+extern "C" fn remove_shared_snapshots() {
+    if let Some(dir) = SHARED_SNAPSHOTS.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 fn kill_pid(pids: &serde_json::Value, which: &str) {
