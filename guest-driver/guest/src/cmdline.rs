@@ -118,6 +118,9 @@ pub struct Options {
     /// Sleep/resume cycles (S0→S3→S0) once the device started (`vhca.power=sleep-resume` for one,
     /// `sleep-resume:N` for N); 0: none.
     pub sleep_resume: u32,
+    /// The bus driver completes each D0 IRP at DISPATCH_LEVEL (`vhca.power=sleep-resume-d0-dispatch[:N]`; the cycles
+    /// are `sleep_resume`'s). vhca.sys's only: the native twin's power-up has no IRQL.
+    pub d0_at_dispatch: bool,
     /// The PnP sequence the life runs between START_DEVICE and its last REMOVE (`vhca.pnp=rebalance[:N]`,
     /// `query-stop-cancel`, `query-remove-cancel`, `disable-enable[:N]`); default the straight line.
     pub pnp: vhca_loader::pnp_sequence::PnpSequence,
@@ -152,6 +155,7 @@ impl Default for Options {
             interleaving: InterleavingMode::Off,
             pct_horizon: None,
             sleep_resume: 0,
+            d0_at_dispatch: false,
             pnp: Default::default(),
             warnings: Vec::new(),
         }
@@ -253,13 +257,22 @@ impl Options {
             }
             "pnp" => self.pnp = vhca_loader::pnp_sequence::PnpSequence::parse(value)?,
             "power" => {
-                self.sleep_resume = match value.split_once(':') {
-                    None if value == "sleep-resume" => 1,
-                    Some(("sleep-resume", n)) => {
-                        n.parse().ok().filter(|n| *n > 0).ok_or(format!("not a cycle count > 0: {n:?}"))?
+                let (mode, cycles) = match value.split_once(':') {
+                    None => (value, 1),
+                    Some((mode, n)) => {
+                        (mode, n.parse().ok().filter(|n| *n > 0).ok_or(format!("not a cycle count > 0: {n:?}"))?)
                     }
-                    _ => return Err(format!("not sleep-resume or sleep-resume:N: {value:?}")),
-                }
+                };
+                self.d0_at_dispatch = match mode {
+                    "sleep-resume" => false,
+                    "sleep-resume-d0-dispatch" => true,
+                    _ => {
+                        return Err(format!(
+                            "not sleep-resume[-d0-dispatch] or sleep-resume[-d0-dispatch]:N: {value:?}"
+                        ))
+                    }
+                };
+                self.sleep_resume = cycles;
             }
             "disable_rule" => self
                 .disabled_rules
@@ -430,6 +443,9 @@ mod tests {
         assert_eq!(Options::parse("").sleep_resume, 0);
         assert_eq!(Options::parse("vhca.power=sleep-resume").sleep_resume, 1);
         assert_eq!(Options::parse("vhca.power=sleep-resume:3").sleep_resume, 3);
+        let dispatch = Options::parse("vhca.power=sleep-resume-d0-dispatch:2");
+        assert_eq!((dispatch.sleep_resume, dispatch.d0_at_dispatch), (2, true));
+        assert!(!Options::parse("vhca.power=sleep-resume").d0_at_dispatch);
         let refused = Options::parse("vhca.power=hibernate vhca.power=sleep-resume:0");
         assert_eq!(refused.sleep_resume, 0);
         assert_eq!(refused.warnings.len(), 2, "{:?}", refused.warnings);

@@ -335,6 +335,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let watcher = PlatformIommuWatch::start(model_for_faults, report.pci_address.clone());
     // Sleep and resume between START_DEVICE and REMOVE_DEVICE, as the power manager sends it (`vhca.power`).
     vhca_loader::power_life::plan_sleep_resume(options.sleep_resume);
+    vhca_loader::power_life::plan_d0_at_dispatch(options.d0_at_dispatch);
     // Then the PnP manager's sequence (`vhca.pnp`): a rebalance, a cancelled query or disable/enable.
     vhca_loader::pnp_sequence::plan(options.pnp);
     let life = run_life(&mapped, true);

@@ -57,7 +57,7 @@ pub(crate) unsafe fn call_driver(io: &IoManager, device: *mut DEVICE_OBJECT, irp
         let driver = (*device).DriverObject;
         if io.is_bus_driver(driver) {
             let status = bus_answer(io, irp, &*stack);
-            complete_request(io, irp, status);
+            crate::power_life::bus_completes(stack, || complete_request(io, irp, status));
             return status;
         }
         let routine = (*driver).MajorFunction[(*stack).MajorFunction as usize];

@@ -6,12 +6,12 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use vhca_ntapi::{NtKernel, DISPATCH_LEVEL, DRIVER_POWER_STATE_FAILURE, PASSIVE_LEVEL};
-use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP, PIO_COMPLETION_ROUTINE};
+use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE};
 use windows_sys::Wdk::System::SystemServices::{
     DevicePowerState, SystemPowerState, IRP_MJ_POWER, IRP_MN_QUERY_POWER, IRP_MN_SET_POWER,
 };
@@ -39,6 +39,8 @@ const POWER_IRP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many sleep/resume cycles the next life runs after START_DEVICE (`vhca.power=sleep-resume[:N]`).
 static CYCLES: AtomicU32 = AtomicU32::new(0);
+/// The bus driver completes each D0 IRP at DISPATCH_LEVEL (`vhca.power=sleep-resume-d0-dispatch[:N]`).
+static D0_AT_DISPATCH: AtomicBool = AtomicBool::new(false);
 /// What the cycles did, for the run's report.
 static OUTCOME: Mutex<PowerOutcome> = Mutex::new(PowerOutcome::NONE);
 /// The device power state each device object last reported with PoSetPowerState (absent: D0, as started).
@@ -57,15 +59,51 @@ pub struct PowerOutcome {
     /// The failure is the device not back in D0 after S0 while every rule held: the driver's failed power-up (its
     /// error path under the low-resources simulation), not a broken rule.
     pub power_up_failed: bool,
+    /// D0 IRPs the bus driver completed at DISPATCH_LEVEL (`plan_d0_at_dispatch`).
+    pub d0_at_dispatch: u32,
 }
 
 impl PowerOutcome {
-    const NONE: PowerOutcome = PowerOutcome { cycles: 0, device_irps: 0, failure: None, power_up_failed: false };
+    const NONE: PowerOutcome =
+        PowerOutcome { cycles: 0, device_irps: 0, failure: None, power_up_failed: false, d0_at_dispatch: 0 };
 }
 
 /// Sets how many sleep/resume cycles the life runs once the device started (0: none).
 pub fn plan_sleep_resume(cycles: u32) {
     CYCLES.store(cycles, Ordering::Relaxed);
+}
+
+/// Sets whether the bus driver completes D0 IRPs at DISPATCH_LEVEL. Windows' pci.sys may: it completes a power-up
+/// once the device's D3hot→D0 delay passed, and "a driver's IoCompletion routine executes in an arbitrary thread or
+/// DPC context, and at an IRQL that is less than or equal to DISPATCH_LEVEL" (IO_COMPLETION_ROUTINE's page), so a
+/// function driver's power-up routine must not count on PASSIVE_LEVEL ("Handling IRP_MN_SET_POWER for Device Power
+/// States", "Passing Power IRPs"). Off, the model's bus completes at its caller's PASSIVE_LEVEL.
+pub fn plan_d0_at_dispatch(on: bool) {
+    D0_AT_DISPATCH.store(on, Ordering::Relaxed);
+}
+
+/// The bus driver's completion of the IRP at `stack` (its PDO's location), run by `complete`: for a device
+/// set-power to D0 under `plan_d0_at_dispatch`, at DISPATCH_LEVEL, as from the DPC that ends the power-up's delay,
+/// so every completion routine above runs there; any other IRP at the caller's IRQL.
+///
+/// # Safety
+/// `stack` is the live IRP's current location; it is read before `complete` runs, never after.
+pub(crate) unsafe fn bus_completes(stack: *const IO_STACK_LOCATION, complete: impl FnOnce()) {
+    // SAFETY: the caller's contract; a power IRP's parameters are its Power member.
+    let power_up = unsafe {
+        u32::from((*stack).MajorFunction) == IRP_MJ_POWER
+            && u32::from((*stack).MinorFunction) == IRP_MN_SET_POWER
+            && (*stack).Parameters.Power.Type == DevicePowerState
+            && (*stack).Parameters.Power.State.DeviceState == PowerDeviceD0
+    };
+    if !(power_up && D0_AT_DISPATCH.load(Ordering::Relaxed)) {
+        return complete();
+    }
+    let model = &kernel().model;
+    let old = model.KeRaiseIrql(DISPATCH_LEVEL);
+    complete();
+    model.KeLowerIrql(old);
+    crate::lock(&OUTCOME).d0_at_dispatch += 1;
 }
 
 /// What the last life's cycles did.

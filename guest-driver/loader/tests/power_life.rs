@@ -1,7 +1,8 @@
 //! The loader's power manager (`power_life`) against fake function drivers, through the bound thunks and the
 //! Windows x64 convention: a policy owner that answers each system power IRP with its own device IRP passes a
 //! sleep/resume cycle; one that passes the IRPs down untouched (what vhca.sys did before), one that never reports
-//! D0, and one that loses the system IRP each fail the way docs/verifier.md ("Power IRPs") says. Each case runs in a
+//! D0, and one that loses the system IRP each fail the way docs/verifier.md ("Power IRPs") says; a D0 completion
+//! routine runs at PASSIVE_LEVEL, or at DISPATCH_LEVEL when the bus is told to complete there. Each case runs in a
 //! child process (the kernel is installed once per process, and 0x9F stops it).
 
 mod common;
@@ -13,7 +14,8 @@ use std::sync::Arc;
 use common::{child_of_this_test, routine};
 use vhca_loader::io_manager::{BusDriver, IoManager};
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
-use vhca_loader::power_life::{outcome, plan_sleep_resume, run_planned};
+use vhca_loader::power_life::{outcome, plan_d0_at_dispatch, plan_sleep_resume, run_planned};
+use vhca_ntapi::NtKernel;
 use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE};
 use windows_sys::Wdk::System::SystemServices::{DevicePowerState, SystemPowerState, IRP_MJ_POWER, IRP_MN_SET_POWER};
@@ -32,6 +34,10 @@ const POLICY_OWNER: u8 = 0;
 const PASSES_DOWN: u8 = 1;
 const NO_D0_REPORT: u8 = 2;
 const LOSES_SYSTEM_IRP: u8 = 3;
+/// A policy owner that handles D0 in a completion routine, as vhca.sys does, and notes the IRQL it ran at.
+const D0_IN_COMPLETION: u8 = 4;
+/// The IRQL the D0 completion routine ran at (0xFF: it did not run).
+static D0_IRQL: AtomicU8 = AtomicU8::new(0xFF);
 
 struct StopAndExit;
 
@@ -127,6 +133,17 @@ unsafe extern "win64" fn dispatch_power(device: *mut DEVICE_OBJECT, irp: *mut IR
         if set && state == PowerDeviceD3 {
             report(device, DevicePowerState, PowerDeviceD3);
         }
+        if set && state == PowerDeviceD0 && mode == D0_IN_COMPLETION {
+            let next = stack.sub(1);
+            std::ptr::copy_nonoverlapping(stack, next, 1);
+            (*next).CompletionRoutine =
+                std::mem::transmute::<Option<Completion>, PIO_COMPLETION_ROUTINE>(Some(powered_up));
+            (*next).Context = device.cast();
+            (*next).Control = 0x40 | 0x80 | 0x20;
+            (*stack).Control |= 0x01;
+            routine::<CallDriver>("IofCallDriver")(pdo(), irp);
+            return STATUS_PENDING;
+        }
         let status = pass_down(irp);
         // The bus driver completes at once here, so "after the device powers up" is after the call.
         if set && state == PowerDeviceD0 && mode != NO_D0_REPORT {
@@ -134,6 +151,15 @@ unsafe extern "win64" fn dispatch_power(device: *mut DEVICE_OBJECT, irp: *mut IR
         }
         status
     }
+}
+
+/// The D0 IRP back from the bus: the IRQL noted, D0 reported "after the device powers up".
+unsafe extern "win64" fn powered_up(_device: *mut DEVICE_OBJECT, _irp: *mut IRP, fdo: *mut c_void) -> NTSTATUS {
+    D0_IRQL.store(kernel().model.KeGetCurrentIrql(), Ordering::Relaxed);
+    let report: SetPowerState = routine("PoSetPowerState");
+    // SAFETY: the thunk's Windows x64 signature; the FDO this routine was set for.
+    unsafe { report(fdo.cast(), DevicePowerState, PowerDeviceD0) };
+    STATUS_SUCCESS
 }
 
 /// The system IRP back from the bus: the device IRP it maps to, the system IRP kept until that is done.
@@ -177,6 +203,7 @@ fn run_case(case: &str) {
         "passes-down" => PASSES_DOWN,
         "no-d0-report" => NO_D0_REPORT,
         "loses-system-irp" => LOSES_SYSTEM_IRP,
+        "d0-completion" | "d0-completion-at-dispatch" => D0_IN_COMPLETION,
         other => panic!("no case {other}"),
     };
     MODE.store(mode, Ordering::Relaxed);
@@ -195,11 +222,17 @@ fn run_case(case: &str) {
         assert!(!routine::<Attach>("IoAttachDeviceToDeviceStack")(fdo, pdo()).is_null());
     }
     plan_sleep_resume(1);
+    plan_d0_at_dispatch(case == "d0-completion-at-dispatch");
     run_planned(&kernel().io, pdo());
     let o = outcome();
     println!(
         "OUTCOME cycles={} irps={} power_up_failed={} failure={:?}",
         o.cycles, o.device_irps, o.power_up_failed, o.failure
+    );
+    println!(
+        "D0 completion at IRQL {}, {} completed at DISPATCH_LEVEL",
+        D0_IRQL.load(Ordering::Relaxed),
+        o.d0_at_dispatch
     );
 }
 
@@ -244,4 +277,20 @@ fn a_system_irp_never_completed_is_0x9f_3() {
     let (status, out) = run("loses-system-irp");
     assert_eq!(status, STOPPED, "{out}");
     assert!(out.contains("*** STOP: 0x0000009F (0x0000000000000003,"), "{out}");
+}
+
+#[test]
+fn the_bus_completes_d0_at_passive_level_unless_told_otherwise() {
+    let (status, out) = run("d0-completion");
+    assert_eq!(status, 0, "{out}");
+    assert!(out.contains("OUTCOME cycles=1 irps=3 power_up_failed=false failure=None"), "{out}");
+    assert!(out.contains("D0 completion at IRQL 0, 0 completed at DISPATCH_LEVEL"), "{out}");
+}
+
+#[test]
+fn in_the_mode_the_d0_completion_routine_runs_at_dispatch_level() {
+    let (status, out) = run("d0-completion-at-dispatch");
+    assert_eq!(status, 0, "{out}");
+    assert!(out.contains("OUTCOME cycles=1 irps=3 power_up_failed=false failure=None"), "{out}");
+    assert!(out.contains("D0 completion at IRQL 2, 1 completed at DISPATCH_LEVEL"), "{out}");
 }
