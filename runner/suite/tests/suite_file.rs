@@ -92,10 +92,20 @@ fn seed_suite_parses_and_expands() {
     assert_eq!(native_only, Vec::<&str>::new());
     // vhca.sys's own IRP handling runs as vhca.sys only: the native driver core has no IRPs. So do the resume's
     // fail points (the native power-up is not the NT model's) and surprise-removal, the loader's SURPRISE_REMOVAL
-    // IRP on a present device, which has no native twin until a real hot-unplug drives both.
+    // IRP on a present device, which has no native twin until a real hot-unplug drives both; and
+    // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
-    assert_eq!(sys_only, ["irp-completed-twice", "irp-completed-once", "low-resources-resume", "surprise-removal"]);
+    assert_eq!(
+        sys_only,
+        [
+            "irp-completed-twice",
+            "irp-completed-once",
+            "low-resources-resume",
+            "surprise-removal",
+            "sleep-resume-d0-dispatch"
+        ]
+    );
     for name in ["irp-completed-twice/sys/verifier-off", "irp-completed-once/sys/verifier-on"] {
         assert!(runs.iter().any(|r| r.name == name && r.guest.driver == Personality::Sys), "no {name}");
     }

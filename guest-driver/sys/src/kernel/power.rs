@@ -7,8 +7,9 @@ use core::ffi::c_void;
 
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, IRP};
 use windows_sys::Wdk::System::SystemServices::{
-    DevicePowerState, IofCompleteRequest, PoCallDriver, PoRequestPowerIrp, PoSetPowerState, PoStartNextPowerIrp,
-    SystemPowerState, IRP_MN_QUERY_POWER, IRP_MN_SET_POWER, POWER_STATE, PREQUEST_POWER_COMPLETE,
+    DelayedWorkQueue, DevicePowerState, IoAllocateWorkItem, IoFreeWorkItem, IoQueueWorkItem, IofCompleteRequest,
+    PoCallDriver, PoRequestPowerIrp, PoSetPowerState, PoStartNextPowerIrp, SystemPowerState, IRP_MN_QUERY_POWER,
+    IRP_MN_SET_POWER, PIO_WORKITEM_ROUTINE, POWER_STATE, PREQUEST_POWER_COMPLETE,
 };
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_MORE_PROCESSING_REQUIRED, STATUS_PENDING, STATUS_SUCCESS};
 use windows_sys::Win32::System::Power::{PowerDeviceD0, PowerDeviceD3, PowerSystemWorking};
@@ -185,31 +186,53 @@ unsafe extern "system" fn device_irp_done(
     }
 }
 
-/// The D0 IRP back from the bus driver: the device powered, so it is initialised again (started_device.rs) and D0
-/// reported with PoSetPowerState "after the device powers up". A failed re-initialisation does not fail the IRP
-/// ("function and filter drivers above the bus driver must not fail a device set-power IRP"): the device stays
-/// without a channel, D0 is not reported, and the failure is printed.
+/// The D0 IRP back from the bus driver: the device powered, so it is initialised again (`enter_d0`). A completion
+/// routine "executes in an arbitrary thread or DPC context, and at an IRQL that is less than or equal to
+/// DISPATCH_LEVEL" (IO_COMPLETION_ROUTINE's page), and pci.sys may complete a power-up from the DPC that ends the
+/// device's D3hot→D0 delay; the re-initialisation maps, allocates and waits, so at DISPATCH_LEVEL it goes to a work
+/// item, which finishes the IRP at PASSIVE_LEVEL ("Handling IRP_MN_SET_POWER for Device Power States": the
+/// function driver's power-up work is done as the IRP travels back up; docs/verifier.md, "Power IRPs").
 unsafe extern "system" fn powered_up(
     _device: *const DEVICE_OBJECT,
     irp: *const IRP,
     fdo_device: *const c_void,
 ) -> NTSTATUS {
     let irp = irp as *mut IRP;
-    // SAFETY: the completion routine set in dispatch_power, with the FDO as context; the remove lock taken there is
-    // held until here.
+    // SAFETY: the completion routine set in dispatch_power, with the FDO as context, at IRQL <= DISPATCH_LEVEL; the
+    // remove lock taken there is held until here, or until the work item ran.
     unsafe {
         let device: *const DEVICE_OBJECT = fdo_device.cast();
         let fdo = fdo(device);
         let powered = (*irp).IoStatus.Anonymous.Status >= 0;
+        if powered && fdo.started.is_some() && irql::current() != PASSIVE_LEVEL {
+            if defer_to_work_item(device, irp) {
+                return STATUS_MORE_PROCESSING_REQUIRED;
+            }
+            // No work item (the low-resources simulation refused one): as a failed re-initialisation.
+            print_line("VHCA: D0 completed at DISPATCH_LEVEL and no work item: the device is not re-initialised");
+        } else {
+            enter_d0(device, powered);
+        }
+        PoStartNextPowerIrp(irp);
+        remove_lock::release(&mut fdo.remove_lock, irp);
+    }
+    CONTINUE_COMPLETION
+}
+
+/// D0's work at PASSIVE_LEVEL: the device initialised again (started_device.rs) and D0 reported with PoSetPowerState
+/// "after the device powers up". A failed re-initialisation does not fail the IRP ("function and filter drivers
+/// above the bus driver must not fail a device set-power IRP"): the device stays without a channel, D0 is not
+/// reported, and the failure is printed.
+///
+/// # Safety
+/// PASSIVE_LEVEL, holding the remove lock for the D0 IRP; `device` is this driver's FDO.
+unsafe fn enter_d0(device: *const DEVICE_OBJECT, powered: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let fdo = fdo(device);
         let ready = match fdo.started.as_mut() {
             _ if !powered => false,
             None => true,
-            // The bring-up maps, allocates and waits: PASSIVE_LEVEL only. The model's bus driver (and pci.sys for a
-            // pageable stack) completes at PASSIVE_LEVEL; anywhere else this would need a work item.
-            Some(_) if irql::current() != PASSIVE_LEVEL => {
-                print_line("VHCA: D0 completed above PASSIVE_LEVEL: the device is not re-initialised");
-                false
-            }
             Some(started) => match started.power_up() {
                 Ok(()) => true,
                 Err(why) => {
@@ -223,8 +246,50 @@ unsafe extern "system" fn powered_up(
             fdo.control.started(fdo.started.as_ref());
             PoSetPowerState(device, DevicePowerState, POWER_STATE { DeviceState: PowerDeviceD0 });
         }
-        PoStartNextPowerIrp(irp);
-        remove_lock::release(&mut fdo.remove_lock, irp);
     }
-    CONTINUE_COMPLETION
+}
+
+/// Which slot of the IRP's DriverContext holds the work item while the D0 IRP waits for it: a driver may use the four
+/// words while it owns the IRP, and it owns it from MORE_PROCESSING_REQUIRED until it completes it again.
+const WORK_ITEM_SLOT: usize = 0;
+
+/// Queues `enter_d0` for the D0 IRP (IoAllocateWorkItem and IoQueueWorkItem, both IRQL <= DISPATCH_LEVEL); false
+/// when no work item could be had.
+///
+/// # Safety
+/// The D0 IRP in this driver's completion routine, under the remove lock taken for it; `device` is the FDO.
+unsafe fn defer_to_work_item(device: *const DEVICE_OBJECT, irp: *mut IRP) -> bool {
+    // SAFETY: the caller's contract; the item's routine has IO_WORKITEM_ROUTINE's parameters, which windows-sys
+    // leaves out of PIO_WORKITEM_ROUTINE; the queued item references the FDO, so the image stays loaded until it ran.
+    unsafe {
+        let item = IoAllocateWorkItem(device);
+        if item == 0 {
+            return false;
+        }
+        (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[WORK_ITEM_SLOT] = item as *mut c_void;
+        let routine = core::mem::transmute::<Option<WorkItemRoutine>, PIO_WORKITEM_ROUTINE>(Some(d0_work_item));
+        IoQueueWorkItem(item, routine, DelayedWorkQueue, irp as *const c_void);
+        true
+    }
+}
+
+/// IO_WORKITEM_ROUTINE, as windows-sys leaves its parameters out.
+type WorkItemRoutine = unsafe extern "system" fn(*const DEVICE_OBJECT, *const c_void);
+
+/// The D0 IRP's work item, at PASSIVE_LEVEL in a system worker thread: `enter_d0`, then the IRP completed again, on
+/// up to the power manager's location (the driver kept it with MORE_PROCESSING_REQUIRED), the remove lock released
+/// and the item freed, the last thing the routine does with it.
+unsafe extern "system" fn d0_work_item(device: *const DEVICE_OBJECT, context: *const c_void) {
+    let irp = context as *mut IRP;
+    // SAFETY: PASSIVE_LEVEL, no lock held but the remove lock for this IRP, which `defer_to_work_item` queued this
+    // routine for with the FDO; the IRP is this driver's until IofCompleteRequest.
+    unsafe {
+        let slot = &mut (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[WORK_ITEM_SLOT];
+        let item = core::mem::replace(slot, core::ptr::null_mut()) as isize;
+        enter_d0(device, true);
+        PoStartNextPowerIrp(irp);
+        IofCompleteRequest(irp, 0);
+        remove_lock::release(&mut fdo(device).remove_lock, irp);
+        IoFreeWorkItem(item);
+    }
 }
