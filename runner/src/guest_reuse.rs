@@ -1,7 +1,17 @@
 //! A restored guest that served a run and can serve the next one on the same worker, instead of a fresh restore: the
 //! watch hands it back when the run left it clean, and the runs it served so far go into the next run's restore log.
 
+use vhca_suite::ConcreteRun;
+
 use crate::load_ahead::{GuestHome, Loaded};
+
+/// Whether a run's guest may serve another run at all, known before it starts. One whose HCA is hot-unplugged
+/// mid-run (hot_unplug.rs) may not: its kernel went through an eject of a device its program held (vfio-pci's
+/// request, the removal that waited for the program) and its device was stopped, not hung up on, so neither "the
+/// HCA ejected by the agent" nor "the device exited cleanly" can say it is as the snapshot left it.
+pub fn may_serve_again(run: &ConcreteRun) -> bool {
+    !crate::hot_unplug::asked_by(run)
+}
 
 /// A restored guest that served a run and said it can serve another (its agent's readiness line came after the
 /// run's result, its HCA ejected and the device gone): running, its agent waiting for the next request on the

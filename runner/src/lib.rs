@@ -12,6 +12,7 @@ pub mod device;
 pub mod evidence;
 pub mod finished_runs;
 pub mod guest_reuse;
+pub mod hot_unplug;
 pub mod image;
 pub mod known_scenarios;
 pub mod kvm_access;

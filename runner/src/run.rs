@@ -169,7 +169,7 @@ fn attempt(
                         Restored::Continued(loaded, guest_home, served, log_from) => {
                             let Loaded { qemu, qmp, port, .. } = *loaded;
                             // The next run's guest loads while this one runs, unless this one may serve it.
-                            if !ctx.reuse_guests {
+                            if !ctx.reuse_guests || !crate::guest_reuse::may_serve_again(run) {
                                 next_guest::load_next(s);
                             }
                             home = Some((guest_home, served, log_from));
@@ -203,7 +203,11 @@ fn attempt(
             let crash_grace = if windows.is_some() { run_boot::DUMP_GRACE } else { AFTER_CRASH };
             if let Some((qemu, qmp, port)) = started {
                 // A restored Linux guest may serve this worker's next run, if the run leaves it clean.
-                let reuse = ctx.reuse_guests && home.is_some() && windows.is_none() && next_guest::more_runs_expected();
+                let reuse = ctx.reuse_guests
+                    && home.is_some()
+                    && windows.is_none()
+                    && crate::guest_reuse::may_serve_again(run)
+                    && next_guest::more_runs_expected();
                 let mut w = Watch { ctx, run, files: &files, device_started, watched: &mut watched, on, crash_grace };
                 match w.run(device, qemu, qmp, port, reuse)? {
                     WatchEnd::Recycled(loaded) => recycled = Some(loaded),

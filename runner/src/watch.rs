@@ -121,6 +121,9 @@ impl Watch<'_> {
         let mut hca_deleted = false;
         let mut device_gone = false;
         let mut chardev_removed: Option<bool> = None;
+        // A run that asks for a real hot-unplug (hot_unplug.rs): what the HCA was deleted by, once pulled.
+        let unplug_asked = crate::hot_unplug::asked_by(self.run);
+        let mut pulled: Option<String> = None;
         let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
         let mut mid_run = false;
         // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live.
@@ -149,6 +152,20 @@ impl Watch<'_> {
                 } else if result_seen && line.trim() == crate::snapshot::READY_LINE && !agent_ready {
                     agent_ready = true;
                     ending.push(("agent ready again", since_device(self.device_started)));
+                }
+                if unplug_asked && pulled.is_none() && crate::hot_unplug::is_request(&line) {
+                    let carrier = self.ctx.carrier.device_name();
+                    match qmp.as_mut().map(|q| crate::hot_unplug::pull(q, &device, carrier)) {
+                        Some(Ok(by)) => {
+                            let what = format!("hot-unplug: device stopped, device_del of {by} sent");
+                            (self.on)(Progress::Stage { run: self.run.name.clone(), what });
+                            pulled = Some(by);
+                        }
+                        Some(Err(e)) => self.watched.rig_problems.push(format!("hot-unplug: {e}")),
+                        None => self.watched.rig_problems.push("hot-unplug: no QMP connection".into()),
+                    }
+                    pulled.get_or_insert_with(String::new);
+                    ending.push(("hot-unplug: device stopped, device_del sent", since_device(self.device_started)));
                 }
                 (self.on)(Progress::Serial { run: self.run.name.clone(), line });
             }
@@ -204,7 +221,10 @@ impl Watch<'_> {
                     // On a guest that may serve again, the device leaves once the agent ejected its HCA (after
                     // the result, whichever of the two the runner notices first): expected, if it ends well.
                     let ejected = result_seen || hca_deleted;
-                    if !(reuse && ejected && self.watched.device_exit == (ProcessExit::Exited { code: 0 })) {
+                    if pulled.is_some() {
+                        // Stopped for the hot-unplug: the runner's doing, as expected as the guest's request.
+                        self.watched.device_exit = ProcessExit::KilledByRunner;
+                    } else if !(reuse && ejected && self.watched.device_exit == (ProcessExit::Exited { code: 0 })) {
                         break End::DeviceExited;
                     }
                     device_gone = true;

@@ -114,8 +114,26 @@ pub fn run(
     report.iommu_group = Some(group);
     let session = vfio::Session::open(group, &device.address).context("VFIO setup")?;
     mark(report, "vfio_open");
+    // Armed before the driver starts, so the platform's request to take the device back reaches the program
+    // whenever it comes (`vhca.pnp=hot-unplug`); the BARs are noted while sysfs still lists them.
+    let removal = match options.pnp {
+        vhca_loader::pnp_sequence::PnpSequence::HotUnplug => {
+            Some((crate::hot_unplug::RemovalRequest::arm(&session.device)?, crate::hot_unplug::memory_bars(&device.address)))
+        }
+        _ => None,
+    };
     if options.driver == crate::cmdline::Personality::Sys {
-        return crate::sys_driver::run(&session, options, report);
+        let Some((request, bars)) = removal else { return crate::sys_driver::run(&session, options, report) };
+        let noticed = crate::hot_unplug::plan_for_pnp_manager(request);
+        let result = crate::sys_driver::run(&session, options, report);
+        // vhca.sys let go at REMOVE and the bus released its regions: the session is the program's last hold.
+        drop(session);
+        let took = *noticed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(took) = took else { return result };
+        let mut seen = crate::hot_unplug::UnplugSeen { notice_ms: took.as_secs_f64() * 1000.0, ..Default::default() };
+        let removed = crate::hot_unplug::after_release(&device.address, &bars, &mut seen);
+        report.details.insert("hot_unplug".into(), serde_json::to_value(&seen).unwrap_or_default());
+        return result.and(removed.context("hot-unplug"));
     }
     progress(format_args!("vfio-pci bound, IOMMU group {group}, container type1v2"));
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
@@ -214,6 +232,31 @@ pub fn run(
         }
         other => other,
     };
+    // A real hot-unplug once the scenario is done: the surprise path. The device is gone, so nothing touches it
+    // again (no reset: a removed card answers nothing); the program lets go of the device, then its rings and
+    // buffers go (`release_removed`), and the kernel finishes the removal.
+    let mut unplugged = None;
+    let result = match (result, removal.as_ref()) {
+        (Ok(()), Some((request, _))) => request
+            .ask_and_wait()
+            .map(|took| {
+                unplugged =
+                    Some(crate::hot_unplug::UnplugSeen { notice_ms: took.as_secs_f64() * 1000.0, ..Default::default() })
+            })
+            .context("hot-unplug"),
+        (other, _) => other,
+    };
+    if let (Some(mut seen), Some((request, bars))) = (unplugged, removal) {
+        report.interrupts = interrupts.map(QueueInterrupts::finish);
+        release_removed(session, transport, (commands, driver, queues, mapper));
+        drop(request);
+        let removed = crate::hot_unplug::after_release(&device.address, &bars, &mut seen);
+        report.details.insert("hot_unplug".into(), serde_json::to_value(&seen).unwrap_or_default());
+        report.kernel_log = kmsg::iommu_lines(32);
+        report.iommu_faults = kmsg::count_faults(&report.kernel_log, Some(device.address.as_str()));
+        mark(report, "teardown");
+        return result.and(removed.context("hot-unplug"));
+    }
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
     let reset = transport.reset(timeout);
     drop(commands);
@@ -257,6 +300,22 @@ pub fn run(
 }
 
 pub type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
+
+/// The surprise path's release, in its order: the device fd and BAR mappings first, so vfio-pci turns the function
+/// off (MSI-X, bus mastering) while its rings are still mapped, then the rings and buffers. Under QEMU's ACPI
+/// hot-plug the function stays until the eject and reads its rings' indices as it is turned off: with the rings
+/// unmapped first, that read was a DMAR fault on the command queue's ring page (measured, docs/scenarios.md).
+fn release_removed(
+    session: vfio::Session,
+    transport: VirtioPci,
+    memory: (Option<CommandQueue>, DriverKeep, Vec<Option<Queue>>, Arc<DmaMapper>),
+) {
+    let vfio::Session { device, group, container } = session;
+    drop(transport);
+    drop(device);
+    drop(memory);
+    drop((group, container));
+}
 
 /// The messages the native driver's NT model gets, when the run has interrupts.
 fn model_messages(interrupts: Option<&QueueInterrupts>) -> Option<driver_run::ModelMessages> {

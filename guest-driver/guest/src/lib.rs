@@ -9,6 +9,7 @@ pub mod cmdline;
 pub mod completion_times;
 pub mod completion_wait;
 pub mod driver_run;
+pub mod hot_unplug;
 pub mod hotplug_slot;
 pub mod interleaving;
 pub mod interrupt_thread;

@@ -9,11 +9,13 @@ use vhca_loader::pnp_sequence::PnpSequence;
 pub fn restarts(sequence: PnpSequence) -> u32 {
     match sequence {
         PnpSequence::Rebalance(n) | PnpSequence::DisableEnable(n) => n,
-        // A surprise removal ends the device's life: the guest program's own teardown after the scenario is it.
+        // A surprise removal ends the device's life: the guest program's own teardown after the scenario is it (after
+        // a real hot-unplug, hot_unplug.rs's, which leaves the gone device untouched).
         PnpSequence::Straight
         | PnpSequence::QueryStopCancel
         | PnpSequence::QueryRemoveCancel
-        | PnpSequence::SurpriseRemoval => 0,
+        | PnpSequence::SurpriseRemoval
+        | PnpSequence::HotUnplug => 0,
     }
 }
 
@@ -27,5 +29,6 @@ mod tests {
         assert_eq!(restarts(PnpSequence::DisableEnable(3)), 3);
         assert_eq!(restarts(PnpSequence::QueryRemoveCancel), 0);
         assert_eq!(restarts(PnpSequence::Straight), 0);
+        assert_eq!(restarts(PnpSequence::HotUnplug), 0);
     }
 }

@@ -6,6 +6,7 @@
 //! carries them. The driver's result line becomes the run's.
 
 mod message_interrupts;
+mod removable_bus;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -309,6 +310,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     low_resources::start(&model, &config.low_resources, &sink);
     let model_for_faults = model.clone();
     let model_for_interrupts = model.clone();
+    let (bus, bus_hold) = removable_bus::RemovableBus::new(bus);
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
     // The run's scenario and its options, as the runner's guest script sets them on Windows (Lock with the
@@ -343,6 +345,11 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let power = vhca_loader::power_life::outcome();
     // Windows runs on after an unload: for the scenarios whose bug shows only then (a timer left set expires later,
     // its DPC in an unloaded driver), the model's clock keeps ticking for as long as the native run gives it.
+    // After a hot-unplug the program lets go of the device once the driver's REMOVE is done, so the kernel can
+    // finish its removal (hot_unplug.rs); any other run keeps it until the process ends, as before.
+    if options.pnp == vhca_loader::pnp_sequence::PnpSequence::HotUnplug {
+        bus_hold.release();
+    }
     let runs_on = crate::driver_run::find(&options.scenario).and_then(|s| s.runs_on_after_unload());
     if let (Some(runs_on), Some(_)) = (runs_on, interrupts.as_ref()) {
         progress(format_args!("vhca.sys unloaded; the system runs on for {runs_on:?}"));

@@ -59,6 +59,8 @@ const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
 pub const CONFIG_REGION: u32 = sys::VFIO_PCI_CONFIG_REGION_INDEX;
 /// Interrupt index of MSI-X on a vfio-pci device: one interrupt per MSI-X table entry.
 pub const MSIX_IRQ_INDEX: u32 = sys::VFIO_PCI_MSIX_IRQ_INDEX;
+/// Interrupt index of vfio-pci's request notifier: one eventfd, signalled when the kernel wants the device back.
+pub const REQ_IRQ_INDEX: u32 = sys::VFIO_PCI_REQ_IRQ_INDEX;
 
 fn ioctl(file: &File, what: &'static str, request: u64, arg: libc::c_ulong) -> Result<i32, VfioError> {
     // SAFETY: every caller passes a request number from the VFIO uapi together with the argument that request

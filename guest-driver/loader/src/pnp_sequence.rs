@@ -25,6 +25,9 @@ pub enum PnpSequence {
     /// `surprise-removal`: SURPRISE_REMOVAL, then REMOVE, with no query first: what Windows sends once the bus
     /// driver reports the device missing. The device itself stays present here (no hot-unplug behind it).
     SurpriseRemoval,
+    /// `hot-unplug`: the same two IRPs after a real hot-unplug: the PnP manager waits for the bus driver's word that
+    /// the device left (the planned `RemovalNotice`), then sends SURPRISE_REMOVAL and REMOVE.
+    HotUnplug,
 }
 
 impl PnpSequence {
@@ -44,9 +47,10 @@ impl PnpSequence {
             ("query-stop-cancel", None) => Ok(PnpSequence::QueryStopCancel),
             ("query-remove-cancel", None) => Ok(PnpSequence::QueryRemoveCancel),
             ("surprise-removal", None) => Ok(PnpSequence::SurpriseRemoval),
+            ("hot-unplug", None) => Ok(PnpSequence::HotUnplug),
             _ => Err(format!(
-                "not straight, rebalance[:N], query-stop-cancel, query-remove-cancel, disable-enable[:N] or \
-                 surprise-removal: {value:?}"
+                "not straight, rebalance[:N], query-stop-cancel, query-remove-cancel, disable-enable[:N], \
+                 surprise-removal or hot-unplug: {value:?}"
             )),
         }
     }
@@ -213,19 +217,43 @@ pub fn run(sequence: PnpSequence, stack: &mut dyn PnpStack) -> SequenceOutcome {
                 }
             }
         }
-        // "A driver must set Irp->IoStatus.Status to STATUS_SUCCESS" (IRP_MN_SURPRISE_REMOVAL's page); REMOVE
-        // follows once every handle is closed, with the same rules as any REMOVE.
-        PnpSequence::SurpriseRemoval => {
-            if outcome.must_succeed(stack, PnpStep::SurpriseRemoval) && outcome.must_succeed(stack, PnpStep::Remove) {
-                outcome.stack_gone = true;
-                let left = stack.devices_left();
-                if left > 0 {
-                    outcome.fail(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
-                }
+        PnpSequence::SurpriseRemoval => outcome.surprise_removal(stack),
+        // Windows sends the surprise removal only once the bus driver reported the device missing; a notice that
+        // never comes is the platform's failure, and the device is then not removed: no IRP is sent.
+        PnpSequence::HotUnplug => match crate::lock(&NOTICE).take() {
+            Some(notice) => match notice() {
+                Ok(()) => outcome.surprise_removal(stack),
+                Err(why) => outcome.fail(format!("the device was not hot-unplugged: {why}")),
+            },
+            None => outcome.fail("no bus driver here reports a hot-unplug".into()),
+        },
+    }
+    outcome
+}
+
+impl SequenceOutcome {
+    /// "A driver must set Irp->IoStatus.Status to STATUS_SUCCESS" (IRP_MN_SURPRISE_REMOVAL's page); REMOVE follows
+    /// once every handle is closed, with the same rules as any REMOVE.
+    fn surprise_removal(&mut self, stack: &mut dyn PnpStack) {
+        if self.must_succeed(stack, PnpStep::SurpriseRemoval) && self.must_succeed(stack, PnpStep::Remove) {
+            self.stack_gone = true;
+            let left = stack.devices_left();
+            if left > 0 {
+                self.fail(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
             }
         }
     }
-    outcome
+}
+
+/// The bus driver's word that its device left the machine (a real hot-unplug): blocks until the platform says so,
+/// or fails saying why it never did. Called once, in the PnP manager's thread, before SURPRISE_REMOVAL.
+pub type RemovalNotice = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+static NOTICE: Mutex<Option<RemovalNotice>> = Mutex::new(None);
+
+/// What `hot-unplug` waits on: the guest program's bus driver plans it with the platform's removal request.
+pub fn plan_removal_notice(notice: RemovalNotice) {
+    *crate::lock(&NOTICE) = Some(notice);
 }
 
 /// The sequence the next life runs, and what the last one did, for the guest's report.
@@ -288,6 +316,7 @@ mod tests {
         assert_eq!(PnpSequence::parse("query-remove-cancel"), Ok(PnpSequence::QueryRemoveCancel));
         assert_eq!(PnpSequence::parse("query-stop-cancel"), Ok(PnpSequence::QueryStopCancel));
         assert_eq!(PnpSequence::parse("straight"), Ok(PnpSequence::Straight));
+        assert_eq!(PnpSequence::parse("hot-unplug"), Ok(PnpSequence::HotUnplug));
         for bad in ["rebalance:0", "query-stop-cancel:2", "eject", "disable-enable:x"] {
             assert!(PnpSequence::parse(bad).is_err(), "{bad}");
         }
@@ -349,6 +378,21 @@ mod tests {
         let outcome = run(PnpSequence::SurpriseRemoval, &mut stack);
         assert!(outcome.failure.unwrap().contains("IRP_MN_SURPRISE_REMOVAL failed"));
         assert!(!outcome.stack_gone, "the life's own REMOVE still frees a stack whose surprise removal failed");
+    }
+
+    #[test]
+    fn a_hot_unplug_waits_for_the_notice_and_sends_nothing_without_one() {
+        let mut stack = Fake { answer: |_| STATUS_SUCCESS, devices: 1 };
+        plan_removal_notice(Box::new(|| Err("no request from vfio-pci within 10 s".into())));
+        let outcome = run(PnpSequence::HotUnplug, &mut stack);
+        assert!(outcome.steps.is_empty());
+        assert!(outcome.failure.unwrap().contains("not hot-unplugged: no request"));
+        let outcome = run(PnpSequence::HotUnplug, &mut stack);
+        assert!(outcome.failure.unwrap().contains("no bus driver"), "a notice is used once");
+        plan_removal_notice(Box::new(|| Ok(())));
+        let outcome = run(PnpSequence::HotUnplug, &mut stack);
+        assert_eq!(steps(&outcome), [PnpStep::SurpriseRemoval, PnpStep::Remove]);
+        assert_eq!((outcome.failure, outcome.stack_gone), (None, true));
     }
 
     #[test]
