@@ -50,6 +50,7 @@ pub mod special_pool;
 pub mod start_resources;
 pub mod timer_thunks;
 pub mod unbound_import_trap;
+pub mod user_process;
 pub mod user_requests;
 pub mod work_item_thunks;
 

@@ -24,6 +24,11 @@ impl MdlTable {
         crate::lock(&self.mdls).insert(mdl as usize, (model, bytes));
     }
 
+    /// Every MDL the loader made and the driver has not freed (a process's exit looks for those still locked).
+    pub fn addresses(&self) -> Vec<usize> {
+        crate::lock(&self.mdls).keys().copied().collect()
+    }
+
     /// Unties `mdl`, giving the model's MDL and the block's size; None for an MDL the loader never made.
     pub fn remove(&self, mdl: *const MDL) -> Option<(PMDL, usize)> {
         crate::lock(&self.mdls).remove(&(mdl as usize))

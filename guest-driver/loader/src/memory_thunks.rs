@@ -292,8 +292,20 @@ unsafe extern "win64" fn MmProbeAndLockPages(mdl: *mut MDL, mode: i8, operation:
         1 => LOCK_OPERATION::IoWriteAccess,
         _ => LOCK_OPERATION::IoModifyAccess,
     };
+    // A UserMode probe in a user process's context reaches only that process's memory (user_process.rs): the
+    // model's own check refuses kernel memory, not another process's user memory.
     let k = kernel();
-    let status = at_driver_site(|| k.model.MmProbeAndLockPages(k.mdls.model_mdl(mdl), mode, operation));
+    let model_mdl = k.mdls.model_mdl(mdl);
+    // Only an MDL the loader made is read here; the model answers for any other.
+    if mode == KPROCESSOR_MODE::UserMode && model_mdl.0 != mdl as u64 {
+        // SAFETY: the driver's MDL, as IoAllocateMdl made it (it is in the table).
+        let (start, length) =
+            unsafe { ((*mdl).StartVa as usize + (*mdl).ByteOffset as usize, (*mdl).ByteCount as usize) };
+        if !crate::user_process::user_probe_allowed(start, length) {
+            return vhca_ntapi::STATUS_ACCESS_VIOLATION.0 as u32;
+        }
+    }
+    let status = at_driver_site(|| k.model.MmProbeAndLockPages(model_mdl, mode, operation));
     if status.0 < 0 {
         return status.0 as u32;
     }

@@ -100,6 +100,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
             return Err(LifeFailure::StartDevice(status));
         }
         crate::power_life::run_planned(io, pdo);
+        crate::user_process::run_planned(pdo);
         let outcome = pnp_sequence::run(
             pnp_sequence::planned(),
             &mut LiveStack { io, driver, pdo, add_device: add_device as usize, expected_at_bus: None },

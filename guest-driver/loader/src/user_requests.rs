@@ -10,7 +10,8 @@ use windows_sys::Wdk::System::SystemServices::{
     IRP_BUFFERED_IO, IRP_DEALLOCATE_BUFFER, IRP_INPUT_OPERATION, IRP_MJ_CLEANUP, IRP_MJ_CLOSE, IRP_MJ_CREATE,
     IRP_MJ_DEVICE_CONTROL,
 };
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INSUFFICIENT_RESOURCES};
+use vhca_ntapi::{NtKernel, KPROCESSOR_MODE, LOCK_OPERATION, PMDL};
+use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_ACCESS_VIOLATION, STATUS_INSUFFICIENT_RESOURCES};
 
 use crate::image_mapping::MappedImage;
 use crate::io_manager::{top_of, AddDeviceFn, DriverEntryFn, IoManager};
@@ -106,6 +107,27 @@ fn send(
     }
 }
 
+/// The model's MDL over `len` bytes at the caller's `at`, probed and locked UserMode: IN_DIRECT's buffer is read by
+/// the driver, OUT_DIRECT's written. Err: what DeviceIoControl's caller is told, the driver never called.
+fn lock_user_buffer(at: *mut u8, len: usize, method: TransferMethod) -> Result<PMDL, NTSTATUS> {
+    if !crate::user_process::user_probe_allowed(at as usize, len) {
+        return Err(STATUS_ACCESS_VIOLATION);
+    }
+    let k = kernel();
+    let mdl = k.model.IoAllocateMdl(k.addresses.to_model(at as usize), len as u32, false, false);
+    if mdl.is_null() {
+        return Err(STATUS_INSUFFICIENT_RESOURCES);
+    }
+    let operation =
+        if method == TransferMethod::InDirect { LOCK_OPERATION::IoReadAccess } else { LOCK_OPERATION::IoWriteAccess };
+    let status = k.model.MmProbeAndLockPages(mdl, KPROCESSOR_MODE::UserMode, operation);
+    if status.0 < 0 {
+        k.model.IoFreeMdl(mdl);
+        return Err(status.0);
+    }
+    Ok(mdl)
+}
+
 impl UserFile {
     /// CREATE on `device` (the top of its stack, as opening its interface's link reaches it).
     pub fn create(device: *mut DEVICE_OBJECT) -> Result<UserFile, NTSTATUS> {
@@ -135,6 +157,19 @@ impl UserFile {
     /// (one address space here) and the driver writes it in place. NEITHER passes the caller's pointers.
     pub fn device_control(&self, code: u32, input: &[u8], output: &mut [u8]) -> IoctlReply {
         let method = method_of(code);
+        // A user process's direct buffer is probed and locked by the I/O manager in its context before the IRP is
+        // sent (IoBuildDeviceIoControlRequest's work on Windows); a bad pointer fails the call without the driver.
+        let user_direct = matches!(method, TransferMethod::InDirect | TransferMethod::OutDirect)
+            && !output.is_empty()
+            && crate::user_process::attached() != 0;
+        let locked = if user_direct {
+            match lock_user_buffer(output.as_mut_ptr(), output.len(), method) {
+                Ok(mdl) => Some(mdl),
+                Err(status) => return IoctlReply { status, information: 0, output: Vec::new() },
+            }
+        } else {
+            None
+        };
         let system_len = match method {
             TransferMethod::Buffered => input.len().max(output.len()),
             _ => input.len(),
@@ -177,6 +212,11 @@ impl UserFile {
                 }
             }
         });
+        if let Some(mdl) = locked {
+            let k = &kernel().model;
+            k.MmUnlockPages(mdl);
+            k.IoFreeMdl(mdl);
+        }
         let shown = match method {
             TransferMethod::Buffered if status >= 0 => {
                 let n = information.min(output.len());

@@ -9,6 +9,10 @@ pub const KMODE_EXCEPTION_NOT_HANDLED: u32 = 0x1E;
 pub const SYSTEM_SERVICE_EXCEPTION: u32 = 0x3B;
 pub const MULTIPLE_IRP_COMPLETE_REQUESTS: u32 = 0x44;
 pub const PAGE_FAULT_IN_NONPAGED_AREA: u32 = 0x50;
+/// A process exited with pages a driver locked in it (0xCB when they are tracked): bug-check-0x76--process-has-locked-
+/// pages, bug-check-0xcb--driver-left-locked-pages-in-process.
+pub const PROCESS_HAS_LOCKED_PAGES: u32 = 0x76;
+pub const DRIVER_LEFT_LOCKED_PAGES_IN_PROCESS: u32 = 0xCB;
 pub const SYSTEM_THREAD_EXCEPTION_NOT_HANDLED: u32 = 0x7E;
 pub const DRIVER_POWER_STATE_FAILURE: u32 = 0x9F;
 /// A wait that would block, made by a DPC routine: bug-check-0xb8--attempted-switch-from-dpc.
@@ -47,6 +51,8 @@ pub fn bugcheck_name(code: u32) -> Option<&'static str> {
         SYSTEM_SERVICE_EXCEPTION => "SYSTEM_SERVICE_EXCEPTION",
         MULTIPLE_IRP_COMPLETE_REQUESTS => "MULTIPLE_IRP_COMPLETE_REQUESTS",
         PAGE_FAULT_IN_NONPAGED_AREA => "PAGE_FAULT_IN_NONPAGED_AREA",
+        PROCESS_HAS_LOCKED_PAGES => "PROCESS_HAS_LOCKED_PAGES",
+        DRIVER_LEFT_LOCKED_PAGES_IN_PROCESS => "DRIVER_LEFT_LOCKED_PAGES_IN_PROCESS",
         SYSTEM_THREAD_EXCEPTION_NOT_HANDLED => "SYSTEM_THREAD_EXCEPTION_NOT_HANDLED",
         DRIVER_POWER_STATE_FAILURE => "DRIVER_POWER_STATE_FAILURE",
         ATTEMPTED_SWITCH_FROM_DPC => "ATTEMPTED_SWITCH_FROM_DPC",
