@@ -124,6 +124,8 @@ pub struct Options {
     /// The PnP sequence the life runs between START_DEVICE and its last REMOVE (`vhca.pnp=rebalance[:N]`,
     /// `query-stop-cancel`, `query-remove-cancel`, `disable-enable[:N]`); default the straight line.
     pub pnp: vhca_loader::pnp_sequence::PnpSequence,
+    /// The user program vhca.sys's life runs once the device started (`vhca.user=exit-with-mr`); default none.
+    pub user: crate::user_program::UserSequence,
     /// Words with the `vhca.` prefix this program does not understand, or whose value did not parse.
     pub warnings: Vec<String>,
 }
@@ -157,6 +159,7 @@ impl Default for Options {
             sleep_resume: 0,
             d0_at_dispatch: false,
             pnp: Default::default(),
+            user: Default::default(),
             warnings: Vec::new(),
         }
     }
@@ -256,6 +259,7 @@ impl Options {
                     Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a point count > 0: {value:?}"))?)
             }
             "pnp" => self.pnp = vhca_loader::pnp_sequence::PnpSequence::parse(value)?,
+            "user" => self.user = crate::user_program::UserSequence::parse(value)?,
             "power" => {
                 let (mode, cycles) = match value.split_once(':') {
                     None => (value, 1),

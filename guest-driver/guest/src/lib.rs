@@ -29,6 +29,7 @@ pub mod shutdown;
 pub mod sleep_resume;
 pub mod sys_driver;
 pub mod test_modes;
+pub mod user_program;
 pub mod vfio;
 pub mod vfio_command_transport;
 pub mod vfio_dma;

@@ -340,16 +340,20 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     vhca_loader::power_life::plan_d0_at_dispatch(options.d0_at_dispatch);
     // Then the PnP manager's sequence (`vhca.pnp`): a rebalance, a cancelled query or disable/enable.
     vhca_loader::pnp_sequence::plan(options.pnp);
+    // A user process after the start (`vhca.user`): the interface opened, its IOCTLs, its exit.
+    if let Some(program) = options.user.program() {
+        vhca_loader::user_process::plan(program);
+    }
     let life = run_life(&mapped, true);
-    let pnp = vhca_loader::pnp_sequence::outcome();
-    let power = vhca_loader::power_life::outcome();
-    // Windows runs on after an unload: for the scenarios whose bug shows only then (a timer left set expires later,
-    // its DPC in an unloaded driver), the model's clock keeps ticking for as long as the native run gives it.
     // After a hot-unplug the program lets go of the device once the driver's REMOVE is done, so the kernel can
     // finish its removal (hot_unplug.rs); any other run keeps it until the process ends, as before.
     if options.pnp == vhca_loader::pnp_sequence::PnpSequence::HotUnplug {
         bus_hold.release();
     }
+    let pnp = vhca_loader::pnp_sequence::outcome();
+    let power = vhca_loader::power_life::outcome();
+    // Windows runs on after an unload: for the scenarios whose bug shows only then (a timer left set expires later,
+    // its DPC in an unloaded driver), the model's clock keeps ticking for as long as the native run gives it.
     let runs_on = crate::driver_run::find(&options.scenario).and_then(|s| s.runs_on_after_unload());
     if let (Some(runs_on), Some(_)) = (runs_on, interrupts.as_ref()) {
         progress(format_args!("vhca.sys unloaded; the system runs on for {runs_on:?}"));
@@ -415,6 +419,12 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         report.details.insert("pnp".into(), serde_json::json!({ "steps": steps, "refused": pnp.refused }));
         if let Some(why) = &pnp.failure {
             bail!("PnP sequence: {why}");
+        }
+    }
+    if let Some(user) = vhca_loader::user_process::outcome() {
+        report.details.insert("user_process".into(), format!("{:?}", options.user).into());
+        if let Err(why) = user {
+            bail!("user process: {why}");
         }
     }
     if options.sleep_resume > 0 {

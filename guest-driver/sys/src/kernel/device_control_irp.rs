@@ -13,7 +13,9 @@ use windows_sys::Win32::Foundation::{
 
 use super::fdo::fdo;
 use super::irp::{complete, current_stack};
+use super::registry;
 use super::remove_lock;
+use crate::scenario_choice::options;
 
 /// wdm.h's MDL flags MmGetSystemAddressForMdlSafe reads.
 const MDL_MAPPED_TO_SYSTEM_VA: i16 = 0x0001;
@@ -93,6 +95,11 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
         under_remove_lock(device, irp, || {
             // A file that holds nothing needs no HCA: an open and close must not open one.
             if let Some(open) = open_file(file).filter(|open| open.context.live_objects() != 0) {
+                if cleanup_leaves_objects() {
+                    // The bug: the file's handles are dropped, its MRs' pages stay locked in the exiting process.
+                    open.context.forget();
+                    return answer(STATUS_SUCCESS);
+                }
                 let released = control.with_hca(|hca, generation| {
                     if open.generation == generation {
                         open.context.release(hca);
@@ -106,6 +113,14 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
             answer(STATUS_SUCCESS)
         })
     }
+}
+
+/// The bug variant of the seed's user-exit-with-mr-registered: BreakFix 1 (`vhca.break_fix=1`, with a user program
+/// that exits holding an MR, `vhca.user=exit-with-mr`; no scenario's own path reads BreakFix in CLEANUP). Its fixed
+/// twin, user-exit-with-mr-released, is BreakFix 0. PASSIVE_LEVEL.
+fn cleanup_leaves_objects() -> bool {
+    let break_fix = registry::read_text(&registry::BREAK_FIX);
+    options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
 }
 
 /// IRP_MJ_CLOSE: the file object's last reference went; its context is freed. PASSIVE_LEVEL, any thread.
