@@ -93,7 +93,8 @@ fn seed_suite_parses_and_expands() {
     // vhca.sys's own IRP handling runs as vhca.sys only: the native driver core has no IRPs. So do the resume's
     // fail points (the native power-up is not the NT model's) and surprise-removal, the loader's SURPRISE_REMOVAL
     // IRP on a present device, which has no native twin until a real hot-unplug drives both; and
-    // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have.
+    // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have;
+    // and a user process's exit with an MR registered, whose CLEANUP is an IRP the native program cannot send.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
     assert_eq!(
@@ -103,7 +104,9 @@ fn seed_suite_parses_and_expands() {
             "irp-completed-once",
             "low-resources-resume",
             "surprise-removal",
-            "sleep-resume-d0-dispatch"
+            "sleep-resume-d0-dispatch",
+            "user-exit-with-mr-registered",
+            "user-exit-with-mr-released",
         ]
     );
     for name in ["irp-completed-twice/sys/verifier-off", "irp-completed-once/sys/verifier-on"] {
