@@ -262,6 +262,9 @@ fn the_agents_run_sequence() {
             "Remove-ItemProperty -Path $key -Name $name -ErrorAction SilentlyContinue",
             "$out = & pnputil /restart-device $instance 2>&1",
             "$result = (Get-ItemProperty -Path $key -Name Result -ErrorAction SilentlyContinue).Result",
+            // vhca.power's sleep step, after the result is read and before it is printed: the HCA looked at after
+            // each resume (agent_script.rs's own tests hold the step's order).
+            "$hca = Get-PnpDevice -InstanceId $instance -ErrorAction SilentlyContinue",
             "Say $result",
         ],
         "{agent}"
