@@ -60,14 +60,6 @@ fn anonymous_path(listed: &Value, carrier: &str) -> Option<String> {
     found.next().is_none().then(|| format!("{ANONYMOUS}/{name}"))
 }
 
-/// True for QEMU's DEVICE_DELETED of the HCA, by id (a hot-plugged one) or by the path it was deleted by.
-pub fn is_deleted(event: &Value, deleted_by: &str) -> bool {
-    let data = event.get("data");
-    let field = |k: &str| data.and_then(|d| d.get(k)).and_then(Value::as_str);
-    event.get("event").and_then(Value::as_str) == Some("DEVICE_DELETED")
-        && (field("device") == Some(deleted_by) || field("path") == Some(deleted_by))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,14 +85,5 @@ mod tests {
             { "name": "device[4]", "type": "child<vhost-user-snd-pci>" },
         ]);
         assert_eq!(anonymous_path(&two, "vhost-user-snd-pci"), None, "two candidates: none is pulled");
-    }
-
-    #[test]
-    fn deleted_is_matched_by_id_or_path() {
-        let by_id = json!({ "event": "DEVICE_DELETED", "data": { "device": "hca0", "path": "/machine/peripheral/hca0" } });
-        assert!(is_deleted(&by_id, "hca0"));
-        let anon = json!({ "event": "DEVICE_DELETED", "data": { "path": "/machine/peripheral-anon/device[3]" } });
-        assert!(is_deleted(&anon, "/machine/peripheral-anon/device[3]"));
-        assert!(!is_deleted(&anon, "hca0"));
     }
 }

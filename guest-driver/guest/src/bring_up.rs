@@ -117,9 +117,10 @@ pub fn run(
     // Armed before the driver starts, so the platform's request to take the device back reaches the program
     // whenever it comes (`vhca.pnp=hot-unplug`); the BARs are noted while sysfs still lists them.
     let removal = match options.pnp {
-        vhca_loader::pnp_sequence::PnpSequence::HotUnplug => {
-            Some((crate::hot_unplug::RemovalRequest::arm(&session.device)?, crate::hot_unplug::memory_bars(&device.address)))
-        }
+        vhca_loader::pnp_sequence::PnpSequence::HotUnplug => Some((
+            crate::hot_unplug::RemovalRequest::arm(&session.device)?,
+            crate::hot_unplug::memory_bars(&device.address),
+        )),
         _ => None,
     };
     if options.driver == crate::cmdline::Personality::Sys {

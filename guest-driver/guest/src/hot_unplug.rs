@@ -121,7 +121,11 @@ pub fn after_release(address: &str, bars: &[(u64, u64)], seen: &mut UnplugSeen) 
     let released = Instant::now();
     let path = Path::new(SYSFS_DEVICES).join(address);
     while path.exists() {
-        ensure!(released.elapsed() < REMOVAL_LIMIT, "{address} still present {} s after release", REMOVAL_LIMIT.as_secs());
+        ensure!(
+            released.elapsed() < REMOVAL_LIMIT,
+            "{address} still present {} s after release",
+            REMOVAL_LIMIT.as_secs()
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     seen.removed_ms = Some(released.elapsed().as_secs_f64() * 1000.0);
