@@ -1,15 +1,14 @@
 //! A real hot-unplug of the HCA mid-run, when the run asks for it (`vhca.pnp=hot-unplug`) and its guest says when
-//! (the request line): the device process is stopped, as a card pulled out answers nothing more, then QMP
-//! `device_del` asks the platform to eject the HCA, which the guest sees as a surprise removal.
+//! (the request line): QMP `device_del` asks the platform to eject the HCA, which the guest sees as a surprise
+//! removal, and once QEMU deleted it the HCA's chardev is removed, which hangs up on the device process: it ends.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use vhca_suite::ConcreteRun;
 
-use crate::qemu_cmd::HCA_DEVICE_ID;
+use crate::qemu_cmd::{HCA_CHARDEV, HCA_DEVICE_ID};
 use crate::qmp::{Qmp, QmpError};
-use crate::supervise::Supervised;
 
 /// The guest program's line (guest-driver/guest/src/hot_unplug.rs prints the same) asking for the unplug.
 pub const REQUEST_LINE: &str = "VHCA-HOT-UNPLUG";
@@ -26,12 +25,12 @@ pub fn is_request(line: &str) -> bool {
     line.trim() == REQUEST_LINE
 }
 
-/// Pulls the HCA out: the device process is told to end (SIGTERM, so its event log is flushed first), then QEMU is
-/// asked to eject the HCA. The device goes first because under QEMU 10's ACPI hot-plug `device_del` only asks the
-/// guest to eject: the function and its vhost-user backend would stay, and keep serving the rings and DMA-ing, until
-/// the guest's driver let go, which a removed card never does. Returns the QEMU id or path the HCA was deleted by.
-pub fn pull(qmp: &mut Qmp, device: &Supervised, carrier: &str) -> Result<String, QmpError> {
-    device.terminate();
+/// Asks QEMU to eject the HCA. Under QEMU 10's ACPI hot-plug that is a request the guest carries out: the function
+/// and its vhost-user backend stay until the guest let go of it. The device process is not stopped first, as a
+/// pulled card would be: with it killed at `device_del`, QEMU 10.0.2 aborted in 1 of 4 vhca.sys runs
+/// (`memory_region_del_eventfd: Assertion 'i != mr->ioeventfd_nb' failed`: the backend's disconnect and the
+/// driver's reset of the device both removed the queues' ioeventfds). Returns the QEMU id or path the HCA goes by.
+pub fn pull(qmp: &mut Qmp, carrier: &str) -> Result<String, QmpError> {
     match qmp.execute("device_del", Some(json!({ "id": HCA_DEVICE_ID })), QMP_TIMEOUT) {
         Ok(_) => Ok(HCA_DEVICE_ID.to_string()),
         Err(QmpError::Command { class, .. }) if class == "DeviceNotFound" => {
@@ -46,6 +45,20 @@ pub fn pull(qmp: &mut Qmp, device: &Supervised, carrier: &str) -> Result<String,
         }
         Err(e) => Err(e),
     }
+}
+
+/// Once QEMU deleted the HCA: its chardev goes, which hangs up on the device process (the vhost-user connection is
+/// the chardev's, not the device's), and the process ends by itself, as after the agent's eject on a reused guest.
+pub fn let_go_of_backend(qmp: &mut Qmp) -> Result<(), QmpError> {
+    qmp.execute("chardev-remove", Some(json!({ "id": HCA_CHARDEV })), QMP_TIMEOUT).map(drop)
+}
+
+/// True for QEMU's DEVICE_DELETED of the HCA, by id (a hot-plugged one) or by the path it was deleted by.
+pub fn is_deleted(event: &Value, deleted_by: &str) -> bool {
+    let data = event.get("data");
+    let field = |k: &str| data.and_then(|d| d.get(k)).and_then(Value::as_str);
+    event.get("event").and_then(Value::as_str) == Some("DEVICE_DELETED")
+        && (field("device") == Some(deleted_by) || field("path") == Some(deleted_by))
 }
 
 /// The QOM path of the one anonymous device of type `carrier`, from `qom-list`'s answer.
@@ -85,5 +98,18 @@ mod tests {
             { "name": "device[4]", "type": "child<vhost-user-snd-pci>" },
         ]);
         assert_eq!(anonymous_path(&two, "vhost-user-snd-pci"), None, "two candidates: none is pulled");
+    }
+
+    #[test]
+    fn deleted_is_matched_by_id_or_path() {
+        let by_id =
+            json!({ "event": "DEVICE_DELETED", "data": { "device": "hca0", "path": "/machine/peripheral/hca0" } });
+        assert!(is_deleted(&by_id, "hca0"));
+        let backend =
+            json!({ "event": "DEVICE_DELETED", "data": { "path": "/machine/peripheral/hca0/virtio-backend" } });
+        assert!(!is_deleted(&backend, "hca0"), "the carrier's backend goes first; the HCA is not deleted yet");
+        let anon = json!({ "event": "DEVICE_DELETED", "data": { "path": "/machine/peripheral-anon/device[3]" } });
+        assert!(is_deleted(&anon, "/machine/peripheral-anon/device[3]"));
+        assert!(!is_deleted(&anon, "hca0"));
     }
 }

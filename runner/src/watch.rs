@@ -124,6 +124,7 @@ impl Watch<'_> {
         // A run that asks for a real hot-unplug (hot_unplug.rs): what the HCA was deleted by, once pulled.
         let unplug_asked = crate::hot_unplug::asked_by(self.run);
         let mut pulled: Option<String> = None;
+        let mut backend_let_go = false;
         let pids = Pids { qemu: Some(qemu.pid()), device: Some(device.pid()) };
         let mut mid_run = false;
         // For the soak only (`proc_usage::collect`): both children's memory and fds while the run is live.
@@ -155,9 +156,9 @@ impl Watch<'_> {
                 }
                 if unplug_asked && pulled.is_none() && crate::hot_unplug::is_request(&line) {
                     let carrier = self.ctx.carrier.device_name();
-                    match qmp.as_mut().map(|q| crate::hot_unplug::pull(q, &device, carrier)) {
+                    match qmp.as_mut().map(|q| crate::hot_unplug::pull(q, carrier)) {
                         Some(Ok(by)) => {
-                            let what = format!("hot-unplug: device stopped, device_del of {by} sent");
+                            let what = format!("hot-unplug: device_del of {by} sent");
                             (self.on)(Progress::Stage { run: self.run.name.clone(), what });
                             pulled = Some(by);
                         }
@@ -165,7 +166,7 @@ impl Watch<'_> {
                         None => self.watched.rig_problems.push("hot-unplug: no QMP connection".into()),
                     }
                     pulled.get_or_insert_with(String::new);
-                    ending.push(("hot-unplug: device stopped, device_del sent", since_device(self.device_started)));
+                    ending.push(("hot-unplug: device_del sent", since_device(self.device_started)));
                 }
                 (self.on)(Progress::Serial { run: self.run.name.clone(), line });
             }
@@ -202,6 +203,16 @@ impl Watch<'_> {
                     (self.on)(Progress::Stage { run: self.run.name.clone(), what });
                 }
             }
+            if let (Some(by), false) = (pulled.as_deref(), backend_let_go) {
+                if self.watched.qmp_events.iter().any(|e| crate::hot_unplug::is_deleted(e, by)) {
+                    backend_let_go = true;
+                    let removed = qmp.as_mut().map(crate::hot_unplug::let_go_of_backend);
+                    ending.push(("hot-unplug: HCA deleted, chardev removed", since_device(self.device_started)));
+                    if let Some(Err(e)) = removed {
+                        self.watched.rig_problems.push(format!("hot-unplug: chardev-remove: {e}"));
+                    }
+                }
+            }
             if test_panic && last_offset > 0 {
                 panic!("{TEST_PANIC_ENV} is set: the runner panics mid-run, with QEMU and the device running");
             }
@@ -221,10 +232,9 @@ impl Watch<'_> {
                     // On a guest that may serve again, the device leaves once the agent ejected its HCA (after
                     // the result, whichever of the two the runner notices first): expected, if it ends well.
                     let ejected = result_seen || hca_deleted;
-                    if pulled.is_some() {
-                        // Stopped for the hot-unplug: the runner's doing, as expected as the guest's request.
-                        self.watched.device_exit = ProcessExit::KilledByRunner;
-                    } else if !(reuse && ejected && self.watched.device_exit == (ProcessExit::Exited { code: 0 })) {
+                    let clean = self.watched.device_exit == (ProcessExit::Exited { code: 0 });
+                    // After a hot-unplug the device leaves when its chardev goes: expected, if it ends well.
+                    if !(((reuse && ejected) || backend_let_go) && clean) {
                         break End::DeviceExited;
                     }
                     device_gone = true;

@@ -233,9 +233,11 @@ pub fn run(
         }
         other => other,
     };
-    // A real hot-unplug once the scenario is done: the surprise path. The device is gone, so nothing touches it
-    // again (no reset: a removed card answers nothing); the program lets go of the device, then its rings and
-    // buffers go (`release_removed`), and the kernel finishes the removal.
+    // A real hot-unplug once the scenario is done: the surprise path, vhca.sys's at IRP_MN_SURPRISE_REMOVAL. Under
+    // QEMU's ACPI hot-plug the function stays until the guest let go of it, and its backend still runs the rings: so
+    // the reset below still reaches it (a function really gone reads all ones and ends the reset at its first read,
+    // vhca-virtio's DeviceGone), then the rings and buffers go, then the program lets go (no power-off shortcut:
+    // the kernel's removal waits for it).
     let mut unplugged = None;
     let result = match (result, removal.as_ref()) {
         (Ok(()), Some((request, _))) => request
@@ -247,17 +249,6 @@ pub fn run(
             .context("hot-unplug"),
         (other, _) => other,
     };
-    if let (Some(mut seen), Some((request, bars))) = (unplugged, removal) {
-        report.interrupts = interrupts.map(QueueInterrupts::finish);
-        release_removed(session, transport, (commands, driver, queues, mapper));
-        drop(request);
-        let removed = crate::hot_unplug::after_release(&device.address, &bars, &mut seen);
-        report.details.insert("hot_unplug".into(), serde_json::to_value(&seen).unwrap_or_default());
-        report.kernel_log = kmsg::iommu_lines(32);
-        report.iommu_faults = kmsg::count_faults(&report.kernel_log, Some(device.address.as_str()));
-        mark(report, "teardown");
-        return result.and(removed.context("hot-unplug"));
-    }
     // Stop the device before its rings and buffers are unmapped (dropped), so it cannot DMA into freed IOVAs.
     let reset = transport.reset(timeout);
     drop(commands);
@@ -275,12 +266,18 @@ pub fn run(
     // Closing the device fd makes vfio-pci reset the device once more, and dropping the mapper unmaps every buffer.
     // Neither checks anything, and a machine about to power off makes both moot: then they are skipped (the device
     // was reset and checked above; the event log is complete up to here).
-    if options.poweroff {
+    if options.poweroff && unplugged.is_none() {
         std::mem::forget((mapper, transport, session));
     } else {
         drop(mapper);
         drop(transport);
         drop(session);
+    }
+    if let (Some(mut seen), Some((request, bars))) = (unplugged, removal) {
+        drop(request);
+        let removed = crate::hot_unplug::after_release(&device.address, &bars, &mut seen);
+        report.details.insert("hot_unplug".into(), serde_json::to_value(&seen).unwrap_or_default());
+        removed.context("hot-unplug")?;
     }
     mark(report, "teardown");
     result?;
@@ -301,22 +298,6 @@ pub fn run(
 }
 
 pub type Queue = (SplitQueue<DmaRegion>, QueueNotifier);
-
-/// The surprise path's release, in its order: the device fd and BAR mappings first, so vfio-pci turns the function
-/// off (MSI-X, bus mastering) while its rings are still mapped, then the rings and buffers. Under QEMU's ACPI
-/// hot-plug the function stays until the eject and reads its rings' indices as it is turned off: with the rings
-/// unmapped first, that read was a DMAR fault on the command queue's ring page (measured, docs/scenarios.md).
-fn release_removed(
-    session: vfio::Session,
-    transport: VirtioPci,
-    memory: (Option<CommandQueue>, DriverKeep, Vec<Option<Queue>>, Arc<DmaMapper>),
-) {
-    let vfio::Session { device, group, container } = session;
-    drop(transport);
-    drop(device);
-    drop(memory);
-    drop((group, container));
-}
 
 /// The messages the native driver's NT model gets, when the run has interrupts.
 fn model_messages(interrupts: Option<&QueueInterrupts>) -> Option<driver_run::ModelMessages> {

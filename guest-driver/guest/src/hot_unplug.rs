@@ -38,7 +38,8 @@ pub struct UnplugSeen {
     /// The first 32 bits of each memory BAR read through /dev/mem once the kernel removed the device (or why they
     /// could not be read): the function is still on the bus then, since the platform's eject follows the removal.
     pub bars_at_removal: Vec<String>,
-    /// The same once they changed (the eject done), and how long after the removal; None: unchanged for 1 s.
+    /// The same once they changed (the eject done), and how long after the removal; None: unchanged for 200 ms
+    /// (the eject was done at the first read already: measured gaps were 4-30 ms).
     pub bars_after_eject: Option<(Vec<String>, f64)>,
 }
 
@@ -150,8 +151,8 @@ pub fn after_release(address: &str, bars: &[(u64, u64)], seen: &mut UnplugSeen) 
     Ok(())
 }
 
-/// How long after the kernel's removal the BARs are watched for the eject.
-const EJECT_LIMIT: Duration = Duration::from_secs(1);
+/// How long after the kernel's removal the BARs are watched for the eject (the run's result waits for it).
+const EJECT_LIMIT: Duration = Duration::from_millis(200);
 
 /// The 32 bits at a physical address, through an uncached mapping of /dev/mem (its read(2) refuses addresses that
 /// are not RAM), as text.
