@@ -14,13 +14,18 @@ pub enum UserSequence {
     /// Opens a context, allocates a PD, registers an MR over its own memory and exits without DEREG_MR: what the
     /// driver's CLEANUP must release (the seed's user-exit-with-mr-registered and -released).
     ExitWithMr,
+    /// REG_MR with pointers that are not the caller's (an unmapped kernel address, user space it never allocated),
+    /// each of which must be refused with STATUS_ACCESS_VIOLATION, then one over its own memory that must work and
+    /// DEREG_MR: the seed's ioctl-bad-user-pointer and -probed.
+    BadPointer,
 }
 
 impl UserSequence {
     pub fn parse(value: &str) -> Result<UserSequence, String> {
         match value {
             "exit-with-mr" => Ok(UserSequence::ExitWithMr),
-            _ => Err(format!("not exit-with-mr: {value:?}")),
+            "bad-pointer" => Ok(UserSequence::BadPointer),
+            _ => Err(format!("not exit-with-mr or bad-pointer: {value:?}")),
         }
     }
 
@@ -29,6 +34,7 @@ impl UserSequence {
         match self {
             UserSequence::None => None,
             UserSequence::ExitWithMr => Some(Box::new(exit_with_mr)),
+            UserSequence::BadPointer => Some(Box::new(bad_pointer)),
         }
     }
 }
@@ -37,24 +43,72 @@ impl UserSequence {
 const MR_BYTES: usize = 2 * 4096 + 300;
 const MR_OFFSET: usize = 0x1a0;
 
-fn exit_with_mr(process: &mut UserProcess) -> Result<(), String> {
+/// A canonical kernel-half address no mapping holds, passed as if it were the caller's buffer; and user space the
+/// process never allocated. Neither is the caller's memory, so a UserMode probe refuses both.
+const KERNEL_ADDRESS: u64 = 0xFFFF_8000_0000_1000;
+const UNALLOCATED_USER_ADDRESS: u64 = 0x10_0000_0000;
+/// ntstatus.h: what a probe of memory that is not the caller's raises, and the IOCTL then answers.
+const STATUS_ACCESS_VIOLATION: i32 = 0xC000_0005_u32 as i32;
+
+/// The interface opened, a context and a PD: what every program starts with. Returns the file and the PD.
+fn open_with_pd(process: &mut UserProcess) -> Result<(usize, HandleOut), String> {
     let file = process.open_interface().map_err(|s| format!("CreateFile on the interface: {:#010x}", s as u32))?;
     let open = OpenContextIn { abi_version: USER_ABI_VERSION.into(), reserved: 0.into() };
     let _: OpenContextOut = call(process, file, "OPEN_CONTEXT", IOCTL_VHCA_OPEN_CONTEXT, open.as_bytes())?;
     let pd: HandleOut = call(process, file, "ALLOC_PD", IOCTL_VHCA_ALLOC_PD, &[])?;
-    let addr = process.allocate(MR_BYTES, MR_OFFSET).ok_or("no user memory for the MR")?;
-    let reg = RegMrIn {
-        addr: (addr as u64).into(),
+    Ok((file, pd))
+}
+
+fn reg_mr_in(pd: &HandleOut, addr: u64) -> RegMrIn {
+    RegMrIn {
+        addr: addr.into(),
         length: (MR_BYTES as u32).into(),
         pd: pd.handle,
         access: ACCESS_LOCAL_WRITE.into(),
         reserved: 0.into(),
-    };
-    let mr: RegMrOut = call(process, file, "REG_MR", IOCTL_VHCA_REG_MR, reg.as_bytes())?;
-    if mr.addr.get() != addr as u64 || mr.length.get() as usize != MR_BYTES {
+    }
+}
+
+/// REG_MR over the process's own memory, which must succeed with the range it asked for.
+fn reg_own_mr(process: &mut UserProcess, file: usize, pd: &HandleOut) -> Result<RegMrOut, String> {
+    let addr = process.allocate(MR_BYTES, MR_OFFSET).ok_or("no user memory for the MR")? as u64;
+    let mr: RegMrOut = call(process, file, "REG_MR", IOCTL_VHCA_REG_MR, reg_mr_in(pd, addr).as_bytes())?;
+    if mr.addr.get() != addr || mr.length.get() as usize != MR_BYTES {
         return Err(format!("REG_MR answered {mr:?} for {addr:#x}+{MR_BYTES:#x}"));
     }
+    Ok(mr)
+}
+
+fn exit_with_mr(process: &mut UserProcess) -> Result<(), String> {
+    let (file, pd) = open_with_pd(process)?;
+    reg_own_mr(process, file, &pd)?;
     // The process exits here with the MR registered: its handle's CLEANUP is the driver's to release it.
+    Ok(())
+}
+
+fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
+    let (file, pd) = open_with_pd(process)?;
+    let mdls_before = vhca_loader::kernel_context::kernel().mdls.addresses().len();
+    for (what, addr) in [("a kernel address", KERNEL_ADDRESS), ("unallocated user space", UNALLOCATED_USER_ADDRESS)] {
+        let mut out = RegMrOut::default();
+        let reply = process.device_control(file, IOCTL_VHCA_REG_MR, reg_mr_in(&pd, addr).as_bytes(), out.as_mut_bytes());
+        if reply.status != STATUS_ACCESS_VIOLATION || reply.information != 0 {
+            return Err(format!("REG_MR of {what} ({addr:#x}) answered {:#010x}", reply.status as u32));
+        }
+    }
+    // The refusals left no MDL behind (each failed probe's MDL freed in the driver's error path) and the file
+    // working; a page left locked would stop the exit.
+    let mdls_after = vhca_loader::kernel_context::kernel().mdls.addresses().len();
+    if mdls_after != mdls_before {
+        return Err(format!("the refused REG_MRs left {} MDL(s) behind", mdls_after as isize - mdls_before as isize));
+    }
+    let mr = reg_own_mr(process, file, &pd)?;
+    let dereg = HandleIn { handle: mr.lkey, reserved: 0.into() };
+    let mut none = [0u8; 0];
+    let reply = process.device_control(file, IOCTL_VHCA_DEREG_MR, dereg.as_bytes(), &mut none);
+    if reply.status < 0 {
+        return Err(format!("DEREG_MR: status {:#010x}", reply.status as u32));
+    }
     Ok(())
 }
 
@@ -81,6 +135,7 @@ mod tests {
     #[test]
     fn the_sequence_is_named_or_refused() {
         assert_eq!(UserSequence::parse("exit-with-mr"), Ok(UserSequence::ExitWithMr));
+        assert_eq!(UserSequence::parse("bad-pointer"), Ok(UserSequence::BadPointer));
         assert!(UserSequence::parse("exit").is_err());
         assert!(UserSequence::None.program().is_none());
         assert!(UserSequence::ExitWithMr.program().is_some());

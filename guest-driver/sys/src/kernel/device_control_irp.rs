@@ -4,9 +4,10 @@
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 
-use vhca_driver_core::ioctl_codec::{method_of, TransferMethod};
+use vhca_driver_core::ioctl_codec::{method_of, RegMrIn, TransferMethod, IOCTL_VHCA_REG_MR};
 use vhca_driver_core::{dispatch_device_control as dispatch_ioctl, ControlReply, FileContext};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, FILE_OBJECT, IRP, MDL};
+use zerocopy::FromBytes;
 use windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
 };
@@ -95,7 +96,7 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
         under_remove_lock(device, irp, || {
             // A file that holds nothing needs no HCA: an open and close must not open one.
             if let Some(open) = open_file(file).filter(|open| open.context.live_objects() != 0) {
-                if cleanup_leaves_objects() {
+                if user_path_broken() {
                     // The bug: the file's handles are dropped, its MRs' pages stay locked in the exiting process.
                     open.context.forget();
                     return answer(STATUS_SUCCESS);
@@ -115,10 +116,11 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
     }
 }
 
-/// The bug variant of the seed's user-exit-with-mr-registered: BreakFix 1 (`vhca.break_fix=1`, with a user program
-/// that exits holding an MR, `vhca.user=exit-with-mr`; no scenario's own path reads BreakFix in CLEANUP). Its fixed
-/// twin, user-exit-with-mr-released, is BreakFix 0. PASSIVE_LEVEL.
-fn cleanup_leaves_objects() -> bool {
+/// The user path's bug variants, BreakFix 1 (`vhca.break_fix=1`; no scenario's own path reads BreakFix in these
+/// routines): CLEANUP releases nothing (the seed's user-exit-with-mr-registered, `vhca.user=exit-with-mr`), and
+/// REG_MR reads the caller's buffer through its embedded pointer before any probe (ioctl-bad-user-pointer,
+/// `vhca.user=bad-pointer`). Their fixed twins are BreakFix 0. PASSIVE_LEVEL.
+fn user_path_broken() -> bool {
     let break_fix = registry::read_text(&registry::BREAK_FIX);
     options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
 }
@@ -199,6 +201,15 @@ pub unsafe extern "system" fn dispatch_device_control(device: *const DEVICE_OBJE
                 }
                 TransferMethod::Neither => return answer(STATUS_INVALID_DEVICE_REQUEST),
             };
+            if code == IOCTL_VHCA_REG_MR && user_path_broken() {
+                if let Ok(req) = RegMrIn::read_from_bytes(&input) {
+                    // SAFETY: none: this is the bug. A pointer from UserMode read before MmProbeAndLockPages checked
+                    // it is the caller's: a kernel address or an unmapped one faults here, in no __try (0x50 for an
+                    // invalid kernel address, docs/scenarios.md "A bad user pointer").
+                    let first = core::ptr::read_volatile(req.addr.get() as usize as *const u8);
+                    core::hint::black_box(first);
+                }
+            }
             let reply = control.with_hca(|hca, generation| {
                 if open.generation != generation {
                     // Opened before a STOP: its handles named objects of an HCA that is gone.
