@@ -94,7 +94,8 @@ fn seed_suite_parses_and_expands() {
     // fail points (the native power-up is not the NT model's) and surprise-removal, the loader's SURPRISE_REMOVAL
     // IRP on a present device, which has no native twin until a real hot-unplug drives both; and
     // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have;
-    // and a user process's exit with an MR registered, whose CLEANUP is an IRP the native program cannot send.
+    // and a user process's requests (its exit with an MR registered, a REG_MR with a bad pointer), IRPs the native
+    // program has no I/O manager to send.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
     assert_eq!(
@@ -107,6 +108,8 @@ fn seed_suite_parses_and_expands() {
             "sleep-resume-d0-dispatch",
             "user-exit-with-mr-registered",
             "user-exit-with-mr-released",
+            "ioctl-bad-user-pointer",
+            "ioctl-bad-user-pointer-probed",
         ]
     );
     for name in ["irp-completed-twice/sys/verifier-off", "irp-completed-once/sys/verifier-on"] {
