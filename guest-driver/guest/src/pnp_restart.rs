@@ -10,7 +10,7 @@ pub fn restarts(sequence: PnpSequence) -> u32 {
     match sequence {
         PnpSequence::Rebalance(n) | PnpSequence::DisableEnable(n) => n,
         // A surprise removal ends the device's life: the guest program's own teardown after the scenario is it (after
-        // a real hot-unplug, hot_unplug.rs's, which leaves the gone device untouched).
+        // a real hot-unplug the same, once vfio-pci asked for the device: bring_up.rs, hot_unplug.rs).
         PnpSequence::Straight
         | PnpSequence::QueryStopCancel
         | PnpSequence::QueryRemoveCancel
