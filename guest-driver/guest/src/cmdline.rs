@@ -121,6 +121,9 @@ pub struct Options {
     /// The bus driver completes each D0 IRP at DISPATCH_LEVEL (`vhca.power=sleep-resume-d0-dispatch[:N]`; the cycles
     /// are `sleep_resume`'s). vhca.sys's only: the native twin's power-up has no IRQL.
     pub d0_at_dispatch: bool,
+    /// One sleep/resume cycle while a user process has an RDMA write in flight (`vhca.power=sleep-during-traffic`):
+    /// vhca.sys's life runs the user program of user_sleep_traffic.rs, which sleeps the machine itself.
+    pub sleep_during_traffic: bool,
     /// The PnP sequence the life runs between START_DEVICE and its last REMOVE (`vhca.pnp=rebalance[:N]`,
     /// `query-stop-cancel`, `query-remove-cancel`, `disable-enable[:N]`); default the straight line.
     pub pnp: vhca_loader::pnp_sequence::PnpSequence,
@@ -158,6 +161,7 @@ impl Default for Options {
             pct_horizon: None,
             sleep_resume: 0,
             d0_at_dispatch: false,
+            sleep_during_traffic: false,
             pnp: Default::default(),
             user: Default::default(),
             warnings: Vec::new(),
@@ -260,6 +264,7 @@ impl Options {
             }
             "pnp" => self.pnp = vhca_loader::pnp_sequence::PnpSequence::parse(value)?,
             "user" => self.user = crate::user_program::UserSequence::parse(value)?,
+            "power" if value == "sleep-during-traffic" => self.sleep_during_traffic = true,
             "power" => {
                 let (mode, cycles) = match value.split_once(':') {
                     None => (value, 1),
@@ -450,6 +455,8 @@ mod tests {
         let dispatch = Options::parse("vhca.power=sleep-resume-d0-dispatch:2");
         assert_eq!((dispatch.sleep_resume, dispatch.d0_at_dispatch), (2, true));
         assert!(!Options::parse("vhca.power=sleep-resume").d0_at_dispatch);
+        let traffic = Options::parse("vhca.power=sleep-during-traffic");
+        assert_eq!((traffic.sleep_during_traffic, traffic.sleep_resume, traffic.warnings.len()), (true, 0, 0));
         let refused = Options::parse("vhca.power=hibernate vhca.power=sleep-resume:0");
         assert_eq!(refused.sleep_resume, 0);
         assert_eq!(refused.warnings.len(), 2, "{:?}", refused.warnings);

@@ -30,6 +30,7 @@ pub mod sleep_resume;
 pub mod sys_driver;
 pub mod test_modes;
 pub mod user_program;
+pub mod user_sleep_traffic;
 pub mod vfio;
 pub mod vfio_command_transport;
 pub mod vfio_dma;

@@ -344,6 +344,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     if let Some(program) = options.user.program() {
         vhca_loader::user_process::plan(program);
     }
+    // Or the process whose RDMA write is in flight when the machine sleeps (`vhca.power=sleep-during-traffic`).
+    if options.sleep_during_traffic {
+        vhca_loader::user_process::plan(Box::new(crate::user_sleep_traffic::sleep_during_traffic));
+    }
     let life = run_life(&mapped, true);
     // After a hot-unplug the program lets go of the device once the driver's REMOVE is done, so the kernel can
     // finish its removal (hot_unplug.rs); any other run keeps it until the process ends, as before.

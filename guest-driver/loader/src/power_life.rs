@@ -139,6 +139,23 @@ pub fn run_planned(io: &IoManager, pdo: *mut DEVICE_OBJECT) {
     }
 }
 
+/// One S0→S3→S0 cycle now, on the device's started stack, from whatever the caller is doing: a user process whose
+/// requests are in flight (the seed's sleep-during-traffic), as a machine sleeps whatever its programs are doing.
+/// PASSIVE_LEVEL. Counted in `outcome` like a planned cycle; Err with the first rule broken or IRP failed.
+pub fn sleep_and_resume_now() -> Result<(), String> {
+    let k = kernel();
+    let result = sleep_and_resume(&k.io, k.io.device_pdo());
+    let mut outcome = crate::lock(&OUTCOME);
+    match result {
+        Ok(()) if outcome.failure.is_none() => {
+            outcome.cycles += 1;
+            Ok(())
+        }
+        Ok(()) => Err(outcome.failure.clone().unwrap_or_default()),
+        Err(why) => Err(outcome.failure.get_or_insert(why).clone()),
+    }
+}
+
 /// One S0→S3→S0 cycle as Windows' power manager sends it: the system query, the system set to S3, the system set
 /// to S0. The policy owner answers each with a device IRP of its own asking (D3, D3, D0).
 fn sleep_and_resume(io: &IoManager, pdo: *mut DEVICE_OBJECT) -> Result<(), String> {

@@ -94,7 +94,8 @@ fn seed_suite_parses_and_expands() {
     // fail points (the native power-up is not the NT model's) and surprise-removal, the loader's SURPRISE_REMOVAL
     // IRP on a present device, which has no native twin until a real hot-unplug drives both; and
     // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have;
-    // and a user process's requests (its exit with an MR registered, a REG_MR with a bad pointer), IRPs the native
+    // and a user process's requests (its exit with an MR registered, a REG_MR with a bad pointer, its RDMA write in
+    // flight when the machine sleeps), IRPs the native
     // program has no I/O manager to send.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
@@ -110,6 +111,8 @@ fn seed_suite_parses_and_expands() {
             "user-exit-with-mr-released",
             "ioctl-bad-user-pointer",
             "ioctl-bad-user-pointer-probed",
+            "sleep-during-traffic-unquiesced",
+            "sleep-during-traffic-quiesced",
         ]
     );
     for name in ["irp-completed-twice/sys/verifier-off", "irp-completed-once/sys/verifier-on"] {

@@ -123,14 +123,22 @@ impl ControlPath {
         });
     }
 
-    /// A set-power to D3, before the device is quiesced: the HCA is dropped as at STOP (the power-down frees the
-    /// channel its objects live on, and D0 builds a new one), but the interface stays enabled, since the device is
-    /// still there; `started` at D0 gives requests the new channel. A file opened before the sleep is of an older
-    /// START, so its objects are forgotten, not released on a channel that is gone. PASSIVE_LEVEL (the stack is
-    /// DO_POWER_PAGABLE).
-    pub fn sleeping(&mut self) {
+    /// A set-power to D3, before the device is quiesced: no new request reaches the HCA (the mutex, then no source),
+    /// and the HCA is closed while the device still answers: each MR deregistered (its list and map registers given
+    /// back, a user's pages unlocked), each QP destroyed (the device drops the work it holds, so nothing is DMA'd
+    /// after D3 into what the driver reclaims), each CQ's ring freed, the adapter put back; the power-down then
+    /// resets the device and frees the channel. Dropped unclosed, as it was, all of that outlived the sleep: a user
+    /// process with MRs registered exited with their pages locked (0x76, 0xCB under Pool Tracking; the seed's
+    /// sleep-during-traffic). The interface stays enabled, since the device is still there; `started` at D0 gives
+    /// requests the new channel. A file opened before the sleep is of an older START: its handles are refused and
+    /// its CLEANUP releases nothing twice. `close` false is that bug, kept as the seed's sleep-during-traffic-unquiesced
+    /// (power.rs). PASSIVE_LEVEL (the stack is DO_POWER_PAGABLE).
+    pub fn sleeping(&mut self, close: bool) {
         self.locked(|s| {
-            s.hca = None;
+            match s.hca.take() {
+                Some(hca) if close => hca.close(),
+                unclosed => drop(unclosed),
+            }
             s.source = None;
         });
     }

@@ -20,7 +20,9 @@ use super::debug_print::print_line;
 use super::fdo::fdo;
 use super::irp::{complete, current_stack, skip_current_stack};
 use super::irql;
+use super::registry;
 use super::remove_lock;
+use crate::scenario_choice::options;
 
 /// A completion routine's answer that lets the IRP go on up (STATUS_CONTINUE_COMPLETION).
 const CONTINUE_COMPLETION: NTSTATUS = STATUS_SUCCESS;
@@ -64,7 +66,7 @@ pub unsafe extern "system" fn dispatch_power(device: *const DEVICE_OBJECT, irp: 
                 // Power-down on the way down: DMA quiesced (reset, rings and channel freed) while the device still
                 // decodes, then PoSetPowerState "before the device powers down", then down to the bus driver, which
                 // must see every set-power IRP.
-                fdo.control.sleeping();
+                fdo.control.sleeping(!d3_leaves_hca_open());
                 if let Some(started) = fdo.started.as_mut() {
                     started.power_down();
                 }
@@ -77,6 +79,14 @@ pub unsafe extern "system" fn dispatch_power(device: *const DEVICE_OBJECT, irp: 
             _ => pass_down(fdo, irp),
         }
     }
+}
+
+/// The D3 bug variant, BreakFix 1 (`vhca.break_fix=1`; the seed's sleep-during-traffic-unquiesced, whose scenario
+/// reads no BreakFix of its own): the control path's HCA is dropped without being closed, as vhca.sys did before,
+/// so a user's MRs, QPs and rings outlive the sleep (control_path.rs). Its fixed twin is BreakFix 0. PASSIVE_LEVEL.
+fn d3_leaves_hca_open() -> bool {
+    let break_fix = registry::read_text(&registry::BREAK_FIX);
+    options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
 }
 
 /// Down unchanged; the lock released by tag.
