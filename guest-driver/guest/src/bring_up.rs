@@ -123,6 +123,10 @@ pub fn run(
         )),
         _ => None,
     };
+    // A user process (`vhca.user`) is the loader's: its IRPs need the I/O manager the native program has not got.
+    if options.user != crate::user_program::UserSequence::None && options.driver != crate::cmdline::Personality::Sys {
+        bail!("vhca.user needs vhca.driver=sys: the native program has no I/O manager to send a process's IRPs");
+    }
     if options.driver == crate::cmdline::Personality::Sys {
         let Some((request, bars)) = removal else { return crate::sys_driver::run(&session, options, report) };
         let noticed = crate::hot_unplug::plan_for_pnp_manager(request);
