@@ -203,13 +203,17 @@ impl Watch<'_> {
                     (self.on)(Progress::Stage { run: self.run.name.clone(), what });
                 }
             }
-            if let (Some(by), false) = (pulled.as_deref(), backend_let_go) {
+            // Not once QEMU was told to end (the result came first): its exit hangs up on the device anyway, and
+            // a QEMU on its way out may not answer.
+            if let (Some(by), false, false) = (pulled.as_deref(), backend_let_go, quit_sent) {
                 if self.watched.qmp_events.iter().any(|e| crate::hot_unplug::is_deleted(e, by)) {
                     backend_let_go = true;
                     let removed = qmp.as_mut().map(crate::hot_unplug::let_go_of_backend);
                     ending.push(("hot-unplug: HCA deleted, chardev removed", since_device(self.device_started)));
                     if let Some(Err(e)) = removed {
-                        self.watched.rig_problems.push(format!("hot-unplug: chardev-remove: {e}"));
+                        // The device then ends with QEMU, as on any run: nothing the verdict needs.
+                        let what = format!("hot-unplug: chardev-remove: {e}");
+                        (self.on)(Progress::Stage { run: self.run.name.clone(), what });
                     }
                 }
             }

@@ -21,6 +21,7 @@ const NOTICE_LIMIT: Duration = Duration::from_secs(10);
 /// the platform's eject (`_EJ0`).
 const REMOVAL_LIMIT: Duration = Duration::from_secs(10);
 const SYSFS_DEVICES: &str = "/sys/bus/pci/devices";
+const SYSFS_SLOTS: &str = "/sys/bus/pci/slots";
 
 /// vfio-pci's request notifier for one device: an eventfd the kernel signals when the device is to be removed
 /// while this program holds it (and again every 10 s until it lets go: drivers/vfio/vfio_main.c).
@@ -38,9 +39,11 @@ pub struct UnplugSeen {
     /// The first 32 bits of each memory BAR read through /dev/mem once the kernel removed the device (or why they
     /// could not be read): the function is still on the bus then, since the platform's eject follows the removal.
     pub bars_at_removal: Vec<String>,
-    /// The same once they changed (the eject done), and how long after the removal; None: unchanged for 200 ms
-    /// (the eject was done at the first read already: measured gaps were 4-30 ms).
-    pub bars_after_eject: Option<(Vec<String>, f64)>,
+    /// From the kernel's removal to the platform's eject: the slot's `adapter` reading 0 (acpiphp evaluates the
+    /// slot's _STA for it, which QEMU answers from its own hot-plug state, so QEMU has deleted the HCA by then).
+    pub ejected_ms: Option<f64>,
+    /// The same reads once the HCA was ejected.
+    pub bars_after_eject: Vec<String>,
 }
 
 impl RemovalRequest {
@@ -116,8 +119,8 @@ fn parse_memory_bars(text: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// After the program let go: waits for the kernel to finish the removal, then reads each former BAR through
-/// /dev/mem.
+/// After the program let go: waits for the kernel's removal and then the platform's eject, and reads each former
+/// BAR through /dev/mem after each.
 pub fn after_release(address: &str, bars: &[(u64, u64)], seen: &mut UnplugSeen) -> anyhow::Result<()> {
     let released = Instant::now();
     let path = Path::new(SYSFS_DEVICES).join(address);
@@ -138,21 +141,36 @@ pub fn after_release(address: &str, bars: &[(u64, u64)], seen: &mut UnplugSeen) 
         seen.bars_at_removal.join(", ")
     ));
     let removed = Instant::now();
-    while removed.elapsed() < EJECT_LIMIT {
-        let now = read();
-        if now != seen.bars_at_removal {
-            let after = removed.elapsed().as_secs_f64() * 1000.0;
-            progress(format_args!("{after:.1} ms later (ejected) they read {}", now.join(", ")));
-            seen.bars_after_eject = Some((now, after));
-            break;
-        }
+    let adapter = slot_of(address).with_context(|| format!("no hot-plug slot lists {address}"))?.join("adapter");
+    while std::fs::read_to_string(&adapter).map_or(true, |a| a.trim() != "0") {
+        ensure!(
+            removed.elapsed() < REMOVAL_LIMIT,
+            "{} not 0 {} s after the removal",
+            adapter.display(),
+            REMOVAL_LIMIT.as_secs()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
+    seen.ejected_ms = Some(removed.elapsed().as_secs_f64() * 1000.0);
+    seen.bars_after_eject = read();
+    progress(format_args!(
+        "ejected {:.1} ms after the removal; its BARs read {}",
+        seen.ejected_ms.unwrap_or(0.0),
+        seen.bars_after_eject.join(", ")
+    ));
     Ok(())
 }
 
-/// How long after the kernel's removal the BARs are watched for the eject (the run's result waits for it).
-const EJECT_LIMIT: Duration = Duration::from_millis(200);
+/// The hot-plug slot (`/sys/bus/pci/slots/<name>`) whose `domain:bus:device` holds the function at `address`; the
+/// slot outlives the device.
+fn slot_of(address: &str) -> Option<std::path::PathBuf> {
+    let (device, _function) = address.rsplit_once('.')?;
+    std::fs::read_dir(SYSFS_SLOTS)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|slot| std::fs::read_to_string(slot.join("address")).is_ok_and(|a| a.trim() == device))
+}
 
 /// The 32 bits at a physical address, through an uncached mapping of /dev/mem (its read(2) refuses addresses that
 /// are not RAM), as text.
