@@ -426,7 +426,9 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         }
     }
     if let Some(user) = vhca_loader::user_process::outcome() {
-        report.details.insert("user_process".into(), format!("{:?}", options.user).into());
+        // What the program answered: "exited" after its work, or why it stopped (the run fails on that).
+        let said = user.as_ref().map_or_else(|why| why.clone(), |()| "exited".to_string());
+        report.details.insert("user_process".into(), said.into());
         if let Err(why) = user {
             bail!("user process: {why}");
         }
