@@ -163,7 +163,7 @@ impl Worker {
     /// Sends each deferred notification that is due, unless its ring stopped or its driver declines them now.
     fn send_due_notifications(&mut self, now: Instant) {
         let shared = Arc::clone(&self.shared);
-        for (notifier, vring) in self.notifiers.iter_mut().zip(&shared.vrings) {
+        for (notifier_queue, (notifier, vring)) in (0u16..).zip(self.notifiers.iter_mut().zip(&shared.vrings)) {
             if notifier.due().is_none_or(|due| now < due) {
                 continue;
             }
@@ -172,7 +172,7 @@ impl Worker {
             if !vring.runnable() || driver_declines_interrupts(&mem, vring.queue.avail_ring()) {
                 notifier.declined();
             } else if let Some(line) = notifier.take_due(now) {
-                signal_call(&shared, &vring, &line);
+                signal_call(&shared, notifier_queue, &line);
             }
         }
     }
@@ -326,7 +326,7 @@ impl Worker {
         match vring.queue.needs_notification(mem) {
             Ok(true) if driver_declines_interrupts(mem, vring.queue.avail_ring()) => notifier.declined(),
             Ok(true) => match notifier.wanted(Instant::now()) {
-                Decision::Notify(line) => signal_call(shared, vring, &line),
+                Decision::Notify(line) => signal_call(shared, queue, &line),
                 Decision::Deferred { bounded: Some(line) } => {
                     tracing::warn!("queue {queue}: notifications bounded, the excess is coalesced");
                     shared.events.record(&line);
@@ -737,8 +737,10 @@ fn split_chain(descs: &[Descriptor]) -> Result<(&[Descriptor], &[Descriptor]), S
 
 /// Writes the queue's call eventfd and logs `line` (its `notify` line) once it is written. A ring without a call fd
 /// (QEMU polls it, or none was set yet) is not notified and logs nothing.
-fn signal_call(shared: &Shared, vring: &VringState, line: &TransportEvent) {
-    let Some(call) = vring.call.as_ref() else { return };
+fn signal_call(shared: &Shared, queue: u16, line: &TransportEvent) {
+    let Some(slot) = shared.calls.get(usize::from(queue)) else { return };
+    let call = lock(slot);
+    let Some(call) = call.as_ref() else { return };
     match call.write(1) {
         Ok(()) => shared.events.record(line),
         Err(err) => tracing::error!("cannot signal call eventfd ({line:?}): {err}"),

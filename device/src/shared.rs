@@ -21,6 +21,9 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 pub struct Shared {
     pub vrings: Vec<Mutex<VringState>>,
+    /// Each queue's call eventfd, apart from its vring: QEMU sends SET_VRING_CALL again whenever the guest masks or
+    /// unmasks the queue's MSI-X vector, mid-traffic, and that must neither wait for the worker's pass nor stop it.
+    pub calls: Vec<Mutex<Option<EventFd>>>,
     mem: RwLock<Arc<GuestMem>>,
     pub iommu: Arc<DeviceIommu>,
     pub events: Arc<EventLog>,
@@ -31,7 +34,8 @@ pub struct Shared {
     pub wake: EventFd,
     pub kicks_changed: AtomicBool,
     pub shutdown: AtomicBool,
-    /// Set while the front-end thread waits for a vring lock: a worker waiting on a miss gives up at once.
+    /// Set while the front-end thread waits for a vring lock the worker holds: a worker waiting on a miss gives up
+    /// at once, and a pass stops taking chains (`with_vring` wakes the worker to serve them once it is done).
     pub control_pending: AtomicBool,
     /// IOTLB invalidations the worker still has to tell the HCA about (the front-end never touches the HCA).
     pub invalidations: Mutex<Vec<(u64, u64)>>,
@@ -66,6 +70,7 @@ impl Shared {
         let iommu = Arc::clone(mem.iommu());
         Ok(Shared {
             vrings: (0..num_queues).map(|_| Mutex::new(VringState::new(max_queue_size))).collect(),
+            calls: (0..num_queues).map(|_| Mutex::new(None)).collect(),
             mem: RwLock::new(Arc::new(mem)),
             iommu,
             events,
@@ -158,14 +163,34 @@ impl Shared {
         self.shutdown.load(Ordering::Acquire)
     }
 
-    /// Runs `f` on vring `index` from the front-end thread, interrupting any miss wait that holds it.
+    /// Runs `f` on vring `index` from the front-end thread. A vring the worker holds is taken by interrupting the
+    /// worker (its miss wait gives up, its pass stops taking chains), since QEMU may be waiting for this request's
+    /// reply before it answers the miss the worker waits on; the worker is then woken, so the chains its pass left
+    /// are served now: their kick is already read and no other comes. A free vring is taken without disturbing the
+    /// worker, which may be serving another queue (once, every such message cost the request it was serving a 10 s
+    /// command timeout in the driver, and a miss wait on another queue a spurious IOMMU fault).
     pub fn with_vring<R>(&self, index: usize, f: impl FnOnce(&mut VringState) -> R) -> Option<R> {
         let vring = self.vrings.get(index)?;
-        self.control_pending.store(true, Ordering::Release);
-        self.iommu.wake_waiters();
-        let result = f(&mut lock(vring));
-        self.control_pending.store(false, Ordering::Release);
+        let result = match vring.try_lock() {
+            Ok(mut free) => f(&mut free),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => f(&mut poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.control_pending.store(true, Ordering::Release);
+                self.iommu.wake_waiters();
+                let result = f(&mut lock(vring));
+                self.control_pending.store(false, Ordering::Release);
+                self.wake_worker();
+                result
+            }
+        };
         Some(result)
+    }
+
+    /// Sets or clears queue `index`'s call eventfd (SET_VRING_CALL); false for a queue that does not exist.
+    pub fn set_call(&self, index: usize, call: Option<EventFd>) -> bool {
+        let Some(slot) = self.calls.get(index) else { return false };
+        *lock(slot) = call;
+        true
     }
 }
 

@@ -29,7 +29,6 @@ pub struct Parked {
 pub struct VringState {
     pub queue: Queue,
     pub kick: Option<EventFd>,
-    pub call: Option<EventFd>,
     pub err: Option<EventFd>,
     pub enabled: bool,
     /// Between SET_VRING_KICK and GET_VRING_BASE.
@@ -54,7 +53,6 @@ impl VringState {
         VringState {
             queue,
             kick: None,
-            call: None,
             err: None,
             enabled: false,
             started: false,

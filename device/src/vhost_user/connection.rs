@@ -209,6 +209,7 @@ impl Frontend {
                 expect_empty(request, &msg)?;
                 for index in 0..self.shared.vrings.len() {
                     self.shared.with_vring(index, |vring| vring.reset());
+                    self.shared.set_call(index, None);
                 }
                 self.kicks_changed();
                 Ok(Reply::Ack(0))
@@ -395,6 +396,10 @@ impl Frontend {
         if let (FrontendReq::SET_VRING_KICK, Some(kick)) = (request, fd.as_ref()) {
             check_pollable(kick).map_err(|source| ProtocolError::KickNotPollable { index, source })?;
         }
+        if request == FrontendReq::SET_VRING_CALL {
+            self.shared.set_call(index, fd);
+            return Ok(Reply::Ack(0));
+        }
         let protocol_features = self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
         self.shared.with_vring(index, |vring| match request {
             FrontendReq::SET_VRING_KICK => {
@@ -405,7 +410,6 @@ impl Frontend {
                 }
                 vring.start();
             }
-            FrontendReq::SET_VRING_CALL => vring.call = fd,
             _ => vring.err = fd,
         });
         if request == FrontendReq::SET_VRING_KICK {

@@ -116,6 +116,12 @@ pub struct Device {
 
 impl Device {
     pub fn spawn(extra: &[&str]) -> Device {
+        Device::spawn_logging(extra, "debug")
+    }
+
+    /// `spawn` with RUST_LOG at `level`: a test that sends thousands of messages keeps its stderr (a pipe read only
+    /// at `finish`) below the pipe's capacity, or the device would block writing it.
+    pub fn spawn_logging(extra: &[&str], level: &str) -> Device {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("vhca.sock");
         let log = dir.path().join("events.jsonl");
@@ -125,7 +131,7 @@ impl Device {
             .arg("--event-log")
             .arg(&log)
             .args(extra)
-            .env("RUST_LOG", "debug")
+            .env("RUST_LOG", level)
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn vhca-device");
@@ -411,7 +417,12 @@ pub struct Loopback {
 impl Session {
     /// Negotiates and sets up all four queues; `map_all` also sends one IOTLB update covering all of RAM.
     pub fn start(extra: &[&str], map_all: bool) -> Session {
-        let device = Device::spawn(extra);
+        Session::start_logging(extra, map_all, "debug")
+    }
+
+    /// `start` with the device's RUST_LOG at `level` (`Device::spawn_logging`).
+    pub fn start_logging(extra: &[&str], map_all: bool, level: &str) -> Session {
+        let device = Device::spawn_logging(extra, level);
         let mut stream = device.connect();
         send(&stream, SET_OWNER, 0, &[], &[]);
         let features = get_u64(&mut stream, GET_FEATURES);
