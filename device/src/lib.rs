@@ -51,11 +51,18 @@ pub struct DeviceOptions {
     pub access_platform: bool,
 }
 
+/// How long a miss may go unanswered by default. QEMU answers every miss it is asked (an UPDATE, or a reply that
+/// its vIOMMU has no mapping, which faults at once: crate::miss_replies), so this limit only decides for a front-end
+/// that does not answer; it must outlast a QEMU whose main loop is busy. On a loaded 2-core host QEMU answered the
+/// rings' first misses 1.9 s late (its vCPU thread was still starting the rings), and the old 1 s limit made that a
+/// device fault in a run that was right.
+pub const DEFAULT_MISS_TIMEOUT_MS: u64 = 10_000;
+
 impl Default for DeviceOptions {
     fn default() -> Self {
         DeviceOptions {
             hca: HcaConfig::default(),
-            miss_timeout: Duration::from_millis(1000),
+            miss_timeout: Duration::from_millis(DEFAULT_MISS_TIMEOUT_MS),
             poll_window: Duration::from_micros(DEFAULT_POLL_WINDOW_US),
             thread_slice: thread_sched::SHORTEST,
             notify_bound: notifications::RateBound::default(),

@@ -41,7 +41,8 @@ struct Cli {
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=MAX_MAP_REGISTERS))]
     map_registers: u32,
     /// Milliseconds an IOTLB miss may stay unanswered before the access counts as an IOMMU fault.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=MAX_MISS_TIMEOUT_MS))]
+    #[arg(long, default_value_t = vhca_device::DEFAULT_MISS_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_MISS_TIMEOUT_MS))]
     miss_timeout_ms: u64,
     /// Microseconds the queue worker keeps polling the request queues after its last work, with the driver's kicks
     /// suppressed (VRING_USED_F_NO_NOTIFY); 0 (the default): never poll, every request is kicked. Worth it only with
