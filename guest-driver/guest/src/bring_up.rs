@@ -127,6 +127,12 @@ pub fn run(
     if options.user != crate::user_program::UserSequence::None && options.driver != crate::cmdline::Personality::Sys {
         bail!("vhca.user needs vhca.driver=sys: the native program has no I/O manager to send a process's IRPs");
     }
+    // So are the power modes about a user process's traffic and the D0 IRP's IRQL: natively the first would sleep
+    // nothing and the second would be a plain sleep-resume, and either would pass for nothing.
+    if (options.sleep_during_traffic || options.d0_at_dispatch) && options.driver != crate::cmdline::Personality::Sys {
+        let mode = if options.sleep_during_traffic { "sleep-during-traffic" } else { "sleep-resume-d0-dispatch" };
+        bail!("vhca.power={mode} needs vhca.driver=sys: a user process's IRPs, the D0 IRP's IRQL");
+    }
     if options.driver == crate::cmdline::Personality::Sys {
         let Some((request, bars)) = removal else { return crate::sys_driver::run(&session, options, report) };
         let noticed = crate::hot_unplug::plan_for_pnp_manager(request);
