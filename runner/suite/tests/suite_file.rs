@@ -81,6 +81,7 @@ fn seed_suite_parses_and_expands() {
             "low-resources-user-buffer/verifier-on",
             "low-resources-user-buffer/sys/verifier-on",
             "low-resources-resume/sys/verifier-on",
+            "low-resources-resume-d0-dispatch/sys/verifier-on",
         ]
     );
     assert!(runs.iter().filter(|r| r.run.starts_with("low-resources")).all(|r| r.mode == VerifierMode::On));
@@ -113,6 +114,7 @@ fn seed_suite_parses_and_expands() {
             "ioctl-bad-user-pointer-probed",
             "sleep-during-traffic-unquiesced",
             "sleep-during-traffic-quiesced",
+            "low-resources-resume-d0-dispatch",
         ]
     );
     for name in ["irp-completed-twice/sys/verifier-off", "irp-completed-once/sys/verifier-on"] {
