@@ -88,7 +88,7 @@ fn exit_with_mr(process: &mut UserProcess) -> Result<(), String> {
 
 fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
     let (file, pd) = open_with_pd(process)?;
-    let mdls_before = vhca_loader::kernel_context::kernel().mdls.addresses().len();
+    let mdls_before = vhca_loader::kernel_context::kernel().mdls.count();
     for (what, addr) in [("a kernel address", KERNEL_ADDRESS), ("unallocated user space", UNALLOCATED_USER_ADDRESS)] {
         let mut out = RegMrOut::default();
         let reply = process.device_control(file, IOCTL_VHCA_REG_MR, reg_mr_in(&pd, addr).as_bytes(), out.as_mut_bytes());
@@ -98,7 +98,7 @@ fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
     }
     // The refusals left no MDL behind (each failed probe's MDL freed in the driver's error path) and the file
     // working; a page left locked would stop the exit.
-    let mdls_after = vhca_loader::kernel_context::kernel().mdls.addresses().len();
+    let mdls_after = vhca_loader::kernel_context::kernel().mdls.count();
     if mdls_after != mdls_before {
         return Err(format!("the refused REG_MRs left {} MDL(s) behind", mdls_after as isize - mdls_before as isize));
     }

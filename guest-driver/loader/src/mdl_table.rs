@@ -24,9 +24,18 @@ impl MdlTable {
         crate::lock(&self.mdls).insert(mdl as usize, (model, bytes));
     }
 
-    /// Every MDL the loader made and the driver has not freed (a process's exit looks for those still locked).
-    pub fn addresses(&self) -> Vec<usize> {
-        crate::lock(&self.mdls).keys().copied().collect()
+    /// How many MDLs the loader made that the driver has not freed.
+    pub fn count(&self) -> usize {
+        crate::lock(&self.mdls).len()
+    }
+
+    /// Calls `f` with each MDL the loader made and the driver has not freed, the table held: IoFreeMdl takes an MDL
+    /// out of the table before it frees the block, so none of them is freed while `f` reads it (a process's exit
+    /// looks for those still locked).
+    pub fn for_each(&self, mut f: impl FnMut(*const MDL)) {
+        for &mdl in crate::lock(&self.mdls).keys() {
+            f(mdl as *const MDL);
+        }
     }
 
     /// Unties `mdl`, giving the model's MDL and the block's size; None for an MDL the loader never made.

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use vhca_ntapi::{DRIVER_LEFT_LOCKED_PAGES_IN_PROCESS, PAGE_SIZE, PROCESS_HAS_LOCKED_PAGES, PVOID};
 use vhca_ntmodel::VerifierFlags;
-use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, MDL};
+use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
 use windows_sys::Win32::Foundation::NTSTATUS;
 
 use crate::io_manager::top_of;
@@ -162,16 +162,16 @@ impl UserProcess {
     fn locked_mdls(&self) -> Vec<(usize, u64)> {
         let mine = |at: usize| self.memory.iter().any(|&(_, start, bytes)| start <= at && at < start + bytes.max(1));
         let mut out = Vec::new();
-        for mdl in kernel().mdls.addresses() {
-            // SAFETY: an MDL IoAllocateMdl made and IoFreeMdl has not freed (it is still in the table).
+        kernel().mdls.for_each(|mdl| {
+            // SAFETY: an MDL IoAllocateMdl made, in the table, which `for_each` holds: IoFreeMdl cannot free it now.
             let (flags, start, offset, count) = unsafe {
-                let m = &*(mdl as *const MDL);
+                let m = &*mdl;
                 (m.MdlFlags, m.StartVa as usize, m.ByteOffset as usize, m.ByteCount as usize)
             };
             if flags & vhca_ntapi::MDL_PAGES_LOCKED as i16 != 0 && mine(start + offset) {
-                out.push((mdl, (offset + count).div_ceil(PAGE_SIZE as usize) as u64));
+                out.push((mdl as usize, (offset + count).div_ceil(PAGE_SIZE as usize) as u64));
             }
-        }
+        });
         out.sort_unstable();
         out
     }
