@@ -168,7 +168,8 @@ fn sleep_step() -> String {
         r#"# {POWER_WORD}=sleep-resume[:N]: N sleep/resume cycles after the scenario, each woken by a wake timer.
 $power = $params['{POWER_WORD}']
 if ($power) {{
-  if ($power -notmatch '^sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?$') {{ Fail $scenario "agent: {POWER_WORD}=$power is not sleep-resume[:N]"; Off }}
+  # -match, not -notmatch: $Matches is filled by a match that succeeded.
+  if (-not ($power -match '^sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?$')) {{ Fail $scenario "agent: {POWER_WORD}=$power is not sleep-resume[:N]"; Off }}
   $cycles = 1
   if ($Matches[3]) {{ $cycles = [int]$Matches[3] }}
   $states = (cmd /c 'powercfg /a 2>&1') -join "`n"
@@ -260,6 +261,10 @@ mod tests {
     #[test]
     fn only_sleep_resume_spellings_are_taken() {
         let step = sleep_step();
-        assert!(step.contains("-notmatch '^sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?$'"), "{step}");
+        let check = step.lines().find(|l| l.contains("-match '^sleep-resume")).expect("the spelling check");
+        assert!(check.contains("-match '^sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?$'"), "{check}");
+        // The count is read from the match just made: it must come after the check, from its third group.
+        let count = step.find("$cycles = [int]$Matches[3]").expect("the count");
+        assert!(step.find(check).expect("the check") < count);
     }
 }
