@@ -91,7 +91,8 @@ fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
     let mdls_before = vhca_loader::kernel_context::kernel().mdls.count();
     for (what, addr) in [("a kernel address", KERNEL_ADDRESS), ("unallocated user space", UNALLOCATED_USER_ADDRESS)] {
         let mut out = RegMrOut::default();
-        let reply = process.device_control(file, IOCTL_VHCA_REG_MR, reg_mr_in(&pd, addr).as_bytes(), out.as_mut_bytes());
+        let reply =
+            process.device_control(file, IOCTL_VHCA_REG_MR, reg_mr_in(&pd, addr).as_bytes(), out.as_mut_bytes());
         if reply.status != STATUS_ACCESS_VIOLATION || reply.information != 0 {
             return Err(format!("REG_MR of {what} ({addr:#x}) answered {:#010x}", reply.status as u32));
         }

@@ -5,12 +5,12 @@
 use std::ffi::c_void;
 use std::mem::size_of;
 
+use vhca_ntapi::{NtKernel, KPROCESSOR_MODE, LOCK_OPERATION, PMDL};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, FILE_OBJECT, IRP, MDL};
 use windows_sys::Wdk::System::SystemServices::{
     IRP_BUFFERED_IO, IRP_DEALLOCATE_BUFFER, IRP_INPUT_OPERATION, IRP_MJ_CLEANUP, IRP_MJ_CLOSE, IRP_MJ_CREATE,
     IRP_MJ_DEVICE_CONTROL,
 };
-use vhca_ntapi::{NtKernel, KPROCESSOR_MODE, LOCK_OPERATION, PMDL};
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_ACCESS_VIOLATION, STATUS_INSUFFICIENT_RESOURCES};
 
 use crate::image_mapping::MappedImage;
