@@ -7,10 +7,10 @@ use alloc::vec::Vec;
 use vhca_driver_core::ioctl_codec::{method_of, RegMrIn, TransferMethod, IOCTL_VHCA_REG_MR};
 use vhca_driver_core::{dispatch_device_control as dispatch_ioctl, ControlReply, FileContext};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, FILE_OBJECT, IRP, MDL};
-use zerocopy::FromBytes;
 use windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
 };
+use zerocopy::FromBytes;
 
 use super::fdo::fdo;
 use super::irp::{complete, current_stack};
