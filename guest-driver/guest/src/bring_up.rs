@@ -127,6 +127,12 @@ pub fn run(
     if options.user != crate::user_program::UserSequence::None && options.driver != crate::cmdline::Personality::Sys {
         bail!("vhca.user needs vhca.driver=sys: the native program has no I/O manager to send a process's IRPs");
     }
+    // So is the process a rebalance lands under (`vhca.pnp=rebalance-during-traffic`).
+    if options.pnp == vhca_loader::pnp_sequence::PnpSequence::RebalanceDuringTraffic
+        && options.driver != crate::cmdline::Personality::Sys
+    {
+        bail!("vhca.pnp=rebalance-during-traffic needs vhca.driver=sys: its user process is the loader's");
+    }
     // So are the power modes about a user process's traffic and the D0 IRP's IRQL: natively the first would sleep
     // nothing and the second would be a plain sleep-resume, and either would pass for nothing.
     if (options.sleep_during_traffic || options.d0_at_dispatch) && options.driver != crate::cmdline::Personality::Sys {

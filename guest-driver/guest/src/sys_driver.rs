@@ -348,6 +348,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     if options.sleep_during_traffic {
         vhca_loader::user_process::plan(Box::new(crate::user_sleep_traffic::sleep_during_traffic));
     }
+    // Or the one whose write is in flight when the device is rebalanced (`vhca.pnp=rebalance-during-traffic`).
+    if options.pnp == vhca_loader::pnp_sequence::PnpSequence::RebalanceDuringTraffic {
+        vhca_loader::user_process::plan(Box::new(crate::user_sleep_traffic::rebalance_during_traffic));
+    }
     let life = run_life(&mapped, true);
     // After a hot-unplug the program lets go of the device once the driver's REMOVE is done, so the kernel can
     // finish its removal (hot_unplug.rs); any other run keeps it until the process ends, as before.

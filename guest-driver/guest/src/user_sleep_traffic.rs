@@ -23,6 +23,35 @@ const POLL_MAX: usize = 4;
 /// logged and put in no verdict of its own: a success for the write would be a completion from before D3, which the
 /// run fails on.
 pub fn sleep_during_traffic(process: &mut UserProcess) -> Result<(), String> {
+    write_in_flight_then(process, "the machine sleeps", || {
+        vhca_loader::power_life::sleep_and_resume_now()
+            .map(|()| true)
+            .map_err(|why| format!("sleep/resume with a write in flight: {why}"))
+    })
+}
+
+/// The process of rebalance-during-traffic (`vhca.pnp=rebalance-during-traffic`): the same write in flight, then the
+/// PnP manager rebalances the device (QUERY_STOP, then STOP and START, or CANCEL_STOP when vhca.sys refuses).
+pub fn rebalance_during_traffic(process: &mut UserProcess) -> Result<(), String> {
+    write_in_flight_then(process, "the device is rebalanced", || {
+        let stopped =
+            vhca_loader::pnp_life::rebalance_now().map_err(|why| format!("rebalance with a write in flight: {why}"))?;
+        progress(format_args!(
+            "user process: the rebalance {}",
+            if stopped { "stopped the device" } else { "was refused" }
+        ));
+        Ok(stopped)
+    })
+}
+
+/// Two connected QPs, an MR on each side, one RDMA write posted and held by the device; then `during` (what the
+/// system does to the device meanwhile; true when it reset the device), then a poll of the CQ made before it, then
+/// the process exits.
+fn write_in_flight_then(
+    process: &mut UserProcess,
+    what: &str,
+    during: impl FnOnce() -> Result<bool, String>,
+) -> Result<(), String> {
     let file = process.open_interface().map_err(|s| format!("CreateFile on the interface: {:#010x}", s as u32))?;
     let open = OpenContextIn { abi_version: USER_ABI_VERSION.into(), reserved: 0.into() };
     let _: OpenContextOut = call(process, file, "OPEN_CONTEXT", IOCTL_VHCA_OPEN_CONTEXT, open.as_bytes())?;
@@ -67,10 +96,8 @@ pub fn sleep_during_traffic(process: &mut UserProcess) -> Result<(), String> {
     if reply.status < 0 || reply.information != WQE_SIZE {
         return Err(format!("POST_SEND: status {:#010x}, {} bytes taken", reply.status as u32, reply.information));
     }
-    progress(format_args!("user process: RDMA write {WR_ID:#x} posted; the machine sleeps with it in flight"));
-
-    vhca_loader::power_life::sleep_and_resume_now()
-        .map_err(|why| format!("sleep/resume with a write in flight: {why}"))?;
+    progress(format_args!("user process: RDMA write {WR_ID:#x} posted; {what} with it in flight"));
+    let reset = during()?;
 
     let cqes = process.allocate(CQE_SIZE * POLL_MAX, 0).ok_or("no user memory for the CQEs")?;
     let poll = PollCqIn { cq: cq.cq, max: (POLL_MAX as u32).into() };
@@ -85,7 +112,7 @@ pub fn sleep_during_traffic(process: &mut UserProcess) -> Result<(), String> {
             .collect()
     };
     progress(format_args!(
-        "user process: POLL_CQ after the resume: status {:#010x}, {} completion(s) {:?}",
+        "user process: POLL_CQ after that: status {:#010x}, {} completion(s) {:?}",
         reply.status as u32,
         polled.len(),
         polled
@@ -93,8 +120,8 @@ pub fn sleep_during_traffic(process: &mut UserProcess) -> Result<(), String> {
             .map(|c| (c.wr_id.get(), WcStatus::from_u32(c.status.get()).map_or("UNKNOWN", WcStatus::name)))
             .collect::<Vec<_>>()
     ));
-    if polled.iter().any(|c| c.wr_id.get() == WR_ID && c.status.get() == WcStatus::Success as u32) {
-        return Err(format!("RDMA write {WR_ID:#x} from before D3 completed successfully after D0"));
+    if reset && polled.iter().any(|c| c.wr_id.get() == WR_ID && c.status.get() == WcStatus::Success as u32) {
+        return Err(format!("RDMA write {WR_ID:#x} from before the reset completed successfully after it"));
     }
     // The process exits here with everything still registered: its handles' CLEANUP is the driver's to release.
     Ok(())

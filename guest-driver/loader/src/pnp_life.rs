@@ -99,6 +99,8 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
             unload(driver);
             return Err(LifeFailure::StartDevice(status));
         }
+        *crate::lock(&LIVE) =
+            Some(Live { driver: driver as usize, pdo: pdo as usize, add_device: add_device as usize });
         crate::power_life::run_planned(io, pdo);
         crate::user_process::run_planned(pdo);
         let outcome = pnp_sequence::run(
@@ -108,17 +110,51 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
         let stack_gone = outcome.stack_gone;
         pnp_sequence::record(outcome);
         if stack_gone {
+            *crate::lock(&LIVE) = None;
             // The sequence's REMOVE was the last: Windows sends no second one to a stack that is gone.
             return finish(io, driver, pdo);
         }
     }
 
+    *crate::lock(&LIVE) = None;
     step("IRP_MN_REMOVE_DEVICE");
     let status = pnp_irp(io, pdo, IRP_MN_REMOVE_DEVICE, None);
     if status < 0 {
         return Err(LifeFailure::RemoveDevice(status));
     }
     finish(io, driver, pdo)
+}
+
+/// The started stack's parts, for a rebalance a user program sends while the life waits in it (`rebalance_now`).
+/// Addresses: the objects live as long as the life, which clears this before its last REMOVE.
+struct Live {
+    driver: usize,
+    pdo: usize,
+    add_device: usize,
+}
+
+static LIVE: std::sync::Mutex<Option<Live>> = std::sync::Mutex::new(None);
+
+/// One rebalance now (QUERY_STOP, then STOP and START, or CANCEL_STOP if refused), from a user process whose
+/// requests are live (the seed's rebalance-during-traffic), at PASSIVE_LEVEL in its thread, as the PnP manager
+/// rebalances whatever programs are doing. Ok(true): stopped and started again; Ok(false): the driver refused the
+/// query; Err: a rule broken or a step failed.
+pub fn rebalance_now() -> Result<bool, String> {
+    let parts = crate::lock(&LIVE).as_ref().map(|l| (l.driver, l.pdo, l.add_device));
+    let (driver, pdo, add_device) = parts.ok_or("no started stack to rebalance")?;
+    let io = &kernel().io;
+    let mut stack = LiveStack {
+        io,
+        driver: driver as *mut DRIVER_OBJECT,
+        pdo: pdo as *mut DEVICE_OBJECT,
+        add_device,
+        expected_at_bus: None,
+    };
+    let outcome = pnp_sequence::rebalance_in_traffic(&mut stack);
+    match outcome.failure {
+        Some(why) => Err(why),
+        None => Ok(outcome.refused == 0),
+    }
 }
 
 /// After the last REMOVE_DEVICE: no device of the driver may be left, then DriverUnload and the PDO goes.

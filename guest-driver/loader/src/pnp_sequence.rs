@@ -28,6 +28,9 @@ pub enum PnpSequence {
     /// `hot-unplug`: the same two IRPs after a real hot-unplug: the PnP manager waits for the bus driver's word that
     /// the device left (the planned `RemovalNotice`), then sends SURPRISE_REMOVAL and REMOVE.
     HotUnplug,
+    /// `rebalance-during-traffic`: one rebalance while a user process has QPs live and a write in flight, sent from
+    /// the process's own program (`pnp_life::rebalance_now`); the sequence's outcome is that rebalance's.
+    RebalanceDuringTraffic,
 }
 
 impl PnpSequence {
@@ -48,9 +51,10 @@ impl PnpSequence {
             ("query-remove-cancel", None) => Ok(PnpSequence::QueryRemoveCancel),
             ("surprise-removal", None) => Ok(PnpSequence::SurpriseRemoval),
             ("hot-unplug", None) => Ok(PnpSequence::HotUnplug),
+            ("rebalance-during-traffic", None) => Ok(PnpSequence::RebalanceDuringTraffic),
             _ => Err(format!(
                 "not straight, rebalance[:N], query-stop-cancel, query-remove-cancel, disable-enable[:N], \
-                 surprise-removal or hot-unplug: {value:?}"
+                 surprise-removal, hot-unplug or rebalance-during-traffic: {value:?}"
             )),
         }
     }
@@ -227,9 +231,24 @@ pub fn run(sequence: PnpSequence, stack: &mut dyn PnpStack) -> SequenceOutcome {
             },
             None => outcome.fail("no bus driver here reports a hot-unplug".into()),
         },
+        PnpSequence::RebalanceDuringTraffic => match crate::lock(&IN_TRAFFIC).take() {
+            Some(done) => outcome = done,
+            None => outcome.fail("the user program sent no rebalance".into()),
+        },
     }
     outcome
 }
+
+/// One rebalance now, from a user program with requests live: QUERY_STOP, then STOP and START, or CANCEL_STOP when
+/// the driver refused. `stack` is the started stack's; the outcome is kept as `rebalance-during-traffic`'s.
+pub(crate) fn rebalance_in_traffic(stack: &mut dyn PnpStack) -> SequenceOutcome {
+    let mut outcome = SequenceOutcome::default();
+    outcome.rebalance(stack);
+    *crate::lock(&IN_TRAFFIC) = Some(outcome.clone());
+    outcome
+}
+
+static IN_TRAFFIC: Mutex<Option<SequenceOutcome>> = Mutex::new(None);
 
 impl SequenceOutcome {
     /// "A driver must set Irp->IoStatus.Status to STATUS_SUCCESS" (IRP_MN_SURPRISE_REMOVAL's page); REMOVE follows
@@ -317,6 +336,7 @@ mod tests {
         assert_eq!(PnpSequence::parse("query-stop-cancel"), Ok(PnpSequence::QueryStopCancel));
         assert_eq!(PnpSequence::parse("straight"), Ok(PnpSequence::Straight));
         assert_eq!(PnpSequence::parse("hot-unplug"), Ok(PnpSequence::HotUnplug));
+        assert_eq!(PnpSequence::parse("rebalance-during-traffic"), Ok(PnpSequence::RebalanceDuringTraffic));
         for bad in ["rebalance:0", "query-stop-cancel:2", "eject", "disable-enable:x"] {
             assert!(PnpSequence::parse(bad).is_err(), "{bad}");
         }
@@ -393,6 +413,18 @@ mod tests {
         let outcome = run(PnpSequence::HotUnplug, &mut stack);
         assert_eq!(steps(&outcome), [PnpStep::SurpriseRemoval, PnpStep::Remove]);
         assert_eq!((outcome.failure, outcome.stack_gone), (None, true));
+    }
+
+    #[test]
+    fn a_rebalance_during_traffic_is_the_user_programs_and_fails_without_one() {
+        let outcome = run(PnpSequence::RebalanceDuringTraffic, &mut Fake { answer: |_| STATUS_SUCCESS, devices: 1 });
+        assert!(outcome.failure.unwrap().contains("no rebalance"));
+        let mut refusing =
+            Fake { answer: |s| if s == PnpStep::QueryStop { STATUS_UNSUCCESSFUL } else { STATUS_SUCCESS }, devices: 1 };
+        let sent = rebalance_in_traffic(&mut refusing);
+        assert_eq!((steps(&sent), sent.refused), (vec![PnpStep::QueryStop, PnpStep::CancelStop], 1));
+        let outcome = run(PnpSequence::RebalanceDuringTraffic, &mut refusing);
+        assert_eq!(outcome, sent, "the sequence reports the rebalance the program sent");
     }
 
     #[test]

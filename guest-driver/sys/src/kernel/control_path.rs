@@ -143,6 +143,13 @@ impl ControlPath {
         });
     }
 
+    /// Whether requests opened the HCA since START: then a file's QPs, CQs and MRs may live in it, and a STOP would
+    /// drop them under it. The HCA stays until STOP (or D3) once opened, so this stays true after the last file
+    /// closed: coarse, but a driver may refuse a query-stop whenever it cannot stop. PASSIVE_LEVEL.
+    pub fn holds_hca(&self) -> bool {
+        self.locked(|s| s.hca.is_some())
+    }
+
     /// REMOVE_DEVICE, after `stopping`: the interface's link is given back.
     pub fn removed(&mut self) {
         self.interface = None;

@@ -11,7 +11,9 @@ use windows_sys::Wdk::System::SystemServices::{
     IRP_MN_CANCEL_REMOVE_DEVICE, IRP_MN_CANCEL_STOP_DEVICE, IRP_MN_QUERY_REMOVE_DEVICE, IRP_MN_QUERY_STOP_DEVICE,
     IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
 };
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_DEVICE_CONFIGURATION_ERROR, STATUS_SUCCESS};
+use windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_DEVICE_CONFIGURATION_ERROR, STATUS_SUCCESS, STATUS_UNSUCCESSFUL,
+};
 
 use super::debug_print::print_line;
 use super::fdo::fdo;
@@ -102,13 +104,20 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
                 pass_down(fdo.lower, irp)
             }
         }
-        IRP_MN_QUERY_STOP_DEVICE | IRP_MN_QUERY_REMOVE_DEVICE => {
+        IRP_MN_QUERY_STOP_DEVICE if fdo.control.holds_hca() && !stops_under_requests() => {
             // The query's rule (Handling an IRP_MN_QUERY_STOP_DEVICE Request): refuse with STATUS_UNSUCCESSFUL
-            // while requests are live that cannot be held or drained, else hold new ones and drain. vhca.sys has
-            // none to hold: it takes no request outside START_DEVICE, whose scenario destroyed its QPs, CQs and
-            // MRs and disconnected its interrupt before START returned, so the device is idle and what it has
-            // (the channel, the rings) is rebuilt by the next START. A request path that outlives an IRP (a
-            // device interface's open contexts) must make this refuse while contexts hold HCA objects.
+            // while requests are live that cannot be held or drained. A user process's QPs, CQs and MRs live in the
+            // control path's HCA, and its work requests on the device: they cannot be held across a STOP, which
+            // drops the HCA and resets the device, so the query is refused (the seed's rebalance-drains). A driver
+            // that fails a PnP IRP completes it without passing it down.
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; ours to complete.
+            unsafe { complete(irp, STATUS_UNSUCCESSFUL) }
+        }
+        IRP_MN_QUERY_STOP_DEVICE | IRP_MN_QUERY_REMOVE_DEVICE => {
+            // With no request's HCA (START's scenario destroyed its QPs, CQs and MRs and disconnected its
+            // interrupt before START returned) the device is idle, and what it has (the channel, the rings) is
+            // rebuilt by the next START: nothing to hold or drain. A query-remove with files open is followed by
+            // REMOVE only once they closed.
             // SAFETY: as above.
             unsafe {
                 set_status(irp, STATUS_SUCCESS);
@@ -139,6 +148,13 @@ fn completes_start_twice() -> bool {
     let smoke = matches!(choose(registry::read_text(&registry::SCENARIO).as_deref()), Ok(Scenario::Smoke));
     let break_fix = registry::read_text(&registry::BREAK_FIX);
     smoke && options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
+}
+
+/// The bug variant of the seed's rebalance-with-qps-live (BreakFix 1): QUERY_STOP succeeds with a user process's
+/// objects live, and STOP drops them under it. PASSIVE_LEVEL.
+fn stops_under_requests() -> bool {
+    let break_fix = registry::read_text(&registry::BREAK_FIX);
+    options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
 }
 
 /// Brings the device up and runs the run's scenario; the result goes to the debugger and the registry.
