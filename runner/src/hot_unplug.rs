@@ -18,7 +18,9 @@ const ANONYMOUS: &str = "/machine/peripheral-anon";
 
 /// Whether the run's guest will ask for the unplug: only then is its request line answered.
 pub fn asked_by(run: &ConcreteRun) -> bool {
-    run.guest_params().iter().any(|(k, v)| k == "vhca.pnp" && v == "hot-unplug")
+    run.guest_params()
+        .iter()
+        .any(|(k, v)| k == "vhca.pnp" && matches!(v.as_str(), "hot-unplug" | "hot-unplug-during-traffic"))
 }
 
 pub fn is_request(line: &str) -> bool {

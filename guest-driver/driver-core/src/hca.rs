@@ -170,18 +170,36 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
     /// still allocated and the verifier stopped the machine at PutDmaAdapter (0xE6/0x07, outstanding common
     /// buffers; found by the low-resources simulation). Device errors here do not stop the teardown: the device
     /// is reset after close anyway, and host memory must be returned either way.
-    pub fn close(mut self) {
+    pub fn close(self) {
+        self.teardown(true);
+    }
+
+    /// The same teardown after a surprise removal: every MR, QP and CQ's host memory is given back (a user's pages
+    /// unlocked, lists and map registers put back, rings freed) and the device is sent nothing, since a device that
+    /// is gone answers nothing and each destroy would wait out its command's deadline. The caller resets the
+    /// device (or finds it gone) before the memory it could still DMA into goes.
+    pub fn abandon(self) {
+        self.teardown(false);
+    }
+
+    fn teardown(mut self, tell_device: bool) {
         for (lkey, mr) in core::mem::take(&mut self.mrs) {
-            let _ = self.handle_command(Opcode::DeregMr, lkey);
+            if tell_device {
+                let _ = self.handle_command(Opcode::DeregMr, lkey);
+            }
             self.release_mr(&mr);
         }
         for (qpn, mut qp) in core::mem::take(&mut self.qps) {
-            let _ = self.handle_command(Opcode::DestroyQp, qpn);
+            if tell_device {
+                let _ = self.handle_command(Opcode::DestroyQp, qpn);
+            }
             qp.sq.free(&*self.kernel, self.adapter);
             qp.rq.free(&*self.kernel, self.adapter);
         }
         for (cq, mut c) in core::mem::take(&mut self.cqs) {
-            let _ = self.handle_command(Opcode::DestroyCq, cq);
+            if tell_device {
+                let _ = self.handle_command(Opcode::DestroyCq, cq);
+            }
             c.ring.free(&*self.kernel, self.adapter);
         }
         self.kernel.PutDmaAdapter(self.adapter);

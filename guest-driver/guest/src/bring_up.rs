@@ -14,6 +14,7 @@ use crate::virtio_pci::{QueueNotifier, VirtioPci, F_ACCESS_PLATFORM, F_VERSION_1
 use crate::virtqueue::{RingLayout, SplitQueue};
 use crate::{kmsg, pci, rng, vfio};
 use anyhow::{bail, ensure, Context};
+use vhca_loader::pnp_sequence::PnpSequence;
 use vhca_proto::{
     DeviceConfig, Opcode, CONFIG_MAGIC, DEVICE_CONFIG_SIZE, NUM_QUEUES, PCI_VENDOR_VIRTIO, QUEUE_COMMAND,
     QUEUE_DOORBELL, QUEUE_EVENT, QUEUE_SIZE,
@@ -117,7 +118,7 @@ pub fn run(
     // Armed before the driver starts, so the platform's request to take the device back reaches the program
     // whenever it comes (`vhca.pnp=hot-unplug`); the BARs are noted while sysfs still lists them.
     let removal = match options.pnp {
-        vhca_loader::pnp_sequence::PnpSequence::HotUnplug => Some((
+        PnpSequence::HotUnplug | PnpSequence::HotUnplugDuringTraffic => Some((
             crate::hot_unplug::RemovalRequest::arm(&session.device)?,
             crate::hot_unplug::memory_bars(&device.address),
         )),
@@ -127,11 +128,11 @@ pub fn run(
     if options.user != crate::user_program::UserSequence::None && options.driver != crate::cmdline::Personality::Sys {
         bail!("vhca.user needs vhca.driver=sys: the native program has no I/O manager to send a process's IRPs");
     }
-    // So is the process a rebalance lands under (`vhca.pnp=rebalance-during-traffic`).
-    if options.pnp == vhca_loader::pnp_sequence::PnpSequence::RebalanceDuringTraffic
+    // So is the process a rebalance or a hot-unplug lands under (`vhca.pnp=...-during-traffic`).
+    if matches!(options.pnp, PnpSequence::RebalanceDuringTraffic | PnpSequence::HotUnplugDuringTraffic)
         && options.driver != crate::cmdline::Personality::Sys
     {
-        bail!("vhca.pnp=rebalance-during-traffic needs vhca.driver=sys: its user process is the loader's");
+        bail!("vhca.pnp={:?} needs vhca.driver=sys: its user process is the loader's", options.pnp);
     }
     // So are the power modes about a user process's traffic and the D0 IRP's IRQL: natively the first would sleep
     // nothing and the second would be a plain sleep-resume, and either would pass for nothing.

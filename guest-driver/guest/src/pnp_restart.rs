@@ -17,7 +17,7 @@ pub fn restarts(sequence: PnpSequence) -> u32 {
         | PnpSequence::SurpriseRemoval
         | PnpSequence::HotUnplug => 0,
         // A user process's rebalance: vhca.sys only (the native program has no I/O manager for a user process).
-        PnpSequence::RebalanceDuringTraffic => 0,
+        PnpSequence::RebalanceDuringTraffic | PnpSequence::HotUnplugDuringTraffic => 0,
     }
 }
 

@@ -352,10 +352,15 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     if options.pnp == vhca_loader::pnp_sequence::PnpSequence::RebalanceDuringTraffic {
         vhca_loader::user_process::plan(Box::new(crate::user_sleep_traffic::rebalance_during_traffic));
     }
+    // Or the one whose write is in flight when the HCA is hot-unplugged (`vhca.pnp=hot-unplug-during-traffic`).
+    if options.pnp == vhca_loader::pnp_sequence::PnpSequence::HotUnplugDuringTraffic {
+        vhca_loader::user_process::plan(Box::new(crate::user_sleep_traffic::surprise_removal_during_traffic));
+    }
     let life = run_life(&mapped, true);
     // After a hot-unplug the program lets go of the device once the driver's REMOVE is done, so the kernel can
     // finish its removal (hot_unplug.rs); any other run keeps it until the process ends, as before.
-    if options.pnp == vhca_loader::pnp_sequence::PnpSequence::HotUnplug {
+    use vhca_loader::pnp_sequence::PnpSequence;
+    if matches!(options.pnp, PnpSequence::HotUnplug | PnpSequence::HotUnplugDuringTraffic) {
         bus_hold.release();
     }
     let pnp = vhca_loader::pnp_sequence::outcome();

@@ -44,6 +44,17 @@ pub fn rebalance_during_traffic(process: &mut UserProcess) -> Result<(), String>
     })
 }
 
+/// The process of surprise-removal-during-traffic (`vhca.pnp=hot-unplug-during-traffic`): the same write in flight,
+/// then a real hot-unplug: the PnP manager waits for the platform's removal request and sends
+/// IRP_MN_SURPRISE_REMOVAL; REMOVE follows once the process exited.
+pub fn surprise_removal_during_traffic(process: &mut UserProcess) -> Result<(), String> {
+    write_in_flight_then(process, "the HCA is hot-unplugged", || {
+        vhca_loader::pnp_life::surprise_removal_now()
+            .map(|()| true)
+            .map_err(|why| format!("hot-unplug with a write in flight: {why}"))
+    })
+}
+
 /// Two connected QPs, an MR on each side, one RDMA write posted and held by the device; then `during` (what the
 /// system does to the device meanwhile; true when it reset the device), then a poll of the CQ made before it, then
 /// the process exits.

@@ -140,21 +140,36 @@ static LIVE: std::sync::Mutex<Option<Live>> = std::sync::Mutex::new(None);
 /// rebalances whatever programs are doing. Ok(true): stopped and started again; Ok(false): the driver refused the
 /// query; Err: a rule broken or a step failed.
 pub fn rebalance_now() -> Result<bool, String> {
+    let outcome = with_live_stack(pnp_sequence::rebalance_in_traffic)?;
+    match outcome.failure {
+        Some(why) => Err(why),
+        None => Ok(outcome.refused == 0),
+    }
+}
+
+/// A real hot-unplug now, from a user process whose requests are live (the seed's surprise-removal-during-traffic):
+/// waits for the bus driver's removal notice, then IRP_MN_SURPRISE_REMOVAL, in the process's thread at
+/// PASSIVE_LEVEL; REMOVE follows after the process (`hot-unplug-during-traffic`). Err: no unplug, or the IRP failed.
+pub fn surprise_removal_now() -> Result<(), String> {
+    match with_live_stack(pnp_sequence::surprise_in_traffic)?.failure {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
+fn with_live_stack(
+    f: impl FnOnce(&mut dyn PnpStack) -> pnp_sequence::SequenceOutcome,
+) -> Result<pnp_sequence::SequenceOutcome, String> {
     let parts = crate::lock(&LIVE).as_ref().map(|l| (l.driver, l.pdo, l.add_device));
-    let (driver, pdo, add_device) = parts.ok_or("no started stack to rebalance")?;
-    let io = &kernel().io;
+    let (driver, pdo, add_device) = parts.ok_or("no started stack")?;
     let mut stack = LiveStack {
-        io,
+        io: &kernel().io,
         driver: driver as *mut DRIVER_OBJECT,
         pdo: pdo as *mut DEVICE_OBJECT,
         add_device,
         expected_at_bus: None,
     };
-    let outcome = pnp_sequence::rebalance_in_traffic(&mut stack);
-    match outcome.failure {
-        Some(why) => Err(why),
-        None => Ok(outcome.refused == 0),
-    }
+    Ok(f(&mut stack))
 }
 
 /// After the last REMOVE_DEVICE: no device of the driver may be left, then DriverUnload and the PDO goes.

@@ -31,6 +31,10 @@ pub enum PnpSequence {
     /// `rebalance-during-traffic`: one rebalance while a user process has QPs live and a write in flight, sent from
     /// the process's own program (`pnp_life::rebalance_now`); the sequence's outcome is that rebalance's.
     RebalanceDuringTraffic,
+    /// `hot-unplug-during-traffic`: a real hot-unplug while a user process has a write in flight: its program waits
+    /// for the removal notice and has SURPRISE_REMOVAL sent (`pnp_life::surprise_removal_now`); REMOVE follows
+    /// once the process exited, as Windows sends it once every handle is closed.
+    HotUnplugDuringTraffic,
 }
 
 impl PnpSequence {
@@ -52,9 +56,10 @@ impl PnpSequence {
             ("surprise-removal", None) => Ok(PnpSequence::SurpriseRemoval),
             ("hot-unplug", None) => Ok(PnpSequence::HotUnplug),
             ("rebalance-during-traffic", None) => Ok(PnpSequence::RebalanceDuringTraffic),
+            ("hot-unplug-during-traffic", None) => Ok(PnpSequence::HotUnplugDuringTraffic),
             _ => Err(format!(
                 "not straight, rebalance[:N], query-stop-cancel, query-remove-cancel, disable-enable[:N], \
-                 surprise-removal, hot-unplug or rebalance-during-traffic: {value:?}"
+                 surprise-removal, hot-unplug, rebalance-during-traffic or hot-unplug-during-traffic: {value:?}"
             )),
         }
     }
@@ -235,7 +240,38 @@ pub fn run(sequence: PnpSequence, stack: &mut dyn PnpStack) -> SequenceOutcome {
             Some(done) => outcome = done,
             None => outcome.fail("the user program sent no rebalance".into()),
         },
+        PnpSequence::HotUnplugDuringTraffic => match crate::lock(&IN_TRAFFIC).take() {
+            Some(done) => {
+                outcome = done;
+                if outcome.failure.is_none() && outcome.must_succeed(stack, PnpStep::Remove) {
+                    outcome.stack_gone = true;
+                    let left = stack.devices_left();
+                    if left > 0 {
+                        outcome.fail(format!("{left} device object(s) left after IRP_MN_REMOVE_DEVICE"));
+                    }
+                }
+            }
+            None => outcome.fail("the user program sent no surprise removal".into()),
+        },
     }
+    outcome
+}
+
+/// A real hot-unplug now, from a user program with requests live: waits for the bus driver's removal notice, then
+/// SURPRISE_REMOVAL, which the driver must succeed; REMOVE is the sequence's, after the process. Kept as
+/// `hot-unplug-during-traffic`'s outcome.
+pub(crate) fn surprise_in_traffic(stack: &mut dyn PnpStack) -> SequenceOutcome {
+    let mut outcome = SequenceOutcome::default();
+    match crate::lock(&NOTICE).take() {
+        Some(notice) => match notice() {
+            Ok(()) => {
+                outcome.must_succeed(stack, PnpStep::SurpriseRemoval);
+            }
+            Err(why) => outcome.fail(format!("the device was not hot-unplugged: {why}")),
+        },
+        None => outcome.fail("no bus driver here reports a hot-unplug".into()),
+    }
+    *crate::lock(&IN_TRAFFIC) = Some(outcome.clone());
     outcome
 }
 
@@ -425,6 +461,19 @@ mod tests {
         assert_eq!((steps(&sent), sent.refused), (vec![PnpStep::QueryStop, PnpStep::CancelStop], 1));
         let outcome = run(PnpSequence::RebalanceDuringTraffic, &mut refusing);
         assert_eq!(outcome, sent, "the sequence reports the rebalance the program sent");
+    }
+
+    #[test]
+    fn a_hot_unplug_during_traffic_surprises_first_and_removes_after_the_program() {
+        let mut stack = Fake { answer: |_| STATUS_SUCCESS, devices: 1 };
+        plan_removal_notice(Box::new(|| Ok(())));
+        let sent = surprise_in_traffic(&mut stack);
+        assert_eq!((steps(&sent), sent.failure), (vec![PnpStep::SurpriseRemoval], None));
+        let outcome = run(PnpSequence::HotUnplugDuringTraffic, &mut stack);
+        assert_eq!(steps(&outcome), [PnpStep::SurpriseRemoval, PnpStep::Remove]);
+        assert_eq!((outcome.failure, outcome.stack_gone), (None, true));
+        let outcome = run(PnpSequence::HotUnplugDuringTraffic, &mut stack);
+        assert!(outcome.failure.unwrap().contains("no surprise removal"));
     }
 
     #[test]

@@ -143,6 +143,19 @@ impl ControlPath {
         });
     }
 
+    /// SURPRISE_REMOVAL: no new open, no request reaches the HCA again, and the HCA is handed to the caller, which
+    /// resets the device before it abandons the HCA's host memory (`Hca::abandon`: nothing sent to a device that is
+    /// gone). PASSIVE_LEVEL.
+    pub fn surprise_removed(&mut self) -> Option<ControlHca> {
+        if let Some(interface) = self.interface.as_mut() {
+            interface.set_enabled(false);
+        }
+        self.locked(|s| {
+            s.source = None;
+            s.hca.take()
+        })
+    }
+
     /// Whether requests opened the HCA since START: then a file's QPs, CQs and MRs may live in it, and a STOP would
     /// drop them under it. The HCA stays until STOP (or D3) once opened, so this stays true after the last file
     /// closed: coarse, but a driver may refuse a query-stop whenever it cannot stop. PASSIVE_LEVEL.

@@ -90,6 +90,28 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             }
             status
         }
+        IRP_MN_SURPRISE_REMOVAL if !drops_requests_unreleased() => {
+            // The device is gone ("Handling an IRP_MN_SURPRISE_REMOVAL Request": fail new I/O, release the hardware,
+            // free at REMOVE what open handles still need): no request reaches the HCA again, the device is reset
+            // (a function really gone reads all ones and ends it at once) so nothing DMAs into what goes next, then
+            // a user process's MRs, QPs and CQs are given back on the host without a command to the device, which
+            // would answer none (each destroy would wait out its deadline). Its handles are refused from here, and
+            // its CLEANUP at exit finds nothing left to release.
+            let hca = fdo.control.surprise_removed();
+            // The reset and the channel's release as at D3; the channel's buffers go with the HCA's last hold.
+            if let Some(device) = fdo.started.as_mut() {
+                device.power_down();
+            }
+            if let Some(hca) = hca {
+                hca.abandon();
+            }
+            fdo.started = None;
+            // SAFETY: PASSIVE_LEVEL, holding the remove lock; succeeded here, then passed down.
+            unsafe {
+                set_status(irp, STATUS_SUCCESS);
+                pass_down(fdo.lower, irp)
+            }
+        }
         IRP_MN_STOP_DEVICE | IRP_MN_SURPRISE_REMOVAL => {
             // STOP releases every hardware resource (Handling an IRP_MN_STOP_DEVICE Request): dropping the started
             // device resets it, frees its rings and common buffers, puts its DMA adapter and unmaps its BARs (no
@@ -104,7 +126,7 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
                 pass_down(fdo.lower, irp)
             }
         }
-        IRP_MN_QUERY_STOP_DEVICE if fdo.control.holds_hca() && !stops_under_requests() => {
+        IRP_MN_QUERY_STOP_DEVICE if fdo.control.holds_hca() && !drops_requests_unreleased() => {
             // The query's rule (Handling an IRP_MN_QUERY_STOP_DEVICE Request): refuse with STATUS_UNSUCCESSFUL
             // while requests are live that cannot be held or drained. A user process's QPs, CQs and MRs live in the
             // control path's HCA, and its work requests on the device: they cannot be held across a STOP, which
@@ -150,9 +172,10 @@ fn completes_start_twice() -> bool {
     smoke && options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
 }
 
-/// The bug variant of the seed's rebalance-with-qps-live (BreakFix 1): QUERY_STOP succeeds with a user process's
-/// objects live, and STOP drops them under it. PASSIVE_LEVEL.
-fn stops_under_requests() -> bool {
+/// vhca.sys as it was (BreakFix 1), with a user process's objects live: QUERY_STOP succeeds and STOP drops them
+/// under it (the seed's rebalance-with-qps-live), SURPRISE_REMOVAL drops them unreleased
+/// (surprise-removal-during-traffic). PASSIVE_LEVEL.
+fn drops_requests_unreleased() -> bool {
     let break_fix = registry::read_text(&registry::BREAK_FIX);
     options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
 }
