@@ -107,24 +107,32 @@ fn write_in_flight_then(
     if reply.status < 0 || reply.information != WQE_SIZE {
         return Err(format!("POST_SEND: status {:#010x}, {} bytes taken", reply.status as u32, reply.information));
     }
-    progress(format_args!("user process: RDMA write {WR_ID:#x} posted; {what} with it in flight"));
+    // Still in flight, or the run would test nothing: the device holds the write, so the CQ has nothing yet. A
+    // completion here means the hold missed it (hold_completion_wr counts the scenario's own sends first).
+    let (status, early) = poll_cq(process, file, cq.cq)?;
+    if status < 0 {
+        return Err(format!("POLL_CQ before {what}: status {:#010x}", status as u32));
+    }
+    if let Some(c) = early.iter().find(|c| c.wr_id.get() == WR_ID) {
+        // The MRs given back first, so the exit's locked-pages check cannot stand in for the bug this run was to
+        // show (under BreakFix 1 the process's CLEANUP releases nothing either): the verdict is this failure.
+        for mr in [&src_mr, &dst_mr] {
+            let handle = HandleIn { handle: mr.lkey, reserved: 0.into() };
+            call::<()>(process, file, "DEREG_MR", IOCTL_VHCA_DEREG_MR, handle.as_bytes())?;
+        }
+        return Err(format!(
+            "RDMA write {WR_ID:#x} completed ({}) before {what}: the device did not hold it (hold_completion_ms, \
+             hold_completion_wr)",
+            WcStatus::from_u32(c.status.get()).map_or("UNKNOWN", WcStatus::name)
+        ));
+    }
+    progress(format_args!("user process: RDMA write {WR_ID:#x} posted and not completed; {what} with it in flight"));
     let reset = during()?;
 
-    let cqes = process.allocate(CQE_SIZE * POLL_MAX, 0).ok_or("no user memory for the CQEs")?;
-    let poll = PollCqIn { cq: cq.cq, max: (POLL_MAX as u32).into() };
-    let reply =
-        process.device_control(file, IOCTL_VHCA_POLL_CQ, poll.as_bytes(), user_bytes(cqes, CQE_SIZE * POLL_MAX));
-    let polled: Vec<Cqe> = if reply.status < 0 {
-        Vec::new()
-    } else {
-        user_bytes(cqes, reply.information.min(CQE_SIZE * POLL_MAX))
-            .chunks_exact(CQE_SIZE)
-            .filter_map(|c| Cqe::read_from_bytes(c).ok())
-            .collect()
-    };
+    let (status, polled) = poll_cq(process, file, cq.cq)?;
     progress(format_args!(
         "user process: POLL_CQ after that: status {:#010x}, {} completion(s) {:?}",
-        reply.status as u32,
+        status as u32,
         polled.len(),
         polled
             .iter()
@@ -136,6 +144,23 @@ fn write_in_flight_then(
     }
     // The process exits here with everything still registered: its handles' CLEANUP is the driver's to release.
     Ok(())
+}
+
+/// POLL_CQ of up to POLL_MAX completions into the process's memory: its status and the completions it wrote (none
+/// when it failed: a refused handle is an answer, not an error of the program).
+fn poll_cq(process: &mut UserProcess, file: usize, cq: U32) -> Result<(i32, Vec<Cqe>), String> {
+    let cqes = process.allocate(CQE_SIZE * POLL_MAX, 0).ok_or("no user memory for the CQEs")?;
+    let poll = PollCqIn { cq, max: (POLL_MAX as u32).into() };
+    let reply =
+        process.device_control(file, IOCTL_VHCA_POLL_CQ, poll.as_bytes(), user_bytes(cqes, CQE_SIZE * POLL_MAX));
+    if reply.status < 0 {
+        return Ok((reply.status, Vec::new()));
+    }
+    let polled = user_bytes(cqes, reply.information.min(CQE_SIZE * POLL_MAX))
+        .chunks_exact(CQE_SIZE)
+        .filter_map(|c| Cqe::read_from_bytes(c).ok())
+        .collect();
+    Ok((reply.status, polled))
 }
 
 /// REG_MR of `len` bytes at `addr` in the process's memory.
