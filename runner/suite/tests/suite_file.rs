@@ -96,7 +96,7 @@ fn seed_suite_parses_and_expands() {
     // IRP on a present device, which has no native twin until a real hot-unplug drives both; and
     // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have;
     // and a user process's requests (its exit with an MR registered, a REG_MR with a bad pointer, its RDMA write in
-    // flight when the machine sleeps or the device is rebalanced), IRPs the native
+    // flight when the machine sleeps, the device is rebalanced or hot-unplugged), IRPs the native
     // program has no I/O manager to send.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
@@ -117,6 +117,8 @@ fn seed_suite_parses_and_expands() {
             "low-resources-resume-d0-dispatch",
             "rebalance-with-qps-live",
             "rebalance-drains",
+            "surprise-removal-during-traffic",
+            "surprise-removal-during-traffic-released",
         ]
     );
     for name in ["irp-completed-twice/sys/verifier-off", "irp-completed-once/sys/verifier-on"] {
