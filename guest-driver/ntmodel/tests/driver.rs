@@ -307,6 +307,26 @@ fn post_send_writes_the_wqe_into_the_ring_and_rings_the_doorbell() {
 }
 
 #[test]
+fn abandon_after_a_surprise_removal_sends_the_device_nothing_and_leaves_nothing_behind() {
+    let (k, b) = machine(0x209BB);
+    let (mut hca, dev) = open(&k, &b, HcaConfig::default());
+    let pd = hca.alloc_pd().unwrap();
+    let cq = hca.create_cq(64).unwrap();
+    hca.create_qp(pd, cq, cq, 64, 64).unwrap();
+    let user = MrSource::User { va: k.alloc_user_buffer(8192, 0), length: 8192, skip_lock: false };
+    NtModel::run_guarded(|| hca.reg_mr(pd, user, ACCESS_LOCAL_WRITE, MrMapping::ScatterGather)).unwrap().unwrap();
+    let sent = dev.commands().len();
+    // The unload checks stop the machine on a list, map register, ring or adapter left behind.
+    NtModel::run_guarded(|| {
+        hca.abandon();
+        k.unload_driver();
+    })
+    .unwrap();
+    assert_eq!(dev.commands().len(), sent, "a gone device is sent nothing: {:?}", &dev.commands()[sent..]);
+    assert_eq!(k.unreleased_resources(), Vec::<String>::new(), "the user's pages unlocked, nothing kept");
+}
+
+#[test]
 fn without_ring_fallback_a_fragmented_cq_fails_instead_of_splitting() {
     let (k, b) = with(0, 64, Some(4));
     let (mut hca, _) = open(&k, &b, HcaConfig { ring_fallback: false, ..HcaConfig::default() });
