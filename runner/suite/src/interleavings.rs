@@ -453,6 +453,21 @@ fn plan_total(expansion: Expansion, points: &[SchedulePointSeen]) -> usize {
     }
 }
 
+/// The points of its recording a preempt run never paused at, on the timing-counted threads only (the ISR's and
+/// the DPCs'), as `judge_interleaving` names them; empty when it reached them all or is no preempt run. Such a run
+/// did not meet the schedule it names because the host coalesced interrupts, not because the driver went
+/// elsewhere: the runner runs it once more (`suite_run::one_run`).
+pub fn unreached_timing_counted_points(run: &ConcreteRun, o: &Observation) -> Vec<String> {
+    let paused = preempted_points(o);
+    run.interleaving
+        .recorded
+        .iter()
+        .filter(|p| TIMING_COUNTED_THREADS.iter().any(|t| p.thread().starts_with(t)))
+        .filter(|p| !paused.iter().any(|(id, _, _)| *id == p.point))
+        .map(|p| p.to_string())
+        .collect()
+}
+
 /// Fails a preempt run that never paused at a point its recording listed (the schedule under test was not the
 /// one named), as a fail-point run that never reached its point fails. A run that failed anyway keeps its reason.
 pub fn judge_interleaving(run: &ConcreteRun, o: &Observation, verdict: &mut Verdict) {
@@ -680,6 +695,23 @@ mod tests {
             Outcome::Fail { reason } => assert!(reason.contains("never reached: passive#1"), "{reason}"),
             Outcome::Pass => panic!("a run that never paused passed"),
         }
+        assert!(
+            unreached_timing_counted_points(&run, &observed(json!({"preemptions": []}))).is_empty(),
+            "a passive thread's point missed is the driver's path, not the host's timing: no second attempt"
+        );
+    }
+
+    #[test]
+    fn an_isr_point_never_reached_is_named_for_a_second_attempt() {
+        let points = schedule_points(&observed(json!({ "schedule": schedule_of(&["msix-interrupts#11"], 5) })));
+        let run = expand_interleavings(&recording("preempt1"), &points, 5).runs.remove(0);
+        let missed = unreached_timing_counted_points(&run, &observed(json!({"preemptions": []})));
+        assert_eq!(missed, ["msix-interrupts#11 (call KeAcquireSpinLock at cq.rs:1:1, processor 1)"]);
+        let paused = json!({"preemptions": [{"point": "msix-interrupts#11", "kind": "k", "site": "",
+                                             "paused_us": 20000, "resumed": "settled"}]});
+        assert!(unreached_timing_counted_points(&run, &observed(paused)).is_empty());
+        let plain = recording("preempt1");
+        assert!(unreached_timing_counted_points(&plain, &observed(json!({}))).is_empty(), "a recording run");
     }
 
     fn raced(ok: bool) -> Observation {
