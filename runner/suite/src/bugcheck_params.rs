@@ -9,10 +9,11 @@
 
 use vhca_ntapi::{
     ATTEMPTED_SWITCH_FROM_DPC, DPC_WATCHDOG_VIOLATION, DRIVER_IRQL_NOT_LESS_OR_EQUAL,
-    DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION, DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL,
-    DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION, DRIVER_VERIFIER_IOMANAGER_VIOLATION,
-    IRQL_NOT_LESS_OR_EQUAL, MULTIPLE_IRP_COMPLETE_REQUESTS, PAGE_FAULT_BEYOND_END_OF_ALLOCATION,
-    PAGE_FAULT_IN_FREED_SPECIAL_POOL, PAGE_FAULT_IN_NONPAGED_AREA, SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION,
+    DRIVER_LEFT_LOCKED_PAGES_IN_PROCESS, DRIVER_PAGE_FAULT_BEYOND_END_OF_ALLOCATION,
+    DRIVER_PAGE_FAULT_IN_FREED_SPECIAL_POOL, DRIVER_VERIFIER_DETECTED_VIOLATION, DRIVER_VERIFIER_DMA_VIOLATION,
+    DRIVER_VERIFIER_IOMANAGER_VIOLATION, IRQL_NOT_LESS_OR_EQUAL, MULTIPLE_IRP_COMPLETE_REQUESTS,
+    PAGE_FAULT_BEYOND_END_OF_ALLOCATION, PAGE_FAULT_IN_FREED_SPECIAL_POOL, PAGE_FAULT_IN_NONPAGED_AREA,
+    PROCESS_HAS_LOCKED_PAGES, SPECIAL_POOL_DETECTED_MEMORY_CORRUPTION,
     SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD, SYSTEM_THREAD_EXCEPTION_NOT_HANDLED,
     TIMER_OR_DPC_INVALID, WORKER_INVALID,
 };
@@ -99,6 +100,27 @@ const CODES: &[(u32, [&str; 4])] = &[
             "the new thread (the model: the processor's idle-thread stand-in)",
             "the original thread's stack address (the model: its wait or delay frame)",
             "",
+        ],
+    ),
+    // A process's exit with pages a driver left locked: bug-check-0x76--process-has-locked-pages (without
+    // TrackLockedPages, Windows' default, the form whose P1 is 0) and, under Driver Verifier's Pool Tracking,
+    // bug-check-0xcb--driver-left-locked-pages-in-process (docs/verifier.md, "A user process").
+    (
+        PROCESS_HAS_LOCKED_PAGES,
+        [
+            "0: locked pages were found in the process being ended",
+            "the process (the model's stand-in for its EPROCESS)",
+            "the number of locked pages",
+            "the driver stacks, with TrackLockedPages set (the model: 0)",
+        ],
+    ),
+    (
+        DRIVER_LEFT_LOCKED_PAGES_IN_PROCESS,
+        [
+            "the address in the driver that locked the pages (the model keeps no call site: the MDL)",
+            "the caller of that address (the model: 0)",
+            "the MDL holding the locked pages",
+            "the number of locked pages",
         ],
     ),
     // Special Pool's faults: bug-check-0xd6--driver-page-fault-beyond-end-of-allocation,

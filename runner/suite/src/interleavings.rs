@@ -376,7 +376,7 @@ const TIMING_COUNTED_REACH: u32 = 3;
 
 /// The points a run can be sure to meet again: all of every thread's, but a timing-counted thread's only within
 /// the first third of its recorded reach (its first point always: a bug entry's one run preempts the first point).
-fn reachable_points(points: &[SchedulePointSeen]) -> Vec<SchedulePointSeen> {
+pub fn reachable_points(points: &[SchedulePointSeen]) -> Vec<SchedulePointSeen> {
     let ordinal = |p: &SchedulePointSeen| p.point.rsplit_once('#').and_then(|(_, k)| k.parse::<u32>().ok());
     let timing_counted = |p: &SchedulePointSeen| TIMING_COUNTED_THREADS.iter().any(|t| p.thread().starts_with(t));
     let reach = |thread: &str| points.iter().filter(|p| p.thread() == thread).filter_map(ordinal).max().unwrap_or(0);

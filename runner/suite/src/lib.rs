@@ -34,9 +34,10 @@ pub use fail_points::{
     expand_recording, fault_points, injected_faults, judge_fail_point, FaultPointSeen, InjectedFaultSeen,
 };
 pub use interleavings::{
-    expand_interleavings, judge_interleaving, races, schedule_points, schedule_points_dropped, schedule_points_passed,
-    spec_suffix, unreached_timing_counted_points, Expanded, Expansion, InterleavingPlan, InterleavingsScope, RaceSeen,
-    RunInterleaving, SchedulePointSeen, DEFAULT_MAX_INTERLEAVINGS, INTERLEAVING_INFIX, PCT_INFIX,
+    expand_interleavings, judge_interleaving, races, reachable_points, schedule_points, schedule_points_dropped,
+    schedule_points_passed, spec_suffix, unreached_timing_counted_points, Expanded, Expansion, InterleavingPlan,
+    InterleavingsScope, RaceSeen, RunInterleaving, SchedulePointSeen, DEFAULT_MAX_INTERLEAVINGS, INTERLEAVING_INFIX,
+    PCT_INFIX,
 };
 pub use iotlb::{iotlb_problems, COMMAND_QUEUE};
 pub use junit::render_junit;
