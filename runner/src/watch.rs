@@ -24,6 +24,9 @@ const QMP_CONNECT: Duration = Duration::from_secs(5);
 const AFTER_RESULT: Duration = Duration::from_secs(15);
 /// After a bugcheck or panic the guest stops (panic=-1 with -no-reboot ends QEMU); a few more lines may follow.
 pub const AFTER_CRASH: Duration = Duration::from_secs(3);
+/// How long after the result of a run that pulled its HCA the runner waits to read QEMU's DEVICE_DELETED of it
+/// (the guest waited for the eject before its result, so it is on its way); within AFTER_CRASH, the grace.
+const UNPLUG_EVENT_WAIT: Duration = Duration::from_secs(2);
 /// The device leaves when QEMU hangs up, and QEMU may still be tearing down then.
 const QEMU_AFTER_DEVICE: Duration = Duration::from_secs(2);
 
@@ -250,7 +253,10 @@ impl Watch<'_> {
             }
             if let Some((at, grace)) = settled {
                 sample(Point::End, &mut sampled);
-                if result_seen && !reuse && !quit_sent {
+                // A pulled HCA's DEVICE_DELETED is part of the run's evidence: QEMU is told to end once the runner
+                // read it, or at most UNPLUG_EVENT_WAIT after the result (once, QEMU ended with it still unread).
+                let unplug_read = pulled.is_none() || backend_let_go || at.elapsed() >= UNPLUG_EVENT_WAIT;
+                if result_seen && !reuse && !quit_sent && unplug_read {
                     // The result line is the guest's last word (its teardown is done and checked by then): QEMU is
                     // told to end instead of waiting for the guest's power-off. With SIGTERM, not QMP's `quit`:
                     // QEMU's monitor reads a command one byte per main-loop turn, and with the vCPU busy (the

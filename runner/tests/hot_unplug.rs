@@ -5,31 +5,11 @@
 //! Prerequisites missing (QEMU, vhca.sys): the test fails under CI=true, and is skipped with the reason elsewhere.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
 mod common;
 use common::*;
-
-fn target() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
-/// vhca.sys must be built (ci/build-windows.sh), besides what every end-to-end test needs.
-fn sys_built() -> Result<(), String> {
-    let dir =
-        std::env::var_os("VHCA_WINDOWS_DRIVER_DIR").map(PathBuf::from).unwrap_or_else(|| target().join("vhca-sys"));
-    if !dir.join("vhca.sys").is_file() {
-        return Err(format!("no vhca.sys in {} (run ci/build-windows.sh)", dir.display()));
-    }
-    match Command::new("qemu-system-x86_64").arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(()),
-        _ => Err("qemu-system-x86_64 is not installed (ci/setup-host.sh installs it)".into()),
-    }
-}
 
 fn read(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{}: {e}", dir.join(file).display()))
@@ -41,7 +21,7 @@ fn a_hot_unplug_mid_run_reaches_the_driver_and_its_guest_serves_no_other_run() {
     if !ready(test) {
         return;
     }
-    if let Err(why) = sys_built() {
+    if let Err(why) = vhca_sys_built() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{test}: prerequisite missing under CI: {why}");
         eprintln!("SKIPPED {test}: {why}");
         return;

@@ -11,30 +11,18 @@
 //! more).
 //! Under CI=true with the prerequisites missing it fails, like the other end-to-end tests.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+
 const RUNNER: &str = env!("CARGO_BIN_EXE_vhca-run");
 
-fn target() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
-/// vhca.sys must be built (ci/build-windows.sh), besides what every end-to-end test needs.
+/// What every end-to-end test needs, and vhca.sys built (ci/build-windows.sh).
 fn prerequisites() -> Result<(), String> {
-    let dir =
-        std::env::var_os("VHCA_WINDOWS_DRIVER_DIR").map(PathBuf::from).unwrap_or_else(|| target().join("vhca-sys"));
-    if !dir.join("vhca.sys").is_file() {
-        return Err(format!("no vhca.sys in {} (run ci/build-windows.sh)", dir.display()));
-    }
-    match Command::new("qemu-system-x86_64").arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(()),
-        _ => Err("qemu-system-x86_64 is not installed (ci/setup-host.sh installs it)".into()),
-    }
+    common::prerequisites().and_then(|()| common::vhca_sys_built())
 }
 
 /// Each run's name → its verdict with address parameters (above 4 GiB: kernel objects, IOVAs) blanked, and those the

@@ -13,11 +13,33 @@ pub fn suite_file(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suites").join(name)
 }
 
+/// Where cargo put the builds.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+/// vhca.sys as ci/build-windows.sh leaves it, and QEMU: what a vhca.sys run needs besides `prerequisites`.
+pub fn vhca_sys_built() -> Result<(), String> {
+    let dir =
+        std::env::var_os("VHCA_WINDOWS_DRIVER_DIR").map(PathBuf::from).unwrap_or_else(|| target_dir().join("vhca-sys"));
+    if !dir.join("vhca.sys").is_file() {
+        return Err(format!("no vhca.sys in {} (run ci/build-windows.sh)", dir.display()));
+    }
+    qemu_installed()
+}
+
+fn qemu_installed() -> Result<(), String> {
+    match Command::new("qemu-system-x86_64").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => Err("qemu-system-x86_64 is not installed (ci/setup-host.sh installs it)".into()),
+    }
+}
+
 /// The binaries vhca-run will use, or why the test cannot run.
 pub fn prerequisites() -> Result<(), String> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target = target_dir();
     let device = std::env::var_os("VHCA_DEVICE_BIN").map(PathBuf::from).unwrap_or(target.join("release/vhca-device"));
     let guest = std::env::var_os("VHCA_GUEST_BIN")
         .map(PathBuf::from)
@@ -30,10 +52,7 @@ pub fn prerequisites() -> Result<(), String> {
             ));
         }
     }
-    match Command::new("qemu-system-x86_64").arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(()),
-        _ => Err("qemu-system-x86_64 is not installed (ci/setup-host.sh installs it)".into()),
-    }
+    qemu_installed()
 }
 
 /// True if the test should go on; panics under CI when it cannot.
