@@ -113,8 +113,8 @@ fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
     Ok(())
 }
 
-/// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back.
-fn call<T: FromBytes + IntoBytes + Default>(
+/// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back (`()`: nothing back).
+pub(crate) fn call<T: FromBytes + IntoBytes + Default>(
     process: &UserProcess,
     file: usize,
     name: &str,

@@ -9,6 +9,7 @@ use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::report::progress;
+use crate::user_program::call;
 
 /// One page each way: the write's source and destination, in the process's own memory.
 const LEN: usize = 4096;
@@ -180,20 +181,4 @@ fn user_bytes<'a>(at: usize, len: usize) -> &'a mut [u8] {
     // SAFETY: `at` came from this process's allocate with at least `len` bytes, mapped in this address space (the
     // loader's one address space) until the process exits, after the program returned.
     unsafe { std::slice::from_raw_parts_mut(at as *mut u8, len) }
-}
-
-/// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back (`()`: nothing back).
-fn call<T: FromBytes + IntoBytes + Default>(
-    process: &UserProcess,
-    file: usize,
-    name: &str,
-    code: u32,
-    input: &[u8],
-) -> Result<T, String> {
-    let mut out = T::default();
-    let reply = process.device_control(file, code, input, out.as_mut_bytes());
-    if reply.status < 0 {
-        return Err(format!("{name}: status {:#010x}", reply.status as u32));
-    }
-    T::read_from_bytes(&reply.output).map_err(|_| format!("{name}: {} bytes back", reply.output.len()))
 }
