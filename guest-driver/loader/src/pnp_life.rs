@@ -285,10 +285,15 @@ fn pnp_irp(
     status
 }
 
-/// DriverUnload, then the verifier's unload checks.
-fn unload(driver: *mut DRIVER_OBJECT) {
+/// DriverUnload, once no work item routine of the driver is queued or running, then the verifier's unload
+/// checks. Public for the loader's tests, which unload a fake driver object.
+pub fn unload(driver: *mut DRIVER_OBJECT) {
     step("DriverUnload");
     let k = kernel();
+    // A work item's routine still running holds its device object, and so the driver: Windows calls DriverUnload
+    // only after it returned (IoQueueWorkItem's reference). vhca.sys's routine frees its own context after its
+    // last kernel call, so an unload before that found its heap in use (0xC4/0x60 under pool tracking).
+    k.model.wait_for_work_items();
     // SAFETY: the driver object DriverEntry filled in.
     if let Some(f) = unsafe { (*driver).DriverUnload } {
         // SAFETY: the driver's unload routine, at PASSIVE_LEVEL, every device of its gone.

@@ -224,13 +224,27 @@ impl NtModel {
     }
 
     /// Returns when no work item is queued or running (but the caller's own, when it is a worker): IoQueueWorkItem
-    /// holds a reference on the device object until the routine returns, so the driver cannot unload before.
-    pub(crate) fn wait_for_work_items(&self) {
+    /// holds a reference on the device object until the routine returns, and the I/O manager calls DriverUnload
+    /// only once the driver's device objects are deleted and unreferenced, so neither the driver's unload routine
+    /// nor the unload checks come before the last routine returned. A caller about to call DriverUnload waits here
+    /// first (the PE loader); `unload_driver` waits again, which then returns at once.
+    pub fn wait_for_work_items(&self) {
         let me = std::thread::current().id();
         let shared = &self.workers.shared;
+        let busy = |pool: &Pool| !pool.jobs.is_empty() || pool.running.iter().any(|t| *t != me);
         let mut pool = lock(&shared.pool);
-        while !pool.jobs.is_empty() || pool.running.iter().any(|t| *t != me) {
-            pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+        if busy(&pool) {
+            // Blocked on the workers: a worker paused at a scheduling point may go on at once instead of waiting
+            // for this thread to settle.
+            drop(pool);
+            self.quiescent();
+            pool = lock(&shared.pool);
+            while busy(&pool) {
+                pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+            }
+            drop(pool);
+            self.active();
+            pool = lock(&shared.pool);
         }
         let ran: Vec<u64> = pool.ran.iter().copied().collect();
         drop(pool);
