@@ -220,6 +220,11 @@ struct RunPick {
     /// 2000]; a PCT run of an `interleavings` expansion takes its recording's count, and its reproducer says it.
     #[arg(long, requires = "interleaving", value_parser = clap::value_parser!(u32).range(1..))]
     pct_horizon: Option<u32>,
+    /// Run it with this driver: `native` or `sys`, as `suite --driver` does [default: the run's own]; a failed
+    /// vhca.sys run's reproducer says `--driver sys`, which names the same run whether the suite file or the
+    /// suite's `--driver` made it a vhca.sys run.
+    #[arg(long, value_parser = parse_driver)]
+    driver: Option<Personality>,
     /// The NT model's processors and the guest's vCPUs (1 to 64) [default: the run's, else 2 in the model]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     processors: Option<u32>,
@@ -265,7 +270,10 @@ impl RunPick {
     fn concrete(&self) -> Result<(ConcreteRun, Option<String>)> {
         let (mut run, file) = match &self.run {
             Some(name) => {
-                let (suite, file) = load_suite(self.suite.as_deref())?;
+                let (mut suite, file) = load_suite(self.suite.as_deref())?;
+                if let Some(driver) = self.driver {
+                    suite.set_driver(driver);
+                }
                 let run = pick_run(&suite, name)?;
                 match self.fail_point {
                     Some(k) => (run.at_fail_point(k), file),
@@ -326,8 +334,11 @@ impl RunPick {
         doc.insert("name".into(), "boot".into());
         doc.insert("run".into(), toml::Value::Array(vec![run.into()]));
         let text = toml::to_string(&doc).context("writing the run as TOML")?;
-        let suite =
+        let mut suite =
             Suite::parse(&text, "<command line>").map_err(|e| anyhow::anyhow!("{e}\n(the run as TOML:\n{text})"))?;
+        if let Some(driver) = self.driver {
+            suite.set_driver(driver);
+        }
         suite.expand().into_iter().next().context("the command line describes no run")
     }
 }
@@ -894,4 +905,56 @@ fn run_one(ctx: &RunContext, run: &ConcreteRun, artifacts: Option<PathBuf>) -> R
         println!("run files: {}", dir.display());
     }
     Ok(report.all_passed())
+}
+
+#[cfg(test)]
+mod reproducer_tests {
+    //! A failed run's printed reproducer is a command line this program takes and that names the same run: the
+    //! suite writes it, clap parses it back, and `RunPick` picks the run it came from.
+    use super::*;
+    use vhca_suite::{judge, BootPath, Observation, RunReport};
+
+    /// A native-only entry (the suite file's `drivers`) made a vhca.sys run by `suite --driver sys`, and an entry
+    /// whose file already runs it as vhca.sys.
+    const SUITE: &str = "name = \"t\"\n[defaults]\ndrivers = [\"native\", \"sys\"]\n\
+        [[run]]\nname = \"smoke\"\nmodes = [\"on\"]\ndriver = \"native\"\nexpect = \"pass\"\n\
+        [[run]]\nname = \"two-requests-locked\"\nmodes = [\"on\"]\nexpect = \"pass\"\n";
+
+    /// The reproducer of `run` failing, parsed back into the run `boot` would start.
+    fn picked_again(run: &ConcreteRun, file: &str) -> ConcreteRun {
+        let failed = Observation { guest_result: Some(serde_json::json!({"ok": false})), ..Default::default() };
+        let mut report = RunReport::new(run, judge(&run.expected, &failed), 1.0, "tcg", BootPath::Cold);
+        report.set_reproducer("vhca-run", Some(file));
+        let line = report.reproducer.expect("a failed run has a reproducer");
+        let words = shell_words::split(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let cli = Cli::try_parse_from(&words).unwrap_or_else(|e| panic!("{line}:\n{e}"));
+        let Cmd::Boot { pick, .. } = cli.command else { panic!("{line}: not a boot") };
+        pick.concrete().unwrap_or_else(|e| panic!("{line}: {e:#}")).0
+    }
+
+    #[test]
+    fn a_vhca_sys_runs_reproducer_boots_the_same_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, SUITE).unwrap();
+        let file = file.display().to_string();
+        let mut by_flag = Suite::parse(SUITE, &file).unwrap();
+        by_flag.set_driver(Personality::Sys);
+        let by_file = Suite::parse(SUITE, &file).unwrap();
+        let sys_runs: Vec<ConcreteRun> = by_flag
+            .expand()
+            .into_iter()
+            .chain(by_file.expand().into_iter().filter(|r| r.guest.driver == Personality::Sys))
+            .collect();
+        assert_eq!(sys_runs.len(), 3, "{:?}", sys_runs.iter().map(|r| &r.name).collect::<Vec<_>>());
+        for run in sys_runs {
+            let interleaved = run.with_interleaving("preempt:system-worker-0#113").unwrap();
+            for form in [run.at_fail_point(3), interleaved] {
+                let again = picked_again(&form, &file);
+                assert_eq!(again.name, form.name);
+                assert_eq!(again.guest.driver, Personality::Sys, "{}", form.name);
+                assert_eq!(again.interleaving.spec, form.interleaving.spec, "{}", form.name);
+            }
+        }
+    }
 }
