@@ -8,7 +8,7 @@ use std::sync::{Condvar, Mutex};
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
-use crate::interleaving::SyncObject;
+use crate::interleaving::{SyncObject, WaitChannel};
 use crate::processor::ProcessorNumber;
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel, ETHREAD_BASE};
@@ -65,6 +65,7 @@ impl NtModel {
         let was = std::mem::replace(&mut s.signaled, signaled);
         drop(objects);
         if signaled {
+            self.wake(WaitChannel::Dispatcher(addr));
             self.dispatcher.changed.notify_all();
         }
         was
@@ -73,6 +74,8 @@ impl NtModel {
     /// Every waiter looks again (the clock moved, a timer was set): taken under the objects' lock so a waiter
     /// between its look and its sleep cannot miss it.
     pub(crate) fn wake_waiters(&self) {
+        // Not a wake for the interleaving modes: nothing was signaled, and a wait that ends by its timeout counts
+        // as running once its thread runs.
         let _objects = lock(&self.dispatcher.objects);
         self.dispatcher.changed.notify_all();
     }
@@ -224,11 +227,11 @@ impl NtModel {
                 cannot_block = false;
                 continue;
             }
-            if !*blocked && self.interleaving_on() {
-                // Quiescent before the first sleep, with no model mutex held; then look again, as the signal may
-                // have come meanwhile.
+            // A delay waits on no object: nothing signals address 0.
+            if self.block_on(WaitChannel::Dispatcher(object.unwrap_or(0))) {
+                // Blocked again after each wake (a signal that another thread's wait took first); then look
+                // again, as the signal may have come meanwhile.
                 drop(objects);
-                self.quiescent();
                 *blocked = true;
                 continue;
             }

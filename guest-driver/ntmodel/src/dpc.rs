@@ -8,7 +8,7 @@ use std::sync::{Condvar, Mutex};
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
-use crate::interleaving::{PointKind, SyncObject};
+use crate::interleaving::{PointKind, SyncObject, WaitChannel};
 use crate::processor::{leave_processor, Context, Processor, ProcessorNumber, MAX_PROCESSORS};
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel};
@@ -75,6 +75,7 @@ impl Drop for Draining<'_> {
             leave_processor(p, me);
         }
         drop(st);
+        self.model.wake(WaitChannel::Processors);
         self.model.dpcs.idle.notify_all();
     }
 }
@@ -155,6 +156,7 @@ impl NtModel {
         let Some(cpu) = d.queued.take() else { return false };
         st.processors[cpu.index()].dpc_queue.retain(|queued| *queued != dpc.0);
         drop(st);
+        self.wake(WaitChannel::Processors);
         self.dpcs.idle.notify_all();
         true
     }

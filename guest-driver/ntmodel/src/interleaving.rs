@@ -31,6 +31,7 @@ use crate::NtModel;
 pub(crate) use call_scope::CallScope;
 pub use pct::{change_points, DEFAULT_HORIZON};
 use race_detector::{AccessInfo, LocationKey, Race, MAX_REPORTS};
+pub(crate) use threads::WaitChannel;
 
 /// A scheduling point named so a later run can find it again: the thread's stable name (the OS thread's name, or
 /// `thread-N` in order of first sighting) and the point's index among that thread's points, counted from 1.
@@ -382,11 +383,55 @@ impl NtModel {
         let me = locked.me;
         let thread = &mut locked.state().threads.known[me];
         thread.active = active;
+        thread.blocked_on = None;
         if active {
             thread.progressed = std::time::Instant::now();
         }
         drop(locked);
         self.engine().changed();
+    }
+
+    /// The calling thread is about to sleep on `channel` until a waker calls `wake(channel)`. True when this call
+    /// marked it blocked (it was running, or was woken since it last blocked): the caller looks at its condition
+    /// once more before it sleeps, as a wake may have come between its look and the mark. False when it is still
+    /// marked from its last sleep and nothing woke it: it sleeps at once. Always false with the modes off.
+    ///
+    /// The engine's lock is a leaf, so a caller may hold the lock of the condition it sleeps on.
+    pub(crate) fn block_on(&self, channel: WaitChannel) -> bool {
+        if !self.interleaving_on() {
+            return false;
+        }
+        let mut locked = self.engine().lock(&self.config.interleaving);
+        let me = locked.me;
+        let thread = &mut locked.state().threads.known[me];
+        if thread.blocked_on == Some(channel) {
+            return false;
+        }
+        thread.blocked_on = Some(channel);
+        thread.active = false;
+        drop(locked);
+        self.engine().changed();
+        true
+    }
+
+    /// The calling thread made a condition true that threads sleeping on `channel` wait for (after the change, so
+    /// a sleeper that looks after its mark sees it): they count as active from now, before the OS runs them.
+    pub(crate) fn wake(&self, channel: WaitChannel) {
+        if !self.interleaving_on() {
+            return;
+        }
+        let woke = self.engine().lock(&self.config.interleaving).state().threads.wake(channel);
+        if woke {
+            self.engine().changed();
+        }
+    }
+
+    /// The model started `thread` (a DPC thread, a system worker): it counts as active from now, before it runs.
+    pub(crate) fn thread_starting(&self, thread: &std::thread::Thread) {
+        if !self.interleaving_on() {
+            return;
+        }
+        self.engine().lock(&self.config.interleaving).state().threads.starting(thread);
     }
 
     /// The platform (not the driver) told the model the device was told to act: an interrupt delivered later is

@@ -8,7 +8,7 @@ use std::thread::ThreadId;
 use vhca_ntapi::*;
 
 use crate::bugcheck::Bugcheck;
-use crate::interleaving::{PointKind, SyncObject};
+use crate::interleaving::{PointKind, SyncObject, WaitChannel};
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel};
 
@@ -152,12 +152,10 @@ impl NtModel {
             if !wait {
                 return false;
             }
-            if !blocked && self.interleaving_on() {
-                // A thread waiting for a lock counts as quiescent for a paused one (it may hold this very lock).
-                drop(st);
-                self.quiescent();
+            if self.block_on(WaitChannel::Lock(obj.addr)) {
+                // A thread waiting for a lock counts as quiescent for a paused one (it may hold this very lock)
+                // until the lock is freed; then it looks again.
                 blocked = true;
-                st = lock(&obj.state);
                 continue;
             }
             st = obj.freed.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -193,6 +191,7 @@ impl NtModel {
             st.depth = 0;
         }
         drop(st);
+        self.wake(WaitChannel::Lock(obj.addr));
         obj.freed.notify_all();
         self.with_thread(|t| {
             if let Some(i) = t.held.iter().rposition(|h| *h == obj.addr) {

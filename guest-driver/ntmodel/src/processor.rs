@@ -14,6 +14,7 @@ use std::thread::{JoinHandle, ThreadId};
 use vhca_ntapi::{DISPATCH_LEVEL, KIRQL};
 
 use crate::bugcheck::Bugcheck;
+use crate::interleaving::WaitChannel;
 use crate::verifier::{c4, VerifierFlags};
 use crate::{lock, NtModel};
 
@@ -230,7 +231,12 @@ fn dpc_thread(model: ModelRef, gate: Arc<ModelGate>, shared: Arc<DpcThreadsShare
                 std::panic::resume_unwind(payload)
             }
         }
-        m.quiescent();
+        // Blocked only when nothing came for it during the drain, decided under the lock its wakers set the bit
+        // under: either this sees the bit, or their wake comes after this mark.
+        let st = lock(&shared.state);
+        if st.pending & bit == 0 {
+            m.block_on(WaitChannel::DpcThread(cpu.0));
+        }
     }
 }
 
@@ -286,11 +292,10 @@ impl NtModel {
             (false, true) => {
                 if st.processors[cpu.index()].held_by_other(me) {
                     // Not running until the processor is free: blocked in the model, for the interleaving modes.
-                    drop(st);
-                    self.quiescent();
-                    st = lock(&self.dpcs.state);
                     while st.processors[cpu.index()].held_by_other(me) {
-                        st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+                        if !self.block_on(WaitChannel::Processors) {
+                            st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+                        }
                     }
                     st.processors[cpu.index()].contexts.push(Context { thread: me, irql: new });
                     drop(st);
@@ -311,6 +316,7 @@ impl NtModel {
             _ => {
                 leave_processor(&mut st.processors[cpu.index()], me);
                 drop(st);
+                self.wake(WaitChannel::Processors);
                 self.dpcs.idle.notify_all();
             }
         }
@@ -324,13 +330,10 @@ impl NtModel {
         let masked = |p: &Processor| p.masking_irql(me).is_some_and(|masking| masking >= irql);
         let mut st = lock(&self.dpcs.state);
         let waited = masked(&st.processors[cpu.index()]);
-        if waited {
-            drop(st);
-            self.quiescent();
-            st = lock(&self.dpcs.state);
-        }
         while masked(&st.processors[cpu.index()]) {
-            st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+            if !self.block_on(WaitChannel::Processors) {
+                st = self.dpcs.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
         }
         st.processors[cpu.index()].contexts.push(Context { thread: me, irql });
         drop(st);
@@ -386,9 +389,11 @@ impl NtModel {
                 .name(format!("dpc-{}", cpu.0))
                 .spawn(move || dpc_thread(model, gate, shared, cpu))
                 .expect("spawn a DPC thread");
+            self.thread_starting(handle.thread());
             lock(&threads.handles).push(handle);
         }
         drop(st);
+        self.wake(WaitChannel::DpcThread(cpu.0));
         threads.shared.changed.notify_all();
     }
 }
@@ -412,6 +417,7 @@ impl Drop for Interrupting<'_> {
         let mut st = lock(&self.model.dpcs.state);
         leave_processor(&mut st.processors[self.cpu.index()], me);
         drop(st);
+        self.model.wake(WaitChannel::Processors);
         self.model.dpcs.idle.notify_all();
     }
 }

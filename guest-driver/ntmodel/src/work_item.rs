@@ -11,7 +11,7 @@ use std::thread::ThreadId;
 use vhca_ntapi::*;
 
 use crate::bugcheck::{Bugcheck, BugcheckUnwind};
-use crate::interleaving::{PointKind, SyncObject};
+use crate::interleaving::{PointKind, SyncObject, WaitChannel};
 use crate::processor::{ModelGate, ModelRef, ProcessorNumber};
 use crate::verifier::e4;
 use crate::{lock, NtModel};
@@ -111,10 +111,10 @@ fn worker(shared: Arc<Shared>, model: WorkerModel) {
                     break job;
                 }
                 pool.idle += 1;
-                drop(pool);
-                model.with(|m| m.quiescent());
-                pool = lock(&shared.pool);
-                if pool.jobs.is_empty() && !pool.shutdown {
+                // Blocked under the pool's lock, after looking: a queuer adds its job under it and wakes after.
+                let mut marked = false;
+                model.with(|m| marked = m.block_on(WaitChannel::Workers));
+                if !marked {
                     pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
                 }
                 pool.idle -= 1;
@@ -146,6 +146,9 @@ fn worker(shared: Arc<Shared>, model: WorkerModel) {
         // Before `_running` goes, so the unload's wait that sees this routine end also sees what it did.
         model.with(|m| m.hb_release(SyncObject::WorkItem(item)));
         lock(&shared.pool).ran.insert(item);
+        drop(_running);
+        // A thread waiting for the routines to end (unload) is running from here.
+        model.with(|m| m.wake(WaitChannel::Workers));
     }
 }
 
@@ -202,12 +205,14 @@ impl NtModel {
             };
             let shared = Arc::clone(shared);
             // Named by index, so its scheduling points have a name a later run finds again.
-            std::thread::Builder::new()
+            let handle = std::thread::Builder::new()
                 .name(format!("system-worker-{index}"))
                 .spawn(move || worker(shared, model))
                 .expect("spawn a system worker thread");
+            self.thread_starting(handle.thread());
         }
         drop(pool);
+        self.wake(WaitChannel::Workers);
         shared.changed.notify_all();
     }
 
@@ -236,11 +241,10 @@ impl NtModel {
         if busy(&pool) {
             // Blocked on the workers: a worker paused at a scheduling point may go on at once instead of waiting
             // for this thread to settle.
-            drop(pool);
-            self.quiescent();
-            pool = lock(&shared.pool);
             while busy(&pool) {
-                pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+                if !self.block_on(WaitChannel::Workers) {
+                    pool = shared.changed.wait(pool).unwrap_or_else(|e| e.into_inner());
+                }
             }
             drop(pool);
             self.active();

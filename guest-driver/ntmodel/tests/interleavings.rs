@@ -2,6 +2,7 @@
 //! a bounded preemption pauses the thread at the named point until the other is quiescent (and so turns a read,
 //! pause, write into a lost update), and a PCT seed picks the same change points every time.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
@@ -188,6 +189,107 @@ fn a_pause_ends_when_the_other_thread_blocks_on_the_lock_the_paused_one_holds() 
     assert_eq!(preemptions.len(), 1, "{preemptions:#?}");
     assert_eq!((&preemptions[0].id, preemptions[0].resumed), (&pause_at, Resumed::Quiescent));
     assert!(preemptions[0].paused < Duration::from_secs(2), "{:?}", preemptions[0].paused);
+}
+
+/// The calling thread runs only when no other thread wants a CPU (SCHED_IDLE): with `hog`'s spinners on every
+/// CPU, a thread woken from its wait runs again only milliseconds later, as under a loaded host.
+fn run_last() {
+    // SAFETY: sched_param is plain data; pid 0 is the calling thread, and SCHED_IDLE takes priority 0.
+    let rc = unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param)
+    };
+    assert_eq!(rc, 0, "SCHED_IDLE: {}", std::io::Error::last_os_error());
+}
+
+/// Spinners on every CPU until `stop`.
+fn hog<'s, 'e>(s: &'s thread::Scope<'s, 'e>, stop: &'e AtomicBool) {
+    let cpus = thread::available_parallelism().map_or(2, |n| n.get());
+    for _ in 0..cpus {
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+    }
+}
+
+/// "sleeper" blocks on an event; "setter" (started once the sleeper waits) sets it and passes one more point. The
+/// sleeper runs last (`run_last`) while spinners hold every CPU, so a woken sleeper runs again well after the
+/// setter's next point; it stays 100 ms outside the model after its wait, then says it is done. Whether it was
+/// done when the setter went on past its next point.
+fn setter_and_sleeper(k: &Arc<NtModel>) -> bool {
+    let done = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let (waiting, sleeper_waits) = mpsc::channel();
+    thread::scope(|s| {
+        let setup = || k.KeInitializeEvent(EVENT_TYPE::NotificationEvent, false);
+        let event = thread::Builder::new().name("setup".into()).spawn_scoped(s, setup).unwrap().join().unwrap();
+        let done = &done;
+        let sleeper = thread::Builder::new()
+            .name("sleeper".into())
+            .spawn_scoped(s, move || {
+                run_last();
+                waiting.send(()).unwrap();
+                k.KeWaitForSingleObject(
+                    event.into(),
+                    KWAIT_REASON::Executive,
+                    KPROCESSOR_MODE::KernelMode,
+                    false,
+                    None,
+                );
+                thread::sleep(Duration::from_millis(100));
+                done.store(true, Ordering::SeqCst);
+            })
+            .unwrap();
+        sleeper_waits.recv().unwrap();
+        thread::sleep(Duration::from_millis(50));
+        hog(s, &stop);
+        let seen = thread::Builder::new()
+            .name("setter".into())
+            .spawn_scoped(s, move || {
+                k.KeSetEvent(event, 0, false);
+                k.KeGetCurrentIrql();
+                done.load(Ordering::SeqCst)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        stop.store(true, Ordering::Relaxed);
+        sleeper.join().unwrap();
+        seen
+    })
+}
+
+/// The setter pauses right after its signal: the sleeper it woke counts as active from the signal on, not from
+/// when the OS runs it again, so the pause lasts until the sleeper is gone. Counting it quiescent until it ran
+/// (as the engine once did) let the pause end at once whenever the setter looked first, and the sleeper's work
+/// landed after the pause instead of inside it: with the spinners, every run.
+#[test]
+fn a_thread_woken_by_a_signal_counts_as_active_before_it_runs() {
+    let recording = model(mode(InterleavingMode::Record));
+    assert!(!setter_and_sleeper(&recording), "unpaused, the setter is long gone before the sleeper is done");
+    let points = recording.schedule_points();
+    let setter = points_of(&points, "setter");
+    let after_signal = setter
+        .iter()
+        .position(|p| p.kind == "call KeSetEvent")
+        .and_then(|i| setter.get(i + 1))
+        .map(|p| p.id.clone())
+        .expect("the setter's point after KeSetEvent");
+    let config = InterleavingConfig {
+        mode: InterleavingMode::Preempt(vec![after_signal.clone()]),
+        settle: Duration::from_secs(5),
+        limit: Duration::from_secs(10),
+        ..InterleavingConfig::default()
+    };
+    for run in 0..5 {
+        let k = model(config.clone());
+        assert!(setter_and_sleeper(&k), "run {run}: the pause ended before the woken sleeper ran");
+        let preemptions = k.preemptions();
+        assert_eq!(preemptions.len(), 1, "{preemptions:#?}");
+        assert_eq!((&preemptions[0].id, preemptions[0].resumed), (&after_signal, Resumed::Quiescent));
+    }
 }
 
 /// What a recording costs per point, as vhca.sys's spin-locked wrappers pass them (KeAcquireSpinLock, irql 2,
