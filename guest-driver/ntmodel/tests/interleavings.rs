@@ -65,6 +65,17 @@ fn two_increments(k: &Arc<NtModel>) -> u64 {
     })
 }
 
+/// A preemption at `point` whose pause outlasts any sleep of these tests: only the other threads' quiescence
+/// ends it.
+fn preempt_patiently(point: &PointId) -> InterleavingConfig {
+    InterleavingConfig {
+        mode: InterleavingMode::Preempt(vec![point.clone()]),
+        settle: Duration::from_secs(5),
+        limit: Duration::from_secs(10),
+        ..InterleavingConfig::default()
+    }
+}
+
 fn points_of<'p>(points: &'p [SchedulePoint], thread: &str) -> Vec<&'p SchedulePoint> {
     points.iter().filter(|p| p.id.thread == thread).collect()
 }
@@ -177,12 +188,7 @@ fn a_pause_ends_when_the_other_thread_blocks_on_the_lock_the_paused_one_holds() 
         .find(|p| p.kind == "call KeGetCurrentIrql")
         .map(|p| p.id.clone())
         .expect("the holder's point under the mutex");
-    let config = InterleavingConfig {
-        mode: InterleavingMode::Preempt(vec![pause_at.clone()]),
-        settle: Duration::from_secs(5),
-        limit: Duration::from_secs(10),
-        ..InterleavingConfig::default()
-    };
+    let config = preempt_patiently(&pause_at);
     let k = model(config);
     holder_and_waiter(&k);
     let preemptions = k.preemptions();
@@ -277,12 +283,7 @@ fn a_thread_woken_by_a_signal_counts_as_active_before_it_runs() {
         .and_then(|i| setter.get(i + 1))
         .map(|p| p.id.clone())
         .expect("the setter's point after KeSetEvent");
-    let config = InterleavingConfig {
-        mode: InterleavingMode::Preempt(vec![after_signal.clone()]),
-        settle: Duration::from_secs(5),
-        limit: Duration::from_secs(10),
-        ..InterleavingConfig::default()
-    };
+    let config = preempt_patiently(&after_signal);
     for run in 0..5 {
         let k = model(config.clone());
         assert!(setter_and_sleeper(&k), "run {run}: the pause ended before the woken sleeper ran");
