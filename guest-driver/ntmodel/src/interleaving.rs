@@ -364,8 +364,9 @@ impl NtModel {
         state.reports.push(report);
     }
 
-    /// The calling thread is about to block in the model (a lock, a wait) or leaves a routine for the platform's
-    /// idle loop: it counts as quiescent for a paused thread until `active` is called.
+    /// The calling thread leaves the model for the platform's own wait (the interrupt thread between messages):
+    /// it counts as quiescent for a paused thread until `active` is called. A wait inside the model uses
+    /// `block_on`, which its waker's `wake` ends.
     pub(crate) fn quiescent(&self) {
         self.set_active(false)
     }
