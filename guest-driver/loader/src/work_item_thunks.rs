@@ -8,14 +8,18 @@ use std::ffi::c_void;
 use vhca_ntapi::{NtAsyncKernel, PDEVICE_OBJECT, PIO_WORKITEM, WORK_QUEUE_TYPE};
 use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
 
+use crate::driver_stack::{at_driver_site, site_entry};
 use crate::kernel_context::kernel;
 
 /// IO_WORKITEM_ROUTINE(DeviceObject, Context), as the image calls it.
 pub type WorkItemRoutine = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut c_void);
 
-/// IoAllocateWorkItem(DeviceObject): NULL when the model refuses.
+// IoAllocateWorkItem is on the low-resources simulation's list: its stub names the driver's call site.
+site_entry!(IoAllocateWorkItem_entry => IoAllocateWorkItem);
+
+/// IoAllocateWorkItem(DeviceObject): NULL when the model refuses (the low-resources simulation, say).
 unsafe extern "win64" fn IoAllocateWorkItem(device: *mut DEVICE_OBJECT) -> *mut c_void {
-    kernel().model.IoAllocateWorkItem(PDEVICE_OBJECT(device as u64)).0 as *mut c_void
+    at_driver_site(|| kernel().model.IoAllocateWorkItem(PDEVICE_OBJECT(device as u64)).0 as *mut c_void)
 }
 
 /// IoQueueWorkItem(IoWorkItem, WorkerRoutine, QueueType, Context): WORK_QUEUE_TYPE CriticalWorkQueue 0,
@@ -51,7 +55,7 @@ unsafe extern "win64" fn IoFreeWorkItem(item: *mut c_void) {
 /// (routine, thunk) for the work item routines, all ntoskrnl.exe's.
 pub fn work_item_thunks() -> [(&'static str, usize); 3] {
     [
-        ("IoAllocateWorkItem", IoAllocateWorkItem as *const () as usize),
+        ("IoAllocateWorkItem", IoAllocateWorkItem_entry as *const () as usize),
         ("IoQueueWorkItem", IoQueueWorkItem as *const () as usize),
         ("IoFreeWorkItem", IoFreeWorkItem as *const () as usize),
     ]

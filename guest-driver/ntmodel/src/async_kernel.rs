@@ -2,8 +2,11 @@
 //! locks, work_item, timer, dispatcher, clock), which checks its rules. Each is a scheduling point named by its
 //! caller's location (`kernel_call`), as the `NtKernel` routines are (kernel.rs).
 
+use std::panic::Location;
+
 use vhca_ntapi::*;
 
+use crate::low_resources::at_location;
 use crate::NtModel;
 
 impl NtAsyncKernel for NtModel {
@@ -81,7 +84,7 @@ impl NtAsyncKernel for NtModel {
     #[track_caller]
     fn IoAllocateWorkItem(&self, device_object: PDEVICE_OBJECT) -> PIO_WORKITEM {
         let _call = self.kernel_call("IoAllocateWorkItem");
-        self.work_item_allocate(device_object)
+        at_location(Location::caller(), || self.work_item_allocate(device_object))
     }
     #[track_caller]
     fn IoQueueWorkItem(&self, item: PIO_WORKITEM, routine: PIO_WORKITEM_ROUTINE, queue_type: WORK_QUEUE_TYPE) {

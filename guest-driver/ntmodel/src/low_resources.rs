@@ -25,6 +25,8 @@ pub enum FaultableRoutine {
     IoAllocateMdl,
     MmProbeAndLockPages,
     MmAllocateContiguousMemorySpecifyCache,
+    /// On Microsoft's list "starting with Windows Vista": the driver gets NULL.
+    IoAllocateWorkItem,
     /// Not on Microsoft's list: failed only with `LowResourcesConfig::dma_routines` (a model extension).
     AllocateCommonBuffer,
     /// Not on Microsoft's list: failed only with `LowResourcesConfig::dma_routines` (a model extension).
@@ -38,6 +40,7 @@ impl FaultableRoutine {
             FaultableRoutine::IoAllocateMdl => "IoAllocateMdl",
             FaultableRoutine::MmProbeAndLockPages => "MmProbeAndLockPages",
             FaultableRoutine::MmAllocateContiguousMemorySpecifyCache => "MmAllocateContiguousMemorySpecifyCache",
+            FaultableRoutine::IoAllocateWorkItem => "IoAllocateWorkItem",
             FaultableRoutine::AllocateCommonBuffer => "AllocateCommonBuffer",
             FaultableRoutine::GetScatterGatherList => "GetScatterGatherList",
         }

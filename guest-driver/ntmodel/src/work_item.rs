@@ -12,6 +12,7 @@ use vhca_ntapi::*;
 
 use crate::bugcheck::{Bugcheck, BugcheckUnwind};
 use crate::interleaving::{PointKind, SyncObject, WaitChannel};
+use crate::low_resources::FaultableRoutine;
 use crate::processor::{ModelGate, ModelRef, ProcessorNumber};
 use crate::verifier::e4;
 use crate::{lock, NtModel};
@@ -155,6 +156,9 @@ fn worker(shared: Arc<Shared>, model: WorkerModel) {
 impl NtModel {
     pub(crate) fn work_item_allocate(&self, device: PDEVICE_OBJECT) -> PIO_WORKITEM {
         self.irql_at_most(DISPATCH_LEVEL);
+        if self.inject(FaultableRoutine::IoAllocateWorkItem, None).is_some() {
+            return PIO_WORKITEM(0);
+        }
         let item = self.new_object();
         let w = WorkItem { device, queued: false, routine_address: 0 };
         lock(&self.workers.shared.pool).items.insert(item, w);

@@ -111,6 +111,9 @@ fn each_routine_fails_with_its_windows_result() {
     let adapter = k.IoGetDmaAdapter(PDO, &DEVICE_DESCRIPTION::bus_master_64(1 << 20), &mut granted);
     let mut logical = PHYSICAL_ADDRESS(0);
     assert!(k.AllocateCommonBuffer(adapter, 4096, &mut logical, true).is_null());
+    let items: Vec<PIO_WORKITEM> = (0..black_box(2)).map(|_| k.IoAllocateWorkItem(PDO)).collect();
+    assert!(items[0].is_null() && !items[1].is_null(), "IoAllocateWorkItem: NULL the first time at its site");
+    k.IoFreeWorkItem(items[1]);
     let routines: Vec<_> = k.injected_faults().iter().map(|f| (f.routine, f.failure)).collect();
     assert_eq!(
         routines,
@@ -121,6 +124,7 @@ fn each_routine_fails_with_its_windows_result() {
             (FaultableRoutine::IoAllocateMdl, Failure::Null),
             (FaultableRoutine::MmProbeAndLockPages, Failure::Status(STATUS_INSUFFICIENT_RESOURCES)),
             (FaultableRoutine::AllocateCommonBuffer, Failure::Null),
+            (FaultableRoutine::IoAllocateWorkItem, Failure::Null),
         ]
     );
     k.IoFreeMdl(mdl);
