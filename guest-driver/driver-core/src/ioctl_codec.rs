@@ -8,6 +8,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// Our device type: 0x8000 and above are the vendor range (below is Microsoft's); 0x56 is 'V'.
 pub const FILE_DEVICE_VHCA: u32 = 0x8056;
 
+/// GUID_DEVINTERFACE_VHCA, the device interface class vhca.sys registers and a user-mode provider looks up (our own
+/// class: no Microsoft class fits an RDMA verbs provider's private IOCTLs), as GUID::from_u128 takes it.
+pub const DEVICE_INTERFACE_GUID: u128 = 0x5648_4341_7665_7262_a5c3_1d2e_8f40_9b76;
+
 /// How the I/O manager passes the buffers (the low two bits of a code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransferMethod {

@@ -4,7 +4,10 @@
 use vhca_driver_core::ioctl_codec::*;
 use vhca_loader::user_process::{UserProcess, UserProgram};
 use vhca_proto::ACCESS_LOCAL_WRITE;
+use vhca_user_verbs::{rdma_write_loopback, Reply, VerbsProcess};
 use zerocopy::{FromBytes, IntoBytes};
+
+use crate::report::progress;
 
 /// What the user program does (`vhca.user=`); None: no user process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -18,6 +21,10 @@ pub enum UserSequence {
     /// each of which must be refused with STATUS_ACCESS_VIOLATION, then one over its own memory that must work and
     /// DEREG_MR: the seed's ioctl-bad-user-pointer and -probed.
     BadPointer,
+    /// The provider's whole life, as the Windows test program vhca-verbs-test.exe runs it (vhca-user-verbs): QPs
+    /// connected, an RDMA write between two MRs polled to its completion and checked, a foreign handle refused,
+    /// everything destroyed. The seed's user-verbs-loopback.
+    Loopback,
 }
 
 impl UserSequence {
@@ -25,7 +32,8 @@ impl UserSequence {
         match value {
             "exit-with-mr" => Ok(UserSequence::ExitWithMr),
             "bad-pointer" => Ok(UserSequence::BadPointer),
-            _ => Err(format!("not exit-with-mr or bad-pointer: {value:?}")),
+            "loopback" => Ok(UserSequence::Loopback),
+            _ => Err(format!("not exit-with-mr, bad-pointer or loopback: {value:?}")),
         }
     }
 
@@ -35,6 +43,7 @@ impl UserSequence {
             UserSequence::None => None,
             UserSequence::ExitWithMr => Some(Box::new(exit_with_mr)),
             UserSequence::BadPointer => Some(Box::new(bad_pointer)),
+            UserSequence::Loopback => Some(Box::new(loopback)),
         }
     }
 }
@@ -113,6 +122,37 @@ fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
     Ok(())
 }
 
+/// The loader's user process as vhca-user-verbs' provider sees a process.
+struct LoaderProcess<'a>(&'a mut UserProcess);
+
+impl VerbsProcess for LoaderProcess<'_> {
+    fn open_interface(&mut self) -> Result<usize, i32> {
+        self.0.open_interface()
+    }
+    fn device_control(&mut self, file: usize, code: u32, input: &[u8], output: &mut [u8]) -> Reply {
+        let reply = self.0.device_control(file, code, input, output);
+        Reply { status: reply.status, information: reply.information }
+    }
+    fn allocate(&mut self, bytes: usize, in_page_offset: usize) -> Option<usize> {
+        self.0.allocate(bytes, in_page_offset)
+    }
+    fn pause(&mut self, ms: u32) {
+        std::thread::sleep(std::time::Duration::from_millis(ms.into()));
+    }
+    fn log(&mut self, line: &str) {
+        progress(format_args!("{line}"));
+    }
+}
+
+fn loopback(process: &mut UserProcess) -> Result<(), String> {
+    let summary = rdma_write_loopback(&mut LoaderProcess(process))?;
+    progress(format_args!(
+        "user process: vhca-verbs loopback passed ({} bytes, {} poll(s), a foreign CQ refused with {:#010x})",
+        summary.bytes, summary.polls, summary.refused_with as u32
+    ));
+    Ok(())
+}
+
 /// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back (`()`: nothing back).
 pub(crate) fn call<T: FromBytes + IntoBytes + Default>(
     process: &UserProcess,
@@ -137,6 +177,7 @@ mod tests {
     fn the_sequence_is_named_or_refused() {
         assert_eq!(UserSequence::parse("exit-with-mr"), Ok(UserSequence::ExitWithMr));
         assert_eq!(UserSequence::parse("bad-pointer"), Ok(UserSequence::BadPointer));
+        assert_eq!(UserSequence::parse("loopback"), Ok(UserSequence::Loopback));
         assert!(UserSequence::parse("exit").is_err());
         assert!(UserSequence::None.program().is_none());
         assert!(UserSequence::ExitWithMr.program().is_some());

@@ -96,7 +96,8 @@ fn seed_suite_parses_and_expands() {
     // IRP on a present device, which has no native twin until a real hot-unplug drives both; and
     // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have;
     // and a user process's requests (its exit with an MR registered, a REG_MR with a bad pointer, its RDMA write in
-    // flight when the machine sleeps, the device is rebalanced or hot-unplugged), IRPs the native
+    // flight when the machine sleeps, the device is rebalanced or hot-unplugged, its RDMA write polled to the end),
+    // IRPs the native
     // program has no I/O manager to send.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
@@ -110,6 +111,7 @@ fn seed_suite_parses_and_expands() {
             "sleep-resume-d0-dispatch",
             "user-exit-with-mr-registered",
             "user-exit-with-mr-released",
+            "user-verbs-loopback",
             "ioctl-bad-user-pointer",
             "ioctl-bad-user-pointer-probed",
             "sleep-during-traffic-unquiesced",

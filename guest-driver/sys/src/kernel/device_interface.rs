@@ -8,9 +8,9 @@ use windows_sys::Win32::Foundation::{NTSTATUS, UNICODE_STRING};
 
 use super::kernel_imports::RtlFreeUnicodeString;
 
-/// GUID_DEVINTERFACE_VHCA: our own class (no Microsoft class fits an RDMA verbs provider's private IOCTLs), the
-/// one docs/protocol.md section 12 and a user-mode provider's SetupDiGetClassDevs name.
-pub const GUID_DEVINTERFACE_VHCA: GUID = GUID::from_u128(0x5648_4341_7665_7262_a5c3_1d2e_8f40_9b76);
+/// GUID_DEVINTERFACE_VHCA: the driver core's `DEVICE_INTERFACE_GUID`, the one docs/protocol.md section 12 and a
+/// user-mode provider (vhca-verbs-test.exe's CM_Get_Device_Interface_List) name.
+pub const GUID_DEVINTERFACE_VHCA: GUID = GUID::from_u128(vhca_driver_core::ioctl_codec::DEVICE_INTERFACE_GUID);
 
 /// The symbolic link IoRegisterDeviceInterface gave; its buffer is the I/O manager's pool, given back on drop.
 pub struct DeviceInterface {

@@ -1,0 +1,234 @@
+//! The provider's whole life once: open, query, a PD, a CQ, two QPs connected to each other, an MR on each side over
+//! the process's own unaligned memory, one RDMA write between them polled to its completion and checked byte for
+//! byte, a request the driver must refuse, then every object destroyed in dependency order.
+
+use alloc::format;
+use alloc::string::String;
+
+use vhca_driver_core::ioctl_codec::*;
+use vhca_proto::status::WcStatus;
+use vhca_proto::{Cqe, Sge, Wqe, WrOpcode, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, CQE_SIZE, WQE_SIZE, WR_SIGNALED};
+use zerocopy::little_endian::U32;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::{process_bytes, Reply, VerbsProcess};
+
+/// The write's length: over two pages, so the MRs span three pages each.
+pub const LOOPBACK_BYTES: usize = 2 * 4096 + 300;
+/// Where each buffer starts in its first page: a user buffer seldom starts a page.
+const IN_PAGE_OFFSET: usize = 0x1a0;
+const WR_ID: u64 = 0x7e57_0001;
+/// How long the completion may take: polls, each after a pause of POLL_PAUSE_MS (5 s under TCG is ample).
+const POLLS: u32 = 5000;
+const POLL_PAUSE_MS: u32 = 1;
+const POLL_MAX: usize = 4;
+
+/// What a run that passed saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopbackSummary {
+    pub bytes: usize,
+    /// Whether the destination held the bytes already at the completion (not under DMA checking's double buffer).
+    pub matched_before_dereg: bool,
+    /// POLL_CQ calls until the write's completion came.
+    pub polls: u32,
+    /// What the driver answered the request it had to refuse (a CQ this file does not hold).
+    pub refused_with: i32,
+}
+
+/// Runs the life; Err names the step that went wrong and what the driver answered.
+pub fn rdma_write_loopback(process: &mut impl VerbsProcess) -> Result<LoopbackSummary, String> {
+    let file = process.open_interface().map_err(|s| format!("CreateFile on the interface: {:#010x}", s as u32))?;
+    let mut p = Provider { process, file, cqes: None };
+    let open = OpenContextIn { abi_version: USER_ABI_VERSION.into(), reserved: 0.into() };
+    let context: OpenContextOut = p.call("OPEN_CONTEXT", IOCTL_VHCA_OPEN_CONTEXT, open.as_bytes())?;
+    if context.abi_version.get() != USER_ABI_VERSION {
+        return Err(format!("OPEN_CONTEXT agreed on ABI {}", context.abi_version.get()));
+    }
+    let mut attributes = [0u8; 256];
+    let reply = p.control(IOCTL_VHCA_QUERY_DEVICE, &[], &mut attributes);
+    if reply.status < 0 || reply.information == 0 {
+        return Err(format!("QUERY_DEVICE: status {:#010x}, {} bytes", reply.status as u32, reply.information));
+    }
+    let pd: HandleOut = p.call("ALLOC_PD", IOCTL_VHCA_ALLOC_PD, &[])?;
+    let cq_in = CreateCqIn { entries: 16.into(), reserved: 0.into() };
+    let cq: CreateCqOut = p.call("CREATE_CQ", IOCTL_VHCA_CREATE_CQ, cq_in.as_bytes())?;
+    let qp_in = CreateQpIn {
+        pd: pd.handle,
+        send_cq: cq.cq,
+        recv_cq: cq.cq,
+        sq_entries: 16.into(),
+        rq_entries: 16.into(),
+        reserved: 0.into(),
+    };
+    let a: HandleOut = p.call("CREATE_QP", IOCTL_VHCA_CREATE_QP, qp_in.as_bytes())?;
+    let b: HandleOut = p.call("CREATE_QP", IOCTL_VHCA_CREATE_QP, qp_in.as_bytes())?;
+    for (qpn, dest) in [(a.handle, b.handle), (b.handle, a.handle)] {
+        let connect = ConnectQpIn { qpn, dest_qpn: dest, access: ACCESS_REMOTE_WRITE.into(), reserved: 0.into() };
+        p.call::<()>("CONNECT_QP", IOCTL_VHCA_CONNECT_QP, connect.as_bytes())?;
+    }
+
+    // A handle this file never made must be refused, not looked up on the HCA (the IOCTL is a security boundary).
+    let foreign = U32::new(cq.cq.get().wrapping_add(1000));
+    let (refused_with, _) = p.poll(foreign)?;
+    if refused_with >= 0 {
+        return Err(format!("POLL_CQ of CQ {} this file does not hold answered {refused_with:#010x}", foreign.get()));
+    }
+
+    let src = p.allocate(LOOPBACK_BYTES, "the source")?;
+    let dst = p.allocate(LOOPBACK_BYTES, "the destination")?;
+    // SAFETY: `allocate` gave LOOPBACK_BYTES of the process's memory at each, mapped until the process exits.
+    let (source, destination) = unsafe { (process_bytes(src, LOOPBACK_BYTES), process_bytes(dst, LOOPBACK_BYTES)) };
+    source.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8 ^ 0x5a);
+    destination.fill(0);
+    let src_mr = p.register(pd.handle, src, 0)?;
+    let dst_mr = p.register(pd.handle, dst, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)?;
+
+    let mut write = Wqe {
+        wr_id: WR_ID.into(),
+        opcode: (WrOpcode::RdmaWrite as u32).into(),
+        flags: WR_SIGNALED.into(),
+        remote_addr: dst_mr.addr,
+        rkey: dst_mr.rkey,
+        num_sge: 1.into(),
+        ..Wqe::default()
+    };
+    write.sge[0] = Sge { addr: src_mr.addr, length: (LOOPBACK_BYTES as u32).into(), lkey: src_mr.lkey };
+    // POST's METHOD_IN_DIRECT buffer: process memory, probed and locked by the I/O manager in the caller's context.
+    let record = p.allocate(WQE_SIZE, "the WQE")?;
+    // SAFETY: as above.
+    unsafe { process_bytes(record, WQE_SIZE) }.copy_from_slice(write.as_bytes());
+    let post = PostIn { qpn: a.handle, count: 1.into() };
+    // SAFETY: as above.
+    let reply = p.control(IOCTL_VHCA_POST_SEND, post.as_bytes(), unsafe { process_bytes(record, WQE_SIZE) });
+    if reply.status < 0 || reply.information != WQE_SIZE {
+        return Err(format!("POST_SEND: status {:#010x}, {} bytes taken", reply.status as u32, reply.information));
+    }
+
+    let mut polls = 0;
+    let completion = loop {
+        polls += 1;
+        let (status, cqe) = p.poll(cq.cq)?;
+        if status < 0 {
+            return Err(format!("POLL_CQ: status {:#010x}", status as u32));
+        }
+        if let Some(c) = cqe {
+            break c;
+        }
+        if polls == POLLS {
+            return Err(format!("RDMA write {WR_ID:#x}: no completion after {POLLS} polls"));
+        }
+        p.process.pause(POLL_PAUSE_MS);
+    };
+    if completion.wr_id.get() != WR_ID || completion.status.get() != WcStatus::Success as u32 {
+        return Err(format!(
+            "RDMA write {WR_ID:#x}: completion for {:#x} with {}",
+            completion.wr_id.get(),
+            WcStatus::from_u32(completion.status.get()).map_or("UNKNOWN", WcStatus::name)
+        ));
+    }
+    // The bytes are compared after DEREG_MR, not at the completion: the MR is an S/G mapping held for its life, and
+    // under Driver Verifier's DMA checking (0x80) Windows double-buffers it, so the device's write lands in the
+    // verifier's shadow and reaches the process's pages only when the list is put back at deregistration (the
+    // seed's shared-buffer-sg shows the same with a kernel buffer). What the pages held at the completion is logged.
+    // SAFETY: as above; the device is done with both buffers (the write completed).
+    let early = unsafe { process_bytes(src, LOOPBACK_BYTES) == process_bytes(dst, LOOPBACK_BYTES) };
+    p.process.log(&format!(
+        "vhca-verbs: RDMA write of {LOOPBACK_BYTES} bytes completed after {polls} poll(s); the destination {} before \
+         DEREG_MR",
+        if early { "matched" } else { "did not match yet (a double-buffered mapping)" }
+    ));
+    for mr in [&src_mr, &dst_mr] {
+        p.destroy("DEREG_MR", IOCTL_VHCA_DEREG_MR, mr.lkey)?;
+    }
+    // SAFETY: as above; both MRs are gone, so the pages are the process's alone.
+    let (source, destination) = unsafe { (process_bytes(src, LOOPBACK_BYTES), process_bytes(dst, LOOPBACK_BYTES)) };
+    if let Some(first) = source.iter().zip(destination.iter()).position(|(s, d)| s != d) {
+        return Err(format!("RDMA write {WR_ID:#x}: the destination differs from byte {first} on after DEREG_MR"));
+    }
+    for qp in [&a, &b] {
+        p.destroy("DESTROY_QP", IOCTL_VHCA_DESTROY_QP, qp.handle)?;
+    }
+    p.destroy("DESTROY_CQ", IOCTL_VHCA_DESTROY_CQ, cq.cq)?;
+    p.destroy("DEALLOC_PD", IOCTL_VHCA_DEALLOC_PD, pd.handle)?;
+    Ok(LoopbackSummary { bytes: LOOPBACK_BYTES, matched_before_dereg: early, polls, refused_with })
+}
+
+/// The process and its open handle, with the steps every IOCTL shares.
+struct Provider<'a, P: VerbsProcess> {
+    process: &'a mut P,
+    file: usize,
+    /// The CQE buffer every poll reuses, allocated at the first.
+    cqes: Option<usize>,
+}
+
+impl<P: VerbsProcess> Provider<'_, P> {
+    fn control(&mut self, code: u32, input: &[u8], output: &mut [u8]) -> Reply {
+        self.process.device_control(self.file, code, input, output)
+    }
+
+    /// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back (`()`: nothing back).
+    fn call<T: FromBytes + IntoBytes + Default>(&mut self, name: &str, code: u32, input: &[u8]) -> Result<T, String> {
+        let mut out = T::default();
+        let want = core::mem::size_of::<T>();
+        let reply = self.control(code, input, out.as_mut_bytes());
+        if reply.status < 0 {
+            return Err(format!("{name}: status {:#010x}", reply.status as u32));
+        }
+        if reply.information != want {
+            return Err(format!("{name}: {} bytes back, not {want}", reply.information));
+        }
+        Ok(out)
+    }
+
+    fn destroy(&mut self, name: &str, code: u32, handle: U32) -> Result<(), String> {
+        self.call::<()>(name, code, HandleIn { handle, reserved: 0.into() }.as_bytes())
+    }
+
+    fn allocate(&mut self, bytes: usize, what: &str) -> Result<usize, String> {
+        self.process.allocate(bytes, IN_PAGE_OFFSET).ok_or_else(|| format!("no process memory for {what}"))
+    }
+
+    fn register(&mut self, pd: U32, addr: usize, access: u32) -> Result<RegMrOut, String> {
+        let reg = RegMrIn {
+            addr: (addr as u64).into(),
+            length: (LOOPBACK_BYTES as u32).into(),
+            pd,
+            access: access.into(),
+            reserved: 0.into(),
+        };
+        let mr: RegMrOut = self.call("REG_MR", IOCTL_VHCA_REG_MR, reg.as_bytes())?;
+        if mr.addr.get() != addr as u64 || mr.length.get() as usize != LOOPBACK_BYTES {
+            return Err(format!("REG_MR answered {mr:?} for {addr:#x}+{LOOPBACK_BYTES:#x}"));
+        }
+        Ok(mr)
+    }
+
+    /// POLL_CQ of up to POLL_MAX completions into process memory: its status and the first completion (none when
+    /// it failed or found nothing; a refusal is an answer, not an error of the program).
+    fn poll(&mut self, cq: U32) -> Result<(i32, Option<Cqe>), String> {
+        let at = self.cqe_buffer()?;
+        let request = PollCqIn { cq, max: (POLL_MAX as u32).into() };
+        // SAFETY: `at` holds CQE_SIZE * POLL_MAX bytes of the process's memory (cqe_buffer).
+        let out = unsafe { process_bytes(at, CQE_SIZE * POLL_MAX) };
+        let reply = self.control(IOCTL_VHCA_POLL_CQ, request.as_bytes(), out);
+        if reply.status < 0 {
+            return Ok((reply.status, None));
+        }
+        let polled = reply.information.min(CQE_SIZE * POLL_MAX);
+        // SAFETY: as above.
+        let first =
+            unsafe { process_bytes(at, polled) }.chunks_exact(CQE_SIZE).find_map(|c| Cqe::read_from_bytes(c).ok());
+        Ok((reply.status, first))
+    }
+
+    fn cqe_buffer(&mut self) -> Result<usize, String> {
+        match self.cqes {
+            Some(at) => Ok(at),
+            None => {
+                let at = self.allocate(CQE_SIZE * POLL_MAX, "the CQEs")?;
+                self.cqes = Some(at);
+                Ok(at)
+            }
+        }
+    }
+}
