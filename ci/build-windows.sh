@@ -4,6 +4,7 @@
 #   vhca.sys            the driver, test-signed (Authenticode, SHA-256) with the certificate below
 #   vhca.pdb            its symbols (WinDbg)
 #   vhca.inf            the package's INF (both device ids, DmaRemappingCompatible)
+#   vhca-verbs-test.exe the user-mode test program (guest-driver/verbs-test), unsigned: user mode needs no signature
 #   vhca-test.cer       the test certificate (DER), for the guest's Root and TrustedPublisher stores
 #   vhca-test.pfx       certificate + key (password "vhca"), to sign the catalog inside the guest (docs/windows.md)
 #   vhca-test.pem / vhca-test.key   the same in PEM; made fresh by every build, never committed (target/ is ignored)
@@ -30,13 +31,15 @@ for tool in osslsigncode openssl; do
   fi
 done
 
-cargo build --profile driver --target "$triple" -p vhca-sys
+cargo build --profile driver --target "$triple" -p vhca-sys -p vhca-verbs-test
 
 rm -rf "$out"
 mkdir -p "$out"
 cp "$target/$triple/driver/vhca.exe" "$out/vhca.unsigned.sys"
 cp "$target/$triple/driver/vhca.pdb" "$out/vhca.pdb"
 cp guest-driver/sys/vhca.inf "$out/vhca.inf"
+# The user-mode test program a Windows guest runs against the driver (docs/windows.md); never run here.
+cp "$target/$triple/driver/vhca-verbs-test.exe" "$out/vhca-verbs-test.exe"
 
 # The test certificate: self-signed, code signing only, valid 30 days, made for this build.
 openssl req -x509 -newkey rsa:3072 -sha256 -nodes -days 30 \
