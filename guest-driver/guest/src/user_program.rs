@@ -1,6 +1,8 @@
 //! The user program a vhca.sys run plays once the device started (`vhca.user=`): a process of the loader's model
 //! that opens vhca's device interface and drives its IOCTLs as a user-mode verbs provider would, then exits.
 
+use std::time::Instant;
+
 use vhca_driver_core::ioctl_codec::*;
 use vhca_loader::user_process::{UserProcess, UserProgram};
 use vhca_proto::ACCESS_LOCAL_WRITE;
@@ -25,6 +27,10 @@ pub enum UserSequence {
     /// connected, an RDMA write between two MRs polled to its completion and checked, a foreign handle refused,
     /// everything destroyed. The seed's user-verbs-loopback.
     Loopback,
+    /// Two processes running Loopback at once, the second on its own thread bound to the model's next processor:
+    /// two files, their IOCTLs dispatched into vhca.sys side by side (`vhca.user=loopback:2`, the seed's
+    /// user-verbs-two-processes).
+    TwoLoopbacks,
 }
 
 impl UserSequence {
@@ -33,7 +39,8 @@ impl UserSequence {
             "exit-with-mr" => Ok(UserSequence::ExitWithMr),
             "bad-pointer" => Ok(UserSequence::BadPointer),
             "loopback" => Ok(UserSequence::Loopback),
-            _ => Err(format!("not exit-with-mr, bad-pointer or loopback: {value:?}")),
+            "loopback:2" => Ok(UserSequence::TwoLoopbacks),
+            _ => Err(format!("not exit-with-mr, bad-pointer, loopback or loopback:2: {value:?}")),
         }
     }
 
@@ -44,6 +51,7 @@ impl UserSequence {
             UserSequence::ExitWithMr => Some(Box::new(exit_with_mr)),
             UserSequence::BadPointer => Some(Box::new(bad_pointer)),
             UserSequence::Loopback => Some(Box::new(loopback)),
+            UserSequence::TwoLoopbacks => Some(Box::new(two_loopbacks)),
         }
     }
 }
@@ -153,6 +161,49 @@ fn loopback(process: &mut UserProcess) -> Result<(), String> {
     Ok(())
 }
 
+/// Loopback in this process and, at the same time, in a second one on another thread and processor, which exits
+/// when its life ends; both must pass. What each process holds is its own file's: neither sees the other's handles.
+fn two_loopbacks(process: &mut UserProcess) -> Result<(), String> {
+    let pdo = process.pdo() as usize;
+    let k = vhca_loader::kernel_context::kernel();
+    let cpu = 1 % k.model.processor_count();
+    let second = std::thread::Builder::new()
+        .name("user-process-2".into())
+        .spawn(move || {
+            vhca_loader::driver_fault::prepare_thread();
+            vhca_loader::kernel_context::kernel().model.run_on_processor(cpu, || {
+                let mut other = UserProcess::new(pdo as *mut _);
+                let started = Instant::now();
+                let outcome = rdma_write_loopback(&mut LoaderProcess(&mut other));
+                let ended = Instant::now();
+                other.exit();
+                (outcome, started, ended)
+            })
+        })
+        .map_err(|e| format!("no thread for the second process: {e}"))?;
+    let started = Instant::now();
+    let first = rdma_write_loopback(&mut LoaderProcess(process));
+    let ended = Instant::now();
+    let (second, second_started, second_ended) =
+        second.join().map_err(|_| "the second process's thread panicked".to_string())?;
+    // Side by side, or the run tests what one process does: each life must begin before the other's ended.
+    let overlap = ended.min(second_ended).saturating_duration_since(started.max(second_started));
+    if overlap.is_zero() {
+        return Err("the two processes' lives did not overlap: their requests never met in the driver".into());
+    }
+    progress(format_args!("user processes: the two lives overlapped for {} ms", overlap.as_millis()));
+    for (which, outcome) in [("first", &first), ("second", &second)] {
+        match outcome {
+            Ok(s) => progress(format_args!(
+                "user process ({which} of two): vhca-verbs loopback passed ({} bytes, {} poll(s))",
+                s.bytes, s.polls
+            )),
+            Err(why) => return Err(format!("the {which} of two processes: {why}")),
+        }
+    }
+    Ok(())
+}
+
 /// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back (`()`: nothing back).
 pub(crate) fn call<T: FromBytes + IntoBytes + Default>(
     process: &UserProcess,
@@ -178,6 +229,7 @@ mod tests {
         assert_eq!(UserSequence::parse("exit-with-mr"), Ok(UserSequence::ExitWithMr));
         assert_eq!(UserSequence::parse("bad-pointer"), Ok(UserSequence::BadPointer));
         assert_eq!(UserSequence::parse("loopback"), Ok(UserSequence::Loopback));
+        assert_eq!(UserSequence::parse("loopback:2"), Ok(UserSequence::TwoLoopbacks));
         assert!(UserSequence::parse("exit").is_err());
         assert!(UserSequence::None.program().is_none());
         assert!(UserSequence::ExitWithMr.program().is_some());

@@ -85,6 +85,11 @@ impl UserProcess {
         UserProcess { object: Box::new([0; 16]), pdo, memory: Vec::new(), files: Vec::new() }
     }
 
+    /// The device's PDO this process opens the interface of (a second process on the same device starts from it).
+    pub fn pdo(&self) -> *mut DEVICE_OBJECT {
+        self.pdo
+    }
+
     /// The process object's address: what 0x76's Parameter 2 names.
     pub fn id(&self) -> usize {
         &*self.object as *const [u64; 16] as usize

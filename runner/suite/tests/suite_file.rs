@@ -112,6 +112,7 @@ fn seed_suite_parses_and_expands() {
             "user-exit-with-mr-registered",
             "user-exit-with-mr-released",
             "user-verbs-loopback",
+            "user-verbs-two-processes",
             "ioctl-bad-user-pointer",
             "ioctl-bad-user-pointer-probed",
             "sleep-during-traffic-unquiesced",
