@@ -395,7 +395,7 @@ fn xorriso_here_builds_the_answer_disc() {
     let dir = tempfile::tempdir().unwrap();
     let package = dir.path().join("vhca-sys");
     std::fs::create_dir(&package).unwrap();
-    for f in ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx"] {
+    for f in ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx", "vhca-verbs-test.exe"] {
         std::fs::write(package.join(f), f).unwrap();
     }
     let opts = options(package);
@@ -412,6 +412,7 @@ fn xorriso_here_builds_the_answer_disc() {
         "/vhca/driver/vhca.inf",
         "/vhca/driver/vhca-test.cer",
         "/vhca/driver/vhca-test.pfx",
+        "/vhca/driver/vhca-verbs-test.exe",
     ] {
         assert!(listing.contains(f), "{f} not on the disc:\n{listing}");
     }

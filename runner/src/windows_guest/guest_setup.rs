@@ -24,9 +24,9 @@ pub const SETUP_FILE: &str = "vhca-setup.ps1";
 /// The scheduled task that starts the agent at every boot, before anyone logs on.
 pub const AGENT_TASK: &str = "vhca-agent";
 /// The files the driver package must hold (`ci/build-windows.sh` writes them to target/vhca-sys/): the INF,
-/// the test-signed driver, the test certificate it was signed with, and that certificate with its key (password
-/// `vhca`) to sign the catalog the guest makes.
-pub const PACKAGE_FILES: [&str; 4] = ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx"];
+/// the test-signed driver, the test certificate it was signed with, that certificate with its key (password
+/// `vhca`) to sign the catalog the guest makes, and the user-mode test program the agent runs for `vhca.user`.
+pub const PACKAGE_FILES: [&str; 5] = ["vhca.inf", "vhca.sys", "vhca-test.cer", "vhca-test.pfx", "vhca-verbs-test.exe"];
 /// The catalog vhca.inf names (`CatalogFile = vhca.cat`): no Linux tool makes one, so the guest does (docs/windows.md).
 pub const CATALOG_FILE: &str = "vhca.cat";
 
