@@ -131,7 +131,7 @@ fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
 }
 
 /// The loader's user process as vhca-user-verbs' provider sees a process.
-struct LoaderProcess<'a>(&'a mut UserProcess);
+pub(crate) struct LoaderProcess<'a>(pub(crate) &'a mut UserProcess);
 
 impl VerbsProcess for LoaderProcess<'_> {
     fn open_interface(&mut self) -> Result<usize, i32> {

@@ -8,7 +8,7 @@ extern crate alloc;
 
 mod loopback;
 
-pub use loopback::{rdma_write_loopback, LoopbackSummary, LOOPBACK_BYTES};
+pub use loopback::{rdma_write_loopback, ConnectedPair, LoopbackSummary, Provider, LOOPBACK_BYTES};
 
 /// What DeviceIoControl gave back: the IRP's final status and its Information (bytes written to the output, or
 /// taken from an IN_DIRECT buffer).
@@ -37,7 +37,7 @@ pub trait VerbsProcess {
 ///
 /// # Safety
 /// `at` came from this process's `allocate` with at least `len` bytes, mapped until the process exits.
-pub(crate) unsafe fn process_bytes<'a>(at: usize, len: usize) -> &'a mut [u8] {
+pub unsafe fn process_bytes<'a>(at: usize, len: usize) -> &'a mut [u8] {
     // SAFETY: the caller's contract.
     unsafe { core::slice::from_raw_parts_mut(at as *mut u8, len) }
 }

@@ -4,6 +4,7 @@
 
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
 
 use vhca_driver_core::ioctl_codec::*;
 use vhca_proto::status::WcStatus;
@@ -37,87 +38,45 @@ pub struct LoopbackSummary {
 
 /// Runs the life; Err names the step that went wrong and what the driver answered.
 pub fn rdma_write_loopback(process: &mut impl VerbsProcess) -> Result<LoopbackSummary, String> {
-    let file = process.open_interface().map_err(|s| format!("CreateFile on the interface: {:#010x}", s as u32))?;
-    let mut p = Provider { process, file, cqes: None };
-    let open = OpenContextIn { abi_version: USER_ABI_VERSION.into(), reserved: 0.into() };
-    let context: OpenContextOut = p.call("OPEN_CONTEXT", IOCTL_VHCA_OPEN_CONTEXT, open.as_bytes())?;
-    if context.abi_version.get() != USER_ABI_VERSION {
-        return Err(format!("OPEN_CONTEXT agreed on ABI {}", context.abi_version.get()));
-    }
+    let mut p = Provider::open(process)?;
     let mut attributes = [0u8; 256];
     let reply = p.control(IOCTL_VHCA_QUERY_DEVICE, &[], &mut attributes);
     if reply.status < 0 || reply.information == 0 {
         return Err(format!("QUERY_DEVICE: status {:#010x}, {} bytes", reply.status as u32, reply.information));
     }
-    let pd: HandleOut = p.call("ALLOC_PD", IOCTL_VHCA_ALLOC_PD, &[])?;
-    let cq_in = CreateCqIn { entries: 16.into(), reserved: 0.into() };
-    let cq: CreateCqOut = p.call("CREATE_CQ", IOCTL_VHCA_CREATE_CQ, cq_in.as_bytes())?;
-    let qp_in = CreateQpIn {
-        pd: pd.handle,
-        send_cq: cq.cq,
-        recv_cq: cq.cq,
-        sq_entries: 16.into(),
-        rq_entries: 16.into(),
-        reserved: 0.into(),
-    };
-    let a: HandleOut = p.call("CREATE_QP", IOCTL_VHCA_CREATE_QP, qp_in.as_bytes())?;
-    let b: HandleOut = p.call("CREATE_QP", IOCTL_VHCA_CREATE_QP, qp_in.as_bytes())?;
-    for (qpn, dest) in [(a.handle, b.handle), (b.handle, a.handle)] {
-        let connect = ConnectQpIn { qpn, dest_qpn: dest, access: ACCESS_REMOTE_WRITE.into(), reserved: 0.into() };
-        p.call::<()>("CONNECT_QP", IOCTL_VHCA_CONNECT_QP, connect.as_bytes())?;
-    }
+    let ConnectedPair { pd, cq, a, b } = p.connected_pair()?;
 
     // A handle this file never made must be refused, not looked up on the HCA (the IOCTL is a security boundary).
-    let foreign = U32::new(cq.cq.get().wrapping_add(1000));
+    let foreign = U32::new(cq.get().wrapping_add(1000));
     let (refused_with, _) = p.poll(foreign)?;
     if refused_with >= 0 {
         return Err(format!("POLL_CQ of CQ {} this file does not hold answered {refused_with:#010x}", foreign.get()));
     }
 
-    let src = p.allocate(LOOPBACK_BYTES, "the source")?;
-    let dst = p.allocate(LOOPBACK_BYTES, "the destination")?;
+    let src = p.allocate(LOOPBACK_BYTES, IN_PAGE_OFFSET, "the source")?;
+    let dst = p.allocate(LOOPBACK_BYTES, IN_PAGE_OFFSET, "the destination")?;
     // SAFETY: `allocate` gave LOOPBACK_BYTES of the process's memory at each, mapped until the process exits.
     let (source, destination) = unsafe { (process_bytes(src, LOOPBACK_BYTES), process_bytes(dst, LOOPBACK_BYTES)) };
     source.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8 ^ 0x5a);
     destination.fill(0);
-    let src_mr = p.register(pd.handle, src, 0)?;
-    let dst_mr = p.register(pd.handle, dst, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)?;
-
-    let mut write = Wqe {
-        wr_id: WR_ID.into(),
-        opcode: (WrOpcode::RdmaWrite as u32).into(),
-        flags: WR_SIGNALED.into(),
-        remote_addr: dst_mr.addr,
-        rkey: dst_mr.rkey,
-        num_sge: 1.into(),
-        ..Wqe::default()
-    };
-    write.sge[0] = Sge { addr: src_mr.addr, length: (LOOPBACK_BYTES as u32).into(), lkey: src_mr.lkey };
-    // POST's METHOD_IN_DIRECT buffer: process memory, probed and locked by the I/O manager in the caller's context.
-    let record = p.allocate(WQE_SIZE, "the WQE")?;
-    // SAFETY: as above.
-    unsafe { process_bytes(record, WQE_SIZE) }.copy_from_slice(write.as_bytes());
-    let post = PostIn { qpn: a.handle, count: 1.into() };
-    // SAFETY: as above.
-    let reply = p.control(IOCTL_VHCA_POST_SEND, post.as_bytes(), unsafe { process_bytes(record, WQE_SIZE) });
-    if reply.status < 0 || reply.information != WQE_SIZE {
-        return Err(format!("POST_SEND: status {:#010x}, {} bytes taken", reply.status as u32, reply.information));
-    }
+    let src_mr = p.register(pd, src, LOOPBACK_BYTES, 0)?;
+    let dst_mr = p.register(pd, dst, LOOPBACK_BYTES, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)?;
+    p.post_rdma_write(a, &src_mr, &dst_mr, LOOPBACK_BYTES, WR_ID)?;
 
     let mut polls = 0;
     let completion = loop {
         polls += 1;
-        let (status, cqe) = p.poll(cq.cq)?;
+        let (status, cqes) = p.poll(cq)?;
         if status < 0 {
             return Err(format!("POLL_CQ: status {:#010x}", status as u32));
         }
-        if let Some(c) = cqe {
-            break c;
+        if let Some(c) = cqes.first() {
+            break *c;
         }
         if polls == POLLS {
             return Err(format!("RDMA write {WR_ID:#x}: no completion after {POLLS} polls"));
         }
-        p.process.pause(POLL_PAUSE_MS);
+        p.process().pause(POLL_PAUSE_MS);
     };
     if completion.wr_id.get() != WR_ID || completion.status.get() != WcStatus::Success as u32 {
         return Err(format!(
@@ -132,7 +91,7 @@ pub fn rdma_write_loopback(process: &mut impl VerbsProcess) -> Result<LoopbackSu
     // seed's shared-buffer-sg shows the same with a kernel buffer). What the pages held at the completion is logged.
     // SAFETY: as above; the device is done with both buffers (the write completed).
     let early = unsafe { process_bytes(src, LOOPBACK_BYTES) == process_bytes(dst, LOOPBACK_BYTES) };
-    p.process.log(&format!(
+    p.process().log(&format!(
         "vhca-verbs: RDMA write of {LOOPBACK_BYTES} bytes completed after {polls} poll(s); the destination {} before \
          DEREG_MR",
         if early { "matched" } else { "did not match yet (a double-buffered mapping)" }
@@ -145,29 +104,61 @@ pub fn rdma_write_loopback(process: &mut impl VerbsProcess) -> Result<LoopbackSu
     if let Some(first) = source.iter().zip(destination.iter()).position(|(s, d)| s != d) {
         return Err(format!("RDMA write {WR_ID:#x}: the destination differs from byte {first} on after DEREG_MR"));
     }
-    for qp in [&a, &b] {
-        p.destroy("DESTROY_QP", IOCTL_VHCA_DESTROY_QP, qp.handle)?;
+    for qp in [a, b] {
+        p.destroy("DESTROY_QP", IOCTL_VHCA_DESTROY_QP, qp)?;
     }
-    p.destroy("DESTROY_CQ", IOCTL_VHCA_DESTROY_CQ, cq.cq)?;
-    p.destroy("DEALLOC_PD", IOCTL_VHCA_DEALLOC_PD, pd.handle)?;
+    p.destroy("DESTROY_CQ", IOCTL_VHCA_DESTROY_CQ, cq)?;
+    p.destroy("DEALLOC_PD", IOCTL_VHCA_DEALLOC_PD, pd)?;
     Ok(LoopbackSummary { bytes: LOOPBACK_BYTES, matched_before_dereg: early, polls, refused_with })
 }
 
-/// The process and its open handle, with the steps every IOCTL shares.
-struct Provider<'a, P: VerbsProcess> {
+/// Two QPs of one file connected to each other on one CQ and PD (RDMA writes allowed), what a loopback provider
+/// sets up first: the handles the driver gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectedPair {
+    pub pd: U32,
+    pub cq: U32,
+    pub a: U32,
+    pub b: U32,
+}
+
+/// A process with vhca's interface open and a context agreed, and the steps of a provider's life, each checking
+/// what the driver answered and naming the step when it is wrong.
+pub struct Provider<'a, P: VerbsProcess> {
     process: &'a mut P,
     file: usize,
     /// The CQE buffer every poll reuses, allocated at the first.
     cqes: Option<usize>,
 }
 
-impl<P: VerbsProcess> Provider<'_, P> {
-    fn control(&mut self, code: u32, input: &[u8], output: &mut [u8]) -> Reply {
+impl<'a, P: VerbsProcess> Provider<'a, P> {
+    /// CreateFile on the interface, then OPEN_CONTEXT, which must agree on USER_ABI_VERSION.
+    pub fn open(process: &'a mut P) -> Result<Provider<'a, P>, String> {
+        let file = process.open_interface().map_err(|s| format!("CreateFile on the interface: {:#010x}", s as u32))?;
+        let mut p = Provider { process, file, cqes: None };
+        let open = OpenContextIn { abi_version: USER_ABI_VERSION.into(), reserved: 0.into() };
+        let context: OpenContextOut = p.call("OPEN_CONTEXT", IOCTL_VHCA_OPEN_CONTEXT, open.as_bytes())?;
+        if context.abi_version.get() != USER_ABI_VERSION {
+            return Err(format!("OPEN_CONTEXT agreed on ABI {}", context.abi_version.get()));
+        }
+        Ok(p)
+    }
+
+    pub fn process(&mut self) -> &mut P {
+        self.process
+    }
+
+    pub fn control(&mut self, code: u32, input: &[u8], output: &mut [u8]) -> Reply {
         self.process.device_control(self.file, code, input, output)
     }
 
     /// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back (`()`: nothing back).
-    fn call<T: FromBytes + IntoBytes + Default>(&mut self, name: &str, code: u32, input: &[u8]) -> Result<T, String> {
+    pub fn call<T: FromBytes + IntoBytes + Default>(
+        &mut self,
+        name: &str,
+        code: u32,
+        input: &[u8],
+    ) -> Result<T, String> {
         let mut out = T::default();
         let want = core::mem::size_of::<T>();
         let reply = self.control(code, input, out.as_mut_bytes());
@@ -180,52 +171,109 @@ impl<P: VerbsProcess> Provider<'_, P> {
         Ok(out)
     }
 
-    fn destroy(&mut self, name: &str, code: u32, handle: U32) -> Result<(), String> {
+    /// ALLOC_PD, CREATE_CQ (16 entries), two CREATE_QPs on it, each connected to the other.
+    pub fn connected_pair(&mut self) -> Result<ConnectedPair, String> {
+        let pd: HandleOut = self.call("ALLOC_PD", IOCTL_VHCA_ALLOC_PD, &[])?;
+        let cq_in = CreateCqIn { entries: 16.into(), reserved: 0.into() };
+        let cq: CreateCqOut = self.call("CREATE_CQ", IOCTL_VHCA_CREATE_CQ, cq_in.as_bytes())?;
+        let qp_in = CreateQpIn {
+            pd: pd.handle,
+            send_cq: cq.cq,
+            recv_cq: cq.cq,
+            sq_entries: 16.into(),
+            rq_entries: 16.into(),
+            reserved: 0.into(),
+        };
+        let a: HandleOut = self.call("CREATE_QP", IOCTL_VHCA_CREATE_QP, qp_in.as_bytes())?;
+        let b: HandleOut = self.call("CREATE_QP", IOCTL_VHCA_CREATE_QP, qp_in.as_bytes())?;
+        for (qpn, dest) in [(a.handle, b.handle), (b.handle, a.handle)] {
+            let connect = ConnectQpIn { qpn, dest_qpn: dest, access: ACCESS_REMOTE_WRITE.into(), reserved: 0.into() };
+            self.call::<()>("CONNECT_QP", IOCTL_VHCA_CONNECT_QP, connect.as_bytes())?;
+        }
+        Ok(ConnectedPair { pd: pd.handle, cq: cq.cq, a: a.handle, b: b.handle })
+    }
+
+    /// DEALLOC_PD, DESTROY_CQ, DESTROY_QP or DEREG_MR of `handle`, which must succeed.
+    pub fn destroy(&mut self, name: &str, code: u32, handle: U32) -> Result<(), String> {
         self.call::<()>(name, code, HandleIn { handle, reserved: 0.into() }.as_bytes())
     }
 
-    fn allocate(&mut self, bytes: usize, what: &str) -> Result<usize, String> {
-        self.process.allocate(bytes, IN_PAGE_OFFSET).ok_or_else(|| format!("no process memory for {what}"))
+    /// `bytes` of the process's memory, `in_page_offset` into its first page.
+    pub fn allocate(&mut self, bytes: usize, in_page_offset: usize, what: &str) -> Result<usize, String> {
+        self.process.allocate(bytes, in_page_offset).ok_or_else(|| format!("no process memory for {what}"))
     }
 
-    fn register(&mut self, pd: U32, addr: usize, access: u32) -> Result<RegMrOut, String> {
+    /// REG_MR of `len` bytes at `addr` of the process's memory, which must answer the range it asked for.
+    pub fn register(&mut self, pd: U32, addr: usize, len: usize, access: u32) -> Result<RegMrOut, String> {
         let reg = RegMrIn {
             addr: (addr as u64).into(),
-            length: (LOOPBACK_BYTES as u32).into(),
+            length: (len as u32).into(),
             pd,
             access: access.into(),
             reserved: 0.into(),
         };
         let mr: RegMrOut = self.call("REG_MR", IOCTL_VHCA_REG_MR, reg.as_bytes())?;
-        if mr.addr.get() != addr as u64 || mr.length.get() as usize != LOOPBACK_BYTES {
-            return Err(format!("REG_MR answered {mr:?} for {addr:#x}+{LOOPBACK_BYTES:#x}"));
+        if mr.addr.get() != addr as u64 || mr.length.get() as usize != len {
+            return Err(format!("REG_MR answered {mr:?} for {addr:#x}+{len:#x}"));
         }
         Ok(mr)
     }
 
-    /// POLL_CQ of up to POLL_MAX completions into process memory: its status and the first completion (none when
-    /// it failed or found nothing; a refusal is an answer, not an error of the program).
-    fn poll(&mut self, cq: U32) -> Result<(i32, Option<Cqe>), String> {
+    /// POST_SEND of one signaled RDMA write of `len` bytes from `src` to `dst` on `qp`; the WQE is in process
+    /// memory (METHOD_IN_DIRECT: the I/O manager probes and locks it in the caller's context) and must be taken.
+    pub fn post_rdma_write(
+        &mut self,
+        qp: U32,
+        src: &RegMrOut,
+        dst: &RegMrOut,
+        len: usize,
+        wr_id: u64,
+    ) -> Result<(), String> {
+        let mut write = Wqe {
+            wr_id: wr_id.into(),
+            opcode: (WrOpcode::RdmaWrite as u32).into(),
+            flags: WR_SIGNALED.into(),
+            remote_addr: dst.addr,
+            rkey: dst.rkey,
+            num_sge: 1.into(),
+            ..Wqe::default()
+        };
+        write.sge[0] = Sge { addr: src.addr, length: (len as u32).into(), lkey: src.lkey };
+        let record = self.allocate(WQE_SIZE, 0, "the WQE")?;
+        // SAFETY: `allocate` gave WQE_SIZE bytes of the process's memory at `record`, mapped until it exits.
+        let wqe = unsafe { process_bytes(record, WQE_SIZE) };
+        wqe.copy_from_slice(write.as_bytes());
+        let post = PostIn { qpn: qp, count: 1.into() };
+        let reply = self.control(IOCTL_VHCA_POST_SEND, post.as_bytes(), wqe);
+        if reply.status < 0 || reply.information != WQE_SIZE {
+            return Err(format!("POST_SEND: status {:#010x}, {} bytes taken", reply.status as u32, reply.information));
+        }
+        Ok(())
+    }
+
+    /// POLL_CQ of up to POLL_MAX completions into process memory: its status and the completions it wrote (none
+    /// when it failed: a refusal is an answer, not an error of the program).
+    pub fn poll(&mut self, cq: U32) -> Result<(i32, Vec<Cqe>), String> {
         let at = self.cqe_buffer()?;
         let request = PollCqIn { cq, max: (POLL_MAX as u32).into() };
         // SAFETY: `at` holds CQE_SIZE * POLL_MAX bytes of the process's memory (cqe_buffer).
         let out = unsafe { process_bytes(at, CQE_SIZE * POLL_MAX) };
         let reply = self.control(IOCTL_VHCA_POLL_CQ, request.as_bytes(), out);
         if reply.status < 0 {
-            return Ok((reply.status, None));
+            return Ok((reply.status, Vec::new()));
         }
         let polled = reply.information.min(CQE_SIZE * POLL_MAX);
         // SAFETY: as above.
-        let first =
-            unsafe { process_bytes(at, polled) }.chunks_exact(CQE_SIZE).find_map(|c| Cqe::read_from_bytes(c).ok());
-        Ok((reply.status, first))
+        let cqes =
+            unsafe { process_bytes(at, polled) }.chunks_exact(CQE_SIZE).filter_map(|c| Cqe::read_from_bytes(c).ok());
+        Ok((reply.status, cqes.collect()))
     }
 
     fn cqe_buffer(&mut self) -> Result<usize, String> {
         match self.cqes {
             Some(at) => Ok(at),
             None => {
-                let at = self.allocate(CQE_SIZE * POLL_MAX, "the CQEs")?;
+                let at = self.allocate(CQE_SIZE * POLL_MAX, 0, "the CQEs")?;
                 self.cqes = Some(at);
                 Ok(at)
             }

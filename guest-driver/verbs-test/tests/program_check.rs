@@ -5,38 +5,16 @@
 //! (the test command builds it first) and skip otherwise.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
 use object::pe;
 use object::read::pe::{ImageNtHeaders, ImageOptionalHeader, PeFile64};
-use object::LittleEndian as LE;
+use object::{LittleEndian as LE, Object};
 
-fn package_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("VHCA_WINDOWS_DRIVER_DIR") {
-        return PathBuf::from(dir);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("vhca-sys")
-}
+// The package's location and the rule for its absence, shared with the loader's tests of vhca.sys.
+#[path = "../../loader/tests/common/vhca_sys_package.rs"]
+mod vhca_sys_package;
 
-/// The bytes of `name` in the package, or None (skip) outside CI when it was never built.
-fn built(name: &str) -> Option<Vec<u8>> {
-    let path = package_dir().join(name);
-    match std::fs::read(&path) {
-        Ok(bytes) => Some(bytes),
-        Err(e) => {
-            let why =
-                format!("{}: {e}: run ci/build-windows.sh (needs the x86_64-pc-windows-msvc target)", path.display());
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{why}");
-            }
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
-}
+use vhca_sys_package::package_file as built;
 
 /// What the Win32 half calls (src/win32/), by module in lower case; ntdll.dll's are the memory routines the
 /// compiler's code may call (runtime.rs), of which the linker keeps those used.
@@ -102,25 +80,19 @@ fn problems(image: &[u8]) -> Vec<String> {
     if !matches!(file.data_directories().relocation_blocks(image, &sections), Ok(Some(_))) {
         problems.push("no base relocations".into());
     }
-    let mut imports = BTreeSet::new();
-    match file.import_table() {
-        Ok(Some(table)) => {
-            let mut descriptors = table.descriptors().expect("import descriptors");
-            while let Ok(Some(d)) = descriptors.next() {
-                let module = String::from_utf8_lossy(table.name(d.name.get(LE)).unwrap_or(b"?")).to_ascii_lowercase();
-                let mut thunks = table.thunks(d.original_first_thunk.get(LE)).expect("import lookup table");
-                while let Ok(Some(thunk)) = thunks.next::<pe::ImageNtHeaders64>() {
-                    let routine = match table.import::<pe::ImageNtHeaders64>(thunk) {
-                        Ok(object::read::pe::Import::Name(_, name)) => String::from_utf8_lossy(name).to_string(),
-                        Ok(object::read::pe::Import::Ordinal(o)) => format!("#{o}"),
-                        Err(e) => format!("unreadable import: {e}"),
-                    };
-                    imports.insert((module.clone(), routine));
-                }
-            }
+    let imports: BTreeSet<(String, String)> = match file.imports() {
+        Ok(list) => list
+            .iter()
+            .map(|i| {
+                let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+                (text(i.library()).to_ascii_lowercase(), text(i.name()))
+            })
+            .collect(),
+        Err(e) => {
+            problems.push(format!("no readable import table: {e}"));
+            BTreeSet::new()
         }
-        _ => problems.push("no import table".into()),
-    }
+    };
     let expected: BTreeSet<(String, String)> = EXPECTED.iter().map(|(m, r)| (m.to_string(), r.to_string())).collect();
     for (module, routine) in &imports {
         let memory = module == "ntdll.dll" && NTDLL_MEMORY_ROUTINES.contains(&routine.as_str());

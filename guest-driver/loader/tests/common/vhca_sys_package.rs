@@ -15,8 +15,15 @@ pub fn package_dir() -> PathBuf {
 }
 
 /// vhca.sys's bytes, or None (skip) outside CI when it was never built.
+#[allow(dead_code)] // Each test crate that includes this module uses the helpers it needs.
 pub fn vhca_sys() -> Option<Vec<u8>> {
-    let path = package_dir().join("vhca.sys");
+    package_file("vhca.sys")
+}
+
+/// The bytes of the package's file `name`, or None (skip) outside CI when it was never built. Also included by
+/// guest-driver/verbs-test's tests, for the user-mode test program in the same package.
+pub fn package_file(name: &str) -> Option<Vec<u8>> {
+    let path = package_dir().join(name);
     match std::fs::read(&path) {
         Ok(bytes) => Some(bytes),
         Err(e) => {
