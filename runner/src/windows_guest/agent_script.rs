@@ -253,6 +253,13 @@ mod tests {
         sleep_step().lines().map(|l| l.trim().to_string()).collect()
     }
 
+    /// Each `Fail` of a step is followed by `Off` on its line: a failure ends the run with its result line.
+    fn every_failure_ends_the_run(step: &str) {
+        let fails = step.lines().filter(|l| l.contains("Fail $scenario")).count();
+        let offs = step.lines().filter(|l| l.contains("Fail $scenario") && l.contains("Off }")).count();
+        assert!(fails > 0 && fails == offs, "{offs} of {fails} failures end the run with a result line");
+    }
+
     fn position(lines: &[String], needle: &str) -> usize {
         lines.iter().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("no line with {needle:?}"))
     }
@@ -296,9 +303,7 @@ mod tests {
     fn it_never_sleeps_through_rundll32_and_every_failure_is_a_result_line() {
         let step = sleep_step();
         assert!(!step.contains("rundll32"), "rundll32 passes its own arguments to SetSuspendState");
-        let fails = step.lines().filter(|l| l.contains("Fail $scenario")).count();
-        let offs = step.lines().filter(|l| l.contains("Fail $scenario") && l.contains("Off }")).count();
-        assert!(fails > 0 && fails == offs, "{offs} of {fails} failures end the run with a result line");
+        every_failure_ends_the_run(&step);
     }
 
     #[test]
@@ -321,9 +326,7 @@ mod tests {
             lines.iter().enumerate().filter(|(_, l)| l.starts_with("for ($i = 1")).map(|(i, _)| i).collect();
         assert!(loops.len() == 2 && loops[0] < start && start < loops[1] && loops[1] < wait, "{loops:?}");
         assert!(step.contains("$last -notlike 'VHCA-VERBS-TEST passed*'"));
-        let fails = step.lines().filter(|l| l.contains("Fail $scenario")).count();
-        let offs = step.lines().filter(|l| l.contains("Fail $scenario") && l.contains("Off }")).count();
-        assert!(fails > 0 && fails == offs, "{offs} of {fails} failures end the run with a result line");
+        every_failure_ends_the_run(&step);
     }
 
     #[test]
