@@ -7,8 +7,10 @@
 extern crate alloc;
 
 mod loopback;
+mod provider;
 
-pub use loopback::{rdma_write_loopback, ConnectedPair, LoopbackSummary, Provider, LOOPBACK_BYTES};
+pub use loopback::{rdma_write_loopback, LoopbackSummary, LOOPBACK_BYTES};
+pub use provider::{ConnectedPair, Provider};
 
 /// What DeviceIoControl gave back: the IRP's final status and its Information (bytes written to the output, or
 /// taken from an IN_DIRECT buffer).
