@@ -6,8 +6,9 @@ use std::time::Instant;
 use vhca_driver_core::ioctl_codec::*;
 use vhca_loader::user_process::{UserProcess, UserProgram};
 use vhca_proto::ACCESS_LOCAL_WRITE;
-use vhca_user_verbs::{rdma_write_loopback, Reply, VerbsProcess};
-use zerocopy::{FromBytes, IntoBytes};
+use vhca_user_verbs::{rdma_write_loopback, Provider, Reply, VerbsProcess};
+use zerocopy::little_endian::U32;
+use zerocopy::IntoBytes;
 
 use crate::report::progress;
 
@@ -67,49 +68,35 @@ const UNALLOCATED_USER_ADDRESS: u64 = 0x10_0000_0000;
 /// ntstatus.h: what a probe of memory that is not the caller's raises, and the IOCTL then answers.
 const STATUS_ACCESS_VIOLATION: i32 = 0xC000_0005_u32 as i32;
 
-/// The interface opened, a context and a PD: what every program starts with. Returns the file and the PD.
-fn open_with_pd(process: &mut UserProcess) -> Result<(usize, HandleOut), String> {
-    let file = process.open_interface().map_err(|s| format!("CreateFile on the interface: {:#010x}", s as u32))?;
-    let open = OpenContextIn { abi_version: USER_ABI_VERSION.into(), reserved: 0.into() };
-    let _: OpenContextOut = call(process, file, "OPEN_CONTEXT", IOCTL_VHCA_OPEN_CONTEXT, open.as_bytes())?;
-    let pd: HandleOut = call(process, file, "ALLOC_PD", IOCTL_VHCA_ALLOC_PD, &[])?;
-    Ok((file, pd))
-}
-
-fn reg_mr_in(pd: &HandleOut, addr: u64) -> RegMrIn {
+/// REG_MR's request for MR_BYTES at `addr`, local write access.
+fn reg_mr_in(pd: U32, addr: u64) -> RegMrIn {
     RegMrIn {
         addr: addr.into(),
         length: (MR_BYTES as u32).into(),
-        pd: pd.handle,
+        pd,
         access: ACCESS_LOCAL_WRITE.into(),
         reserved: 0.into(),
     }
 }
 
-/// REG_MR over the process's own memory, which must succeed with the range it asked for.
-fn reg_own_mr(process: &mut UserProcess, file: usize, pd: &HandleOut) -> Result<RegMrOut, String> {
-    let addr = process.allocate(MR_BYTES, MR_OFFSET).ok_or("no user memory for the MR")? as u64;
-    let mr: RegMrOut = call(process, file, "REG_MR", IOCTL_VHCA_REG_MR, reg_mr_in(pd, addr).as_bytes())?;
-    if mr.addr.get() != addr || mr.length.get() as usize != MR_BYTES {
-        return Err(format!("REG_MR answered {mr:?} for {addr:#x}+{MR_BYTES:#x}"));
-    }
-    Ok(mr)
-}
-
 fn exit_with_mr(process: &mut UserProcess) -> Result<(), String> {
-    let (file, pd) = open_with_pd(process)?;
-    reg_own_mr(process, file, &pd)?;
+    let mut process = LoaderProcess(process);
+    let mut p = Provider::open(&mut process)?;
+    let pd: HandleOut = p.call("ALLOC_PD", IOCTL_VHCA_ALLOC_PD, &[])?;
+    let addr = p.allocate(MR_BYTES, MR_OFFSET, "the MR")?;
+    p.register(pd.handle, addr, MR_BYTES, ACCESS_LOCAL_WRITE)?;
     // The process exits here with the MR registered: its handle's CLEANUP is the driver's to release it.
     Ok(())
 }
 
 fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
-    let (file, pd) = open_with_pd(process)?;
+    let mut process = LoaderProcess(process);
+    let mut p = Provider::open(&mut process)?;
+    let pd: HandleOut = p.call("ALLOC_PD", IOCTL_VHCA_ALLOC_PD, &[])?;
     let mdls_before = vhca_loader::kernel_context::kernel().mdls.count();
     for (what, addr) in [("a kernel address", KERNEL_ADDRESS), ("unallocated user space", UNALLOCATED_USER_ADDRESS)] {
         let mut out = RegMrOut::default();
-        let reply =
-            process.device_control(file, IOCTL_VHCA_REG_MR, reg_mr_in(&pd, addr).as_bytes(), out.as_mut_bytes());
+        let reply = p.control(IOCTL_VHCA_REG_MR, reg_mr_in(pd.handle, addr).as_bytes(), out.as_mut_bytes());
         if reply.status != STATUS_ACCESS_VIOLATION || reply.information != 0 {
             return Err(format!("REG_MR of {what} ({addr:#x}) answered {:#010x}", reply.status as u32));
         }
@@ -120,14 +107,9 @@ fn bad_pointer(process: &mut UserProcess) -> Result<(), String> {
     if mdls_after != mdls_before {
         return Err(format!("the refused REG_MRs left {} MDL(s) behind", mdls_after as isize - mdls_before as isize));
     }
-    let mr = reg_own_mr(process, file, &pd)?;
-    let dereg = HandleIn { handle: mr.lkey, reserved: 0.into() };
-    let mut none = [0u8; 0];
-    let reply = process.device_control(file, IOCTL_VHCA_DEREG_MR, dereg.as_bytes(), &mut none);
-    if reply.status < 0 {
-        return Err(format!("DEREG_MR: status {:#010x}", reply.status as u32));
-    }
-    Ok(())
+    let addr = p.allocate(MR_BYTES, MR_OFFSET, "the MR")?;
+    let mr = p.register(pd.handle, addr, MR_BYTES, ACCESS_LOCAL_WRITE)?;
+    p.destroy("DEREG_MR", IOCTL_VHCA_DEREG_MR, mr.lkey)
 }
 
 /// The loader's user process as vhca-user-verbs' provider sees a process.
@@ -202,22 +184,6 @@ fn two_loopbacks(process: &mut UserProcess) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// One METHOD_BUFFERED IOCTL that must succeed with exactly a `T` back (`()`: nothing back).
-pub(crate) fn call<T: FromBytes + IntoBytes + Default>(
-    process: &UserProcess,
-    file: usize,
-    name: &str,
-    code: u32,
-    input: &[u8],
-) -> Result<T, String> {
-    let mut out = T::default();
-    let reply = process.device_control(file, code, input, out.as_mut_bytes());
-    if reply.status < 0 {
-        return Err(format!("{name}: status {:#010x}", reply.status as u32));
-    }
-    T::read_from_bytes(&reply.output).map_err(|_| format!("{name}: {} bytes back", reply.output.len()))
 }
 
 #[cfg(test)]
