@@ -93,7 +93,15 @@ impl BusDriver for PnpWitness {
 struct Objects {
     devices: Vec<(usize, usize)>,
     irps: Vec<(usize, usize)>,
+    /// IRPs freed most recently, oldest first, whose memory is kept (`free_irp`).
+    freed_irps: std::collections::VecDeque<(usize, usize)>,
 }
+
+/// How many freed IRPs keep their memory. Windows frees an IRP into a lookaside list, so a driver that touches one
+/// it no longer owns (a cancel routine and a completion path both completing it) reads an IRP that still looks
+/// completed, and IofCompleteRequest says 0x44 instead of the machine corrupting its heap; the loader keeps the
+/// last ones it freed the same way (their bytes as at the free), bounded.
+const FREED_IRPS_KEPT: usize = 64;
 
 pub struct IoManager {
     objects: Mutex<Objects>,
@@ -319,9 +327,14 @@ impl IoManager {
     pub(crate) fn free_irp(&self, irp: *mut IRP) {
         let mut objects = crate::lock(&self.objects);
         if let Some(at) = objects.irps.iter().position(|(i, _)| *i == irp as usize) {
-            let (_, bytes) = objects.irps.remove(at);
-            // SAFETY: an IRP this manager allocated, freed once.
-            unsafe { free_object(irp as *mut u8, bytes) };
+            let entry = objects.irps.remove(at);
+            objects.freed_irps.push_back(entry);
+            if objects.freed_irps.len() > FREED_IRPS_KEPT {
+                if let Some((oldest, bytes)) = objects.freed_irps.pop_front() {
+                    // SAFETY: an IRP this manager allocated, freed once: it left `irps` when it was kept.
+                    unsafe { free_object(oldest as *mut u8, bytes) };
+                }
+            }
             self.ledger.freed(irp as usize);
         }
     }

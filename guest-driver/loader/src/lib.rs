@@ -8,6 +8,7 @@
 
 pub mod address_space;
 pub mod cr8_emulation;
+pub mod csq_thunks;
 pub mod debug_log;
 pub mod device_interface_thunks;
 pub mod device_interfaces;
@@ -23,6 +24,7 @@ pub mod interrupt_table;
 pub mod interrupt_thunks;
 pub mod io_manager;
 pub mod io_verification;
+pub mod irp_cancel;
 mod irp_dispatch;
 pub mod kernel_context;
 pub mod load_error;

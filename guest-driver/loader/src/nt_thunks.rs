@@ -13,6 +13,7 @@ use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_INVALID_PARAMETER, STATUS_
 use windows_sys::Win32::System::Kernel::PROCESSOR_NUMBER;
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
+use crate::csq_thunks::csq_thunks;
 use crate::debug_log::RESULT_MARK;
 use crate::device_interface_thunks::device_interface_thunks;
 use crate::dispatcher_thunks::dispatcher_thunks;
@@ -21,6 +22,7 @@ use crate::dpc_thunks::dpc_thunks;
 use crate::image_mapping::ImportResolver;
 use crate::interrupt_thunks::interrupt_thunks;
 use crate::io_manager::IoManager;
+use crate::irp_cancel::cancel_thunks;
 use crate::irp_dispatch;
 use crate::kernel_context::{bugcheck, kernel};
 use crate::lock_thunks::lock_thunks;
@@ -428,6 +430,8 @@ impl ImportResolver for NtThunks {
             .chain(processor_thunks())
             .chain(crate::seh::raise::seh_thunks())
             .chain(device_interface_thunks())
+            .chain(cancel_thunks())
+            .chain(csq_thunks())
             .map(|(n, a)| ("ntoskrnl.exe", n, a));
         thunks()
             .into_iter()

@@ -11,7 +11,7 @@ use windows_sys::Win32::Foundation::NTSTATUS;
 
 use crate::io_manager::top_of;
 use crate::kernel_context::{bugcheck, kernel};
-use crate::user_requests::{IoctlReply, UserFile};
+use crate::user_requests::{take_stuck, IoctlReply, Sent, UserFile};
 
 /// STATUS_NO_SUCH_DEVICE (ntstatus.h): no enabled interface to open, as CreateFile on a missing link fails.
 const STATUS_NO_SUCH_DEVICE: NTSTATUS = 0xC000_000E_u32 as i32;
@@ -66,6 +66,13 @@ pub(crate) fn run_planned(pdo: *mut DEVICE_OBJECT) {
     let Some(program) = crate::lock(&PLANNED).take() else { return };
     let mut process = UserProcess::new(pdo);
     let result = program(&mut process);
+    // The program's requests were dropped with it: one its driver never completed keeps the process from exiting.
+    let stuck = take_stuck();
+    let result = match (result, stuck.is_empty()) {
+        (result, true) => result,
+        (Ok(()), false) => Err(format!("the process cannot exit: {}", stuck.join("; "))),
+        (Err(e), false) => Err(format!("{e}; and the process cannot exit: {}", stuck.join("; "))),
+    };
     process.exit();
     *crate::lock(&OUTCOME) = Some(result);
 }
@@ -136,6 +143,19 @@ impl UserProcess {
     /// (the direct methods' MDL is built and locked from it) or a local buffer for METHOD_BUFFERED.
     pub fn device_control(&self, file: usize, code: u32, input: &[u8], output: &mut [u8]) -> IoctlReply {
         self.in_context(|| self.files[file].device_control(code, input, output))
+    }
+
+    /// DeviceIoControl on an overlapped handle (`device_control`'s buffers): the reply, or the request the driver
+    /// left pending, to wait for or cancel (CancelIoEx). One still pending when dropped is cancelled and waited for,
+    /// as a thread's exit does to its requests.
+    pub fn device_control_overlapped<'a>(
+        &self,
+        file: usize,
+        code: u32,
+        input: &[u8],
+        output: &'a mut [u8],
+    ) -> Sent<'a> {
+        self.in_context(|| self.files[file].device_control_overlapped(code, input, output))
     }
 
     /// The process's end: its handles closed (CLEANUP in its context, then CLOSE), then its address space torn

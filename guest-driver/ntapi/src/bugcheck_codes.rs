@@ -41,6 +41,9 @@ pub const DRIVER_UNLOADED_WITHOUT_CANCELLING_PENDING_OPERATIONS: u32 = 0xCE;
 pub const SYSTEM_SCAN_AT_RAISED_IRQL_CAUGHT_IMPROPER_DRIVER_UNLOAD: u32 = 0xD4;
 pub const WORKER_INVALID: u32 = 0xE4;
 pub const DPC_WATCHDOG_VIOLATION: u32 = 0x133;
+/// A cancel routine returned holding the system's cancel spin lock: bug-check-0x11b---driver-returned-holding-cancel-
+/// lock (P1 the IRP, P2 the cancel routine).
+pub const DRIVER_RETURNED_HOLDING_CANCEL_LOCK: u32 = 0x11B;
 
 /// Windows' symbolic name of a bug check code the model raises or a driver of this kind meets; None for others.
 pub fn bugcheck_name(code: u32) -> Option<&'static str> {
@@ -76,6 +79,7 @@ pub fn bugcheck_name(code: u32) -> Option<&'static str> {
         }
         WORKER_INVALID => "WORKER_INVALID",
         DPC_WATCHDOG_VIOLATION => "DPC_WATCHDOG_VIOLATION",
+        DRIVER_RETURNED_HOLDING_CANCEL_LOCK => "DRIVER_RETURNED_HOLDING_CANCEL_LOCK",
         _ => return None,
     })
 }
