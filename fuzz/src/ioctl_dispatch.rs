@@ -2,13 +2,14 @@
 //! model HCA that panics when a verb reaches it with something the dispatcher should have refused.
 //!
 //! Input: records of `file (1) | code selector (1) | input length (1) | output capacity (2) | input bytes`. Selector
-//! 0..=14 is one of the codes, 15 closes the file (CLEANUP, then a fresh CREATE), anything else takes a raw code from
-//! the next 4 bytes. The direct methods' MDL buffer is the output, pre-filled with input bytes after the record.
+//! 0..=14 is one of the codes, 15 closes the file (CLEANUP, then a fresh CREATE), 16 is WAIT_CQ (added after the
+//! seeds were made, so theirs keep their meaning), anything else takes a raw code from the next 4 bytes. A WAIT_CQ
+//! left pending is tried again at once, as the driver's poller would. The direct methods' MDL buffer is the output, pre-filled with input bytes after the record.
 
 use std::collections::BTreeMap;
 
 use vhca_driver_core::ioctl_codec::*;
-use vhca_driver_core::{dispatch_device_control, DriverError, FileContext, RegisteredMr, UserVerbs};
+use vhca_driver_core::{dispatch_device_control, poll_for_wait, DriverError, FileContext, RegisteredMr, UserVerbs};
 use vhca_proto::{Cqe, QueryDeviceResp, Wqe, WrOpcode, MAX_SGE};
 
 const CODES: [u32; 15] = [
@@ -47,6 +48,7 @@ pub mod selector {
     pub const POLL_CQ: u8 = 13;
     pub const REQ_NOTIFY_CQ: u8 = 14;
     pub const CLOSE: u8 = 15;
+    pub const WAIT_CQ: u8 = 16;
 }
 const FILES: usize = 2;
 
@@ -189,6 +191,7 @@ pub fn run(data: &[u8]) {
         let file = *file as usize % FILES;
         let (code, tail) = match *selector {
             s if (s as usize) < CODES.len() => (CODES[s as usize], tail),
+            selector::WAIT_CQ => (IOCTL_VHCA_WAIT_CQ, tail),
             selector::CLOSE => {
                 close(&mut hca, &mut files, file);
                 rest = tail;
@@ -211,6 +214,14 @@ pub fn run(data: &[u8]) {
         let reply = dispatch_device_control(&mut hca, &mut files[file], code, input, &mut output);
         assert!(reply.information <= output.len(), "Information {} past the output", reply.information);
         assert!(reply.status.0 >= 0 || reply.information == 0, "a refusal reports bytes written");
+        // STATUS_PENDING.
+        if reply.status.0 == 0x103 {
+            assert_eq!(code, IOCTL_VHCA_WAIT_CQ, "only WAIT_CQ is kept pending");
+            assert_eq!(reply.information, 0);
+            if let Some(again) = poll_for_wait(&mut hca, &files[file], input, &mut output) {
+                assert!(again.information <= output.len() && (again.status.0 >= 0 || again.information == 0));
+            }
+        }
         rest = tail;
     }
     for file in 0..FILES {

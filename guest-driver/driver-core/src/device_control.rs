@@ -4,7 +4,7 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 
 use vhca_ntapi::{NTSTATUS, STATUS_BUFFER_TOO_SMALL, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST};
-use vhca_ntapi::{STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_SUCCESS};
+use vhca_ntapi::{STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_PENDING, STATUS_SUCCESS};
 use vhca_proto::{Cqe, Wqe, WrOpcode, ACCESS_ALL, CQE_SIZE, MAX_SGE, WQE_SIZE, WR_SIGNALED, WR_SOLICITED};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -31,7 +31,8 @@ struct MrExtent {
 }
 
 /// What IoCompleteRequest is given: the status and Irp->IoStatus.Information (bytes written to the output, or
-/// taken from an IN_DIRECT buffer).
+/// taken from an IN_DIRECT buffer). STATUS_PENDING (WAIT_CQ with nothing to answer yet) is no completion: the
+/// personality keeps the request and answers it later through `poll_for_wait`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ControlReply {
     pub status: NTSTATUS,
@@ -127,6 +128,7 @@ pub fn dispatch(
         | IOCTL_VHCA_POST_RECV
         | IOCTL_VHCA_POLL_CQ
         | IOCTL_VHCA_REQ_NOTIFY_CQ
+        | IOCTL_VHCA_WAIT_CQ
             if !file.opened =>
         {
             Err(STATUS_INVALID_DEVICE_STATE)
@@ -145,11 +147,32 @@ pub fn dispatch(
         IOCTL_VHCA_POST_RECV => post(verbs, file, input, output, false),
         IOCTL_VHCA_POLL_CQ => poll_cq(verbs, file, input, output),
         IOCTL_VHCA_REQ_NOTIFY_CQ => notify_cq(verbs, file, input),
+        IOCTL_VHCA_WAIT_CQ => match poll_cq(verbs, file, input, output) {
+            Ok(0) => return ControlReply { status: STATUS_PENDING, information: 0 },
+            other => other,
+        },
         _ => Err(STATUS_INVALID_DEVICE_REQUEST),
     };
     match outcome {
         Ok(information) => ControlReply { status: STATUS_SUCCESS, information },
         Err(status) => ControlReply { status, information: 0 },
+    }
+}
+
+/// A WAIT_CQ the dispatcher answered STATUS_PENDING, tried again (the personality's poller, serialised with
+/// `dispatch` as it is): its input as it came, checked again against the file, which may have destroyed the CQ
+/// meanwhile. Some(reply) once there is something to answer (the CQEs, or why the wait cannot go on); None while
+/// the CQ is still empty.
+pub fn poll_for_wait(
+    verbs: &mut impl UserVerbs,
+    file: &FileContext,
+    input: &[u8],
+    output: &mut [u8],
+) -> Option<ControlReply> {
+    match poll_cq(verbs, file, input, output) {
+        Ok(0) => None,
+        Ok(information) => Some(ControlReply { status: STATUS_SUCCESS, information }),
+        Err(status) => Some(ControlReply { status, information: 0 }),
     }
 }
 

@@ -63,6 +63,9 @@ pub const IOCTL_VHCA_POST_RECV: u32 = ctl_code(FILE_DEVICE_VHCA, 0x80C, Transfer
 /// The CQE array written into the MDL buffer.
 pub const IOCTL_VHCA_POLL_CQ: u32 = ctl_code(FILE_DEVICE_VHCA, 0x80D, TransferMethod::OutDirect, FILE_READ_WRITE);
 pub const IOCTL_VHCA_REQ_NOTIFY_CQ: u32 = ctl_code(FILE_DEVICE_VHCA, 0x80E, TransferMethod::Buffered, FILE_READ_WRITE);
+/// POLL_CQ that waits: the CQEs now if there are any, otherwise the request stays pending until the CQ has some (or
+/// it is cancelled, its CQ destroyed, its file cleaned up). Input PollCqIn, output as POLL_CQ's.
+pub const IOCTL_VHCA_WAIT_CQ: u32 = ctl_code(FILE_DEVICE_VHCA, 0x80F, TransferMethod::OutDirect, FILE_READ_WRITE);
 
 /// The ABI OPEN_CONTEXT agrees on; a caller asking for another is refused rather than guessed at.
 pub const USER_ABI_VERSION: u32 = 1;

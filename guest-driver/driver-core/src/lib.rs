@@ -29,7 +29,9 @@ pub use completion_path::{
 };
 pub use completion_waits::{CompletionWaits, CqCompletions, PathDevices};
 pub use cq_reader::CqReader;
-pub use device_control::{dispatch as dispatch_device_control, status_of, ControlReply, FileContext, ReleasedObjects};
+pub use device_control::{
+    dispatch as dispatch_device_control, poll_for_wait, status_of, ControlReply, FileContext, ReleasedObjects,
+};
 pub use error::DriverError;
 pub use event_hand_off::HandOffCounts;
 pub use hca::{Hca, HcaConfig, MrMapping, MrSource, RegisteredMr};

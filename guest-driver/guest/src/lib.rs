@@ -31,6 +31,7 @@ pub mod sys_driver;
 pub mod test_modes;
 pub mod user_program;
 pub mod user_sleep_traffic;
+pub mod user_wait_cancel;
 pub mod vfio;
 pub mod vfio_command_transport;
 pub mod vfio_dma;

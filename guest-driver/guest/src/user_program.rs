@@ -32,6 +32,10 @@ pub enum UserSequence {
     /// two files, their IOCTLs dispatched into vhca.sys side by side (`vhca.user=loopback:2`, the seed's
     /// user-verbs-two-processes).
     TwoLoopbacks,
+    /// WAIT_CQ kept pending: one cancelled, one answered by an RDMA write's completion, one left waiting at the
+    /// exit (`vhca.user=wait-cancel`, the seed's user-wait-cancelled and user-wait-cancel-race;
+    /// user_wait_cancel.rs).
+    WaitCancel,
 }
 
 impl UserSequence {
@@ -41,7 +45,8 @@ impl UserSequence {
             "bad-pointer" => Ok(UserSequence::BadPointer),
             "loopback" => Ok(UserSequence::Loopback),
             "loopback:2" => Ok(UserSequence::TwoLoopbacks),
-            _ => Err(format!("not exit-with-mr, bad-pointer, loopback or loopback:2: {value:?}")),
+            "wait-cancel" => Ok(UserSequence::WaitCancel),
+            _ => Err(format!("not exit-with-mr, bad-pointer, loopback, loopback:2 or wait-cancel: {value:?}")),
         }
     }
 
@@ -53,6 +58,7 @@ impl UserSequence {
             UserSequence::BadPointer => Some(Box::new(bad_pointer)),
             UserSequence::Loopback => Some(Box::new(loopback)),
             UserSequence::TwoLoopbacks => Some(Box::new(two_loopbacks)),
+            UserSequence::WaitCancel => Some(Box::new(crate::user_wait_cancel::wait_cancel)),
         }
     }
 }
@@ -196,6 +202,7 @@ mod tests {
         assert_eq!(UserSequence::parse("bad-pointer"), Ok(UserSequence::BadPointer));
         assert_eq!(UserSequence::parse("loopback"), Ok(UserSequence::Loopback));
         assert_eq!(UserSequence::parse("loopback:2"), Ok(UserSequence::TwoLoopbacks));
+        assert_eq!(UserSequence::parse("wait-cancel"), Ok(UserSequence::WaitCancel));
         assert!(UserSequence::parse("exit").is_err());
         assert!(UserSequence::None.program().is_none());
         assert!(UserSequence::ExitWithMr.program().is_some());

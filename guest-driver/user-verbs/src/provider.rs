@@ -51,6 +51,11 @@ impl<'a, P: VerbsProcess> Provider<'a, P> {
         self.process
     }
 
+    /// The open file's index in the process (what an overlapped request of its own is sent on).
+    pub fn file(&self) -> usize {
+        self.file
+    }
+
     pub fn control(&mut self, code: u32, input: &[u8], output: &mut [u8]) -> Reply {
         self.process.device_control(self.file, code, input, output)
     }

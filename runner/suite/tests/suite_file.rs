@@ -113,6 +113,8 @@ fn seed_suite_parses_and_expands() {
             "user-exit-with-mr-released",
             "user-verbs-loopback",
             "user-verbs-two-processes",
+            "user-wait-cancel-race",
+            "user-wait-cancelled",
             "ioctl-bad-user-pointer",
             "ioctl-bad-user-pointer-probed",
             "sleep-during-traffic-unquiesced",

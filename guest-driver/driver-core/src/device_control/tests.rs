@@ -5,7 +5,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use vhca_ntapi::{STATUS_BUFFER_TOO_SMALL, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST};
-use vhca_ntapi::{STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_SUCCESS};
+use vhca_ntapi::{STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED, STATUS_PENDING, STATUS_SUCCESS};
 use vhca_proto::{Cqe, QueryDeviceResp, Sge, Wqe, WrOpcode, WR_SIGNALED};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -448,4 +448,53 @@ fn a_forgotten_file_keeps_its_context_and_names_nothing() {
     // Still opened: a new object needs no second OPEN_CONTEXT.
     let pd = new_pd(&mut f.hca, &mut f.file);
     assert!(f.file.live_objects() == 1 && f.hca.pds.contains(&pd));
+}
+
+#[test]
+fn wait_cq_answers_at_once_when_the_cq_has_completions_and_pends_while_it_has_none() {
+    let mut f = fixture();
+    let wait = PollCqIn { cq: f.cq.into(), max: 2.into() };
+    let (reply, _) = call(&mut f.hca, &mut f.file, IOCTL_VHCA_WAIT_CQ, wait.as_bytes(), 2 * CQE_SIZE);
+    assert_eq!(reply, ControlReply { status: STATUS_PENDING, information: 0 }, "an empty CQ: kept pending");
+    let mut out = vec![0u8; 2 * CQE_SIZE];
+    assert_eq!(poll_for_wait(&mut f.hca, &f.file, wait.as_bytes(), &mut out), None, "still empty");
+    f.hca.completions = vec![Cqe { wr_id: 5.into(), ..Default::default() }];
+    let reply = poll_for_wait(&mut f.hca, &f.file, wait.as_bytes(), &mut out);
+    assert_eq!(reply, Some(ControlReply { status: STATUS_SUCCESS, information: CQE_SIZE }));
+    assert_eq!(Cqe::read_from_prefix(&out).unwrap().0.wr_id.get(), 5);
+    f.hca.completions = vec![Cqe { wr_id: 6.into(), ..Default::default() }];
+    let (reply, out) = call(&mut f.hca, &mut f.file, IOCTL_VHCA_WAIT_CQ, wait.as_bytes(), 2 * CQE_SIZE);
+    assert_eq!(reply, ControlReply { status: STATUS_SUCCESS, information: CQE_SIZE }, "completions: at once");
+    assert_eq!(Cqe::read_from_prefix(&out).unwrap().0.wr_id.get(), 6);
+}
+
+#[test]
+fn wait_cq_is_checked_as_poll_cq_and_a_destroyed_cq_ends_the_wait() {
+    let mut f = fixture();
+    let foreign = PollCqIn { cq: (f.cq + 100).into(), max: 1.into() };
+    assert_eq!(
+        status(&mut f.hca, &mut f.file, IOCTL_VHCA_WAIT_CQ, foreign.as_bytes(), CQE_SIZE),
+        STATUS_INVALID_HANDLE
+    );
+    let none = PollCqIn { cq: f.cq.into(), max: 0.into() };
+    assert_eq!(
+        status(&mut f.hca, &mut f.file, IOCTL_VHCA_WAIT_CQ, none.as_bytes(), CQE_SIZE),
+        STATUS_INVALID_PARAMETER
+    );
+    let wait = PollCqIn { cq: f.cq.into(), max: 1.into() };
+    assert_eq!(
+        status(&mut f.hca, &mut f.file, IOCTL_VHCA_WAIT_CQ, wait.as_bytes(), CQE_SIZE - 1),
+        STATUS_INVALID_PARAMETER
+    );
+    let mut unopened = FileContext::new();
+    assert_eq!(
+        status(&mut f.hca, &mut unopened, IOCTL_VHCA_WAIT_CQ, wait.as_bytes(), CQE_SIZE),
+        STATUS_INVALID_DEVICE_STATE
+    );
+    let destroy = HandleIn { handle: f.cq.into(), reserved: 0.into() };
+    // The fixture's QP uses the CQ; the fake does not care, the file's table is what the wait is checked against.
+    assert_eq!(status(&mut f.hca, &mut f.file, IOCTL_VHCA_DESTROY_CQ, destroy.as_bytes(), 0), STATUS_SUCCESS);
+    let mut out = vec![0u8; CQE_SIZE];
+    let reply = poll_for_wait(&mut f.hca, &f.file, wait.as_bytes(), &mut out);
+    assert_eq!(reply, Some(ControlReply { status: STATUS_INVALID_HANDLE, information: 0 }));
 }

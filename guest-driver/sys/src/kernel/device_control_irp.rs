@@ -4,14 +4,21 @@
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 
-use vhca_driver_core::ioctl_codec::{method_of, RegMrIn, TransferMethod, IOCTL_VHCA_REG_MR};
-use vhca_driver_core::{dispatch_device_control as dispatch_ioctl, ControlReply, FileContext};
+use vhca_driver_core::ioctl_codec::STATUS_INVALID_HANDLE;
+use vhca_driver_core::ioctl_codec::{
+    method_of, HandleIn, PollCqIn, RegMrIn, TransferMethod, IOCTL_VHCA_DESTROY_CQ, IOCTL_VHCA_REG_MR,
+    IOCTL_VHCA_WAIT_CQ,
+};
+use vhca_driver_core::{dispatch_device_control as dispatch_ioctl, poll_for_wait, ControlReply, FileContext};
+use vhca_ntapi::NTSTATUS as CoreStatus;
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, FILE_OBJECT, IRP, MDL};
 use windows_sys::Win32::Foundation::{
-    NTSTATUS, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_INVALID_PARAMETER, STATUS_SUCCESS,
+    NTSTATUS, STATUS_CANCELLED, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_INVALID_PARAMETER,
+    STATUS_PENDING, STATUS_SUCCESS,
 };
 use zerocopy::FromBytes;
 
+use super::cq_waits::Matching;
 use super::fdo::fdo;
 use super::irp::{complete, current_stack};
 use super::registry;
@@ -39,23 +46,41 @@ unsafe fn open_file<'a>(file: *mut FILE_OBJECT) -> Option<&'a mut OpenFile> {
     unsafe { file.as_ref().and_then(|f| (f.FsContext as *mut OpenFile).as_mut()) }
 }
 
+/// What a request's handler decided: its completion now, or that it was kept pending (then whoever completes it later
+/// gives back its remove lock).
+enum Answer {
+    Now(ControlReply),
+    Pended,
+}
+
+impl From<ControlReply> for Answer {
+    fn from(reply: ControlReply) -> Answer {
+        Answer::Now(reply)
+    }
+}
+
 /// Takes the remove lock for `irp`, runs `f`, completes the IRP with what `f` answers and releases the lock; a
-/// request after REMOVE began is completed with STATUS_DELETE_PENDING. PASSIVE_LEVEL, the caller's thread.
+/// request after REMOVE began is completed with STATUS_DELETE_PENDING. One `f` kept pending keeps the lock and returns
+/// STATUS_PENDING. PASSIVE_LEVEL, the caller's thread.
 ///
 /// # Safety
 /// One of this driver's FDOs and an IRP of the I/O manager's, ours to complete.
-unsafe fn under_remove_lock(device: *const DEVICE_OBJECT, irp: *mut IRP, f: impl FnOnce() -> ControlReply) -> NTSTATUS {
+unsafe fn under_remove_lock(device: *const DEVICE_OBJECT, irp: *mut IRP, f: impl FnOnce() -> Answer) -> NTSTATUS {
     // SAFETY: the caller's contract.
     unsafe {
         let fdo = fdo(device);
         if let Err(status) = remove_lock::acquire(&mut fdo.remove_lock, irp) {
             return complete(irp, status);
         }
-        let reply = f();
-        (*irp).IoStatus.Information = reply.information;
-        let status = complete(irp, reply.status.0);
-        remove_lock::release(&mut fdo.remove_lock, irp);
-        status
+        match f() {
+            Answer::Pended => STATUS_PENDING,
+            Answer::Now(reply) => {
+                (*irp).IoStatus.Information = reply.information;
+                let status = complete(irp, reply.status.0);
+                remove_lock::release(&mut fdo.remove_lock, irp);
+                status
+            }
+        }
     }
 }
 
@@ -74,11 +99,11 @@ pub unsafe extern "system" fn dispatch_create(device: *const DEVICE_OBJECT, irp:
         let generation = fdo(device).control.generation();
         under_remove_lock(device, irp, || {
             if file.is_null() {
-                return answer(STATUS_INVALID_PARAMETER);
+                return answer(STATUS_INVALID_PARAMETER).into();
             }
             let open = Box::new(OpenFile { context: FileContext::new(), generation });
             (*file).FsContext = Box::into_raw(open).cast();
-            answer(STATUS_SUCCESS)
+            answer(STATUS_SUCCESS).into()
         })
     }
 }
@@ -93,13 +118,17 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
     unsafe {
         let file = (*current_stack(irp)).FileObject;
         let control = &fdo(device).control;
+        let waits = &fdo(device).waits;
         under_remove_lock(device, irp, || {
+            // The file's requests still waiting end first ("DispatchCleanup ... must complete" the file's queued
+            // IRPs): what they wait on is about to be destroyed.
+            waits.drain(Matching { file, cq: None }, STATUS_CANCELLED);
             // A file that holds nothing needs no HCA: an open and close must not open one.
             if let Some(open) = open_file(file).filter(|open| open.context.live_objects() != 0) {
                 if user_path_broken() {
                     // The bug: the file's handles are dropped, its MRs' pages stay locked in the exiting process.
                     open.context.forget();
-                    return answer(STATUS_SUCCESS);
+                    return answer(STATUS_SUCCESS).into();
                 }
                 let released = control.with_hca(|hca, generation| {
                     if open.generation == generation {
@@ -111,7 +140,7 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
                     open.context.forget();
                 }
             }
-            answer(STATUS_SUCCESS)
+            answer(STATUS_SUCCESS).into()
         })
     }
 }
@@ -140,7 +169,7 @@ pub unsafe extern "system" fn dispatch_close(device: *const DEVICE_OBJECT, irp: 
                     f.FsContext = core::ptr::null_mut();
                 }
             }
-            answer(STATUS_SUCCESS)
+            answer(STATUS_SUCCESS).into()
         })
     }
 }
@@ -174,14 +203,15 @@ pub unsafe extern "system" fn dispatch_device_control(device: *const DEVICE_OBJE
         let (code, in_len, out_len) = (p.IoControlCode, p.InputBufferLength as usize, p.OutputBufferLength as usize);
         let file = (*stack).FileObject;
         let control = &fdo(device).control;
+        let waits = &fdo(device).waits;
         under_remove_lock(device, irp, || {
-            let Some(open) = open_file(file) else { return answer(STATUS_INVALID_DEVICE_STATE) };
+            let Some(open) = open_file(file) else { return answer(STATUS_INVALID_DEVICE_STATE).into() };
             let system = (*irp).AssociatedIrp.SystemBuffer as *mut u8;
             if (in_len > 0 || out_len > 0) && system.is_null() && method_of(code) == TransferMethod::Buffered {
-                return answer(STATUS_INVALID_PARAMETER);
+                return answer(STATUS_INVALID_PARAMETER).into();
             }
             if in_len > 0 && system.is_null() {
-                return answer(STATUS_INVALID_PARAMETER);
+                return answer(STATUS_INVALID_PARAMETER).into();
             }
             // Copied out first: for BUFFERED the output is written over the same SystemBuffer.
             let input: Vec<u8> =
@@ -192,14 +222,14 @@ pub unsafe extern "system" fn dispatch_device_control(device: *const DEVICE_OBJE
                 TransferMethod::InDirect | TransferMethod::OutDirect => {
                     let mdl = (*irp).MdlAddress;
                     if mdl.is_null() || ((*mdl).ByteCount as usize) < out_len {
-                        return answer(STATUS_INVALID_PARAMETER);
+                        return answer(STATUS_INVALID_PARAMETER).into();
                     }
                     match system_address(mdl) {
                         Some(va) => core::slice::from_raw_parts_mut(va, out_len),
-                        None => return answer(STATUS_INSUFFICIENT_RESOURCES),
+                        None => return answer(STATUS_INSUFFICIENT_RESOURCES).into(),
                     }
                 }
-                TransferMethod::Neither => return answer(STATUS_INVALID_DEVICE_REQUEST),
+                TransferMethod::Neither => return answer(STATUS_INVALID_DEVICE_REQUEST).into(),
             };
             if code == IOCTL_VHCA_REG_MR && user_path_broken() {
                 if let Ok(req) = RegMrIn::read_from_bytes(&input) {
@@ -218,7 +248,62 @@ pub unsafe extern "system" fn dispatch_device_control(device: *const DEVICE_OBJE
                 }
                 dispatch_ioctl(hca, &mut open.context, code, &input, output)
             });
-            reply.unwrap_or_else(|status| ControlReply { status, information: 0 })
+            let reply = reply.unwrap_or_else(|status| ControlReply { status, information: 0 });
+            match code {
+                IOCTL_VHCA_WAIT_CQ if reply.status == CoreStatus(STATUS_PENDING) => {
+                    // Nothing on the CQ yet: kept until the poller finds some (the input names a CQ the file owns:
+                    // the dispatcher checked it).
+                    let cq = PollCqIn::read_from_bytes(&input).map_or(0, |r| r.cq.get());
+                    match waits.pend(irp, cq, user_path_broken()) {
+                        STATUS_PENDING => Answer::Pended,
+                        status => answer(status).into(),
+                    }
+                }
+                IOCTL_VHCA_DESTROY_CQ if reply.status.0 >= 0 => {
+                    // A wait on a CQ that is gone has nothing left to wait for.
+                    if let Ok(req) = HandleIn::read_from_bytes(&input) {
+                        waits.drain(Matching { file, cq: Some(req.handle.get()) }, STATUS_CANCELLED);
+                    }
+                    reply.into()
+                }
+                _ => reply.into(),
+            }
         })
+    }
+}
+
+/// The poller's question for one pending WAIT_CQ (cq_waits.rs): its CQ polled again under the control mutex, as
+/// the dispatcher would, into the request's own output buffer. Some((status, information)) completes it; None: the
+/// CQ is still empty. PASSIVE_LEVEL, in a system worker thread.
+///
+/// # Safety
+/// One of this driver's FDOs and a WAIT_CQ request the poller took out of the queue (its stack location, SystemBuffer
+/// and MDL as the I/O manager sent them).
+pub unsafe fn satisfy_wait(device: *const DEVICE_OBJECT, irp: *mut IRP) -> Option<(NTSTATUS, usize)> {
+    // SAFETY: the caller's contract: the buffers were checked by the dispatch routine that pended it.
+    unsafe {
+        let stack = current_stack(irp);
+        let p = (*stack).Parameters.DeviceIoControl;
+        let (in_len, out_len) = (p.InputBufferLength as usize, p.OutputBufferLength as usize);
+        let system = (*irp).AssociatedIrp.SystemBuffer as *const u8;
+        let mdl = (*irp).MdlAddress;
+        let (Some(open), false, false) = (open_file((*stack).FileObject), system.is_null(), mdl.is_null()) else {
+            return Some((STATUS_INVALID_PARAMETER, 0));
+        };
+        let Some(va) = system_address(mdl) else { return Some((STATUS_INSUFFICIENT_RESOURCES, 0)) };
+        let input = core::slice::from_raw_parts(system, in_len);
+        let output = core::slice::from_raw_parts_mut(va, out_len);
+        let answered = fdo(device).control.with_hca(|hca, generation| {
+            if open.generation != generation {
+                // A STOP or D3 came between: the CQ is of an HCA that is gone.
+                return Some(ControlReply { status: STATUS_INVALID_HANDLE, information: 0 });
+            }
+            poll_for_wait(hca, &open.context, input, output)
+        });
+        match answered {
+            Ok(None) => None,
+            Ok(Some(reply)) => Some((reply.status.0, reply.information)),
+            Err(status) => Some((status.0, 0)),
+        }
     }
 }

@@ -5,6 +5,7 @@ use windows_sys::Wdk::Foundation::DEVICE_OBJECT;
 use windows_sys::Wdk::System::SystemServices::IO_REMOVE_LOCK;
 
 use super::control_path::ControlPath;
+use super::cq_waits::CqWaits;
 use super::started_device::StartedDevice;
 
 pub struct Fdo {
@@ -16,6 +17,8 @@ pub struct Fdo {
     pub remove_lock: IO_REMOVE_LOCK,
     /// What IRP_MJ_DEVICE_CONTROL reaches of the started device, and the device interface (control_path.rs).
     pub control: ControlPath,
+    /// WAIT_CQ requests kept pending, and the poller that answers them (cq_waits.rs).
+    pub waits: CqWaits,
 }
 
 /// The extension of one of this driver's FDOs.

@@ -7,6 +7,7 @@ mod common_buffer;
 mod completion_routine;
 mod config_space;
 mod control_path;
+mod cq_waits;
 mod debug_print;
 mod device_control_irp;
 mod device_interface;
@@ -107,9 +108,11 @@ unsafe extern "system" fn add_device(driver: *const DRIVER_OBJECT, pdo: *const D
         let extension = (*device).DeviceExtension as *mut Fdo;
         let remove_lock = IO_REMOVE_LOCK::default();
         let control = control_path::ControlPath::new();
-        extension.write(Fdo { pdo: pdo as *mut DEVICE_OBJECT, lower, started: None, remove_lock, control });
+        let waits = cq_waits::CqWaits::new();
+        extension.write(Fdo { pdo: pdo as *mut DEVICE_OBJECT, lower, started: None, remove_lock, control, waits });
         remove_lock::initialize(&mut (*extension).remove_lock);
         (*extension).control.initialize();
+        (*extension).waits.initialize(device, device_control_irp::satisfy_wait);
         (*device).Flags |= DO_POWER_PAGABLE;
         (*device).Flags &= !DO_DEVICE_INITIALIZING;
     }

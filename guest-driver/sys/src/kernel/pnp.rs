@@ -12,9 +12,10 @@ use windows_sys::Wdk::System::SystemServices::{
     IRP_MN_REMOVE_DEVICE, IRP_MN_START_DEVICE, IRP_MN_STOP_DEVICE, IRP_MN_SURPRISE_REMOVAL,
 };
 use windows_sys::Win32::Foundation::{
-    NTSTATUS, STATUS_DEVICE_CONFIGURATION_ERROR, STATUS_SUCCESS, STATUS_UNSUCCESSFUL,
+    NTSTATUS, STATUS_DELETE_PENDING, STATUS_DEVICE_CONFIGURATION_ERROR, STATUS_SUCCESS, STATUS_UNSUCCESSFUL,
 };
 
+use super::cq_waits::Matching;
 use super::debug_print::print_line;
 use super::fdo::fdo;
 use super::irp::{complete, current_stack, pass_down, set_status};
@@ -44,6 +45,8 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
     if minor == IRP_MN_REMOVE_DEVICE {
         // Every other IRP lets go of the device first; then it is quiesced and freed, the IRP goes down, and the
         // FDO is detached and deleted: nothing can reach it afterwards.
+        // Requests kept pending hold the lock too: they end first, and the poller stops.
+        fdo.waits.shutdown(STATUS_DELETE_PENDING);
         // SAFETY: this IRP holds the lock; PASSIVE_LEVEL.
         unsafe { remove_lock::release_and_wait(lock, irp) };
         fdo.control.stopping();
@@ -97,6 +100,8 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             // a user process's MRs, QPs and CQs are given back on the host without a command to the device, which
             // would answer none (each destroy would wait out its deadline). Its handles are refused from here, and
             // its CLEANUP at exit finds nothing left to release.
+            // A wait on a device that is gone is never answered: it ends now.
+            fdo.waits.drain(Matching::ALL, STATUS_DELETE_PENDING);
             let hca = fdo.control.surprise_removed();
             // The reset and the channel's release as at D3; the channel's buffers go with the HCA's last hold.
             if let Some(device) = fdo.started.as_mut() {
@@ -117,6 +122,7 @@ pub unsafe extern "system" fn dispatch_pnp(device: *const DEVICE_OBJECT, irp: *m
             // device resets it, frees its rings and common buffers, puts its DMA adapter and unmaps its BARs (no
             // interrupt is connected outside a scenario). What the next START needs is the PDO and the lower
             // device, which the FDO keeps: START rebuilds everything from the resources it brings.
+            fdo.waits.drain(Matching::ALL, STATUS_DELETE_PENDING);
             fdo.control.stopping();
             fdo.started = None;
             // SAFETY: PASSIVE_LEVEL, holding the remove lock; succeeded here, then passed down as the PnP rules

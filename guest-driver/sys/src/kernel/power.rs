@@ -11,11 +11,14 @@ use windows_sys::Wdk::System::SystemServices::{
     PoCallDriver, PoRequestPowerIrp, PoSetPowerState, PoStartNextPowerIrp, SystemPowerState, IRP_MN_QUERY_POWER,
     IRP_MN_SET_POWER, PIO_WORKITEM_ROUTINE, POWER_STATE, PREQUEST_POWER_COMPLETE,
 };
-use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_MORE_PROCESSING_REQUIRED, STATUS_PENDING, STATUS_SUCCESS};
+use windows_sys::Win32::Foundation::{
+    NTSTATUS, STATUS_CANCELLED, STATUS_MORE_PROCESSING_REQUIRED, STATUS_PENDING, STATUS_SUCCESS,
+};
 use windows_sys::Win32::System::Power::{PowerDeviceD0, PowerDeviceD3, PowerSystemWorking};
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
 use super::completion_routine::{copy_to_next_with, mark_pending};
+use super::cq_waits::Matching;
 use super::debug_print::print_line;
 use super::fdo::fdo;
 use super::irp::{complete, current_stack, skip_current_stack};
@@ -66,6 +69,8 @@ pub unsafe extern "system" fn dispatch_power(device: *const DEVICE_OBJECT, irp: 
                 // Power-down on the way down: DMA quiesced (reset, rings and channel freed) while the device still
                 // decodes, then PoSetPowerState "before the device powers down", then down to the bus driver, which
                 // must see every set-power IRP.
+                // A wait's CQ goes with the HCA the sleep closes: it ends first.
+                fdo.waits.drain(Matching::ALL, STATUS_CANCELLED);
                 fdo.control.sleeping(!d3_leaves_hca_open());
                 if let Some(started) = fdo.started.as_mut() {
                     started.power_down();
