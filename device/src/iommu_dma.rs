@@ -51,8 +51,18 @@ impl<'a> QueueDma<'a> {
         &self,
         iova: u64,
         access: Permissions,
-        mut op: impl FnMut(&'a GuestMem) -> Result<T, vm_memory::GuestMemoryError>,
+        op: impl FnMut(&'a GuestMem) -> Result<T, vm_memory::GuestMemoryError>,
     ) -> Result<T, DmaError> {
+        self.access_quietly(iova, access, op).map_err(|(at, cause)| fault_event(self.shared, self.queue, at, cause))
+    }
+
+    /// `access` without the fault line: Err names the IOVA and the cause the platform refused with.
+    fn access_quietly<T>(
+        &self,
+        iova: u64,
+        access: Permissions,
+        mut op: impl FnMut(&'a GuestMem) -> Result<T, vm_memory::GuestMemoryError>,
+    ) -> Result<T, (u64, FaultCause)> {
         // A hit needs no bookkeeping: the clock, the generation and the fault record are for misses, and an access
         // that failed is simply tried again below with them (reads and writes of the same bytes are idempotent).
         if let Ok(value) = op(self.mem) {
@@ -71,24 +81,24 @@ impl<'a> QueueDma<'a> {
             let Some(fault) = iommu.take_fault() else {
                 // The IOTLB translated, but to a QEMU address outside the mem table.
                 tracing::error!("DMA at iova {iova:#x}: translated outside guest memory: {err}");
-                return Err(fault_event(self.shared, self.queue, iova, FaultCause::IommuUnmapped));
+                return Err((iova, FaultCause::IommuUnmapped));
             };
             if fault.kind == FaultKind::Permission {
-                return Err(fault_event(self.shared, self.queue, fault.iova, FaultCause::IommuPermission));
+                return Err((fault.iova, FaultCause::IommuPermission));
             }
             // QEMU replied to our miss that its vIOMMU has no mapping: no UPDATE is coming (crate::miss_replies).
             if asked == Some(fault.iova) && self.shared.miss_refused(fault.iova, access) {
-                return Err(fault_event(self.shared, self.queue, fault.iova, FaultCause::IommuUnmapped));
+                return Err((fault.iova, FaultCause::IommuUnmapped));
             }
             let may_wait = Instant::now() < deadline
                 && !self.shared.stopping()
                 && !self.shared.control_pending.load(Ordering::Acquire);
             if !may_wait {
-                return Err(fault_event(self.shared, self.queue, fault.iova, FaultCause::IommuUnmapped));
+                return Err((fault.iova, FaultCause::IommuUnmapped));
             }
             if asked != Some(fault.iova) {
                 if !self.shared.send_miss(fault.iova, access) {
-                    return Err(fault_event(self.shared, self.queue, fault.iova, FaultCause::IommuUnmapped));
+                    return Err((fault.iova, FaultCause::IommuUnmapped));
                 }
                 asked = Some(fault.iova);
             }
@@ -243,6 +253,23 @@ impl Dma for QueueDma<'_> {
             y = if n == d.len() { b.next() } else { d.offset(n).ok() };
         }
         Ok(())
+    }
+
+    /// The page's QEMU address: from the translation cache, else the IOTLB, missing to QEMU as a DMA in that
+    /// direction would, with no fault line for a page the vIOMMU does not map (a register's re-check is no DMA).
+    fn translation(&self, iova: u64, write: bool) -> Option<u64> {
+        let iommu = &self.shared.iommu;
+        let access = if write { Permissions::Write } else { Permissions::Read };
+        let cached = self.with_cache(|caches| iommu.translate_cached_single(&mut caches.pages, iova, 1, access));
+        if let Some(Some(uaddr)) = cached {
+            return Some(uaddr);
+        }
+        let target = |_: &GuestMem| {
+            iommu
+                .first_target(iova, 1, access)
+                .ok_or(vm_memory::GuestMemoryError::InvalidGuestAddress(GuestAddress(iova)))
+        };
+        self.access_quietly(iova, access, target).ok()
     }
 
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {

@@ -242,7 +242,7 @@ impl Hca {
         ring_geometry("CQ", entries, self.config.max_cqe, CQE_SIZE, page_count)?;
         let pages = page_list(cmd.pages, page_count)?;
         let handle = self.cq_handles.allocate().ok_or_else(|| refuse(Status::NoResources, "CQ table full"))?;
-        match self.map_ring(dma, cmd, Owner::Cq(handle), &pages) {
+        match self.map_ring(dma, cmd, Owner::Cq(handle), &pages, true) {
             Ok(registers) => {
                 self.cqs.insert(handle, Cq { entries, registers, producer: 0, armed: None });
                 Ok(handle_done(handle, "cq"))
@@ -322,7 +322,7 @@ impl Hca {
             return Err(refuse(Status::InvalidHandle, format!("no PD {pd}")));
         }
         let key = self.mrs.allocate_key().ok_or_else(|| refuse(Status::NoResources, "MR table full"))?;
-        let registers = match self.map_pages(dma, cmd, Owner::Mr(key), &pages) {
+        let registers = match self.map_pages(dma, cmd, Owner::Mr(key), &pages, access & ACCESS_LOCAL_WRITE != 0) {
             Ok(registers) => registers,
             Err(refusal) => {
                 self.mrs.forget_key();
@@ -365,14 +365,14 @@ impl Hca {
             }
         }
         let qpn = self.qp_handles.allocate().ok_or_else(|| refuse(Status::NoResources, "QP table full"))?;
-        let sq = match self.map_ring(dma, cmd, Owner::SendQueue(qpn), sq_pages) {
+        let sq = match self.map_ring(dma, cmd, Owner::SendQueue(qpn), sq_pages, false) {
             Ok(sq) => sq,
             Err(refusal) => {
                 self.qp_handles.release();
                 return Err(refusal);
             }
         };
-        let rq = match self.map_ring(dma, cmd, Owner::RecvQueue(qpn), rq_pages) {
+        let rq = match self.map_ring(dma, cmd, Owner::RecvQueue(qpn), rq_pages, false) {
             Ok(rq) => rq,
             Err(refusal) => {
                 self.unmap(Owner::SendQueue(qpn), sq.registers());
@@ -472,18 +472,34 @@ impl Hca {
     }
 
     /// A ring mapping: counted by the fail_ring_map knob, then mapped like any pages.
-    fn map_ring(&mut self, dma: &dyn Dma, cmd: Cmd<'_>, owner: Owner, pages: &[u64]) -> Result<MappedPages, Refusal> {
+    fn map_ring(
+        &mut self,
+        dma: &dyn Dma,
+        cmd: Cmd<'_>,
+        owner: Owner,
+        pages: &[u64],
+        device_writes: bool,
+    ) -> Result<MappedPages, Refusal> {
         let (n, fail) = self.engine.injector.ring_map();
         if fail {
             let detail = format!("{} {} ({} pages)", owner.kind(), owner.handle(), pages.len());
             self.out.emit(HcaEvent::Injected { what: "fail_ring_map", n, detail });
             return Err(refuse(Status::Injected, format!("fail_ring_map={n}")));
         }
-        self.map_pages(dma, cmd, owner, pages)
+        self.map_pages(dma, cmd, owner, pages, device_writes)
     }
 
-    /// Takes one register per page, after the contiguous-run cap and the optional probe.
-    fn map_pages(&mut self, dma: &dyn Dma, cmd: Cmd<'_>, owner: Owner, pages: &[u64]) -> Result<MappedPages, Refusal> {
+    /// Takes one register per page, after the contiguous-run cap and the optional probe. `device_writes`: the device
+    /// may write these pages (a CQ ring, an MR with local write), so their mapping is asked about as a write (a
+    /// write-only mapping asked as a read is a fault the vIOMMU records for the guest).
+    fn map_pages(
+        &mut self,
+        dma: &dyn Dma,
+        cmd: Cmd<'_>,
+        owner: Owner,
+        pages: &[u64],
+        device_writes: bool,
+    ) -> Result<MappedPages, Refusal> {
         if let Some((run, cap)) = self.engine.injector.contiguous_violation(pages) {
             let refused = self.engine.injector.config.contiguous_policy == ContiguousPolicy::Refuse;
             let detail = format!(
@@ -499,7 +515,13 @@ impl Hca {
         }
         let wanted = u32::try_from(pages.len()).unwrap_or(u32::MAX);
         let registers = match self.engine.pool.take(pages) {
-            Ok(registers) => MappedPages::new(&self.engine.pool, registers),
+            Ok(registers) => {
+                // Where each page leads now: what an invalidation that covers it later is checked against.
+                for (r, &iova) in registers.iter().zip(pages) {
+                    self.engine.pool.record_first(*r, dma.translation(iova & !(PAGE_SIZE - 1), device_writes));
+                }
+                MappedPages::new(&self.engine.pool, registers)
+            }
             Err(ex) => {
                 self.out.emit(HcaEvent::MapRegistersExhausted {
                     owner: owner.kind(),

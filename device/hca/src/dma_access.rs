@@ -21,6 +21,15 @@ pub enum CopyEnd {
 /// range; the HCA never sees host addresses.
 pub trait Dma {
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+
+    /// Where `iova`'s page leads now (the platform's address for it), asked of the IOMMU as a DMA would ask,
+    /// missing to QEMU if need be, but quietly: a page it does not map is no fault line. None when it maps none, or
+    /// when the implementation cannot tell; then a register an invalidation made stale stays refused (the strict
+    /// use-after-unmap check). `write`: asked as the device's write (else its read), the direction the page is used in,
+    /// since asking a write-only mapping about a read is a fault the vIOMMU records.
+    fn translation(&self, _iova: u64, _write: bool) -> Option<u64> {
+        None
+    }
     fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError>;
 
     /// Moves `len` bytes from `src` to `dst`, both device addresses, the source checked for reading and the

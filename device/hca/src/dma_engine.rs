@@ -111,6 +111,8 @@ impl DmaEngine {
         out: &mut Notifier,
     ) -> Result<(), DmaFault> {
         let n = self.begin(registers, offset, out);
+        let device_writes = matches!(data, Transfer::Write(_));
+        self.confirm_stale(dma, registers, offset, data.len(), device_writes, out);
         let len = data.len() as u64;
         let (result, first_iova) = match self.single_run(registers, offset, data.len()) {
             Some(run) => (data.move_at(dma, run.iova).map_err(platform_fault), Some(run.iova)),
@@ -137,6 +139,7 @@ impl DmaEngine {
     ) -> Result<(), (CopyEnd, DmaFault)> {
         let total = len as u64;
         let n_read = self.begin(src.registers, src.offset, out);
+        self.confirm_stale(dma, src.registers, src.offset, len, false, out);
         let (mut src_runs, mut dst_runs) = (std::mem::take(&mut self.src_runs), std::mem::take(&mut self.dst_runs));
         let src_one = self.single_run(src.registers, src.offset, len);
         let src_ran = match src_one {
@@ -150,6 +153,7 @@ impl DmaEngine {
             return Err((CopyEnd::Source, fault));
         }
         let n_write = self.begin(dst.registers, dst.offset, out);
+        self.confirm_stale(dma, dst.registers, dst.offset, len, true, out);
         let dst_one = self.single_run(dst.registers, dst.offset, len);
         let dst_ran = match dst_one {
             Some(_) => Ok(()),
@@ -182,6 +186,39 @@ impl DmaEngine {
             Self::finish(n_write, "write", dst_iova, total, &dst.ctx, &write_result, out);
         }
         moved
+    }
+
+    /// Before a transfer over a list that is not all fresh: each register of the pages it covers that a QEMU
+    /// invalidation made stale is asked about again (`Dma::translation`), and confirmed fresh when the vIOMMU still
+    /// maps its page where it led when the register was taken. VT-d invalidates an aligned power-of-two range, so an
+    /// unmap of one buffer also invalidates live pages beside it; a page really unmapped (or remapped elsewhere) stays
+    /// stale and is refused as before. Nothing is asked while every register is fresh (the common case).
+    fn confirm_stale(
+        &mut self,
+        dma: &dyn Dma,
+        registers: &MappedPages,
+        offset: u64,
+        len: usize,
+        device_writes: bool,
+        out: &mut Notifier,
+    ) {
+        if registers.all_fresh(&self.pool) {
+            return;
+        }
+        let first = usize::try_from(offset / PAGE_SIZE).unwrap_or(usize::MAX);
+        let last = usize::try_from(offset.saturating_add(len.max(1) as u64 - 1) / PAGE_SIZE).unwrap_or(usize::MAX);
+        let mut confirmed = 0u32;
+        for r in registers.registers().iter().skip(first).take(last.saturating_sub(first).saturating_add(1)) {
+            if let Some((iova, target)) = self.pool.confirmable(*r) {
+                if dma.translation(iova, device_writes) == Some(target) {
+                    self.pool.confirm(*r);
+                    confirmed += 1;
+                }
+            }
+        }
+        if confirmed > 0 {
+            out.emit(HcaEvent::TranslationsConfirmed { registers: confirmed });
+        }
     }
 
     /// Counts the DMA (and injects the invalidation set for it); returns its ordinal.
@@ -257,7 +294,7 @@ impl DmaEngine {
         let config = &self.injector.config;
         let iova = config.invalidate_iova.or(first_iova.map(|i| i & !(PAGE_SIZE - 1))).unwrap_or(0);
         let size = config.invalidate_size.unwrap_or(PAGE_SIZE);
-        let registers = self.pool.invalidate(iova, size);
+        let registers = self.pool.invalidate_injected(iova, size);
         out.emit(HcaEvent::Injected { what: "invalidate_at_dma", n, detail: format!("iova {iova:#x} size {size:#x}") });
         out.emit(HcaEvent::TranslationsStale { iova, size, registers, injected: true });
     }
@@ -535,5 +572,61 @@ mod tests {
         let before = flat.accesses.borrow().len();
         assert!(engine.write(&flat, &pages, 0, &buf[..0x10], &ctx, &mut out).is_ok(), "page 0 is still held");
         assert_eq!(flat.accesses.borrow().len(), before + 1);
+    }
+
+    /// Flat memory behind an IOMMU whose mapping of each page the test sets: what `translation` answers.
+    struct Remapped {
+        flat: Flat,
+        targets: RefCell<std::collections::BTreeMap<u64, u64>>,
+        asked: RefCell<Vec<u64>>,
+    }
+
+    impl Dma for Remapped {
+        fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+            self.flat.read(iova, buf)
+        }
+        fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+            self.flat.write(iova, buf)
+        }
+        fn translation(&self, iova: u64, _write: bool) -> Option<u64> {
+            self.asked.borrow_mut().push(iova);
+            self.targets.borrow().get(&iova).copied()
+        }
+    }
+
+    #[test]
+    fn a_stale_register_the_viommu_still_maps_where_it_led_is_confirmed_and_one_remapped_or_unmapped_is_refused() {
+        let mut engine = engine();
+        let targets = [(0x1000, 0x7f00_1000), (0x2000, 0x7f00_5000), (0x3000, 0x7f00_9000)].into_iter().collect();
+        let dma = Remapped { flat: Flat::new(), targets: RefCell::new(targets), asked: RefCell::new(Vec::new()) };
+        let mut out = Notifier::new(std::sync::Arc::new(NullSink));
+        let ctx = DmaContext::default();
+        let registers = engine.pool.take(&[0x1000, 0x2000, 0x3000]).unwrap();
+        for r in &registers {
+            let iova = engine.pool.peek(*r).unwrap();
+            engine.pool.record_first(*r, dma.translation(iova, false));
+        }
+        let pages = MappedPages::new(&engine.pool, registers.clone());
+        let mut buf = [0u8; 0x3000];
+        dma.asked.borrow_mut().clear();
+        engine.read(&dma, &pages, 0, &mut buf, &ctx, &mut out).unwrap();
+        assert!(dma.asked.borrow().is_empty(), "nothing is asked while every register is fresh");
+
+        // A 64 KiB invalidation over all three; page 2 is really unmapped, page 3 remapped elsewhere.
+        assert_eq!(engine.pool.invalidate(0, 0x10000), 3);
+        dma.targets.borrow_mut().remove(&0x2000);
+        dma.targets.borrow_mut().insert(0x3000, 0x7f00_f000);
+        engine.read(&dma, &pages, 0, &mut buf[..0x1000], &ctx, &mut out).unwrap();
+        assert_eq!(dma.asked.borrow().as_slice(), [0x1000], "only the pages the transfer covers are asked about");
+        let unmapped = engine.read(&dma, &pages, 0x1000, &mut buf[..0x10], &ctx, &mut out).unwrap_err();
+        assert_eq!(unmapped.cause, FaultCause::StaleTranslation);
+        let remapped = engine.read(&dma, &pages, 0x2ff0, &mut buf[..0x10], &ctx, &mut out).unwrap_err();
+        assert_eq!(remapped, DmaFault { cause: FaultCause::StaleTranslation, iova: Some(0x3000), register: Some(2) });
+        engine.read(&dma, &pages, 0x10, &mut buf[..0x10], &ctx, &mut out).expect("page 1 stays confirmed");
+
+        // An injected invalidation changed no mapping, and the check must keep refusing it.
+        engine.pool.invalidate_injected(0x1000, 1);
+        let injected = engine.read(&dma, &pages, 0, &mut buf[..0x10], &ctx, &mut out).unwrap_err();
+        assert_eq!(injected.cause, FaultCause::StaleTranslation);
     }
 }

@@ -77,6 +77,9 @@ pub enum HcaEvent {
     },
     /// An IOTLB invalidation (from QEMU or injected) met registers: they are stale until re-validated.
     TranslationsStale { iova: u64, size: u64, registers: u32, injected: bool },
+    /// Stale registers a transfer was about to use that the vIOMMU still maps where they led when taken: fresh again
+    /// (the invalidation was wider than the unmap behind it).
+    TranslationsConfirmed { registers: u32 },
     /// The request `hold_completion_ms` held (its `injected` line) stopped being held: `reason` "timer" (it executes
     /// now), "qp_flushed", "qp_reset" or "qp_destroyed" (it never will).
     HoldReleased { qpn: u32, sq_index: u32, n: u64, reason: &'static str },

@@ -42,6 +42,11 @@ struct Entry {
     iova_page: u64,
     /// An IOTLB invalidation covered this page after the register was set up.
     stale: bool,
+    /// The invalidation was QEMU's, so asking the vIOMMU again can tell whether the mapping really changed; an
+    /// injected one (`invalidate_at_dma`) changed no mapping and stays a refusal.
+    confirmable: bool,
+    /// Where the page's IOVA led when the register was taken (the host address `Dma::translation` gave), if known.
+    first: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +104,8 @@ impl MapRegisterPool {
             let Some(index) = self.free.pop() else { break };
             let slot = &mut self.slots[index as usize];
             slot.generation = slot.generation.wrapping_add(1);
-            slot.entry = Some(Entry { iova_page: iova & !(PAGE_SIZE - 1), stale: false });
+            slot.entry =
+                Some(Entry { iova_page: iova & !(PAGE_SIZE - 1), stale: false, confirmable: false, first: None });
             taken.push(RegisterRef { index, generation: slot.generation });
         }
         Ok(taken)
@@ -162,16 +168,61 @@ impl MapRegisterPool {
         self.epoch
     }
 
-    /// Marks every register whose page meets [iova, iova + size) stale. Returns how many were marked.
+    /// Where a register's page led when it was taken (what `confirm` compares with later).
+    pub fn record_first(&mut self, r: RegisterRef, target: Option<u64>) {
+        if let Some(entry) = self.slots.get_mut(r.index as usize).filter(|s| s.generation == r.generation) {
+            if let Some(e) = entry.entry.as_mut() {
+                e.first = target;
+            }
+        }
+    }
+
+    /// A held register a QEMU invalidation made stale, with the IOVA page to ask about and where it led when taken:
+    /// what `confirm` may clear. None for a fresh, freed or injected-stale register, or one whose first translation
+    /// is unknown.
+    pub fn confirmable(&self, r: RegisterRef) -> Option<(u64, u64)> {
+        let slot = self.slots.get(r.index as usize).filter(|s| s.generation == r.generation)?;
+        let e = slot.entry?;
+        (e.stale && e.confirmable).then_some(()).and(e.first.map(|first| (e.iova_page, first)))
+    }
+
+    /// The vIOMMU still maps the register's page where it led when taken: the invalidation that covered it was wider
+    /// than the unmap behind it (VT-d invalidates aligned power-of-two ranges), so the register is fresh again.
+    pub fn confirm(&mut self, r: RegisterRef) {
+        if let Some(slot) = self.slots.get_mut(r.index as usize).filter(|s| s.generation == r.generation) {
+            if let Some(e) = slot.entry.as_mut().filter(|e| e.stale) {
+                e.stale = false;
+                self.epoch += 1;
+            }
+        }
+    }
+
+    /// Marks every register whose page meets [iova, iova + size) stale, as QEMU's IOTLB invalidation does.
+    /// Returns how many were marked.
     pub fn invalidate(&mut self, iova: u64, size: u64) -> u32 {
+        self.mark_stale(iova, size, true)
+    }
+
+    /// The same for an injected invalidation (`invalidate_at_dma`), which changed no mapping: never confirmed.
+    pub fn invalidate_injected(&mut self, iova: u64, size: u64) -> u32 {
+        self.mark_stale(iova, size, false)
+    }
+
+    fn mark_stale(&mut self, iova: u64, size: u64, confirmable: bool) -> u32 {
         let end = iova.saturating_add(size);
         let mut marked = 0;
         for slot in &mut self.slots {
             if let Some(entry) = slot.entry.as_mut() {
                 let page_end = entry.iova_page.saturating_add(PAGE_SIZE);
-                if entry.iova_page < end && iova < page_end && !entry.stale {
-                    entry.stale = true;
-                    marked += 1;
+                if entry.iova_page < end && iova < page_end {
+                    if !entry.stale {
+                        entry.stale = true;
+                        entry.confirmable = confirmable;
+                        marked += 1;
+                    } else {
+                        // A later hard mark wins over an earlier confirmable one.
+                        entry.confirmable &= confirmable;
+                    }
                 }
             }
         }
@@ -222,5 +273,32 @@ mod tests {
         assert_eq!(pool.translate(r[1], false), Err(FaultCause::StaleTranslation));
         assert_eq!(pool.translate(r[1], true), Ok(0x2000));
         assert_eq!(pool.translate(r[1], false), Ok(0x2000), "revalidated");
+    }
+
+    #[test]
+    fn a_stale_register_is_confirmable_only_after_a_qemu_invalidation_with_its_first_target_known() {
+        let mut pool = MapRegisterPool::new(3);
+        let r = pool.take(&[0x1000, 0x2000, 0x3000]).unwrap();
+        pool.record_first(r[0], Some(0x7f00_0000));
+        pool.record_first(r[1], Some(0x7f00_1000));
+        assert_eq!(pool.confirmable(r[0]), None, "fresh");
+        assert_eq!(pool.invalidate(0x0, 0x4000), 3);
+        assert_eq!(pool.confirmable(r[0]), Some((0x1000, 0x7f00_0000)));
+        assert_eq!(pool.confirmable(r[2]), None, "no first target recorded");
+        let epoch = pool.epoch();
+        pool.confirm(r[0]);
+        assert_ne!(pool.epoch(), epoch);
+        assert_eq!(pool.translate(r[0], false), Ok(0x1000), "confirmed: fresh again");
+        assert_eq!(pool.translate(r[1], false), Err(FaultCause::StaleTranslation), "not confirmed: still refused");
+        // An injected invalidation changed no mapping: it is never confirmable, even over a confirmable mark.
+        assert_eq!(pool.invalidate_injected(0x1000, 0x1000), 1);
+        assert_eq!(pool.confirmable(r[0]), None);
+        assert_eq!(pool.invalidate_injected(0x2000, 0x1000), 0, "already stale");
+        assert_eq!(pool.confirmable(r[1]), None, "the hard mark wins");
+        // A register freed and taken again is another holder's: its old ref confirms nothing.
+        pool.release(&r[2..]);
+        let again = pool.take(&[0x3000]).unwrap();
+        pool.confirm(r[2]);
+        assert_eq!(pool.translate(again[0], false), Ok(0x3000));
     }
 }

@@ -389,6 +389,9 @@ pub struct Session {
     pub next_data: u64,
     /// Event buffers posted so far on queue 1 (descriptor i is buffer i).
     pub event_buffers: u16,
+    /// Whether `wait_used` answers IOTLB misses (identity over the IOVA window) while it waits, as QEMU would for
+    /// pages its vIOMMU maps.
+    pub answer_misses: bool,
 }
 
 /// An MR the test registered: its key, the address SGEs use, and where its bytes are in guest RAM.
@@ -478,6 +481,7 @@ impl Session {
             next_tag: 1,
             next_data: DATA_OFF,
             event_buffers: 0,
+            answer_misses: false,
         };
         if map_all {
             let mut session = session;
@@ -569,7 +573,7 @@ impl Session {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.ram.used_idx(q).wrapping_sub(slot) == 0 || self.ram.used_idx(q).wrapping_sub(slot) > QUEUE_SIZE {
             assert!(Instant::now() < deadline, "queue {q}: slot {slot} never used");
-            self.wait_call(q, false, Duration::from_secs(10));
+            self.wait_call(q, self.answer_misses, Duration::from_secs(10));
         }
     }
 
