@@ -40,8 +40,13 @@ use super::spin_locked::SpinLocked;
 
 /// wdm.h's SL_PENDING_RETURNED (IoMarkIrpPending's bit).
 const SL_PENDING_RETURNED: u8 = 0x01;
-/// Where a pending request keeps its CQ (DriverContext[3] is the cancel-safe queue's).
+/// Where a pending request keeps its CQ, its file object and its buffer lengths, copied at `pend` (DriverContext[3]
+/// is the cancel-safe queue's). Read from there, not from the stack location: once an IRP is completed its current
+/// location is past its last, so a driver that meets a request it no longer owns (the bug variant) reads what it
+/// stored, deterministically, instead of whatever lies beyond the IRP.
 const CQ_SLOT: usize = 0;
+const FILE_SLOT: usize = 1;
+const LENGTHS_SLOT: usize = 2;
 /// How long the poller sleeps between looks, and how long `shutdown` waits for it to stop.
 const POLL_INTERVAL_100NS: i64 = 10_000;
 const SHUTDOWN_LOOKS: u32 = 10_000;
@@ -64,7 +69,7 @@ impl Matching {
     /// A live IRP this queue holds (its current stack location is this driver's).
     unsafe fn matches(&self, irp: *mut IRP) -> bool {
         // SAFETY: the caller's contract.
-        let (file, cq) = unsafe { ((*current_stack(irp)).FileObject, cq_of(irp)) };
+        let (file, cq) = unsafe { (file_of(irp), cq_of(irp)) };
         (self.file.is_null() || self.file == file) && self.cq.map_or(true, |c| c == cq)
     }
 }
@@ -143,9 +148,16 @@ impl CqWaits {
         }
         // SAFETY: the caller's contract.
         unsafe {
-            (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[CQ_SLOT] = cq as usize as *mut c_void;
+            let stack = current_stack(irp);
+            let p = (*stack).Parameters.DeviceIoControl;
+            let lengths = p.InputBufferLength as usize | (p.OutputBufferLength as usize) << 32;
+            let context = &mut (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext;
+            context[CQ_SLOT] = cq as usize as *mut c_void;
+            context[FILE_SLOT] = (*stack).FileObject.cast();
+            context[LENGTHS_SLOT] = lengths as *mut c_void;
             self.hand_rolled.store(hand_rolled, Ordering::Relaxed);
             if hand_rolled {
+                (*stack).Control |= SL_PENDING_RETURNED;
                 self.insert_by_hand(irp);
             } else {
                 IoCsqInsertIrp(self.csq.get(), irp, core::ptr::null_mut());
@@ -252,16 +264,13 @@ impl CqWaits {
         }
     }
 
-    /// The bug's queueing: marked pending, its cancel routine set, appended to the list.
+    /// The bug's queueing: its cancel routine set, appended to the list (`pend` marked it pending).
     ///
     /// # Safety
-    /// A request at this driver's stack location.
+    /// A request `pend` queued.
     unsafe fn insert_by_hand(&self, irp: *mut IRP) {
         // SAFETY: the caller's contract.
-        unsafe {
-            (*current_stack(irp)).Control |= SL_PENDING_RETURNED;
-            set_cancel_routine(irp, Some(hand_rolled_cancel));
-        }
+        unsafe { set_cancel_routine(irp, Some(hand_rolled_cancel)) };
         // SAFETY: as above; the entry is the IRP's own ListEntry.
         self.locked(|head| unsafe { append(head, list_entry(irp)) });
     }
@@ -293,6 +302,24 @@ impl CqWaits {
             remove_lock::release(&mut fdo(self.device).remove_lock, irp);
         }
     }
+}
+
+/// A pending request's file object and its input and output lengths, as `pend` stored them.
+///
+/// # Safety
+/// A request `pend` queued (its memory still there).
+pub unsafe fn pended_request(irp: *mut IRP) -> (*mut FILE_OBJECT, usize, usize) {
+    // SAFETY: the caller's contract.
+    let lengths = unsafe { (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[LENGTHS_SLOT] as usize };
+    // SAFETY: as above.
+    (unsafe { file_of(irp) }, lengths & 0xFFFF_FFFF, lengths >> 32)
+}
+
+/// # Safety
+/// As `pended_request`.
+unsafe fn file_of(irp: *mut IRP) -> *mut FILE_OBJECT {
+    // SAFETY: the caller's contract.
+    unsafe { (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[FILE_SLOT].cast() }
 }
 
 /// # Safety

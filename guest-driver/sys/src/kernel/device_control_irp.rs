@@ -18,7 +18,7 @@ use windows_sys::Win32::Foundation::{
 };
 use zerocopy::FromBytes;
 
-use super::cq_waits::Matching;
+use super::cq_waits::{pended_request, Matching};
 use super::fdo::fdo;
 use super::irp::{complete, current_stack};
 use super::registry;
@@ -277,17 +277,15 @@ pub unsafe extern "system" fn dispatch_device_control(device: *const DEVICE_OBJE
 /// CQ is still empty. PASSIVE_LEVEL, in a system worker thread.
 ///
 /// # Safety
-/// One of this driver's FDOs and a WAIT_CQ request the poller took out of the queue (its stack location, SystemBuffer
-/// and MDL as the I/O manager sent them).
+/// One of this driver's FDOs and a WAIT_CQ request the poller took out of the queue (what `pend` stored of it, its
+/// SystemBuffer and MDL as the I/O manager sent them).
 pub unsafe fn satisfy_wait(device: *const DEVICE_OBJECT, irp: *mut IRP) -> Option<(NTSTATUS, usize)> {
     // SAFETY: the caller's contract: the buffers were checked by the dispatch routine that pended it.
     unsafe {
-        let stack = current_stack(irp);
-        let p = (*stack).Parameters.DeviceIoControl;
-        let (in_len, out_len) = (p.InputBufferLength as usize, p.OutputBufferLength as usize);
+        let (file, in_len, out_len) = pended_request(irp);
         let system = (*irp).AssociatedIrp.SystemBuffer as *const u8;
         let mdl = (*irp).MdlAddress;
-        let (Some(open), false, false) = (open_file((*stack).FileObject), system.is_null(), mdl.is_null()) else {
+        let (Some(open), false, false) = (open_file(file), system.is_null(), mdl.is_null()) else {
             return Some((STATUS_INVALID_PARAMETER, 0));
         };
         let Some(va) = system_address(mdl) else { return Some((STATUS_INSUFFICIENT_RESOURCES, 0)) };
