@@ -85,6 +85,10 @@ pub struct Options {
     pub map_registers: Option<u32>,
     /// DMA checking double-buffers (`vhca.double_buffering=0` turns it off, to show what depends on it).
     pub double_buffering: bool,
+    /// The platform remaps the driver's DMA (`vhca.dma_remapping=0` turns it off: a machine without an IOMMU, or a
+    /// driver without DmaRemappingCompatible=1): the NT model's device domain is then the identity, every frame
+    /// reachable. The guest's real intel-iommu stays on either way; the model maps frames in it instead of IOVAs.
+    pub dma_remapping: bool,
     /// Verifier rules turned off (`vhca.disable_rule=0xE6/0x26`, repeatable).
     pub disabled_rules: Vec<RuleId>,
     /// The fixed scenarios take their buggy path again (`vhca.break_fix=1`): proves their checks can fail.
@@ -147,6 +151,7 @@ impl Default for Options {
             fragmentation: None,
             map_registers: None,
             double_buffering: true,
+            dma_remapping: true,
             disabled_rules: Vec::new(),
             break_fix: false,
             low_resources: LowResourcesConfig::default(),
@@ -226,6 +231,7 @@ impl Options {
             "poweroff" => self.poweroff = boolean(value)?,
             "break_fix" => self.break_fix = boolean(value)?,
             "double_buffering" => self.double_buffering = boolean(value)?,
+            "dma_remapping" => self.dma_remapping = boolean(value)?,
             "lock" => {
                 self.lock = Some(
                     vhca_scenarios::lock_kind(value)
@@ -382,7 +388,7 @@ mod tests {
         let options = Options::parse(
             "vhca.scenario=contiguous-cq-fallback vhca.lock=kmutex vhca.verifier=0xaa vhca.fragmentation=4 \
              vhca.map_registers=16 vhca.disable_rule=0xC4/0xE5 vhca.disable_rule=0xE6 vhca.break_fix=1 \
-             vhca.double_buffering=0",
+             vhca.double_buffering=0 vhca.dma_remapping=0",
         );
         assert!(options.warnings.is_empty(), "{:?}", options.warnings);
         assert_eq!(options.lock, Some(ClMutexKind::KMutex));
@@ -394,6 +400,8 @@ mod tests {
         assert_eq!(options.disabled_rules[1].subcode, None);
         assert!(options.break_fix);
         assert!(!options.double_buffering);
+        assert!(!options.dma_remapping);
+        assert!(Options::parse("").dma_remapping, "DMA remapping is on unless switched off, as vhca.inf asks");
         assert!(Options::parse("").double_buffering, "double buffering is on unless switched off");
         let off = Options::parse("vhca.verifier=0x0 vhca.lock=spin vhca.disable_rule=E6/x");
         assert_eq!(off.verifier, VerifierFlags::NONE);

@@ -221,6 +221,7 @@ pub fn run(
         r.details.insert("disabled_rules".into(), json!(rules));
         r.details.insert("break_fix".into(), json!(options.break_fix));
         r.details.insert("double_buffering".into(), json!(config.double_buffering));
+        r.details.insert("dma_remapping".into(), json!(options.dma_remapping));
     }
     let handler = Arc::new(ConsoleBugcheck::new(report.clone(), options.poweroff));
     let kernel = Arc::new(
@@ -228,6 +229,7 @@ pub fn run(
             .with_timing(options.timing)
             .with_special_pool_alignment(options.special_pool),
     );
+    kernel.set_dma_remapping(options.dma_remapping);
     handler.witness().attach(&kernel, &options.interleaving, options.processors);
     // The doorbells and commands the transport sends order the device's later interrupts after them.
     channel.tell_model(&kernel, PDO.0);

@@ -306,6 +306,8 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
             .with_timing(options.timing)
             .with_special_pool_alignment(options.special_pool),
     );
+    // Before the driver maps anything: the layout of what is mapped does not change later.
+    model.set_dma_remapping(options.dma_remapping);
     handler.witness().attach(&model, &options.interleaving, options.processors);
     low_resources::start(&model, &config.low_resources, &sink);
     let model_for_faults = model.clone();
@@ -417,6 +419,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     }
     // Whether or not the driver got as far as a result line.
     report.details.insert("driver".into(), "sys".into());
+    report.details.insert("dma_remapping".into(), options.dma_remapping.into());
     let interleaving = crate::interleaving::RESULT_KEYS;
     for key in ["low_resources", "fault_points", "injected_faults"].into_iter().chain(interleaving) {
         if let Some(value) = simulation.get(key) {

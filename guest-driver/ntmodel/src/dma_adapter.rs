@@ -389,6 +389,13 @@ impl NtModel {
         match map_for {
             MapFor::List => {}
             MapFor::Transfer => physical.truncate(1),
+            // CreateCommonBufferFromMdl's page: "If DMA remapping is not being used, the MDL must represent
+            // physically contiguous memory" (STATUS_INVALID_PARAMETER, "an incompatible MDL"). Under remapping the
+            // domain gives the pages one logical range whatever their frames; without it the range would be the
+            // first frame onwards, across the holes between runs, where the buffer's later pages are not.
+            MapFor::CommonBuffer if m.dma.layout.without_remapping && physical.len() > 1 => {
+                return Err(Refusal::Status(STATUS_INVALID_PARAMETER));
+            }
             MapFor::CommonBuffer => {
                 let first_page = ((va - r.base) / PAGE) as usize;
                 physical = vec![sg_split::PhysicalRun { va, len, first_page, pages }];

@@ -118,6 +118,40 @@ fn without_remapping_a_fragmented_buffers_elements_are_its_frames_and_runs_are_a
     k.KeLowerIrql(old);
 }
 
+/// IoMapCommonBuffer (CreateCommonBufferFromMdl as vhca.sys reaches it) gives the device one logical range. Under
+/// remapping a fragmented buffer still gets one; without it "the MDL must represent physically contiguous memory"
+/// (PCREATE_COMMON_BUFFER_FROM_MDL): refused with STATUS_INVALID_PARAMETER, never a range across the holes. One
+/// contiguous run is still mapped without remapping, at its frame.
+#[test]
+fn without_remapping_io_map_common_buffer_refuses_a_fragmented_buffer_and_maps_a_contiguous_one() {
+    for remapping in [true, false] {
+        let (k, backend) = machine_remapping(remapping, Some(1));
+        let mut n = 0;
+        let a = k.IoGetDmaAdapter(PDO, &described(64), &mut n);
+        let (va, mdl) = pool_buffer(&k, 3 * 4096);
+        let mapped = k.IoMapCommonBuffer(a, mdl, 3 * 4096, true);
+        if remapping {
+            let (h, sg) = mapped.expect("one logical range under remapping");
+            assert_eq!(sg.Elements.len(), 1);
+            let last_page = sg.Elements[0].Address.0 + 2 * 4096;
+            backend.device_write(last_page, &DATA).expect("the range's last page is the buffer's");
+            assert_eq!(read(&k, va.offset(2 * 4096).unwrap()), DATA);
+            k.IoUnmapCommonBuffer(a, h);
+        } else {
+            assert_eq!(mapped.unwrap_err(), STATUS_INVALID_PARAMETER, "three one-page runs are not one range");
+        }
+        let (one, one_mdl) = pool_buffer(&k, 4096);
+        let (h, sg) = k.IoMapCommonBuffer(a, one_mdl, 4096, true).expect("one page is contiguous");
+        if !remapping {
+            assert_eq!(sg.Elements[0].Address.0, k.mm_get_physical_address(one.0), "the identity domain's frame");
+        }
+        backend.device_write(sg.Elements[0].Address.0, &DATA).expect("mapped");
+        assert_eq!(read(&k, one), DATA);
+        k.IoUnmapCommonBuffer(a, h);
+        assert!(k.bugchecks().is_empty(), "{:?}", k.bugchecks());
+    }
+}
+
 /// A 32-bit device's list over memory above 4 GiB: the element lies below 4 GiB (a bounce page), the device's
 /// write reaches the buffer at the put.
 fn bounce_below_the_limit(remapping: bool, flags: u32) {

@@ -92,6 +92,7 @@ pub enum Scenario {
     UserBufferProbeLock,
     UserBufferNoLock,
     IoMapCommonBuffer,
+    IoMapCommonBufferUnchecked,
     UnloadTimerSet,
     UnloadTimerCancelled,
     TimeoutFreesBuffer,
@@ -132,7 +133,7 @@ pub enum Scenario {
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 47] = [
+    pub const DRIVER: [Scenario; 48] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -145,6 +146,7 @@ impl Scenario {
         Scenario::UserBufferProbeLock,
         Scenario::UserBufferNoLock,
         Scenario::IoMapCommonBuffer,
+        Scenario::IoMapCommonBufferUnchecked,
         Scenario::UnloadTimerSet,
         Scenario::UnloadTimerCancelled,
         Scenario::TimeoutFreesBuffer,
@@ -197,6 +199,7 @@ impl Scenario {
             Scenario::UserBufferProbeLock => "user-buffer-probe-lock",
             Scenario::UserBufferNoLock => "user-buffer-no-lock",
             Scenario::IoMapCommonBuffer => "io-map-common-buffer",
+            Scenario::IoMapCommonBufferUnchecked => "io-map-common-buffer-unchecked",
             Scenario::UnloadTimerSet => "unload-timer-set",
             Scenario::UnloadTimerCancelled => "unload-timer-cancelled",
             Scenario::TimeoutFreesBuffer => "timeout-frees-buffer",
@@ -273,6 +276,7 @@ impl Scenario {
             Scenario::UserBufferProbeLock => user_buffer::probe_lock(ctx),
             Scenario::UserBufferNoLock => user_buffer::no_lock(ctx),
             Scenario::IoMapCommonBuffer => shared_buffer::io_map_common_buffer(ctx),
+            Scenario::IoMapCommonBufferUnchecked => shared_buffer::io_map_common_buffer_unchecked(ctx),
             Scenario::UnloadTimerSet => unload_timer::timer_set(ctx),
             Scenario::UnloadTimerCancelled => unload_timer::timer_cancelled(ctx),
             Scenario::TimeoutFreesBuffer => late_completion::frees_buffer(ctx),

@@ -1,4 +1,4 @@
-//! sg-queued-freed-mdl and sg-fragmented with their fixes through `vhca_scenarios::run` on the NT model and the
+//! sg-queued-freed-mdl, sg-fragmented and io-map-common-buffer-unchecked with their fixes through `vhca_scenarios::run` on the NT model and the
 //! in-process device model: each seed verdict, the bug's going when its rule is disabled, and break_fix bringing the
 //! bug back into the fix. (dma32-above-4g and physical-address-to-device need the real intel-iommu's refusal: the
 //! seed suite's guest runs judge them.)
@@ -19,7 +19,18 @@ impl Platform for InProcess {
 }
 
 fn run_with(scenario: Scenario, config: NtModelConfig, break_fix: bool) -> Result<anyhow::Result<()>, Bugcheck> {
+    run_remapped(scenario, config, break_fix, true)
+}
+
+/// As run_with, with the platform's DMA remapping on or off (the guest's `vhca.dma_remapping`).
+fn run_remapped(
+    scenario: Scenario,
+    config: NtModelConfig,
+    break_fix: bool,
+    remapping: bool,
+) -> Result<anyhow::Result<()>, Bugcheck> {
     let (kernel, backend) = machine_with(config);
+    kernel.set_dma_remapping(remapping);
     let host = ModelHost::new(kernel.clone(), InProcess);
     let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
     NtModel::run_guarded(|| {
@@ -71,5 +82,25 @@ fn the_first_element_alone_is_a_short_transfer_and_every_element_is_the_whole_bu
     assert!(broken.is_err(), "break_fix passed");
     // Without fragmentation the list is one element and the bug cannot show: the check needs the knob.
     let contiguous = run_on(Scenario::SgFragmented, 0, &[], false).expect("no bugcheck");
+    assert!(contiguous.is_ok(), "{contiguous:?}");
+}
+
+#[test]
+fn without_remapping_io_map_common_buffer_refuses_a_fragmented_user_buffer_and_the_fix_falls_back() {
+    for flags in [0, STANDARD] {
+        let bug = run_remapped(Scenario::IoMapCommonBufferUnchecked, fragmented(flags), false, false);
+        let why = format!("{:#}", bug.expect("no bugcheck").expect_err("the refusal was not met"));
+        assert!(why.contains("IoMapCommonBuffer failed with status 0xc000000d"), "flags {flags:#x}: {why}");
+        let fixed = run_remapped(Scenario::IoMapCommonBuffer, fragmented(flags), false, false);
+        let fixed = fixed.expect("no bugcheck");
+        assert!(fixed.is_ok(), "flags {flags:#x}: {fixed:?}");
+        // Under remapping the same fragmented buffer is one logical range: the bug passes where it is tested.
+        let remapped = run_remapped(Scenario::IoMapCommonBufferUnchecked, fragmented(flags), false, true);
+        let remapped = remapped.expect("no bugcheck");
+        assert!(remapped.is_ok(), "flags {flags:#x}: {remapped:?}");
+    }
+    // Without fragmentation the buffer is one run: no refusal to meet, even without remapping.
+    let contiguous = run_remapped(Scenario::IoMapCommonBufferUnchecked, model_config(0, &[]), false, false);
+    let contiguous = contiguous.expect("no bugcheck");
     assert!(contiguous.is_ok(), "{contiguous:?}");
 }

@@ -80,10 +80,12 @@ impl<P: Platform> ScenarioHost for ModelHost<P> {
         std::thread::sleep(duration);
         self.platform.time_passed(&self.kernel);
     }
-    fn alloc_user_buffer(&self, _: u32, _: u64) -> PVOID {
-        PVOID::NULL
+    fn alloc_user_buffer(&self, len: u32, in_page_offset: u64) -> PVOID {
+        self.kernel.alloc_user_buffer(len as u64, in_page_offset)
     }
-    fn free_user_buffer(&self, _: PVOID) {}
+    fn free_user_buffer(&self, va: PVOID) {
+        self.kernel.free_user_buffer(va);
+    }
     fn report_platform_iommu_faults(&self, wait: Duration) -> Option<usize> {
         self.platform.report_iommu_faults(&self.kernel, wait)
     }
