@@ -54,9 +54,15 @@ pub fn wait_cancel(process: &mut UserProcess) -> Result<(), String> {
     if first.is_complete() {
         return Err("WAIT_CQ on an empty CQ completed without a completion".into());
     }
-    if !first.cancel() {
-        return Err("WAIT_CQ pending: IoCancelIrp found no cancel routine (the request was not cancelable)".into());
-    }
+    // CancelIoEx only asks: IoCancelIrp finds no cancel routine while the driver holds the request outside its
+    // queue (vhca.sys's poller takes each wait out to poll its CQ), and the driver then sees the request's Cancel
+    // flag when it queues it again. Either way the request must complete STATUS_CANCELLED. Requiring the routine
+    // here failed 2 of 4 preempted runs of the fix (`interleavings = "preempt1"`, docs/scenarios.md).
+    let routine_ran = first.cancel();
+    progress(format_args!(
+        "user process: CancelIoEx on the pending WAIT_CQ: {}",
+        if routine_ran { "its cancel routine ran" } else { "the driver held it (no cancel routine set)" }
+    ));
     let reply = first.wait(Some(ANSWER_WITHIN)).map_err(|_| "the cancelled WAIT_CQ never completed".to_string())?;
     if reply.status != STATUS_CANCELLED || reply.information != 0 {
         return Err(format!(
