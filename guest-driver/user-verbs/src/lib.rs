@@ -8,9 +8,11 @@ extern crate alloc;
 
 mod loopback;
 mod provider;
+mod wait_cancel;
 
 pub use loopback::{rdma_write_loopback, LoopbackSummary, LOOPBACK_BYTES};
 pub use provider::{ConnectedPair, Provider};
+pub use wait_cancel::{wait_cancel, WaitCancelSummary, STATUS_CANCELLED};
 
 /// What DeviceIoControl gave back: the IRP's final status and its Information (bytes written to the output, or
 /// taken from an IN_DIRECT buffer).
@@ -33,6 +35,30 @@ pub trait VerbsProcess {
     fn pause(&mut self, ms: u32);
     /// Progress, one line at a time (the serial log, the console).
     fn log(&mut self, line: &str);
+}
+
+/// What DeviceIoControl on an overlapped handle did: answered at once, or left pending under a number the process
+/// gave the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overlapped {
+    Done(Reply),
+    Pending(usize),
+}
+
+/// A process whose handle on the interface is overlapped (FILE_FLAG_OVERLAPPED), so a request the driver keeps
+/// pending returns to the caller, who may wait for it or cancel it.
+pub trait OverlappedProcess: VerbsProcess {
+    /// DeviceIoControl with an OVERLAPPED. The output is `len` bytes of this process's memory at `at` (from
+    /// `allocate`), which the driver may write until the request completes.
+    fn device_control_overlapped(&mut self, file: usize, code: u32, input: &[u8], at: usize, len: usize) -> Overlapped;
+    /// HasOverlappedIoCompleted.
+    fn is_complete(&mut self, request: usize) -> bool;
+    /// CancelIoEx on the request: whether the driver's cancel routine ran, where the process can tell (None: it
+    /// cannot, as a Windows process cannot). The request completes when its driver completes it.
+    fn cancel(&mut self, request: usize) -> Option<bool>;
+    /// GetOverlappedResultEx: the completed request's reply (and the request forgotten), or None while it is still
+    /// pending after `ms` milliseconds.
+    fn wait(&mut self, request: usize, ms: u32) -> Option<Reply>;
 }
 
 /// `len` bytes of the process's memory at `at`, as the program reads and writes it.

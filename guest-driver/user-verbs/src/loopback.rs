@@ -34,6 +34,16 @@ pub struct LoopbackSummary {
     pub refused_with: i32,
 }
 
+impl core::fmt::Display for LoopbackSummary {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "RDMA write of {} bytes after {} poll(s), matched before DEREG_MR: {}, foreign CQ refused with {:#010x}",
+            self.bytes, self.polls, self.matched_before_dereg, self.refused_with as u32
+        )
+    }
+}
+
 /// Runs the life; Err names the step that went wrong and what the driver answered.
 pub fn rdma_write_loopback(process: &mut impl VerbsProcess) -> Result<LoopbackSummary, String> {
     let mut p = Provider::open(process)?;

@@ -6,8 +6,7 @@ extern crate alloc;
 
 use alloc::format;
 use alloc::string::String;
-
-use vhca_user_verbs::LoopbackSummary;
+use core::fmt::Display;
 
 /// The prefix of the one line the program prints at its end, for a script or the guest agent to find.
 pub const RESULT_PREFIX: &str = "VHCA-VERBS-TEST";
@@ -18,6 +17,36 @@ pub const EXIT_FAILED: u32 = 1;
 pub const EXIT_NO_DEVICE: u32 = 2;
 pub const EXIT_PANIC: u32 = 3;
 
+/// What the program runs, from its one argument: none (or `loopback`) the provider's loopback life, `wait-cancel`
+/// the completion channel's (WAIT_CQ pending, cancelled, answered, left at the exit) on an overlapped handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Loopback,
+    WaitCancel,
+}
+
+/// The mode GetCommandLineW's line asks for: the program's own name first (quoted or not, as CreateProcess passes
+/// it), then at most one word. Err names what was not understood.
+pub fn mode_of(command_line: &[u16]) -> Result<Mode, String> {
+    let line = String::from_utf16_lossy(command_line.split(|&u| u == 0).next().unwrap_or(&[]));
+    let line = line.trim_start();
+    // The program's name: up to the closing quote if quoted, else up to the first blank.
+    let rest = match line.strip_prefix('"') {
+        Some(quoted) => quoted.split_once('"').map_or("", |(_, rest)| rest),
+        None => line.split_once([' ', '\t']).map_or("", |(_, rest)| rest),
+    };
+    let mut words = rest.split_whitespace();
+    let mode = match words.next() {
+        None | Some("loopback") => Mode::Loopback,
+        Some("wait-cancel") => Mode::WaitCancel,
+        Some(other) => return Err(format!("unknown mode {other:?}: loopback (the default) or wait-cancel")),
+    };
+    match words.next() {
+        None => Ok(mode),
+        Some(extra) => Err(format!("one mode only, not also {extra:?}")),
+    }
+}
+
 /// The first path of a REG_MULTI_SZ-shaped list (CM_Get_Device_Interface_ListW's): UTF-16 strings each ended by a
 /// NUL, the list by an empty one. Its units without the NUL; None when the list is empty or not terminated.
 pub fn first_interface(list: &[u16]) -> Option<&[u16]> {
@@ -25,17 +54,11 @@ pub fn first_interface(list: &[u16]) -> Option<&[u16]> {
     (end > 0).then(|| &list[..end])
 }
 
-/// The line that ends the program's output, and its exit code.
-pub fn result_line(outcome: &Result<LoopbackSummary, String>) -> (String, u32) {
+/// The line that ends the program's output, and its exit code: what a passed life saw (its summary), or where it
+/// failed.
+pub fn result_line(outcome: &Result<impl Display, String>) -> (String, u32) {
     match outcome {
-        Ok(s) => (
-            format!(
-                "{RESULT_PREFIX} passed: RDMA write of {} bytes after {} poll(s), matched before DEREG_MR: {}, foreign CQ \
-                 refused with {:#010x}",
-                s.bytes, s.polls, s.matched_before_dereg, s.refused_with as u32
-            ),
-            EXIT_PASSED,
-        ),
+        Ok(summary) => (format!("{RESULT_PREFIX} passed: {summary}"), EXIT_PASSED),
         Err(why) => (format!("{RESULT_PREFIX} failed: {why}"), EXIT_FAILED),
     }
 }
@@ -53,6 +76,7 @@ pub const fn status_from_win32(error: u32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vhca_user_verbs::{LoopbackSummary, WaitCancelSummary};
 
     #[test]
     fn the_first_interface_is_read_up_to_its_nul() {
@@ -69,9 +93,32 @@ mod tests {
         assert!(line.starts_with("VHCA-VERBS-TEST passed: RDMA write of 8492 bytes after 3 poll(s)"), "{line}");
         assert!(line.ends_with("0xc0000008"), "{line}");
         assert_eq!(code, EXIT_PASSED);
-        let (line, code) = result_line(&Err("POST_SEND: status 0xc000000d".into()));
+        let (line, code) = result_line(&Err::<LoopbackSummary, _>("POST_SEND: status 0xc000000d".into()));
         assert_eq!(line, "VHCA-VERBS-TEST failed: POST_SEND: status 0xc000000d");
         assert_eq!(code, EXIT_FAILED);
+        let waited = WaitCancelSummary { cancel_routine_ran: None, answered_by: 0x3a17 };
+        let (line, code) = result_line(&Ok(waited));
+        assert_eq!(
+            line,
+            "VHCA-VERBS-TEST passed: a pending WAIT_CQ cancelled, one answered by RDMA write 0x3a17's completion, one \
+             left pending at the exit"
+        );
+        assert_eq!(code, EXIT_PASSED);
+    }
+
+    fn utf16(text: &str) -> alloc::vec::Vec<u16> {
+        text.encode_utf16().chain([0]).collect()
+    }
+
+    #[test]
+    fn the_mode_is_the_one_word_after_the_programs_name() {
+        assert_eq!(mode_of(&utf16("vhca-verbs-test.exe")), Ok(Mode::Loopback));
+        assert_eq!(mode_of(&utf16(r#""C:\vhca\vhca-verbs-test.exe" wait-cancel"#)), Ok(Mode::WaitCancel));
+        assert_eq!(mode_of(&utf16(r#""C:\Program Files\vhca\t.exe"  loopback "#)), Ok(Mode::Loopback));
+        assert_eq!(mode_of(&utf16("t.exe\twait-cancel")), Ok(Mode::WaitCancel));
+        assert!(mode_of(&utf16("t.exe wait")).unwrap_err().contains("unknown mode \"wait\""));
+        assert!(mode_of(&utf16("t.exe loopback wait-cancel")).unwrap_err().contains("one mode only"));
+        assert_eq!(mode_of(&[]), Ok(Mode::Loopback), "an empty line: the default");
     }
 
     #[test]

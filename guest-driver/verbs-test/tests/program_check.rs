@@ -18,14 +18,18 @@ use vhca_sys_package::package_file as built;
 
 /// What the Win32 half calls (src/win32/), by module in lower case; ntdll.dll's are the memory routines the
 /// compiler's code may call (runtime.rs), of which the linker keeps those used.
-const EXPECTED: [(&str, &str); 14] = [
+const EXPECTED: [(&str, &str); 18] = [
     ("cfgmgr32.dll", "CM_Get_Device_Interface_ListW"),
     ("cfgmgr32.dll", "CM_Get_Device_Interface_List_SizeW"),
+    ("kernel32.dll", "CancelIoEx"),
     ("kernel32.dll", "CloseHandle"),
+    ("kernel32.dll", "CreateEventW"),
     ("kernel32.dll", "CreateFileW"),
     ("kernel32.dll", "DeviceIoControl"),
     ("kernel32.dll", "ExitProcess"),
+    ("kernel32.dll", "GetCommandLineW"),
     ("kernel32.dll", "GetLastError"),
+    ("kernel32.dll", "GetOverlappedResultEx"),
     ("kernel32.dll", "GetProcessHeap"),
     ("kernel32.dll", "GetStdHandle"),
     ("kernel32.dll", "HeapAlloc"),

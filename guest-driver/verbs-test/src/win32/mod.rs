@@ -5,23 +5,62 @@ mod heap;
 mod process;
 mod runtime;
 
+use core::fmt::Display;
+
+use alloc::string::String;
+use windows_sys::Win32::System::Environment::GetCommandLineW;
 use windows_sys::Win32::System::Threading::ExitProcess;
 
-use vhca_verbs_test::{result_line, EXIT_NO_DEVICE};
+use vhca_verbs_test::{mode_of, result_line, Mode, EXIT_FAILED, EXIT_NO_DEVICE, RESULT_PREFIX};
 
-/// The image's entry (/ENTRY:mainCRTStartup): no C runtime runs before it, so nothing here assumes one did.
-#[no_mangle]
-pub extern "system" fn mainCRTStartup() -> ! {
-    let mut process = process::Win32Process::new();
-    let code = match vhca_user_verbs::rdma_write_loopback(&mut process) {
+/// The command line GetCommandLineW gives, up to its NUL.
+fn command_line() -> &'static [u16] {
+    // SAFETY: the process's own command line, NUL-terminated and alive as long as the process.
+    unsafe {
+        let line = GetCommandLineW();
+        if line.is_null() {
+            return &[];
+        }
+        let mut len = 0;
+        while *line.add(len) != 0 {
+            len += 1;
+        }
+        core::slice::from_raw_parts(line, len)
+    }
+}
+
+/// The outcome's line on the console, and its exit code (no vhca interface: EXIT_NO_DEVICE).
+fn report(process: &process::Win32Process, outcome: Result<impl Display, String>) -> u32 {
+    match outcome {
         Err(why) if process.no_device() => {
-            console::line(&alloc::format!("{} failed: {why}", vhca_verbs_test::RESULT_PREFIX));
+            console::line(&alloc::format!("{RESULT_PREFIX} failed: {why}"));
             EXIT_NO_DEVICE
         }
         outcome => {
             let (line, code) = result_line(&outcome);
             console::line(&line);
             code
+        }
+    }
+}
+
+/// The image's entry (/ENTRY:mainCRTStartup): no C runtime runs before it, so nothing here assumes one did.
+#[no_mangle]
+pub extern "system" fn mainCRTStartup() -> ! {
+    let mode = mode_of(command_line());
+    let mut process = process::Win32Process::new(mode == Ok(Mode::WaitCancel));
+    let code = match mode {
+        Ok(Mode::Loopback) => {
+            let outcome = vhca_user_verbs::rdma_write_loopback(&mut process);
+            report(&process, outcome)
+        }
+        Ok(Mode::WaitCancel) => {
+            let outcome = vhca_user_verbs::wait_cancel(&mut process);
+            report(&process, outcome)
+        }
+        Err(why) => {
+            console::line(&alloc::format!("{RESULT_PREFIX} failed: {why}"));
+            EXIT_FAILED
         }
     };
     // The handle closed before the exit: CLEANUP and CLOSE reach vhca.sys while the process still exists.
