@@ -36,6 +36,9 @@ pub enum UserSequence {
     /// exit (`vhca.user=wait-cancel`, the seed's user-wait-cancelled and user-wait-cancel-race;
     /// user_wait_cancel.rs).
     WaitCancel,
+    /// WAIT_CQ pending on a CQ the same process then destroys (`vhca.user=wait-destroy`, the seed's
+    /// user-wait-on-destroyed-cq and user-wait-destroyed-cq-drained; user_wait_cancel.rs).
+    WaitDestroy,
 }
 
 impl UserSequence {
@@ -46,7 +49,10 @@ impl UserSequence {
             "loopback" => Ok(UserSequence::Loopback),
             "loopback:2" => Ok(UserSequence::TwoLoopbacks),
             "wait-cancel" => Ok(UserSequence::WaitCancel),
-            _ => Err(format!("not exit-with-mr, bad-pointer, loopback, loopback:2 or wait-cancel: {value:?}")),
+            "wait-destroy" => Ok(UserSequence::WaitDestroy),
+            _ => Err(format!(
+                "not exit-with-mr, bad-pointer, loopback, loopback:2, wait-cancel or wait-destroy: {value:?}"
+            )),
         }
     }
 
@@ -59,6 +65,7 @@ impl UserSequence {
             UserSequence::Loopback => Some(Box::new(loopback)),
             UserSequence::TwoLoopbacks => Some(Box::new(two_loopbacks)),
             UserSequence::WaitCancel => Some(Box::new(crate::user_wait_cancel::wait_cancel)),
+            UserSequence::WaitDestroy => Some(Box::new(crate::user_wait_cancel::wait_destroy)),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The user program of user-wait-cancelled and user-wait-cancel-race (`vhca.user=wait-cancel`): vhca-user-verbs'
-//! completion-channel life (`wait_cancel`, the code vhca-verbs-test.exe runs in a Windows guest) in the loader's
-//! user process, whose overlapped requests are the loader's `Pending`.
+//! The user programs whose requests stay pending, in the loader's user process, whose overlapped requests are the
+//! loader's `Pending`: user-wait-cancelled and user-wait-cancel-race (`vhca.user=wait-cancel`, vhca-user-verbs'
+//! completion-channel life, the code vhca-verbs-test.exe runs in a Windows guest) and user-wait-on-destroyed-cq and
+//! user-wait-destroyed-cq-drained (`vhca.user=wait-destroy`).
 
 use std::time::Duration;
 
@@ -81,5 +82,12 @@ pub fn wait_cancel(process: &mut UserProcess) -> Result<(), String> {
     let mut loader = OverlappedLoader { process: LoaderProcess(process), in_flight: Vec::new() };
     let summary = vhca_user_verbs::wait_cancel(&mut loader)?;
     progress(format_args!("user process: {summary}"));
+    Ok(())
+}
+
+pub fn wait_destroy(process: &mut UserProcess) -> Result<(), String> {
+    let mut loader = OverlappedLoader { process: LoaderProcess(process), in_flight: Vec::new() };
+    vhca_user_verbs::wait_on_destroyed_cq(&mut loader)?;
+    progress(format_args!("user process: a WAIT_CQ ended by DESTROY_CQ of its CQ"));
     Ok(())
 }

@@ -9,10 +9,12 @@ extern crate alloc;
 mod loopback;
 mod provider;
 mod wait_cancel;
+mod wait_destroy;
 
 pub use loopback::{rdma_write_loopback, LoopbackSummary, LOOPBACK_BYTES};
 pub use provider::{ConnectedPair, Provider};
 pub use wait_cancel::{wait_cancel, WaitCancelSummary, STATUS_CANCELLED};
+pub use wait_destroy::wait_on_destroyed_cq;
 
 /// What DeviceIoControl gave back: the IRP's final status and its Information (bytes written to the output, or
 /// taken from an IN_DIRECT buffer).

@@ -141,7 +141,9 @@ mod tests {
     use std::boxed::Box;
     use std::vec;
 
-    use vhca_driver_core::ioctl_codec::{RegMrIn, RegMrOut, IOCTL_VHCA_OPEN_CONTEXT, IOCTL_VHCA_REG_MR, USER_ABI_VERSION};
+    use vhca_driver_core::ioctl_codec::{
+        RegMrIn, RegMrOut, IOCTL_VHCA_OPEN_CONTEXT, IOCTL_VHCA_REG_MR, USER_ABI_VERSION,
+    };
 
     use super::*;
     use crate::{Reply, VerbsProcess};

@@ -168,6 +168,15 @@ impl ControlPath {
         self.interface = None;
     }
 
+    /// The bug variant's view of `cq` for a pending wait (cq_waits.rs, CachedCq): its ring's reader and the kernel,
+    /// taken under the mutex and read later without it. None when the HCA is not open or has no such CQ.
+    pub fn cq_view(&self, cq: u32) -> Option<super::cq_waits::CachedCq> {
+        self.locked(|s| {
+            let kernel = s.source.as_ref()?.kernel.clone();
+            Some(super::cq_waits::CachedCq { reader: s.hca.as_ref()?.cq_reader(cq)?, kernel })
+        })
+    }
+
     /// The current START's number, for a new file.
     pub fn generation(&self) -> u32 {
         self.locked(|s| s.generation)

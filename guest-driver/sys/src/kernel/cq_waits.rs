@@ -47,6 +47,17 @@ const SL_PENDING_RETURNED: u8 = 0x01;
 const CQ_SLOT: usize = 0;
 const FILE_SLOT: usize = 1;
 const LENGTHS_SLOT: usize = 2;
+/// The bug variant's alone (the hand-kept queue leaves the cancel-safe queue's slot free): the CQ's view it keeps.
+const CACHED_SLOT: usize = 3;
+
+/// What the bug variant keeps of a pending wait's CQ at `pend`, as a C driver keeps the CQ object's pointer in the
+/// IRP instead of its handle: the ring's reader and the kernel it reads through, read later by the poller without
+/// the control mutex or the handle's check, while DESTROY_CQ completes no wait (user-wait-on-destroyed-cq). Nothing
+/// frees it: it is the pointer the bug keeps, and every run of the bug ends in its bugcheck before the unload.
+pub struct CachedCq {
+    pub reader: vhca_driver_core::CqReader,
+    pub kernel: alloc::sync::Arc<super::wdk_kernel::WdkKernel>,
+}
 /// How long the poller sleeps between looks, and how long `shutdown` waits for it to stop.
 const POLL_INTERVAL_100NS: i64 = 10_000;
 const SHUTDOWN_LOOKS: u32 = 10_000;
@@ -139,7 +150,7 @@ impl CqWaits {
     ///
     /// # Safety
     /// The dispatch routine's IRP, at this driver's stack location.
-    pub unsafe fn pend(&self, irp: *mut IRP, cq: u32, hand_rolled: bool) -> NTSTATUS {
+    pub unsafe fn pend(&self, irp: *mut IRP, cq: u32, hand_rolled: bool, cached: Option<CachedCq>) -> NTSTATUS {
         // An item before the request is queued: a pending request nothing would look at is a hang.
         // SAFETY: PASSIVE_LEVEL; the FDO is this driver's device object.
         let item = unsafe { IoAllocateWorkItem(self.device) };
@@ -155,6 +166,10 @@ impl CqWaits {
             context[CQ_SLOT] = cq as usize as *mut c_void;
             context[FILE_SLOT] = (*stack).FileObject.cast();
             context[LENGTHS_SLOT] = lengths as *mut c_void;
+            context[CACHED_SLOT] = match cached {
+                Some(view) if hand_rolled => alloc::boxed::Box::into_raw(alloc::boxed::Box::new(view)).cast(),
+                _ => core::ptr::null_mut(),
+            };
             self.hand_rolled.store(hand_rolled, Ordering::Relaxed);
             if hand_rolled {
                 (*stack).Control |= SL_PENDING_RETURNED;
@@ -275,6 +290,18 @@ impl CqWaits {
         self.locked(|head| unsafe { append(head, list_entry(irp)) });
     }
 
+    /// The CQ view the bug variant kept for `irp` at `pend` (None for the cancel-safe queue's requests).
+    ///
+    /// # Safety
+    /// A request `pend` queued (its memory still there).
+    pub unsafe fn cached<'a>(&self, irp: *mut IRP) -> Option<&'a CachedCq> {
+        if !self.hand_rolled() {
+            return None;
+        }
+        // SAFETY: the caller's contract; the slot is NULL or the box `pend` leaked.
+        unsafe { ((*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[CACHED_SLOT] as *const CachedCq).as_ref() }
+    }
+
     /// Whether this queue is kept by hand (the bug variant; a run is one variant throughout).
     fn hand_rolled(&self) -> bool {
         self.hand_rolled.load(Ordering::Relaxed)
@@ -322,9 +349,11 @@ unsafe fn file_of(irp: *mut IRP) -> *mut FILE_OBJECT {
     unsafe { (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[FILE_SLOT].cast() }
 }
 
+/// The CQ a pending request waits on, as `pend` stored it.
+///
 /// # Safety
 /// A live IRP.
-unsafe fn cq_of(irp: *mut IRP) -> u32 {
+pub unsafe fn cq_of(irp: *mut IRP) -> u32 {
     // SAFETY: the caller's contract; `pend` stored the CQ there.
     unsafe { (*irp).Tail.Overlay.Anonymous1.Anonymous.DriverContext[CQ_SLOT] as usize as u32 }
 }

@@ -11,14 +11,15 @@ use vhca_driver_core::ioctl_codec::{
 };
 use vhca_driver_core::{dispatch_device_control as dispatch_ioctl, poll_for_wait, ControlReply, FileContext};
 use vhca_ntapi::NTSTATUS as CoreStatus;
+use vhca_proto::CQE_SIZE;
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, FILE_OBJECT, IRP, MDL};
 use windows_sys::Win32::Foundation::{
     NTSTATUS, STATUS_CANCELLED, STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_INVALID_PARAMETER,
     STATUS_PENDING, STATUS_SUCCESS,
 };
-use zerocopy::FromBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
-use super::cq_waits::{pended_request, Matching};
+use super::cq_waits::{cq_of, pended_request, Matching};
 use super::fdo::fdo;
 use super::irp::{complete, current_stack};
 use super::registry;
@@ -146,9 +147,11 @@ pub unsafe extern "system" fn dispatch_cleanup(device: *const DEVICE_OBJECT, irp
 }
 
 /// The user path's bug variants, BreakFix 1 (`vhca.break_fix=1`; no scenario's own path reads BreakFix in these
-/// routines): CLEANUP releases nothing (the seed's user-exit-with-mr-registered, `vhca.user=exit-with-mr`), and
+/// routines): CLEANUP releases nothing (the seed's user-exit-with-mr-registered, `vhca.user=exit-with-mr`),
 /// REG_MR reads the caller's buffer through its embedded pointer before any probe (ioctl-bad-user-pointer,
-/// `vhca.user=bad-pointer`). Their fixed twins are BreakFix 0. PASSIVE_LEVEL.
+/// `vhca.user=bad-pointer`), WAIT_CQ's queue is kept by hand (user-wait-cancel-race) and a pending wait keeps its
+/// CQ's ring, which DESTROY_CQ frees under it (user-wait-on-destroyed-cq, `vhca.user=wait-destroy`). Each program
+/// meets its own bug alone. Their fixed twins are BreakFix 0. PASSIVE_LEVEL.
 fn user_path_broken() -> bool {
     let break_fix = registry::read_text(&registry::BREAK_FIX);
     options(None, break_fix.as_deref()).is_ok_and(|o| o.break_fix)
@@ -254,14 +257,18 @@ pub unsafe extern "system" fn dispatch_device_control(device: *const DEVICE_OBJE
                     // Nothing on the CQ yet: kept until the poller finds some (the input names a CQ the file owns:
                     // the dispatcher checked it).
                     let cq = PollCqIn::read_from_bytes(&input).map_or(0, |r| r.cq.get());
-                    match waits.pend(irp, cq, user_path_broken()) {
+                    let broken = user_path_broken();
+                    // The bug keeps the CQ's ring itself, not its handle (cq_waits.rs, CachedCq).
+                    let cached = if broken { control.cq_view(cq) } else { None };
+                    match waits.pend(irp, cq, broken, cached) {
                         STATUS_PENDING => Answer::Pended,
                         status => answer(status).into(),
                     }
                 }
                 IOCTL_VHCA_DESTROY_CQ if reply.status.0 >= 0 => {
-                    // A wait on a CQ that is gone has nothing left to wait for.
-                    if let Ok(req) = HandleIn::read_from_bytes(&input) {
+                    // A wait on a CQ that is gone has nothing left to wait for. The bug (BreakFix 1) forgets its
+                    // waits here: one whose kept ring it polls after this freed it (user-wait-on-destroyed-cq).
+                    if let (Ok(req), false) = (HandleIn::read_from_bytes(&input), user_path_broken()) {
                         waits.drain(Matching { file, cq: Some(req.handle.get()) }, STATUS_CANCELLED);
                     }
                     reply.into()
@@ -291,10 +298,30 @@ pub unsafe fn satisfy_wait(device: *const DEVICE_OBJECT, irp: *mut IRP) -> Optio
         let Some(va) = system_address(mdl) else { return Some((STATUS_INSUFFICIENT_RESOURCES, 0)) };
         let input = core::slice::from_raw_parts(system, in_len);
         let output = core::slice::from_raw_parts_mut(va, out_len);
+        if let Some(kept) = fdo(device).waits.cached(irp) {
+            // The bug: the ring it kept at `pend`, read with no mutex and no handle's check, so a CQ destroyed
+            // meanwhile is read after DESTROY_CQ freed its ring.
+            let max = PollCqIn::read_from_bytes(input).map_or(0, |r| r.max.get() as usize).min(out_len / CQE_SIZE);
+            let cqes = kept.reader.poll(&*kept.kernel, max);
+            if cqes.is_empty() {
+                return None;
+            }
+            for (slot, cqe) in output.chunks_exact_mut(CQE_SIZE).zip(&cqes) {
+                slot.copy_from_slice(cqe.as_bytes());
+            }
+            return Some((STATUS_SUCCESS, cqes.len() * CQE_SIZE));
+        }
         let answered = fdo(device).control.with_hca(|hca, generation| {
             if open.generation != generation {
                 // A STOP or D3 came between: the CQ is of an HCA that is gone.
                 return Some(ControlReply { status: STATUS_INVALID_HANDLE, information: 0 });
+            }
+            if !open.context.owns_cq(cq_of(irp)) {
+                // DESTROY_CQ took the CQ while the poller held this wait out of the queue, where its drain could
+                // not find it: ended as that drain ends the CQ's waits (docs/protocol.md). Asked as a poll, it
+                // answered STATUS_INVALID_HANDLE instead, 1 of 2 user-wait-destroyed-cq-drained runs on their
+                // first sitting.
+                return Some(ControlReply { status: vhca_ntapi::NTSTATUS(STATUS_CANCELLED), information: 0 });
             }
             poll_for_wait(hca, &open.context, input, output)
         });
