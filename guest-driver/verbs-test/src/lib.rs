@@ -18,11 +18,20 @@ pub const EXIT_NO_DEVICE: u32 = 2;
 pub const EXIT_PANIC: u32 = 3;
 
 /// What the program runs, from its one argument: none (or `loopback`) the provider's loopback life, `wait-cancel`
-/// the completion channel's (WAIT_CQ pending, cancelled, answered, left at the exit) on an overlapped handle.
+/// the completion channel's (WAIT_CQ pending, cancelled, answered, left at the exit) and `wait-destroy` a WAIT_CQ
+/// ended by DESTROY_CQ of its CQ, both on an overlapped handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Loopback,
     WaitCancel,
+    WaitDestroy,
+}
+
+impl Mode {
+    /// Whether the interface's handle is opened overlapped (FILE_FLAG_OVERLAPPED).
+    pub fn overlapped(self) -> bool {
+        self != Mode::Loopback
+    }
 }
 
 /// The mode GetCommandLineW's line asks for: the program's own name first (quoted or not, as CreateProcess passes
@@ -39,7 +48,10 @@ pub fn mode_of(command_line: &[u16]) -> Result<Mode, String> {
     let mode = match words.next() {
         None | Some("loopback") => Mode::Loopback,
         Some("wait-cancel") => Mode::WaitCancel,
-        Some(other) => return Err(format!("unknown mode {other:?}: loopback (the default) or wait-cancel")),
+        Some("wait-destroy") => Mode::WaitDestroy,
+        Some(other) => {
+            return Err(format!("unknown mode {other:?}: loopback (the default), wait-cancel or wait-destroy"));
+        }
     };
     match words.next() {
         None => Ok(mode),
@@ -116,6 +128,8 @@ mod tests {
         assert_eq!(mode_of(&utf16(r#""C:\vhca\vhca-verbs-test.exe" wait-cancel"#)), Ok(Mode::WaitCancel));
         assert_eq!(mode_of(&utf16(r#""C:\Program Files\vhca\t.exe"  loopback "#)), Ok(Mode::Loopback));
         assert_eq!(mode_of(&utf16("t.exe\twait-cancel")), Ok(Mode::WaitCancel));
+        assert_eq!(mode_of(&utf16("t.exe wait-destroy")), Ok(Mode::WaitDestroy));
+        assert!(!Mode::Loopback.overlapped() && Mode::WaitCancel.overlapped() && Mode::WaitDestroy.overlapped());
         assert!(mode_of(&utf16("t.exe wait")).unwrap_err().contains("unknown mode \"wait\""));
         assert!(mode_of(&utf16("t.exe loopback wait-cancel")).unwrap_err().contains("one mode only"));
         assert_eq!(mode_of(&[]), Ok(Mode::Loopback), "an empty line: the default");

@@ -26,7 +26,7 @@ pub const RESULT_WAIT_S: u32 = 30;
 const BOOT_STATE_WORD: &str = "vhca.verifier";
 /// Applied by the agent itself after the result: `vhca.power=sleep-resume[:N]`, N sleep/resume cycles.
 pub const POWER_WORD: &str = "vhca.power";
-/// Applied by the agent itself after the result: `vhca.user=loopback[:2]` or `wait-cancel`, the user-mode test program run once, or
+/// Applied by the agent itself after the result: `vhca.user=loopback[:2]`, `wait-cancel` or `wait-destroy`, the user-mode test program run once, or
 /// twice at once (the Linux guest's other `vhca.user` spellings drive its loader's user process, not this program).
 pub const USER_WORD: &str = "vhca.user";
 /// The user-mode test program in the image (ci/build-windows.sh puts it in the driver package).
@@ -157,23 +157,24 @@ Off
     )
 }
 
-/// The agent's user step (`vhca.user=loopback[:2]` or `wait-cancel`), after the scenario's result and before it is
-/// printed: vhca-verbs-test.exe from the driver package with the mode as its argument (`loopback`, or `wait-cancel`:
-/// WAIT_CQ on an overlapped handle, pending, cancelled, answered, left at the exit), once or as two processes at
+/// The agent's user step (`vhca.user=loopback[:2]`, `wait-cancel` or `wait-destroy`), after the scenario's result and
+/// before it is printed: vhca-verbs-test.exe from the driver package with the mode as its argument (`loopback`;
+/// `wait-cancel`: WAIT_CQ on an overlapped handle, pending, cancelled, answered, left at the exit; `wait-destroy`: a
+/// WAIT_CQ ended by DESTROY_CQ of its CQ), once or as two processes at
 /// once (loopback:2), each as an elevated user runs it
 /// (the agent is SYSTEM, which the interface admits). Each must exit 0 with its `VHCA-VERBS-TEST passed` line
 /// within VERBS_TEST_WAIT_S, else the run fails with the program's last line; its output goes to the serial log.
 /// `$null = $p.Handle` keeps the process handle open so Windows PowerShell 5.1 reports ExitCode after the exit.
 fn user_step() -> String {
     format!(
-        r#"# {USER_WORD}=loopback[:2]|wait-cancel: the user-mode test program after the scenario, once or as two processes at once.
+        r#"# {USER_WORD}=loopback[:2]|wait-cancel|wait-destroy: the user-mode test program after the scenario, once or as two processes at once.
 $user = $params['{USER_WORD}']
 if ($user) {{
-  if (-not ($user -match '^(loopback(:2)?|wait-cancel)$')) {{ Fail $scenario "agent: {USER_WORD}=$user is not loopback, loopback:2 or wait-cancel (the other spellings are the Linux guest's)"; Off }}
+  if (-not ($user -match '^(loopback(:2)?|wait-cancel|wait-destroy)$')) {{ Fail $scenario "agent: {USER_WORD}=$user is not loopback, loopback:2, wait-cancel or wait-destroy (the other spellings are the Linux guest's)"; Off }}
   $count = 1
   if ($Matches[2]) {{ $count = 2 }}
   $mode = 'loopback'
-  if ($user -eq 'wait-cancel') {{ $mode = 'wait-cancel' }}
+  if ($user -like 'wait-*') {{ $mode = $user }}
   $exe = '{GUEST_DRIVER_DIR}\{VERBS_TEST_EXE}'
   if (-not (Test-Path $exe)) {{ Fail $scenario "agent: $exe is missing (ci/build-windows.sh puts it in the driver package)"; Off }}
   $procs = @()
@@ -322,10 +323,10 @@ mod tests {
         let step = user_step();
         assert!(step.contains(r"$exe = 'C:\vhca\driver\vhca-verbs-test.exe'"), "the package's copy");
         let check = step.lines().find(|l| l.contains("-match '^(loopback")).expect("the spelling check");
-        assert!(check.contains("-match '^(loopback(:2)?|wait-cancel)$'"), "{check}");
+        assert!(check.contains("-match '^(loopback(:2)?|wait-cancel|wait-destroy)$'"), "{check}");
         // The count from the `:2` group of the match just made; the mode the program's one argument.
         assert!(step.find(check).unwrap() < step.find("if ($Matches[2]) { $count = 2 }").expect("the count"));
-        assert!(step.contains("if ($user -eq 'wait-cancel') { $mode = 'wait-cancel' }"));
+        assert!(step.contains("if ($user -like 'wait-*') { $mode = $user }"));
         assert!(step.contains("Start-Process -FilePath $exe -ArgumentList $mode "), "the mode reaches the program");
         // Both started before either is waited for: two processes at once, not one after the other.
         let lines: Vec<String> = step.lines().map(|l| l.trim().to_string()).collect();

@@ -48,7 +48,7 @@ fn report(process: &process::Win32Process, outcome: Result<impl Display, String>
 #[no_mangle]
 pub extern "system" fn mainCRTStartup() -> ! {
     let mode = mode_of(command_line());
-    let mut process = process::Win32Process::new(mode == Ok(Mode::WaitCancel));
+    let mut process = process::Win32Process::new(mode.as_ref().is_ok_and(|m| m.overlapped()));
     let code = match mode {
         Ok(Mode::Loopback) => {
             let outcome = vhca_user_verbs::rdma_write_loopback(&mut process);
@@ -56,6 +56,11 @@ pub extern "system" fn mainCRTStartup() -> ! {
         }
         Ok(Mode::WaitCancel) => {
             let outcome = vhca_user_verbs::wait_cancel(&mut process);
+            report(&process, outcome)
+        }
+        Ok(Mode::WaitDestroy) => {
+            let outcome = vhca_user_verbs::wait_on_destroyed_cq(&mut process)
+                .map(|()| "a pending WAIT_CQ ended STATUS_CANCELLED by DESTROY_CQ of its CQ");
             report(&process, outcome)
         }
         Err(why) => {
