@@ -95,10 +95,9 @@ fn seed_suite_parses_and_expands() {
     // fail points (the native power-up is not the NT model's) and surprise-removal, the loader's SURPRISE_REMOVAL
     // IRP on a present device, which has no native twin until a real hot-unplug drives both; and
     // sleep-resume-d0-dispatch, the IRQL the bus driver completes D0 at, which the native power-up does not have;
-    // and a user process's requests (its exit with an MR registered, a REG_MR with a bad pointer, its RDMA write in
-    // flight when the machine sleeps, the device is rebalanced or hot-unplugged, its RDMA write polled to the end),
-    // IRPs the native
-    // program has no I/O manager to send.
+    // and a user process's requests (its exit with an MR registered, a WAIT_CQ pending while its CQ is destroyed, a
+    // REG_MR with a bad pointer, its RDMA write in flight when the machine sleeps, the device is rebalanced or
+    // hot-unplugged, its RDMA write polled to the end), IRPs the native program has no I/O manager to send.
     let sys_only: Vec<&str> =
         suite.runs.iter().filter(|r| r.drivers == [Personality::Sys]).map(|r| r.name.as_str()).collect();
     assert_eq!(
@@ -115,6 +114,8 @@ fn seed_suite_parses_and_expands() {
             "user-verbs-two-processes",
             "user-wait-cancel-race",
             "user-wait-cancelled",
+            "user-wait-on-destroyed-cq",
+            "user-wait-destroyed-cq-drained",
             "ioctl-bad-user-pointer",
             "ioctl-bad-user-pointer-probed",
             "sleep-during-traffic-unquiesced",
