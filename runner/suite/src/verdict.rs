@@ -166,6 +166,12 @@ fn actual_of(o: &Observation, notes: &mut Vec<String>) -> Actual {
         return Actual::GuestPanic { message: format!("QMP GUEST_PANICKED (action {}{info})", p.action) };
     }
     if let Some(first) = o.device_faults.first() {
+        // The device's refusal is the verdict; a guest that failed its own checks as well is worth knowing (a bug
+        // scenario whose own story went wrong would otherwise pass on the fault alone).
+        if let Some(result) = o.guest_result.as_ref().filter(|r| r.get("ok").and_then(|ok| ok.as_bool()) != Some(true))
+        {
+            notes.push(format!("the guest's own checks failed as well: {}", result_error(result)));
+        }
         return Actual::DeviceFault { cause: first.cause.clone(), count: o.device_faults.len() };
     }
     if let Some(result) = &o.guest_result {

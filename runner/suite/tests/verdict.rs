@@ -315,6 +315,17 @@ fn notes_keep_what_the_actual_hides() {
     assert!(notes.contains("QMP GUEST_PANICKED reports bugcheck 0xC4"), "{notes}");
     assert!(notes.contains("device fault iommu_unmapped at t=10 µs (event log line 1)"), "{notes}");
 
+    // The device fault is the verdict over a failed result, and the guest's own failure stays in the notes.
+    let v = judge(&expect("device-fault iommu_unmapped"), &with_fault(clean(FAILED)));
+    assert_eq!(v.outcome, Outcome::Pass);
+    assert!(
+        v.notes.iter().any(|n| n == "the guest's own checks failed as well: create_cq returned 0xC000009A"),
+        "{:?}",
+        v.notes
+    );
+    let v = judge(&expect("device-fault iommu_unmapped"), &with_fault(clean(OK)));
+    assert!(!v.notes.iter().any(|n| n.contains("own checks")), "{:?}", v.notes);
+
     let v = judge(&expect("pass"), &timed_out(OK));
     assert!(v.notes.iter().any(|n| n.contains("timed the run out after 30 s")), "{:?}", v.notes);
 }
