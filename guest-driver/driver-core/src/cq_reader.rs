@@ -32,6 +32,17 @@ impl CqReader {
         Ok(CqReader { entries, slots: Arc::new(slots), consumer: Arc::new(AtomicU32::new(0)) })
     }
 
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// Zeroes every slot (the device must not be writing the ring): no owner matches zero, so nothing reads as new.
+    pub fn clear<K: NtKernel + ?Sized>(&self, kernel: &K) {
+        for slot in self.slots.iter() {
+            kernel.RtlCopyToVa(*slot, &[0u8; CQE_SIZE]);
+        }
+    }
+
     pub fn consumer(&self) -> u32 {
         self.consumer.load(Ordering::Acquire)
     }

@@ -58,6 +58,15 @@ pub enum MrMapping {
     IoMapCommonBuffer,
 }
 
+/// What a reset does with the CQEs an old CQ left in the ring it keeps (`Hca::reset_cq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingReuse {
+    /// Every slot zeroed before the device gets the ring back: zeroed memory is never a CQE.
+    Cleared,
+    /// The ring as the old CQ left it (the bug: its CQEs read as the new CQ's).
+    AsLeft,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegisteredMr {
     pub lkey: u32,
@@ -282,6 +291,52 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
             c.ring.free(&*self.kernel, self.adapter);
         }
         Ok(())
+    }
+
+    /// Recreates `cq` over the ring it already has, as a recovery reset does: DESTROY_CQ, then CREATE_CQ with the
+    /// same pages and a reader at index 0. Keeping the ring spares the reset an AllocateCommonBuffer (PASSIVE_LEVEL
+    /// only, and contiguous memory may be gone by then). The device's new CQ starts again at index 0 with the first
+    /// lap's owner, so every CQE the old CQ left in the ring reads as new until it is overwritten: the ring is
+    /// cleared before the device gets it back, as a controller reset clears a completion queue whose phase bit
+    /// marks new entries. `RingReuse::AsLeft` is the bug (the stale-completion-after-reset scenario). The QPs that
+    /// used the CQ are destroyed first (the device refuses otherwise). Returns the new handle; on a refused
+    /// CREATE_CQ the ring is freed and the CQ is gone.
+    pub fn reset_cq(&mut self, cq: u32, reuse: RingReuse) -> Result<u32, DriverError> {
+        if !self.cqs.contains_key(&cq) {
+            return Err(DriverError::UnknownHandle(cq));
+        }
+        self.handle_command(Opcode::DestroyCq, cq)?;
+        let Some(Cq { mut ring, reader }) = self.cqs.remove(&cq) else { return Err(DriverError::UnknownHandle(cq)) };
+        if reuse == RingReuse::Cleared {
+            reader.clear(&*self.kernel);
+        }
+        let entries = reader.entries();
+        let reader = match CqReader::new(&ring, entries) {
+            Ok(reader) => reader,
+            Err(e) => {
+                ring.free(&*self.kernel, self.adapter);
+                return Err(e);
+            }
+        };
+        let req = CreateCqReq { entries: entries.into(), page_count: ring.pages().into() };
+        match self.command(Opcode::CreateCq, req.as_bytes(), &ring.page_list()) {
+            Ok(b) => match body::<HandleResp>(Opcode::CreateCq, &b) {
+                Ok(h) => {
+                    let handle = h.handle.get();
+                    self.cqs.insert(handle, Cq { ring, reader });
+                    Ok(handle)
+                }
+                Err(e) => {
+                    // The device answered without a handle: it holds no CQ over the ring, so the ring is ours.
+                    ring.free(&*self.kernel, self.adapter);
+                    Err(e)
+                }
+            },
+            Err(e) => {
+                ring.free(&*self.kernel, self.adapter);
+                Err(e)
+            }
+        }
     }
 
     /// Arms `cq` for one CQ_COMPLETION event (ibv_req_notify_cq): the CQ-arm doorbell alone, as mlx4/mlx5 arm a CQ

@@ -34,6 +34,6 @@ pub use device_control::{
 };
 pub use error::DriverError;
 pub use event_hand_off::HandOffCounts;
-pub use hca::{Hca, HcaConfig, MrMapping, MrSource, RegisteredMr};
+pub use hca::{Hca, HcaConfig, MrMapping, MrSource, RegisteredMr, RingReuse};
 pub use ring::RingMemory;
 pub use user_verbs::UserVerbs;

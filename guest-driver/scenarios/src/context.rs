@@ -13,7 +13,7 @@ use core::time::Duration;
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use vhca_driver_core::{ClMutexKind, CqCompletions, Hca};
+use vhca_driver_core::{ClMutexKind, CqCompletions, Hca, RingReuse};
 use vhca_ntapi::PDEVICE_OBJECT;
 use vhca_proto::{Cqe, Event, EventKind, FaultCause};
 
@@ -210,6 +210,14 @@ impl<H: ScenarioHost> Ctx<'_, H> {
             c.unwatch(cq);
         }
         self.hca.destroy_cq(cq)
+    }
+
+    /// `Hca::reset_cq`, the interrupt path letting go of the old CQ first (its reader ends with it).
+    pub fn reset_cq(&mut self, cq: u32, reuse: RingReuse) -> Result<u32, vhca_driver_core::DriverError> {
+        if let Some(c) = &self.completions {
+            c.unwatch(cq);
+        }
+        self.hca.reset_cq(cq, reuse)
     }
 }
 

@@ -13,6 +13,7 @@ mod adapter_routine;
 mod cq_fallback;
 mod cq_growth;
 mod cq_poll_dpc;
+mod cq_reset;
 mod create_cq_lock;
 mod device_read;
 mod dma32;
@@ -128,12 +129,14 @@ pub enum Scenario {
     SgQueuedMdlKept,
     PhysicalAddressToDevice,
     LogicalAddressToDevice,
+    StaleCompletionAfterReset,
+    ResetClearsCq,
 }
 
 impl Scenario {
     /// Every scenario but smoke, whose name the Linux guest gives to the transport's own check when the verifier
     /// is off.
-    pub const DRIVER: [Scenario; 48] = [
+    pub const DRIVER: [Scenario; 50] = [
         Scenario::VerbsLoopback,
         Scenario::DevicePoolExhaustion,
         Scenario::FastMutexCreateCq,
@@ -182,6 +185,8 @@ impl Scenario {
         Scenario::SgQueuedMdlKept,
         Scenario::PhysicalAddressToDevice,
         Scenario::LogicalAddressToDevice,
+        Scenario::StaleCompletionAfterReset,
+        Scenario::ResetClearsCq,
     ];
 
     pub fn name(self) -> &'static str {
@@ -235,6 +240,8 @@ impl Scenario {
             Scenario::SgQueuedMdlKept => "sg-queued-mdl-kept",
             Scenario::PhysicalAddressToDevice => "physical-address-to-device",
             Scenario::LogicalAddressToDevice => "logical-address-to-device",
+            Scenario::StaleCompletionAfterReset => "stale-completion-after-reset",
+            Scenario::ResetClearsCq => "reset-clears-cq",
         }
     }
 
@@ -312,6 +319,8 @@ impl Scenario {
             Scenario::SgQueuedMdlKept => sg_queued::mdl_kept(ctx),
             Scenario::PhysicalAddressToDevice => physical_address::physical(ctx),
             Scenario::LogicalAddressToDevice => physical_address::logical(ctx),
+            Scenario::StaleCompletionAfterReset => cq_reset::stale(ctx),
+            Scenario::ResetClearsCq => cq_reset::cleared(ctx),
         }
     }
 }

@@ -219,6 +219,16 @@ impl Loopback {
         Ok(Loopback { pd, cq, qp })
     }
 
+    /// Creates both QPs again on the CQs `cq` names and connects them (after a reset destroyed the old ones).
+    pub fn reconnect<H: ScenarioHost>(&mut self, ctx: &mut Ctx<H>, wq_entries: u32) -> anyhow::Result<()> {
+        let hca = &mut ctx.hca;
+        for (qp, cq) in self.qp.iter_mut().zip(self.cq) {
+            *qp = hca.create_qp(self.pd, cq, cq, wq_entries, wq_entries).map_err(driver("create_qp"))?;
+        }
+        hca.connect_qp(self.qp[0], self.qp[1], ACCESS_ALL).map_err(driver("connect_qp a->b"))?;
+        hca.connect_qp(self.qp[1], self.qp[0], ACCESS_ALL).map_err(driver("connect_qp b->a"))
+    }
+
     /// Posts one signaled WR on QP `a` and waits for its completion on `a`'s CQ.
     pub fn run_on_a<H: ScenarioHost>(&self, ctx: &mut Ctx<H>, w: &Wqe) -> anyhow::Result<Cqe> {
         ctx.hca.post_send(self.qp[0], w).map_err(driver("post_send"))?;

@@ -119,9 +119,15 @@ pub struct HeldDevice {
 impl HeldDevice {
     /// A device over `backend` that holds its first send request `hold_ms` (0: none), its events going to `events`.
     pub fn new(backend: Arc<HostDmaBackend>, hold_ms: u64, events: Arc<dyn EventSink>) -> Arc<HeldDevice> {
+        HeldDevice::holding(backend, hold_ms, 1, events)
+    }
+
+    /// The same, holding the `wr`th send request the device starts (`hold_completion_wr`).
+    pub fn holding(backend: Arc<HostDmaBackend>, hold_ms: u64, wr: u32, events: Arc<dyn EventSink>) -> Arc<HeldDevice> {
         let mut injection = FaultInjection::default();
         if hold_ms > 0 {
             injection.parse_kv(&format!("hold_completion_ms={hold_ms}")).unwrap();
+            injection.parse_kv(&format!("hold_completion_wr={wr}")).unwrap();
         }
         let hca = vhca_hca::Hca::new(HcaConfig { injection, ..HcaConfig::default() }, events);
         Arc::new(HeldDevice { hca: Mutex::new(hca), dma: BackendDma(backend), release_at: Mutex::new(None) })
