@@ -6,11 +6,13 @@
 
 extern crate alloc;
 
+mod held_write;
 mod loopback;
 mod provider;
 mod wait_cancel;
 mod wait_destroy;
 
+pub use held_write::{write_in_flight_then, HeldWriteSummary, HELD_WR_ID, IN_FLIGHT_EVENT, RESUMED_EVENT};
 pub use loopback::{rdma_write_loopback, LoopbackSummary, LOOPBACK_BYTES};
 pub use provider::{ConnectedPair, Provider};
 pub use wait_cancel::{wait_cancel, WaitCancelSummary, STATUS_CANCELLED};

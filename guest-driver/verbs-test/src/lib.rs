@@ -19,18 +19,30 @@ pub const EXIT_PANIC: u32 = 3;
 
 /// What the program runs, from its one argument: none (or `loopback`) the provider's loopback life, `wait-cancel`
 /// the completion channel's (WAIT_CQ pending, cancelled, answered, left at the exit) and `wait-destroy` a WAIT_CQ
-/// ended by DESTROY_CQ of its CQ, both on an overlapped handle.
+/// ended by DESTROY_CQ of its CQ, both on an overlapped handle; `held-write` an RDMA write the device holds, in
+/// flight while the guest agent sleeps the machine (it sets IN_FLIGHT_EVENT, then waits for RESUMED_EVENT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Loopback,
     WaitCancel,
     WaitDestroy,
+    HeldWrite,
+}
+
+/// The named events of `held-write` (vhca-user-verbs', shared with the guest agent that sleeps the machine).
+pub use vhca_user_verbs::{IN_FLIGHT_EVENT, RESUMED_EVENT};
+/// How long `held-write` waits for RESUMED_EVENT: the agent's one sleep cycle (a 30 s wake timer) with room.
+pub const RESUMED_WAIT_S: u32 = 180;
+
+/// `name` as the NUL-terminated UTF-16 a `W` routine takes.
+pub fn wide(name: &str) -> alloc::vec::Vec<u16> {
+    name.encode_utf16().chain([0]).collect()
 }
 
 impl Mode {
     /// Whether the interface's handle is opened overlapped (FILE_FLAG_OVERLAPPED).
     pub fn overlapped(self) -> bool {
-        self != Mode::Loopback
+        matches!(self, Mode::WaitCancel | Mode::WaitDestroy)
     }
 }
 
@@ -49,8 +61,11 @@ pub fn mode_of(command_line: &[u16]) -> Result<Mode, String> {
         None | Some("loopback") => Mode::Loopback,
         Some("wait-cancel") => Mode::WaitCancel,
         Some("wait-destroy") => Mode::WaitDestroy,
+        Some("held-write") => Mode::HeldWrite,
         Some(other) => {
-            return Err(format!("unknown mode {other:?}: loopback (the default), wait-cancel or wait-destroy"));
+            return Err(format!(
+                "unknown mode {other:?}: loopback (the default), wait-cancel, wait-destroy or held-write"
+            ));
         }
     };
     match words.next() {
@@ -129,10 +144,20 @@ mod tests {
         assert_eq!(mode_of(&utf16(r#""C:\Program Files\vhca\t.exe"  loopback "#)), Ok(Mode::Loopback));
         assert_eq!(mode_of(&utf16("t.exe\twait-cancel")), Ok(Mode::WaitCancel));
         assert_eq!(mode_of(&utf16("t.exe wait-destroy")), Ok(Mode::WaitDestroy));
+        assert_eq!(mode_of(&utf16("t.exe held-write")), Ok(Mode::HeldWrite));
         assert!(!Mode::Loopback.overlapped() && Mode::WaitCancel.overlapped() && Mode::WaitDestroy.overlapped());
+        assert!(!Mode::HeldWrite.overlapped(), "the held write is polled on a synchronous handle");
         assert!(mode_of(&utf16("t.exe wait")).unwrap_err().contains("unknown mode \"wait\""));
         assert!(mode_of(&utf16("t.exe loopback wait-cancel")).unwrap_err().contains("one mode only"));
         assert_eq!(mode_of(&[]), Ok(Mode::Loopback), "an empty line: the default");
+    }
+
+    #[test]
+    fn the_held_write_events_are_global_and_named_once() {
+        assert_eq!(IN_FLIGHT_EVENT, r"Global\vhca-verbs-test-write-in-flight");
+        assert!(RESUMED_EVENT.starts_with(r"Global\") && RESUMED_EVENT != IN_FLIGHT_EVENT);
+        let w = wide(RESUMED_EVENT);
+        assert_eq!((w.len(), w.last()), (RESUMED_EVENT.len() + 1, Some(&0)));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use vhca_sys_package::package_file as built;
 
 /// What the Win32 half calls (src/win32/), by module in lower case; ntdll.dll's are the memory routines the
 /// compiler's code may call (runtime.rs), of which the linker keeps those used.
-const EXPECTED: [(&str, &str); 18] = [
+const EXPECTED: [(&str, &str); 20] = [
     ("cfgmgr32.dll", "CM_Get_Device_Interface_ListW"),
     ("cfgmgr32.dll", "CM_Get_Device_Interface_List_SizeW"),
     ("kernel32.dll", "CancelIoEx"),
@@ -34,8 +34,10 @@ const EXPECTED: [(&str, &str); 18] = [
     ("kernel32.dll", "GetStdHandle"),
     ("kernel32.dll", "HeapAlloc"),
     ("kernel32.dll", "HeapFree"),
+    ("kernel32.dll", "SetEvent"),
     ("kernel32.dll", "Sleep"),
     ("kernel32.dll", "VirtualAlloc"),
+    ("kernel32.dll", "WaitForSingleObject"),
     ("kernel32.dll", "WriteFile"),
 ];
 const NTDLL_MEMORY_ROUTINES: [&str; 5] = ["memcpy", "memmove", "memset", "memcmp", "strlen"];

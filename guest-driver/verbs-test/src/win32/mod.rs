@@ -1,5 +1,6 @@
 //! The Win32 half: the entry point, and what the program needs of Windows with no C runtime linked.
 
+mod agent_events;
 mod console;
 mod heap;
 mod process;
@@ -56,6 +57,13 @@ pub extern "system" fn mainCRTStartup() -> ! {
         }
         Ok(Mode::WaitCancel) => {
             let outcome = vhca_user_verbs::wait_cancel(&mut process);
+            report(&process, outcome)
+        }
+        Ok(Mode::HeldWrite) => {
+            // The agent sleeps the machine while the write is in flight; the resume is a reset of the device.
+            let outcome = vhca_user_verbs::write_in_flight_then(&mut process, "the machine sleeps", |_| {
+                agent_events::in_flight_until_resumed().map(|()| true)
+            });
             report(&process, outcome)
         }
         Ok(Mode::WaitDestroy) => {
