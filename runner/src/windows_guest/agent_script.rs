@@ -4,6 +4,8 @@
 
 use crate::snapshot::READY_LINE;
 
+use vhca_user_verbs::{IN_FLIGHT_EVENT, RESUMED_EVENT};
+
 use super::guest_setup::{GUEST_DIR, GUEST_DRIVER_DIR, SETUP_DONE, SETUP_FAILED};
 
 /// vhca.sys's Parameters key under HKLM (the driver opens `\Registry\Machine\` + this; registry names ignore case).
@@ -24,7 +26,8 @@ pub const HARDWARE_IDS: [&str; 2] = [r"PCI\VEN_1AF4&DEV_1059", r"PCI\VEN_1AF4&DE
 pub const RESULT_WAIT_S: u32 = 30;
 /// Applied without a registry value: the verifier flags, by the boot state the run started from.
 const BOOT_STATE_WORD: &str = "vhca.verifier";
-/// Applied by the agent itself after the result: `vhca.power=sleep-resume[:N]`, N sleep/resume cycles.
+/// Applied by the agent itself after the result: `vhca.power=sleep-resume[:N]`, N sleep/resume cycles, or
+/// `sleep-during-traffic`, one cycle while vhca-verbs-test.exe's `held-write` has an RDMA write in flight.
 pub const POWER_WORD: &str = "vhca.power";
 /// Applied by the agent itself after the result: `vhca.user=loopback[:2]`, `wait-cancel` or `wait-destroy`, the user-mode test program run once, or
 /// twice at once (the Linux guest's other `vhca.user` spellings drive its loader's user process, not this program).
@@ -180,14 +183,14 @@ if ($user) {{
   $procs = @()
   for ($i = 1; $i -le $count; $i++) {{
     Say "VHCA-AGENT user process $i of $count`: $exe"
-    $p = Start-Process -FilePath $exe -ArgumentList $mode -NoNewWindow -PassThru -RedirectStandardOutput "{GUEST_DIR}erbs-test-$i.log"
+    $p = Start-Process -FilePath $exe -ArgumentList $mode -NoNewWindow -PassThru -RedirectStandardOutput "{GUEST_DIR}\verbs-test-$i.log"
     $null = $p.Handle
     $procs += $p
   }}
   for ($i = 1; $i -le $count; $i++) {{
     $p = $procs[$i - 1]
     if (-not $p.WaitForExit({VERBS_TEST_WAIT_S} * 1000)) {{ $p.Kill(); Fail $scenario "agent: {VERBS_TEST_EXE} ($i of $count) did not end within {VERBS_TEST_WAIT_S} s"; Off }}
-    $lines = @(Get-Content "{GUEST_DIR}erbs-test-$i.log" -ErrorAction SilentlyContinue)
+    $lines = @(Get-Content "{GUEST_DIR}\verbs-test-$i.log" -ErrorAction SilentlyContinue)
     $lines | ForEach-Object {{ Say "  $_" }}
     $last = $lines | Select-Object -Last 1
     if ($p.ExitCode -ne 0 -or $last -notlike 'VHCA-VERBS-TEST passed*') {{ Fail $scenario "agent: {VERBS_TEST_EXE} ($i of $count) exited $($p.ExitCode): $last"; Off }}
@@ -213,13 +216,16 @@ if ($user) {{
 /// above all) ends the run through hv-crash like any other.
 fn sleep_step() -> String {
     format!(
-        r#"# {POWER_WORD}=sleep-resume[:N]: N sleep/resume cycles after the scenario, each woken by a wake timer.
+        r#"# {POWER_WORD}=sleep-resume[:N]: N sleep/resume cycles after the scenario, each woken by a wake timer;
+# sleep-during-traffic: one, with the test program's RDMA write in flight across it.
 $power = $params['{POWER_WORD}']
 if ($power) {{
   # -match, not -notmatch: $Matches is filled by a match that succeeded.
-  if (-not ($power -match '^sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?$')) {{ Fail $scenario "agent: {POWER_WORD}=$power is not sleep-resume[:N]"; Off }}
+  if (-not ($power -match '^(sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?|sleep-during-traffic)$')) {{ Fail $scenario "agent: {POWER_WORD}=$power is not sleep-resume[:N] or sleep-during-traffic"; Off }}
   $cycles = 1
-  if ($Matches[3]) {{ $cycles = [int]$Matches[3] }}
+  if ($Matches[4]) {{ $cycles = [int]$Matches[4] }}
+  $held = $power -eq 'sleep-during-traffic'
+  if ($held -and $params['{USER_WORD}']) {{ Fail $scenario "agent: {POWER_WORD}=sleep-during-traffic runs its own user process; {USER_WORD} is not taken with it"; Off }}
   $states = (cmd /c 'powercfg /a 2>&1') -join "`n"
   $states -split "`n" | ForEach-Object {{ Say "  $_" }}
   if (($states -split 'not available')[0] -notmatch 'Standby \(S3\)') {{ Fail $scenario "agent: the machine offers no S3 (powercfg /a; QEMU needs -global ICH9-LPC.disable_s3=0)"; Off }}
@@ -230,6 +236,18 @@ if ($power) {{
 [DllImport("kernel32.dll")] public static extern bool CloseHandle(IntPtr handle);
 [DllImport("powrprof.dll", SetLastError = true)] public static extern bool SetSuspendState(bool hibernate, bool force, bool wakeupEventsDisabled);
 '@
+  if ($held) {{
+    # Started last, after the checks and Add-Type's compile, so the write is in flight for as short a time as can be
+    # before the sleep (the device holds it hold_completion_ms).
+    $exe = '{GUEST_DRIVER_DIR}\{VERBS_TEST_EXE}'
+    if (-not (Test-Path $exe)) {{ Fail $scenario "agent: $exe is missing (ci/build-windows.sh puts it in the driver package)"; Off }}
+    $inFlight = New-Object System.Threading.EventWaitHandle($false, [System.Threading.EventResetMode]::ManualReset, '{IN_FLIGHT_EVENT}')
+    $resumed = New-Object System.Threading.EventWaitHandle($false, [System.Threading.EventResetMode]::ManualReset, '{RESUMED_EVENT}')
+    Say "VHCA-AGENT user process with a write in flight: $exe held-write"
+    $p = Start-Process -FilePath $exe -ArgumentList 'held-write' -NoNewWindow -PassThru -RedirectStandardOutput "{GUEST_DIR}\verbs-test-held.log"
+    $null = $p.Handle
+    if (-not $inFlight.WaitOne({VERBS_TEST_WAIT_S} * 1000)) {{ if (-not $p.HasExited) {{ $p.Kill() }}; $last = @(Get-Content "{GUEST_DIR}\verbs-test-held.log" -ErrorAction SilentlyContinue) | Select-Object -Last 1; Fail $scenario "agent: {VERBS_TEST_EXE} held-write put no write in flight within {VERBS_TEST_WAIT_S} s: $last"; Off }}
+  }}
   for ($i = 1; $i -le $cycles; $i++) {{
     $timer = [Vhca.Power]::CreateWaitableTimer([IntPtr]::Zero, $true, $null)
     # Relative due time, in 100 ns units.
@@ -244,6 +262,16 @@ if ($power) {{
     $hca = Get-PnpDevice -InstanceId $instance -ErrorAction SilentlyContinue
     if (-not $hca -or $hca.Status -ne 'OK') {{ Fail $scenario "agent: after resume $i the HCA $instance is $($hca.Status) (problem $($hca.Problem))"; Off }}
     Say "VHCA-AGENT resumed $i of $cycles after $([int]((Get-Date) - $before).TotalSeconds) s, $instance OK"
+  }}
+  if ($held) {{
+    # The program polls the CQ it made before the sleep, then exits with everything registered: its CLEANUP is
+    # vhca.sys's to release (a 0x76 or 0xCB at the exit ends the run through hv-crash).
+    $resumed.Set() | Out-Null
+    if (-not $p.WaitForExit({VERBS_TEST_WAIT_S} * 1000)) {{ $p.Kill(); Fail $scenario "agent: {VERBS_TEST_EXE} held-write did not end within {VERBS_TEST_WAIT_S} s of the resume"; Off }}
+    $lines = @(Get-Content "{GUEST_DIR}\verbs-test-held.log" -ErrorAction SilentlyContinue)
+    $lines | ForEach-Object {{ Say "  $_" }}
+    $last = $lines | Select-Object -Last 1
+    if ($p.ExitCode -ne 0 -or $last -notlike 'VHCA-VERBS-TEST passed*') {{ Fail $scenario "agent: {VERBS_TEST_EXE} held-write exited $($p.ExitCode): $last"; Off }}
   }}
 }}"#
     )
@@ -339,12 +367,55 @@ mod tests {
     }
 
     #[test]
-    fn only_sleep_resume_spellings_are_taken() {
+    fn only_sleep_resume_and_sleep_during_traffic_are_taken() {
         let step = sleep_step();
-        let check = step.lines().find(|l| l.contains("-match '^sleep-resume")).expect("the spelling check");
-        assert!(check.contains("-match '^sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?$'"), "{check}");
-        // The count is read from the match just made: it must come after the check, from its third group.
-        let count = step.find("$cycles = [int]$Matches[3]").expect("the count");
+        let check = step.lines().find(|l| l.contains("-match '^(sleep-resume")).expect("the spelling check");
+        assert!(
+            check.contains("-match '^(sleep-resume(-d0-dispatch)?(:([1-9][0-9]*))?|sleep-during-traffic)$'"),
+            "{check}"
+        );
+        // The count is read from the match just made: it must come after the check, from its fourth group (N).
+        let count = step.find("$cycles = [int]$Matches[4]").expect("the count");
         assert!(step.find(check).expect("the check") < count);
+        assert!(step.contains("$held = $power -eq 'sleep-during-traffic'"));
+    }
+
+    /// sleep-during-traffic: the program started with its mode once the checks are done, its write in flight
+    /// (its event) before the first suspend, the agent's event set only after the last resume was checked, then
+    /// the program's exit and line checked; the events are the program's own names.
+    #[test]
+    fn the_held_write_is_in_flight_across_the_cycle_and_must_pass_after_it() {
+        let lines = step_lines();
+        let order = [
+            "powercfg /a",
+            "Add-Type -Namespace Vhca -Name Power",
+            "if ($held) {",
+            "Start-Process -FilePath $exe -ArgumentList 'held-write'",
+            "$inFlight.WaitOne(",
+            "SetSuspendState($false, $false, $false)",
+            "VHCA-AGENT resumed $i",
+            "$resumed.Set()",
+            "$p.WaitForExit(",
+            "$last -notlike 'VHCA-VERBS-TEST passed*'",
+        ];
+        let at: Vec<usize> = order.iter().map(|n| position(&lines, n)).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "out of order: {at:?}");
+        let step = sleep_step();
+        for name in [IN_FLIGHT_EVENT, RESUMED_EVENT] {
+            assert!(step.contains(&format!("[System.Threading.EventResetMode]::ManualReset, '{name}')")), "{name}");
+        }
+        assert!(step.contains(r#"-RedirectStandardOutput "C:\vhca\verbs-test-held.log""#));
+        assert!(step.contains("{USER_WORD} is not taken with it".replace("{USER_WORD}", USER_WORD).as_str()));
+    }
+
+    /// The script is text PowerShell reads: no control character but the line ends (a `\v` once became a vertical
+    /// tab inside a log path).
+    #[test]
+    fn the_script_has_no_control_characters() {
+        let agent = agent_script();
+        let bad: Vec<(usize, char)> =
+            agent.char_indices().filter(|(_, c)| c.is_control() && *c != '\n' && *c != '\r').collect();
+        assert!(bad.is_empty(), "control characters at {bad:?}");
+        assert!(agent.contains(r#"-RedirectStandardOutput "C:\vhca\verbs-test-$i.log""#));
     }
 }
