@@ -137,7 +137,17 @@ fn a_doorbell_storm_meets_the_bound_and_loses_no_notification() {
     assert!(
         !bounded.is_empty() && bounded.iter().all(|l| l["queue"] == 2 && l["limit"] == 2 && l["window_us"] == 1000)
     );
-    assert!(bounded.len() < 10, "one line per engagement, not per notification held back: {}", bounded.len());
+    // One line per engagement, not per notification held back. How often the bound engages depends on the host's
+    // scheduling (a storm thread descheduled past the bound's spacing lets the next notification out at once, which
+    // ends the engagement), so the check is relative: each engagement follows a notification that went out, and the
+    // lines are far fewer than the notifications they stand for (CI under load once saw 21 engagements here).
+    let sent = lines.len() as u64;
+    let held_back = u64::from(CHAINS).saturating_sub(sent);
+    assert!(
+        bounded.len() as u64 <= sent && (bounded.len() as u64) * 4 < held_back,
+        "one line per engagement, not per notification held back: {} lines, {sent} notifications, {held_back} held back",
+        bounded.len()
+    );
 }
 
 #[test]
