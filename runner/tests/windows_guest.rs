@@ -265,6 +265,11 @@ fn the_agents_run_sequence() {
             // vhca.power's sleep step, after the result is read and before it is printed: the HCA looked at after
             // each resume (agent_script.rs's own tests hold the step's order).
             "$hca = Get-PnpDevice -InstanceId $instance -ErrorAction SilentlyContinue",
+            // vhca.pnp's step after it: the HCA's state looked up, and pnputil's verbs (agent_script.rs's tests hold
+            // the sequences).
+            "function Hca-State { Get-PnpDevice -InstanceId $instance -ErrorAction SilentlyContinue }",
+            "$out = & pnputil $verb $instance 2>&1",
+            "& pnputil /scan-devices 2>&1 | ForEach-Object { Say \"  $_\" }",
             "Say $result",
         ],
         "{agent}"
