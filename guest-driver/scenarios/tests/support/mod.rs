@@ -9,6 +9,7 @@
 #[path = "../../../ntmodel/tests/common/mod.rs"]
 pub mod common;
 pub mod interrupting;
+pub mod late_dma;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
