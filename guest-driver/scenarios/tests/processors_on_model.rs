@@ -163,7 +163,9 @@ fn one_preemption_loses_an_update_or_reads_a_freed_ring_where_the_fix_is_missing
         (Scenario::DpcPollsDestroyedCq, Scenario::DestroyCqFlushesDpcs, "cq_reader.rs"),
     ];
     for (bug, fixed, file) in pairs {
-        let found = some_preemption_fails(bug, file, 24, 6);
+        // 16 rounds: on a loaded host (this binary's other tests beside it, a build) 6 missed the ISR pair's lost
+        // update in about 1 run of 7; a round that finds it returns at once, so the fixed cost is only the misses'.
+        let found = some_preemption_fails(bug, file, 24, 16);
         match (bug, &found) {
             // The DPC held at its last ring read until the destroy freed the ring: the model's 0x50, P2 0 a read.
             (Scenario::DpcPollsDestroyedCq, Some((_, Err(b)))) => {
