@@ -254,19 +254,20 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
 
     /// Allocates the CQ ring (contiguous first, then smaller pieces) and sends CREATE_CQ with its page list.
     pub fn create_cq(&mut self, entries: u32) -> Result<u32, DriverError> {
-        let mut ring = self.ring(entries, CQE_SIZE)?;
-        let req = CreateCqReq { entries: entries.into(), page_count: ring.pages().into() };
-        let pages = ring.page_list();
-        let reader = match CqReader::new(&ring, entries) {
-            Ok(reader) => reader,
-            Err(e) => {
-                ring.free(&*self.kernel, self.adapter);
-                return Err(e);
-            }
-        };
-        match self.command(Opcode::CreateCq, req.as_bytes(), &pages) {
-            Ok(b) => {
-                let handle = body::<HandleResp>(Opcode::CreateCq, &b)?.handle.get();
+        let ring = self.ring(entries, CQE_SIZE)?;
+        self.open_cq(ring, entries)
+    }
+
+    /// CREATE_CQ over `ring` with a reader at index 0: the new handle, or the ring freed and the error. A reply
+    /// without a handle leaves the device holding no CQ over the ring, so it is freed then too.
+    fn open_cq(&mut self, mut ring: Ring, entries: u32) -> Result<u32, DriverError> {
+        let created = CqReader::new(&ring, entries).and_then(|reader| {
+            let req = CreateCqReq { entries: entries.into(), page_count: ring.pages().into() };
+            let reply = self.command(Opcode::CreateCq, req.as_bytes(), &ring.page_list())?;
+            Ok((body::<HandleResp>(Opcode::CreateCq, &reply)?.handle.get(), reader))
+        });
+        match created {
+            Ok((handle, reader)) => {
                 self.cqs.insert(handle, Cq { ring, reader });
                 Ok(handle)
             }
@@ -306,37 +307,12 @@ impl<K: NtKernel + 'static, C: CommandTransport> Hca<K, C> {
             return Err(DriverError::UnknownHandle(cq));
         }
         self.handle_command(Opcode::DestroyCq, cq)?;
-        let Some(Cq { mut ring, reader }) = self.cqs.remove(&cq) else { return Err(DriverError::UnknownHandle(cq)) };
+        let Some(Cq { ring, reader }) = self.cqs.remove(&cq) else { return Err(DriverError::UnknownHandle(cq)) };
         if reuse == RingReuse::Cleared {
             reader.clear(&*self.kernel);
         }
         let entries = reader.entries();
-        let reader = match CqReader::new(&ring, entries) {
-            Ok(reader) => reader,
-            Err(e) => {
-                ring.free(&*self.kernel, self.adapter);
-                return Err(e);
-            }
-        };
-        let req = CreateCqReq { entries: entries.into(), page_count: ring.pages().into() };
-        match self.command(Opcode::CreateCq, req.as_bytes(), &ring.page_list()) {
-            Ok(b) => match body::<HandleResp>(Opcode::CreateCq, &b) {
-                Ok(h) => {
-                    let handle = h.handle.get();
-                    self.cqs.insert(handle, Cq { ring, reader });
-                    Ok(handle)
-                }
-                Err(e) => {
-                    // The device answered without a handle: it holds no CQ over the ring, so the ring is ours.
-                    ring.free(&*self.kernel, self.adapter);
-                    Err(e)
-                }
-            },
-            Err(e) => {
-                ring.free(&*self.kernel, self.adapter);
-                Err(e)
-            }
-        }
+        self.open_cq(ring, entries)
     }
 
     /// Arms `cq` for one CQ_COMPLETION event (ibv_req_notify_cq): the CQ-arm doorbell alone, as mlx4/mlx5 arm a CQ
