@@ -5,14 +5,11 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use support::common::{machine_with, PDO};
-use support::late_dma::{is_iommu_violation, LateDma, Refusals};
-use support::{model_config, HeldChannel, HeldDevice, ModelHost, STANDARD};
-use vhca_ntmodel::{Bugcheck, NtModel};
-use vhca_scenarios::{run, Scenario, ScenarioOptions};
+use support::common::PDO;
+use support::late_dma::{is_iommu_violation, run_late_dma};
+use support::{model_config, STANDARD};
+use vhca_ntmodel::Bugcheck;
+use vhca_scenarios::Scenario;
 
 /// Past the CQ poll's first look, short enough to keep the test quick (the seed suite's device holds 500 ms).
 const HOLD_MS: u64 = 300;
@@ -20,15 +17,7 @@ const HOLD_MS: u64 = 300;
 const FIRST_AFTER_RESET: u32 = 3;
 
 fn run_on(scenario: Scenario, flags: u32, break_fix: bool) -> (Result<anyhow::Result<()>, Bugcheck>, Vec<u64>) {
-    let (kernel, backend) = machine_with(model_config(flags, &[]));
-    let refusals = Arc::new(Refusals::default());
-    let device = HeldDevice::holding(backend, HOLD_MS, FIRST_AFTER_RESET, refusals.clone());
-    let host = ModelHost::new(kernel.clone(), LateDma { device: device.clone(), refusals: refusals.clone(), pdo: PDO });
-    let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
-    let result = NtModel::run_guarded(|| {
-        run(scenario, &host, kernel.clone(), HeldChannel(device.clone()), PDO, &options, Duration::from_secs(5))
-    });
-    (result, refusals.seen())
+    run_late_dma(scenario, model_config(flags, &[]), (HOLD_MS, FIRST_AFTER_RESET), break_fix)
 }
 
 #[test]

@@ -5,14 +5,11 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use support::common::{machine_with, PDO};
-use support::late_dma::{is_iommu_violation, LateDma, Refusals};
-use support::{model_config, HeldChannel, HeldDevice, ModelHost, STANDARD};
-use vhca_ntmodel::{Bugcheck, NtModel};
-use vhca_scenarios::{run, Scenario, ScenarioOptions};
+use support::common::PDO;
+use support::late_dma::{is_iommu_violation, run_late_dma};
+use support::{model_config, STANDARD};
+use vhca_ntmodel::Bugcheck;
+use vhca_scenarios::Scenario;
 
 /// The hold the seed suite's device gets is 1 s; a shorter one (still past the driver's 200 ms timeout) keeps the
 /// test quick.
@@ -26,15 +23,7 @@ fn run_on(
     disabled: &[&str],
     break_fix: bool,
 ) -> (Result<anyhow::Result<()>, Bugcheck>, Vec<u64>) {
-    let (kernel, backend) = machine_with(model_config(flags, disabled));
-    let refusals = Arc::new(Refusals::default());
-    let device = HeldDevice::new(backend, HOLD_MS, refusals.clone());
-    let host = ModelHost::new(kernel.clone(), LateDma { device: device.clone(), refusals: refusals.clone(), pdo: PDO });
-    let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
-    let result = NtModel::run_guarded(|| {
-        run(scenario, &host, kernel.clone(), HeldChannel(device.clone()), PDO, &options, Duration::from_secs(5))
-    });
-    (result, refusals.seen())
+    run_late_dma(scenario, model_config(flags, disabled), (HOLD_MS, 1), break_fix)
 }
 
 #[test]

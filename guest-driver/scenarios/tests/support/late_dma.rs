@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use vhca_hca::{EventSink, HcaEvent};
 use vhca_ntapi::{DRIVER_VERIFIER_DMA_VIOLATION, PDEVICE_OBJECT};
-use vhca_ntmodel::{Bugcheck, NtModel, VerifierFlags};
+use vhca_ntmodel::{Bugcheck, NtModel, NtModelConfig, VerifierFlags};
+use vhca_scenarios::{run, Scenario, ScenarioOptions};
 
-use super::{HeldChannel, HeldDevice, Platform};
+use super::common::{machine_with, PDO};
+use super::{HeldChannel, HeldDevice, ModelHost, Platform};
 
 /// VT-d's fault reason for a write the IOMMU does not permit, as the guest's DMAR record gives it.
 pub const WRITE_NOT_PERMITTED: u64 = 5;
@@ -71,4 +73,23 @@ pub fn is_iommu_violation(b: &Bugcheck, pdo: PDEVICE_OBJECT, refused: &[u64]) ->
         && b.params[1] == pdo.0
         && refused.contains(&b.params[2])
         && b.params[3] == WRITE_NOT_PERMITTED
+}
+
+/// Runs `scenario` on a model with `config` against a device that holds its `wr`th send request `hold_ms`: the
+/// scenario's result or the bugcheck, and the IOVAs the device was refused.
+pub fn run_late_dma(
+    scenario: Scenario,
+    config: NtModelConfig,
+    (hold_ms, wr): (u64, u32),
+    break_fix: bool,
+) -> (Result<anyhow::Result<()>, Bugcheck>, Vec<u64>) {
+    let (kernel, backend) = machine_with(config);
+    let refusals = Arc::new(Refusals::default());
+    let device = HeldDevice::holding(backend, hold_ms, wr, refusals.clone());
+    let host = ModelHost::new(kernel.clone(), LateDma { device: device.clone(), refusals: refusals.clone(), pdo: PDO });
+    let options = ScenarioOptions { break_fix, ..ScenarioOptions::default() };
+    let result = NtModel::run_guarded(|| {
+        run(scenario, &host, kernel.clone(), HeldChannel(device.clone()), PDO, &options, Duration::from_secs(5))
+    });
+    (result, refusals.seen())
 }
