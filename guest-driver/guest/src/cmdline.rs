@@ -116,6 +116,12 @@ pub struct Options {
     pub processors: u32,
     /// The interleaving mode (`vhca.interleave=record|preempt:<thread>#<k>[,<thread>#<k>]|pct:<seed>[:<depth>]`).
     pub interleaving: InterleavingMode,
+    /// The pool tags whose blocks vhca.sys's interleaving runs trap its own loads and stores of
+    /// (`vhca.race_watch=TAG[,TAG...]`, with `common-buffers` for the rings and CQs too; default none): the
+    /// loader's race watch, so the race detector and the
+    /// scheduler see the binary's shared state as they see the native driver's. Ignored natively (its accesses
+    /// pass through the model) and without an interleaving mode.
+    pub race_watch: vhca_loader::race_watch::WatchList,
     /// The global points a PCT run draws its change points among (`vhca.pct_horizon`, default the model's 2000):
     /// the suite passes its recording's count, so a short run's change points fall inside it.
     pub pct_horizon: Option<u32>,
@@ -163,6 +169,7 @@ impl Default for Options {
             timing: TimingConfig::default(),
             processors: vhca_ntmodel::NtModelConfig::default().processors,
             interleaving: InterleavingMode::Off,
+            race_watch: Default::default(),
             pct_horizon: None,
             sleep_resume: 0,
             d0_at_dispatch: false,
@@ -264,6 +271,10 @@ impl Options {
                     .ok_or(format!("not a processor count 1..={MAX_PROCESSORS}: {value:?}"))?
             }
             "interleave" => self.interleaving = crate::interleaving::parse_mode(value)?,
+            "race_watch" => {
+                self.race_watch = vhca_loader::race_watch::WatchList::parse(value)
+                    .map_err(|word| format!("not a pool tag of 1 to 4 ASCII characters or common-buffers: {word:?}"))?
+            }
             "pct_horizon" => {
                 self.pct_horizon =
                     Some(value.parse().ok().filter(|n| *n > 0).ok_or(format!("not a point count > 0: {value:?}"))?)
@@ -442,6 +453,11 @@ mod tests {
         assert_eq!(ids, ["passive#3", "dpc-0#1"]);
         assert_eq!(Options::parse("vhca.interleave=pct:5").interleaving, InterleavingMode::Pct { seed: 5, depth: 3 });
         assert_eq!(Options::parse("vhca.pct_horizon=340").pct_horizon, Some(340));
+        let watch = Options::parse("vhca.race_watch=VhSw,Ab,common-buffers");
+        assert_eq!(watch.race_watch.tags, [u32::from_le_bytes(*b"VhSw"), u32::from_le_bytes(*b"Ab  ")]);
+        assert!(watch.race_watch.common_buffers);
+        let bad = Options::parse("vhca.race_watch=VhSw,toolong");
+        assert!(bad.race_watch.tags.is_empty() && bad.warnings.len() == 1, "{:?}", bad.warnings);
         assert_eq!(Options::parse("vhca.pct_horizon=0").pct_horizon, None);
     }
 

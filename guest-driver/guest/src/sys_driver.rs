@@ -315,6 +315,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let (bus, bus_hold) = removable_bus::RemovableBus::new(bus);
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
+    // The race watch traps only where something reads what it sees: an interleaving mode's detector and scheduler.
+    if options.interleaving != vhca_ntmodel::InterleavingMode::Off {
+        kernel_state.race_watch = vhca_loader::race_watch::RaceWatch::new(options.race_watch.clone());
+    }
     // The run's scenario and its options, as the runner's guest script sets them on Windows (Lock with the
     // guest's vhca.lock spellings, BreakFix 0 or 1).
     let registry = &kernel_state.registry;

@@ -228,7 +228,9 @@ unsafe extern "win64" fn AllocateCommonBuffer(
         // SAFETY: the driver's out parameter.
         unsafe { *logical = address.0 as i64 };
     }
-    k.addresses.to_host(&k.model, va) as *mut c_void
+    let at = k.addresses.to_host(&k.model, va);
+    k.race_watch.insert_common_buffer(at, length as usize, va.0);
+    at as *mut c_void
 }
 
 unsafe extern "win64" fn FreeCommonBuffer(
@@ -244,6 +246,7 @@ unsafe extern "win64" fn FreeCommonBuffer(
         k.model.IoUnmapCommonBuffer(adapter_of(adapter), handle);
         return;
     }
+    k.race_watch.remove(va as usize);
     k.model.FreeCommonBuffer(
         adapter_of(adapter),
         length,

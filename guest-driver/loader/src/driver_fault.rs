@@ -139,6 +139,21 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
     if unsafe { privileged_instruction(signal, &*info, &mut *(context as *mut libc::ucontext_t)) } {
         return;
     }
+    // A block the race watch traps (race_watch.rs): the access is hooked or stepped, and the thread goes on.
+    let in_driver = IMAGE.get().is_some_and(|i| (rip as usize).wrapping_sub(i.base) < i.size);
+    // SAFETY: this SIGSEGV's ucontext, which the watch may change to resume in its hook or under the trap flag.
+    if signal == libc::SIGSEGV
+        && unsafe {
+            crate::race_watch::on_fault(
+                address as usize,
+                error_code & 0x2 != 0,
+                in_driver,
+                &mut *(context as *mut libc::ucontext_t),
+            )
+        }
+    {
+        return;
+    }
     // Paged pool the verifier trimmed (pageable_pool.rs), touched by the driver or a CRT routine it called: paged
     // back in below DISPATCH_LEVEL (the instruction runs again), 0xD1 at or above it.
     if let Some(k) = crate::kernel_context::installed().filter(|k| k.pageable.is_trimmed(address as usize)) {
@@ -193,6 +208,19 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
     }
     println!("{line}");
     crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
+}
+
+/// The driver's instruction at `rip` as reports name it: `vhca.sys+0x1234 (symbol+0x56)`, or the bare address when
+/// it is not the image's. Reads the PDB on first use: not for a signal handler.
+pub fn image_site(rip: u64) -> String {
+    let Some(image) = IMAGE.get().filter(|i| (rip as usize).wrapping_sub(i.base) < i.size) else {
+        return format!("{rip:#x}");
+    };
+    let rva = (rip as usize - image.base) as u32;
+    match image.symbols.nearest(rva) {
+        Some((name, offset)) => format!("{}+{rva:#x} ({name}+{offset:#x})", image.name),
+        None => format!("{}+{rva:#x}", image.name),
+    }
 }
 
 /// Special Pool's guard page or a freed special pool block (special_pool.rs), touched by the driver (0xD6 / 0xD5,

@@ -17,6 +17,7 @@ use crate::lock_table::LockObjects;
 use crate::mdl_table::MdlTable;
 use crate::object_table::ObjectTable;
 use crate::pageable_pool::PageablePool;
+use crate::race_watch::RaceWatch;
 use crate::registry_table::Registry;
 use crate::remove_lock_table::RemoveLocks;
 
@@ -36,6 +37,8 @@ pub struct LoaderKernel {
     pub interrupts: InterruptConnections,
     /// The driver's paged pool blocks, trimmed under IRQL checking when IRQL is raised.
     pub pageable: PageablePool,
+    /// The pool blocks whose loads and stores an interleaving run traps for the race detector (none by default).
+    pub race_watch: RaceWatch,
     /// Every DbgPrintEx line, in order; also written to stdout as the guest's console shows kernel messages.
     pub debug_log: DebugLog,
     /// Whether the driver's own `VHCA-RESULT` lines go to stdout too; off where the caller reports the run itself
@@ -59,6 +62,7 @@ impl LoaderKernel {
             events: ObjectTable::default(),
             interrupts: InterruptConnections::default(),
             pageable: PageablePool::default(),
+            race_watch: RaceWatch::new(Default::default()),
             debug_log: DebugLog::default(),
             echo_results: true,
         }

@@ -43,6 +43,7 @@ pub mod power_life;
 pub mod privileged_instructions;
 pub mod processor_block;
 pub mod processor_thunks;
+pub mod race_watch;
 pub mod registry_table;
 pub mod registry_thunks;
 pub mod remove_lock_table;

@@ -82,6 +82,9 @@ fn allocate(request: PoolRequest, bytes: usize, tag: u32, caller: u64) -> usize 
     if let Some(guard) = guard {
         k.addresses.special_pool.guard(guard);
     }
+    if !request.paged {
+        k.race_watch.insert(at, bytes, va.0, tag);
+    }
     if request.paged {
         // Force IRQL checking trims whole pages: a special pool block's are its data pages (from the page it
         // starts in up to its guard page with Verify End; from its start with Verify Start), never the guard.
@@ -103,6 +106,7 @@ unsafe extern "win64" fn ExFreePoolWithTag(p: *mut c_void, tag: u32) {
         None => p as usize,
     };
     k.pageable.remove(first);
+    k.race_watch.remove(p as usize);
     // Special Pool's pattern first, so 0xC1 names the driver's addresses, not the model's.
     if let Some((corrupted, subcode)) = k.model.special_pool_corruption(va) {
         let at = k.addresses.to_host(&k.model, corrupted) as u64;

@@ -179,24 +179,49 @@ unsafe extern "win64" fn KeBugCheckEx(code: u32, p1: u64, p2: u64, p3: u64, p4: 
 
 // ---- The C runtime routines ntoskrnl.exe exports ----
 
-unsafe extern "win64" fn memcpy(d: *mut c_void, s: *const c_void, n: usize) -> *mut c_void {
+/// The copy and fill routines' import addresses: each puts its return address, the driver's call site, into the
+/// fourth argument register (all take three) for the race watch, which reports the bytes they touch in watched
+/// blocks as the binary's accesses there (race_watch.rs). r9 is volatile in the Windows x64 convention.
+macro_rules! with_call_site {
+    ($import:ident => $thunk:ident) => {
+        #[unsafe(naked)]
+        unsafe extern "win64" fn $import() {
+            core::arch::naked_asm!("mov r9, [rsp]", "jmp {thunk}", thunk = sym $thunk);
+        }
+    };
+}
+with_call_site!(memcpy_import => memcpy);
+with_call_site!(memmove_import => memmove);
+with_call_site!(memset_import => memset);
+with_call_site!(memcmp_import => memcmp);
+
+/// Runs a CRT routine the driver called from `caller` over `ranges` (address, bytes, written): through the race
+/// watch when a kernel is installed (a thunk called with none is a test's).
+fn crt<T>(caller: u64, ranges: &[(usize, usize, bool)], f: impl FnOnce() -> T) -> T {
+    match crate::kernel_context::installed() {
+        Some(k) => k.race_watch.crt_call(caller, ranges, f),
+        None => f(),
+    }
+}
+
+unsafe extern "win64" fn memcpy(d: *mut c_void, s: *const c_void, n: usize, caller: u64) -> *mut c_void {
     // SAFETY: the driver's buffers, as the CRT's contract.
-    unsafe { libc::memcpy(d, s, n) }
+    crt(caller, &[(s as usize, n, false), (d as usize, n, true)], || unsafe { libc::memcpy(d, s, n) })
 }
 
-unsafe extern "win64" fn memmove(d: *mut c_void, s: *const c_void, n: usize) -> *mut c_void {
+unsafe extern "win64" fn memmove(d: *mut c_void, s: *const c_void, n: usize, caller: u64) -> *mut c_void {
     // SAFETY: as memcpy.
-    unsafe { libc::memmove(d, s, n) }
+    crt(caller, &[(s as usize, n, false), (d as usize, n, true)], || unsafe { libc::memmove(d, s, n) })
 }
 
-unsafe extern "win64" fn memset(d: *mut c_void, c: i32, n: usize) -> *mut c_void {
+unsafe extern "win64" fn memset(d: *mut c_void, c: i32, n: usize, caller: u64) -> *mut c_void {
     // SAFETY: as memcpy.
-    unsafe { libc::memset(d, c, n) }
+    crt(caller, &[(d as usize, n, true)], || unsafe { libc::memset(d, c, n) })
 }
 
-unsafe extern "win64" fn memcmp(a: *const c_void, b: *const c_void, n: usize) -> i32 {
+unsafe extern "win64" fn memcmp(a: *const c_void, b: *const c_void, n: usize, caller: u64) -> i32 {
     // SAFETY: as memcpy.
-    unsafe { libc::memcmp(a, b, n) }
+    crt(caller, &[(a as usize, n, false), (b as usize, n, false)], || unsafe { libc::memcmp(a, b, n) })
 }
 
 unsafe extern "win64" fn strlen(s: *const c_char) -> usize {
@@ -383,10 +408,10 @@ pub fn thunks() -> [(&'static str, &'static str, usize); 28] {
         ("ntoskrnl.exe", "KfRaiseIrql", KfRaiseIrql as *const () as usize),
         ("ntoskrnl.exe", "KeLowerIrql", KeLowerIrql as *const () as usize),
         ("ntoskrnl.exe", "KeBugCheckEx", KeBugCheckEx as *const () as usize),
-        ("ntoskrnl.exe", "memcpy", memcpy as *const () as usize),
-        ("ntoskrnl.exe", "memmove", memmove as *const () as usize),
-        ("ntoskrnl.exe", "memset", memset as *const () as usize),
-        ("ntoskrnl.exe", "memcmp", memcmp as *const () as usize),
+        ("ntoskrnl.exe", "memcpy", memcpy_import as *const () as usize),
+        ("ntoskrnl.exe", "memmove", memmove_import as *const () as usize),
+        ("ntoskrnl.exe", "memset", memset_import as *const () as usize),
+        ("ntoskrnl.exe", "memcmp", memcmp_import as *const () as usize),
         ("ntoskrnl.exe", "strlen", strlen as *const () as usize),
         ("ntoskrnl.exe", "IoCreateDevice", IoCreateDevice as *const () as usize),
         ("ntoskrnl.exe", "IoDeleteDevice", IoDeleteDevice as *const () as usize),

@@ -9,9 +9,10 @@
 //!
 //! What a race report can see: the driver's accesses that pass through the model (RtlCopyFromVa/RtlCopyToVa on
 //! pool, contiguous memory and common buffers; the MDL, adapter, S/G list and common buffer routines) and the edges
-//! the model's routines make. vhca.sys reads and writes its memory directly through the loader's host view, so for
-//! it only the routines' objects are watched; an order the platform makes outside the model (a thread started
-//! after setup, a join) is invisible unless it says so (`platform_release`/`platform_acquire`).
+//! the model's routines make. vhca.sys reads and writes its memory directly through the loader's host view: for it
+//! the routines' objects are watched, and the pool blocks the loader's race watch traps (`binary_access`); an order
+//! the platform makes outside the model (a thread started after setup, a join) is invisible unless it says so
+//! (`platform_release`/`platform_acquire`).
 
 mod call_scope;
 pub(crate) mod engine;
@@ -120,6 +121,10 @@ pub enum PointKind {
     IsrStart(u32),
     /// A work item's routine (its IO_WORKITEM) is about to run.
     WorkStart(u64),
+    /// A driver binary is about to read (false) or write (true) watched memory at this address with an instruction
+    /// of its own (the loader's race watch traps it): the point a C driver's `entry->count++` has between its load
+    /// and its store.
+    BinaryAccess { va: u64, write: bool },
 }
 
 impl fmt::Display for PointKind {
@@ -132,6 +137,8 @@ impl fmt::Display for PointKind {
             PointKind::DpcStart(dpc) => write!(f, "dpc {dpc:#x}"),
             PointKind::IsrStart(message) => write!(f, "isr message {message}"),
             PointKind::WorkStart(item) => write!(f, "work item {item:#x}"),
+            PointKind::BinaryAccess { va, write: false } => write!(f, "load {va:#x}"),
+            PointKind::BinaryAccess { va, write: true } => write!(f, "store {va:#x}"),
         }
     }
 }
@@ -238,6 +245,15 @@ pub enum SyncObject {
     Platform(u64),
 }
 
+/// What the platform runs at each of a thread's points, on that thread, before the point is taken (`observe_points`).
+static POINT_OBSERVER: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Has `observer` run at every scheduling point of every thread, first thing (once per process; a second call is
+/// ignored). The PE loader's race watch starts watching a block its allocating thread has initialised there.
+pub fn observe_points(observer: fn()) {
+    let _ = POINT_OBSERVER.set(observer);
+}
+
 /// `SyncObject::Device` for every device at once: what `kicks_at_every_call` releases and every delivery acquires.
 const ANY_DEVICE: u64 = u64::MAX;
 
@@ -273,6 +289,9 @@ impl NtModel {
     pub(crate) fn point(&self, kind: PointKind) {
         if !self.interleaving_on() {
             return;
+        }
+        if let Some(observer) = POINT_OBSERVER.get() {
+            observer();
         }
         let config = &self.config.interleaving;
         let processor = self.current_processor().0;
@@ -336,6 +355,30 @@ impl NtModel {
         for race in races {
             self.report_race(race);
         }
+    }
+
+    /// A driver binary's own load or store of model memory at `va` (`len` bytes from there), trapped by the PE
+    /// loader's race watch, at `site` (its RVA and symbol): a scheduling point, then a watched access, as
+    /// RtlCopyFromVa/RtlCopyToVa are for the natively built driver. The caller holds no model mutex (it runs on the
+    /// driver's thread, between two of its instructions): the thread may pause here. Off: returns at once.
+    pub fn binary_access(&self, va: u64, len: u64, write: bool, site: &str) {
+        if !self.interleaving_on() {
+            return;
+        }
+        call_scope::with_label(site, || {
+            self.point(PointKind::BinaryAccess { va, write });
+            let access = if write { Access::Write } else { Access::Read };
+            self.watched_access(Watched::Memory { va, len }, access);
+        })
+    }
+
+    /// The binary's instruction at `site`, reported by `binary_access` as a read of `va`, also wrote there (a
+    /// read-modify-write): the write, with no point of its own, as nothing comes between the two.
+    pub fn binary_write_after_read(&self, va: u64, len: u64, site: &str) {
+        if !self.interleaving_on() {
+            return;
+        }
+        call_scope::with_label(site, || self.watched_access(Watched::Memory { va, len }, Access::Write))
     }
 
     /// Names a race's object (outside the engine's lock: naming memory looks at the model's books) and keeps it.

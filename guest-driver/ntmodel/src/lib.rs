@@ -38,7 +38,7 @@ use vhca_ntapi::{DISPATCH_LEVEL, KIRQL, PASSIVE_LEVEL, PDEVICE_OBJECT, PVOID};
 pub use backend::{BackendError, DmaBackend, HostDmaBackend, HostMemId};
 pub use bugcheck::{Bugcheck, BugcheckHandler, BugcheckUnwind, CaptureBugchecks, PrintAndExit};
 pub use dma_adapter::ListRequest;
-pub use interleaving::{InterleavingConfig, InterleavingMode, PointId, RaceReport};
+pub use interleaving::{observe_points, InterleavingConfig, InterleavingMode, PointId, RaceReport};
 pub use interrupt::{InterruptResources, DEVICE_DIRQL};
 pub use low_resources::{
     with_call_site, CallSite, Failure, FaultPoint, FaultableRoutine, InjectedFault, InjectionMode, LowResourcesConfig,

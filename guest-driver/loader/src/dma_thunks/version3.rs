@@ -105,7 +105,9 @@ pub(super) unsafe extern "win64" fn AllocateCommonBufferEx(
         // SAFETY: the driver's out parameter.
         unsafe { *logical = address.0 as i64 };
     }
-    k.addresses.to_host(&k.model, va) as *mut c_void
+    let at = k.addresses.to_host(&k.model, va);
+    k.race_watch.insert_common_buffer(at, length as usize, va.0);
+    at as *mut c_void
 }
 
 /// CalculateScatterGatherList(DmaAdapter, Mdl, CurrentVa, Length, ScatterGatherListSize, NumberOfMapRegisters).
