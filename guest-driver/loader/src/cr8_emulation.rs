@@ -99,50 +99,12 @@ extern "C" fn write_irql(new: u64) {
     }
 }
 
-/// Entered in place of the instruction after a trapped `mov cr8, reg` with [rsp] = the new IRQL and [rsp+8] = the
-/// address after the `mov`. The driver expects one instruction that changes no register or flag, so everything
-/// the SysV `write_irql` may change is saved: the volatile general registers, the flags, and the x87/SSE state with
-/// fxsave (the loader is built for baseline x86-64 and a kernel driver uses no AVX state without saving it itself,
-/// so the upper halves of the vector registers are not saved).
-#[unsafe(naked)]
-unsafe extern "C" fn write_trampoline() {
-    core::arch::naked_asm!(
-        "pushfq",
-        "push rax",
-        "push rcx",
-        "push rdx",
-        "push rsi",
-        "push rdi",
-        "push r8",
-        "push r9",
-        "push r10",
-        "push r11",
-        "push rbp",
-        "mov rbp, rsp",
-        // SysV wants the direction flag clear at a call; the driver's own is restored with the flags.
-        "cld",
-        // Eleven pushes above the new IRQL.
-        "mov rdi, [rbp + 88]",
-        "and rsp, -16",
-        "sub rsp, 512",
-        "fxsave64 [rsp]",
-        "call {write}",
-        "fxrstor64 [rsp]",
-        "mov rsp, rbp",
-        "pop rbp",
-        "pop r11",
-        "pop r10",
-        "pop r9",
-        "pop r8",
-        "pop rdi",
-        "pop rsi",
-        "pop rdx",
-        "pop rcx",
-        "pop rax",
-        "popfq",
-        // Drop the IRQL word without touching the flags, then return past the `mov`.
-        "lea rsp, [rsp + 8]",
-        "ret",
-        write = sym write_irql,
-    )
-}
+// Entered in place of the instruction after a trapped `mov cr8, reg` with [rsp] = the new IRQL and [rsp+8] = the
+// address after the `mov`: the driver expects one instruction that changes no register or flag
+// (register_saving.rs). The IRQL word is eleven pushes above rbp; it is dropped without touching the flags before
+// the return past the `mov`.
+crate::register_saving::saving_trampoline!(
+    write_trampoline => write_irql,
+    argument: ["mov rdi, [rbp + 88]"],
+    ret: ["lea rsp, [rsp + 8]", "ret"]
+);

@@ -44,6 +44,7 @@ pub mod privileged_instructions;
 pub mod processor_block;
 pub mod processor_thunks;
 pub mod race_watch;
+mod register_saving;
 pub mod registry_table;
 pub mod registry_thunks;
 pub mod remove_lock_table;

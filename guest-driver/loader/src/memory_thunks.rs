@@ -24,19 +24,11 @@ site_entry!(IoAllocateMdl_entry => IoAllocateMdl);
 // MmProbeAndLockPages raises its failure into the driver: its stub keeps the driver's registers for the dispatch.
 crate::seh::raise::raising_entry!(MmProbeAndLockPages_entry => MmProbeAndLockPages);
 
-/// The pool routines' import addresses: each puts its return address, the driver's code that called it, into the
-/// fourth argument register (both routines take three) before the call-site stub, so the thunk can name it as
-/// Code integrity checks' P2. r9 is volatile in the Windows x64 convention: the driver expects nothing of it.
-macro_rules! with_return_address {
-    ($import:ident => $entry:path) => {
-        #[unsafe(naked)]
-        unsafe extern "win64" fn $import() {
-            core::arch::naked_asm!("mov r9, [rsp]", "jmp {entry}", entry = sym $entry);
-        }
-    };
-}
-with_return_address!(ExAllocatePool2_import => ExAllocatePool2_entry);
-with_return_address!(ExAllocatePoolWithTag_import => ExAllocatePoolWithTag_entry);
+// The pool routines' import addresses: each puts its return address, the driver's code that called it, into the
+// fourth argument register (both routines take three) before the call-site stub, so the thunk can name it as Code
+// integrity checks' P2.
+crate::register_saving::return_address_in_r9!(ExAllocatePool2_import => ExAllocatePool2_entry);
+crate::register_saving::return_address_in_r9!(ExAllocatePoolWithTag_import => ExAllocatePoolWithTag_entry);
 site_entry!(ExAllocatePoolWithTag_entry => ExAllocatePoolWithTag);
 
 /// What an exception ExAllocatePool2 raises under POOL_FLAG_RAISE_ON_FAILURE carries: Microsoft names no status;

@@ -179,21 +179,13 @@ unsafe extern "win64" fn KeBugCheckEx(code: u32, p1: u64, p2: u64, p3: u64, p4: 
 
 // ---- The C runtime routines ntoskrnl.exe exports ----
 
-/// The copy and fill routines' import addresses: each puts its return address, the driver's call site, into the
-/// fourth argument register (all take three) for the race watch, which reports the bytes they touch in watched
-/// blocks as the binary's accesses there (race_watch.rs). r9 is volatile in the Windows x64 convention.
-macro_rules! with_call_site {
-    ($import:ident => $thunk:ident) => {
-        #[unsafe(naked)]
-        unsafe extern "win64" fn $import() {
-            core::arch::naked_asm!("mov r9, [rsp]", "jmp {thunk}", thunk = sym $thunk);
-        }
-    };
-}
-with_call_site!(memcpy_import => memcpy);
-with_call_site!(memmove_import => memmove);
-with_call_site!(memset_import => memset);
-with_call_site!(memcmp_import => memcmp);
+// The copy and fill routines' import addresses: each puts its return address, the driver's call site, into the
+// fourth argument register (all take three) for the race watch, which reports the bytes they touch in watched
+// blocks as the binary's accesses there (race_watch.rs).
+crate::register_saving::return_address_in_r9!(memcpy_import => memcpy);
+crate::register_saving::return_address_in_r9!(memmove_import => memmove);
+crate::register_saving::return_address_in_r9!(memset_import => memset);
+crate::register_saving::return_address_in_r9!(memcmp_import => memcmp);
 
 /// Runs a CRT routine the driver called from `caller` over `ranges` (address, bytes, written): through the race
 /// watch when a kernel is installed (a thunk called with none is a test's).

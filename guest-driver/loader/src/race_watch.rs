@@ -379,53 +379,12 @@ extern "C" fn after_hook() {
     }
 }
 
-/// `hook_trampoline` is entered in place of a trapped instruction (`after_trampoline` in place of the one after a
-/// stepped read-modify-write) with [rsp] = that instruction's address, 128 bytes below the stack pointer it had. The instruction must find every register and flag as it left them, so everything the System V
-/// `hook` may change is saved (as cr8_emulation's trampoline saves it: the volatile general registers, the flags,
-/// the x87/SSE state), and `ret 128` goes back to it with the stack pointer it had.
-macro_rules! saving_trampoline {
-    ($name:ident => $hook:ident) => {
-        #[unsafe(naked)]
-        unsafe extern "C" fn $name() {
-            core::arch::naked_asm!(
-                "pushfq",
-                "push rax",
-                "push rcx",
-                "push rdx",
-                "push rsi",
-                "push rdi",
-                "push r8",
-                "push r9",
-                "push r10",
-                "push r11",
-                "push rbp",
-                "mov rbp, rsp",
-                "cld",
-                "and rsp, -16",
-                "sub rsp, 512",
-                "fxsave64 [rsp]",
-                "call {hook}",
-                "fxrstor64 [rsp]",
-                "mov rsp, rbp",
-                "pop rbp",
-                "pop r11",
-                "pop r10",
-                "pop r9",
-                "pop r8",
-                "pop rdi",
-                "pop rsi",
-                "pop rdx",
-                "pop rcx",
-                "pop rax",
-                "popfq",
-                "ret 128",
-                hook = sym $hook,
-            )
-        }
-    };
-}
-saving_trampoline!(hook_trampoline => hook);
-saving_trampoline!(after_trampoline => after_hook);
+// `hook_trampoline` is entered in place of a trapped instruction (`after_trampoline` in place of the one after a
+// stepped read-modify-write) with [rsp] = that instruction's address, 128 bytes below the stack pointer it had: the
+// instruction must find every register and flag as it left them (register_saving.rs), and `ret 128` goes back to it
+// with the stack pointer it had.
+crate::register_saving::saving_trampoline!(hook_trampoline => hook, argument: [], ret: ["ret 128"]);
+crate::register_saving::saving_trampoline!(after_trampoline => after_hook, argument: [], ret: ["ret 128"]);
 
 /// The pool tag a `vhca.race_watch` word names: one to four ASCII characters, padded with spaces as Windows pads a
 /// short tag, in the byte order `ExAllocatePoolWithTag` takes it.
