@@ -141,6 +141,14 @@ impl BusDriver for VfioBus {
         // SAFETY: inside the BAR's mapping (checked above).
         bar.region.mapped_ptr().map(|p| unsafe { p.add(offset as usize) })
     }
+
+    fn alias_io_space(&self, base: *mut u8, length: usize) -> Option<*mut u8> {
+        let bar = self.bars.iter().find(|b| {
+            b.region.mapped_ptr().is_some_and(|p| (base as usize).wrapping_sub(p as usize) < b.length as usize)
+        })?;
+        let offset = base as usize - bar.region.mapped_ptr()? as usize;
+        bar.region.second_mapping(offset as u64, length)
+    }
 }
 
 /// Windows' side of an IOMMU fault, which the driver is never told of: while vhca.sys runs, the vIOMMU's fault
@@ -294,6 +302,12 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    // The race watch runs trapped instructions through a second mapping of each watched block, which only shared
+    // memory can have: shared from before the model hands out its first page.
+    let watching = options.interleaving != vhca_ntmodel::InterleavingMode::Off && !options.race_watch.is_empty();
+    if watching {
+        crate::vfio_dma::share_host_memory();
+    }
     let mapper = Arc::new(DmaMapper::new(session.container.clone()));
     let config = crate::driver_run::model_config(options);
     report.verifier = Some(format!("{:#x}", options.verifier.0));
@@ -379,6 +393,13 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         std::thread::sleep(runs_on);
     }
     watcher.stop();
+    if watching {
+        let (aliased, opened) = vhca_loader::race_watch::step_counts();
+        let doorbells = vhca_loader::race_watch::doorbells();
+        progress(format_args!(
+            "race watch: {aliased} accesses through aliases, {opened} with their block open; {doorbells} doorbells"
+        ));
+    }
     report.interrupts = interrupts.map(SysInterrupts::finish);
     report.phases_ms.push(("sys_life", life_started.elapsed().as_secs_f64() * 1000.0));
     let model = kernel().model.clone();

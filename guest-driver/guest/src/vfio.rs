@@ -360,25 +360,30 @@ impl Device {
     }
 
     fn mmap(&self, info: &RegionInfo) -> Option<Mapping> {
-        let len = usize::try_from(info.size).ok()?;
-        let offset = libc::off_t::try_from(info.offset).ok()?;
-        // SAFETY: a fresh shared mapping of the device fd chosen by the kernel (null hint); no existing memory is
-        // touched. The result is checked before use and unmapped exactly once in `Mapping::drop`.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.file.as_raw_fd(),
-                offset,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return None;
-        }
-        NonNull::new(ptr.cast::<u8>()).map(|ptr| Mapping { ptr, len })
+        map_region(&self.file, info.offset, usize::try_from(info.size).ok()?)
     }
+}
+
+/// `len` bytes of the device fd's region space from `offset`, shared, read/write.
+fn map_region(file: &File, offset: u64, len: usize) -> Option<Mapping> {
+    let offset = libc::off_t::try_from(offset).ok()?;
+    // SAFETY: a fresh shared mapping of the device fd chosen by the kernel (null hint); no existing memory is
+    // touched. The result is checked before use and unmapped exactly once in `Mapping::drop` (or by the owner
+    // `Region::second_mapping` hands it to).
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            offset,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(ptr.cast::<u8>()).map(|ptr| Mapping { ptr, len })
 }
 
 #[derive(Debug)]
@@ -445,6 +450,22 @@ impl Region {
 
     pub fn is_mapped(&self) -> bool {
         self.mapping.is_some()
+    }
+
+    /// A second mapping of the region's pages from `offset` (page-aligned), `len` bytes: the same registers at
+    /// another address, which the caller owns and unmaps (the PE loader's race watch steps the driver's trapped
+    /// register accesses through it while the first mapping stays inaccessible). None when the region is not
+    /// mapped or the range is not whole pages inside it.
+    pub fn second_mapping(&self, offset: u64, len: usize) -> Option<*mut u8> {
+        let page = crate::vfio_dma::PAGE_SIZE as u64;
+        let inside = offset.checked_add(len as u64).is_some_and(|end| end <= self.info.size);
+        if self.mapping.is_none() || !inside || !offset.is_multiple_of(page) || !(len as u64).is_multiple_of(page) {
+            return None;
+        }
+        let mapping = map_region(&self.file, self.info.offset + offset, len)?;
+        let ptr = mapping.ptr.as_ptr();
+        std::mem::forget(mapping);
+        Some(ptr)
     }
 
     /// Validates an access; returns the host pointer when the region is mapped.

@@ -2,6 +2,7 @@
 //! The NT model's DMA adapter sits on top of `DmaMapper`; the virtqueues and command buffers live in `DmaRegion`s.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::vfio::{Container, DmaAccess, VfioError};
@@ -161,13 +162,25 @@ impl DmaMapper {
     }
 }
 
+static SHARE_HOST_MEMORY: AtomicBool = AtomicBool::new(false);
+
+/// From now on this process's host memory is mapped shared (still anonymous, still zeroed and lazily populated):
+/// what a run's process does before it makes its model when vhca.sys runs with the race watch on. The process
+/// forks nothing after that point (the agent forks each run before it).
+pub fn share_host_memory() {
+    SHARE_HOST_MEMORY.store(true, Ordering::Relaxed);
+}
+
 fn anonymous_memory(len: usize) -> Result<NonNull<u8>, DmaError> {
     let prot = libc::PROT_READ | libc::PROT_WRITE;
     // Neither populated nor locked: a page is faulted in (zeroed) when first touched, by the CPU or by
     // VFIO_IOMMU_MAP_DMA, which pins the pages it maps for as long as they are mapped. What is never touched costs
     // nothing: vhca.sys reserves a 4 MiB pool block for its Rust heap in DriverEntry and uses a few hundred KB of it,
     // and populating all of it cost every vhca.sys run ~30 ms under TCG.
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // Shared when asked (`share_host_memory`): a shared mapping can be mapped a second time, which the race watch
+    // runs trapped instructions through; a private one cannot.
+    let sharing = if SHARE_HOST_MEMORY.load(Ordering::Relaxed) { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    let flags = sharing | libc::MAP_ANONYMOUS;
     // SAFETY: a new anonymous mapping at an address the kernel picks; no existing memory is affected.
     let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
     if ptr == libc::MAP_FAILED {

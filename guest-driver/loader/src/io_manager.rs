@@ -58,6 +58,12 @@ pub trait BusDriver: Send + Sync {
     }
     /// MmUnmapIoSpace of a range `map_io_space` gave.
     fn unmap_io_space(&self, _base: *mut u8, _length: usize) {}
+    /// A second mapping of the whole pages `base` (page-aligned, inside a range `map_io_space` gave) starts,
+    /// `length` bytes: the same registers elsewhere, owned (and unmapped) by the caller, or None. The race watch
+    /// steps the driver's trapped register accesses through it.
+    fn alias_io_space(&self, _base: *mut u8, _length: usize) -> Option<*mut u8> {
+        None
+    }
 }
 
 /// The bus driver as the I/O manager holds it: every PnP minor code that reached it is noted, so the PnP manager can
@@ -85,6 +91,9 @@ impl BusDriver for PnpWitness {
     }
     fn unmap_io_space(&self, base: *mut u8, length: usize) {
         self.inner.unmap_io_space(base, length)
+    }
+    fn alias_io_space(&self, base: *mut u8, length: usize) -> Option<*mut u8> {
+        self.inner.alias_io_space(base, length)
     }
 }
 

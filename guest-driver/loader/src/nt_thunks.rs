@@ -187,33 +187,45 @@ crate::register_saving::return_address_in_r9!(memmove_import => memmove);
 crate::register_saving::return_address_in_r9!(memset_import => memset);
 crate::register_saving::return_address_in_r9!(memcmp_import => memcmp);
 
-/// Runs a CRT routine the driver called from `caller` over `ranges` (address, bytes, written): through the race
-/// watch when a kernel is installed (a thunk called with none is a test's).
-fn crt<T>(caller: u64, ranges: &[(usize, usize, bool)], f: impl FnOnce() -> T) -> T {
+/// Runs a CRT routine the driver called from `caller` over `ranges` (address, bytes, written) on the addresses
+/// `f` is given, one per range: through the race watch when a kernel is installed, which may hand it a watched
+/// block's alias (a thunk called with none is a test's).
+fn crt<T>(caller: u64, ranges: &[(usize, usize, bool)], f: impl FnOnce(&[usize]) -> T) -> T {
     match crate::kernel_context::installed() {
         Some(k) => k.race_watch.crt_call(caller, ranges, f),
-        None => f(),
+        None => f(&ranges.iter().map(|r| r.0).collect::<Vec<_>>()),
     }
 }
 
 unsafe extern "win64" fn memcpy(d: *mut c_void, s: *const c_void, n: usize, caller: u64) -> *mut c_void {
     // SAFETY: the driver's buffers, as the CRT's contract.
-    crt(caller, &[(s as usize, n, false), (d as usize, n, true)], || unsafe { libc::memcpy(d, s, n) })
+    crt(caller, &[(s as usize, n, false), (d as usize, n, true)], |at| unsafe {
+        libc::memcpy(at[1] as *mut c_void, at[0] as *const c_void, n);
+        d
+    })
 }
 
 unsafe extern "win64" fn memmove(d: *mut c_void, s: *const c_void, n: usize, caller: u64) -> *mut c_void {
     // SAFETY: as memcpy.
-    crt(caller, &[(s as usize, n, false), (d as usize, n, true)], || unsafe { libc::memmove(d, s, n) })
+    crt(caller, &[(s as usize, n, false), (d as usize, n, true)], |at| unsafe {
+        libc::memmove(at[1] as *mut c_void, at[0] as *const c_void, n);
+        d
+    })
 }
 
 unsafe extern "win64" fn memset(d: *mut c_void, c: i32, n: usize, caller: u64) -> *mut c_void {
     // SAFETY: as memcpy.
-    crt(caller, &[(d as usize, n, true)], || unsafe { libc::memset(d, c, n) })
+    crt(caller, &[(d as usize, n, true)], |at| unsafe {
+        libc::memset(at[0] as *mut c_void, c, n);
+        d
+    })
 }
 
 unsafe extern "win64" fn memcmp(a: *const c_void, b: *const c_void, n: usize, caller: u64) -> i32 {
     // SAFETY: as memcpy.
-    crt(caller, &[(a as usize, n, false), (b as usize, n, false)], || unsafe { libc::memcmp(a, b, n) })
+    crt(caller, &[(a as usize, n, false), (b as usize, n, false)], |at| unsafe {
+        libc::memcmp(at[0] as *const c_void, at[1] as *const c_void, n)
+    })
 }
 
 unsafe extern "win64" fn strlen(s: *const c_char) -> usize {
@@ -384,12 +396,23 @@ unsafe extern "win64" fn PoStartNextPowerIrp(_irp: *mut IRP) {}
 // ---- Device registers ----
 
 /// MmMapIoSpaceEx(PhysicalAddress, NumberOfBytes, Protect): the bus driver's mapping of a BAR, or NULL.
+/// While anything is watched, the race watch traps the range too: the binary's stores there are its doorbells,
+/// which the model then sees instead of counting every kernel call as one (`NtModel::trap_doorbells`).
 unsafe extern "win64" fn MmMapIoSpaceEx(physical: i64, length: usize, _protect: u32) -> *mut c_void {
-    kernel().io.bus().map_io_space(physical as u64, length).unwrap_or(std::ptr::null_mut()).cast()
+    let k = kernel();
+    let Some(at) = k.io.bus().map_io_space(physical as u64, length) else { return std::ptr::null_mut() };
+    let device = k.io.device_pdo() as u64;
+    let alias = |first: usize, bytes: usize| k.io.bus().alias_io_space(first as *mut u8, bytes).map(|p| p as usize);
+    if k.race_watch.insert_device_registers(at as usize, length, device, alias) {
+        k.model.trap_doorbells();
+    }
+    at.cast()
 }
 
 unsafe extern "win64" fn MmUnmapIoSpace(base: *mut c_void, length: usize) {
-    kernel().io.bus().unmap_io_space(base.cast(), length)
+    let k = kernel();
+    k.race_watch.remove(base as usize);
+    k.io.bus().unmap_io_space(base.cast(), length)
 }
 
 /// (module, routine, thunk): every routine the model implements for a driver. Modules compare without case.

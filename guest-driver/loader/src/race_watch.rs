@@ -7,24 +7,36 @@
 //!
 //! One trapped access, in three steps:
 //! 1. The fault (`on_fault`, from the SIGSEGV handler) sends the thread, on its own stack, through `hook_trampoline`
-//!    into `hook`: a scheduling point (where a preemption puts another processor's whole update between a load and
-//!    its store) and a watched access named by the instruction's RVA and symbol. Neither belongs in a signal
-//!    handler (the point may pause the thread; both take the model's locks), which is why the thread leaves it.
-//! 2. The same instruction runs again and faults again; now it is expected (`ARMED`), so the handler opens the
-//!    block's pages and sets the trap flag.
-//! 3. After that one instruction the processor traps (SIGTRAP, `on_step`): the pages are closed again.
+//!    into `hook`: for the binary's own instruction a scheduling point (where a preemption puts another
+//!    processor's whole update between a load and its store) and a watched access named by the instruction's RVA
+//!    and symbol; for any instruction its decoding (`redirect.rs`). None of it belongs in a signal handler (the
+//!    point may pause the thread; the report takes the model's locks; the decoder allocates), which is why the
+//!    thread leaves it.
+//! 2. The same instruction runs again and faults again; now it is expected (`ARMED`), so the handler moves the
+//!    registers it addresses the block through into the block's alias (a second mapping of the same pages, made
+//!    when the block is watched) and sets the trap flag.
+//! 3. After that one instruction the processor traps (SIGTRAP, `on_step`): the registers are moved back.
 //!
-//! What it cannot see: an access another processor makes to the same block during step 2's one instruction (the
-//! pages are open for every thread then; a miss, never a false report); the access's width (the detector is told of
-//! its first byte). A copy the binary hands to a CRT routine (memcpy, memmove, memset, memcmp: ntoskrnl.exe's
-//! exports, bound to libc's) is reported by the routine's thunk, bytes and call site, before it runs with the blocks
-//! open (`crt_call`); a fault in other code outside the image (the loader's own, inside a kernel call) is stepped
-//! and not reported. Paged pool is never watched (Force IRQL checking's trim owns its protection).
+//! The block's own pages are never opened on this path, so every access by every thread traps, however close
+//! together. Only an instruction the decoding cannot move (it also uses its address register as data, or a
+//! repeated string instruction), or a block without an alias (private memory: the guest's backend maps its memory
+//! shared while the watch is on), is stepped with the block's pages open instead: for that one instruction another
+//! processor's access to the block is missed (a miss, never a false report). `step_counts` tells how many ran
+//! which way, and a vhca.sys run prints them. What else it cannot see: the access's width (the detector is told
+//! of its first byte). A copy the binary hands to a CRT routine (memcpy, memmove, memset, memcmp: ntoskrnl.exe's
+//! exports, bound to libc's) is reported by the routine's thunk, bytes and call site, and runs on the blocks'
+//! aliases (`crt_call`); a fault in other code outside the image (the loader's own, inside a kernel call) goes
+//! through the alias too and is not reported. Paged pool is never watched (Force IRQL checking's trim owns its
+//! protection).
 
-use std::cell::Cell;
+mod redirect;
+
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+
+use redirect::{Aliases, Plan, Shifts};
 
 const PAGE: usize = 4096;
 /// RFLAGS.TF: the processor traps after the next instruction.
@@ -33,12 +45,54 @@ const TRAP_FLAG: i64 = 0x100;
 /// fault in code of this process's own convention (the Windows x64 code of the binary keeps nothing below rsp).
 const RED_ZONE: i64 = 128;
 
-/// One watched block: its pages (whole, from `first`), its model address at `first`, and how many threads are
-/// stepping an instruction with them open.
+/// One watched block: its pages (whole, from `first`), its model address at `first`, its alias (a second mapping
+/// of the same pages, always accessible, that stepped instructions and CRT copies go through; 0 when the pages
+/// cannot have one), and how many threads are stepping an instruction with them open (only without an alias).
 struct Block {
     bytes: usize,
     model_first: u64,
+    alias: usize,
     open: u32,
+    /// Device registers (`insert_device_registers`), of this device: the binary's stores there are doorbells,
+    /// not watched memory.
+    device: Option<u64>,
+}
+
+/// What an address in a watched block is to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Watched memory, at this model address.
+    Memory(u64),
+    /// A register of this device.
+    Device(u64),
+}
+
+/// How the watched accesses of this process ran: through an alias, or with their block open (the miss window).
+static THROUGH_ALIAS: AtomicU64 = AtomicU64::new(0);
+static WITH_BLOCK_OPEN: AtomicU64 = AtomicU64::new(0);
+/// The binary's stores to device registers the watch reported as doorbells.
+static DOORBELLS: AtomicU64 = AtomicU64::new(0);
+
+/// (accesses stepped through an alias, accesses and CRT calls stepped with their block open) so far.
+pub fn step_counts() -> (u64, u64) {
+    (THROUGH_ALIAS.load(Ordering::Relaxed), WITH_BLOCK_OPEN.load(Ordering::Relaxed))
+}
+
+/// The binary's stores to device registers reported as doorbells so far.
+pub fn doorbells() -> u64 {
+    DOORBELLS.load(Ordering::Relaxed)
+}
+
+impl Aliases for BTreeMap<usize, Block> {
+    fn alias_of(&self, address: u64) -> Option<(u64, u64, u64)> {
+        let address = usize::try_from(address).ok()?;
+        let (first, block) = self.range(..=address).next_back()?;
+        (address - first < block.bytes && block.alias != 0).then_some((
+            *first as u64,
+            block.bytes as u64,
+            block.alias as u64,
+        ))
+    }
 }
 
 /// The pool tags to watch and the blocks of them the driver holds, by the process address of their first page.
@@ -57,6 +111,11 @@ pub struct WatchList {
 }
 
 impl WatchList {
+    /// Nothing to watch.
+    pub fn is_empty(&self) -> bool {
+        self.tags.is_empty() && !self.common_buffers
+    }
+
     /// `TAG[,TAG...]` with `common-buffers` among them or alone; the word that is neither is the error.
     pub fn parse(text: &str) -> Result<WatchList, String> {
         let mut list = WatchList::default();
@@ -73,14 +132,22 @@ impl WatchList {
 thread_local! {
     /// The instruction whose access `hook` has seen: its next fault on watched pages is stepped, not hooked again.
     static ARMED: Cell<usize> = const { Cell::new(0) };
-    /// What the fault hands `hook`: the address touched, the instruction, and whether it was a write.
-    static PENDING: Cell<(usize, usize, bool)> = const { Cell::new((0, 0, false)) };
+    /// What the fault hands `hook`: the address touched, the instruction, whether it was a write, and whether the
+    /// instruction is the binary's (reported) or the loader's own (only decoded).
+    static PENDING: Cell<(usize, usize, bool, bool)> = const { Cell::new((0, 0, false, false)) };
+    /// The armed instruction as `hook` decoded it, for running it through its blocks' aliases.
+    static PLAN: Cell<Plan> = const { Cell::new(Plan::EMPTY) };
+    /// The register moves of the instruction this thread is stepping through aliases, undone after it.
+    static SHIFTED: Cell<Shifts> = const { Cell::new([None; 2]) };
+    /// The decoder's scratch, kept per thread (it allocates once).
+    static DECODER: RefCell<Option<iced_x86::InstructionInfoFactory>> = const { RefCell::new(None) };
     /// The blocks this thread opened for the instruction it is stepping (two: one instruction may touch two).
     static STEPPING: Cell<[usize; 2]> = const { Cell::new([0; 2]) };
-    /// A hooked read being stepped: its address, the instruction, and the bytes there before it ran. A
-    /// read-modify-write instruction (`inc qword [rax]`) faults as a read under QEMU's TCG, which loads first, so
-    /// whether it also wrote is told by the bytes after the step.
-    static READ_STEP: Cell<(usize, usize, u64)> = const { Cell::new((0, 0, 0)) };
+    /// A hooked read being stepped: where its bytes can be read (the alias, or the block opened), its address,
+    /// the instruction, and the bytes there before it ran. A read-modify-write instruction (`inc qword [rax]`)
+    /// faults as a read under QEMU's TCG, which loads first, so whether it also wrote is told by the bytes after
+    /// the step.
+    static READ_STEP: Cell<(usize, usize, usize, u64)> = const { Cell::new((0, 0, 0, 0)) };
     /// What `after_hook` reports: a stepped read that changed its bytes, at this address, by this instruction.
     static WROTE: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
     /// Blocks this thread was given and has not passed a scheduling point since (first page, bytes): closed at its
@@ -106,7 +173,7 @@ fn protect_pending() {
     }
 }
 
-/// Up to 8 bytes at `address`, within its page (open: the caller stepped or is stepping it).
+/// Up to 8 bytes at `address`, within its page (an alias, or a block the caller stepped or is stepping open).
 ///
 /// # Safety
 /// The page holding `address` is accessible.
@@ -119,6 +186,19 @@ unsafe fn bytes_at(address: usize) -> u64 {
 }
 
 static TRAP_HANDLER: AtomicBool = AtomicBool::new(false);
+
+/// A second mapping of the `bytes` at `first`, read/write, or 0 when the pages cannot have one: mremap with an old
+/// size of 0 duplicates a shared mapping and refuses a private one (the guest's backend maps its memory shared
+/// while the watch is on, for this).
+fn alias_of_pages(first: usize, bytes: usize) -> usize {
+    // SAFETY: a new mapping at an address the kernel picks; the pages at `first` stay where they are (old size 0).
+    let alias = unsafe { libc::mremap(first as *mut libc::c_void, 0, bytes, libc::MREMAP_MAYMOVE) };
+    if alias == libc::MAP_FAILED {
+        return 0;
+    }
+    protect(alias as usize, bytes, true);
+    alias as usize
+}
 
 /// Sets the protection of whole pages at `at`.
 fn protect(at: usize, bytes: usize, accessible: bool) {
@@ -139,7 +219,8 @@ impl RaceWatch {
         RaceWatch { tags: list.tags, common_buffers: list.common_buffers, blocks: Mutex::default() }
     }
 
-    fn is_on(&self) -> bool {
+    /// Whether anything is watched.
+    pub fn is_on(&self) -> bool {
         !self.tags.is_empty() || self.common_buffers
     }
 
@@ -171,61 +252,140 @@ impl RaceWatch {
         let first = at - at % PAGE;
         let bytes = (at + bytes).div_ceil(PAGE) * PAGE - first;
         let model_first = model_va - (at - first) as u64;
-        crate::lock(&self.blocks).insert(first, Block { bytes, model_first, open: 0 });
+        let alias = alias_of_pages(first, bytes);
+        crate::lock(&self.blocks).insert(first, Block { bytes, model_first, alias, open: 0, device: None });
         PENDING_BLOCKS.with(|p| p.borrow_mut().push((first, bytes)));
     }
 
-    /// The block at `at` is being freed: accessible again first, as the model reuses its pages.
+    /// The device registers the bus mapped at `at` (`bytes`) for `device`, when anything is watched: trapped from
+    /// now on, so the binary's stores there reach the model as its doorbells (`binary_doorbell`) and kernel calls
+    /// need not stand in for them. `alias` maps the same whole pages a second time (given their first address and
+    /// length), through which the trapped accesses run. True when they are trapped.
+    pub fn insert_device_registers(
+        &self,
+        at: usize,
+        bytes: usize,
+        device: u64,
+        alias: impl FnOnce(usize, usize) -> Option<usize>,
+    ) -> bool {
+        if !self.is_on() || at == 0 || bytes == 0 {
+            return false;
+        }
+        let first = at - at % PAGE;
+        let bytes = (at + bytes).div_ceil(PAGE) * PAGE - first;
+        let alias = alias(first, bytes).unwrap_or(0);
+        crate::lock(&self.blocks).insert(first, Block { bytes, model_first: 0, alias, open: 0, device: Some(device) });
+        // At once: the driver may ring a doorbell before its next kernel call.
+        protect(first, bytes, false);
+        true
+    }
+
+    /// The block at `at` is being freed (or device registers unmapped): accessible again first, as the model
+    /// reuses its pages.
     pub fn remove(&self, at: usize) {
         let first = at - at % PAGE;
         if let Some(block) = crate::lock(&self.blocks).remove(&first) {
             protect(first, block.bytes, true);
+            if block.alias != 0 {
+                // SAFETY: the alias `watch` made of this block, which only stepped instructions of the watch use.
+                unsafe { libc::munmap(block.alias as *mut libc::c_void, block.bytes) };
+            }
         }
     }
 
     /// A CRT routine (memcpy, memmove, memset, memcmp) the binary called from `caller` over `ranges` (address,
     /// bytes, written): the bytes of each in a watched block are reported as the binary's access at its call site,
-    /// then `f` runs with those blocks open (a copy through them would otherwise fault at every instruction).
-    pub fn crt_call<T>(&self, caller: u64, ranges: &[(usize, usize, bool)], f: impl FnOnce() -> T) -> T {
+    /// then `f` runs on the addresses it is given, one per range. Where every range that touches a watched block
+    /// lies in one aliased block, those are the ranges' places in the aliases; else they are the ranges
+    /// themselves, with the blocks they touch open (a copy through them would otherwise fault at every
+    /// instruction). All or none: memmove orders an overlapping copy by comparing its two addresses.
+    pub fn crt_call<T>(&self, caller: u64, ranges: &[(usize, usize, bool)], f: impl FnOnce(&[usize]) -> T) -> T {
+        let mut at: Vec<usize> = ranges.iter().map(|r| r.0).collect();
         if !self.is_on() {
-            return f();
+            return f(&at);
         }
-        let mut opened = Vec::new();
-        for &(at, bytes, write) in ranges.iter().filter(|r| r.1 > 0) {
-            let touched: Vec<(usize, u64, u64)> = {
+        let mut views = at.clone();
+        let mut touched: Vec<usize> = Vec::new();
+        let mut through_aliases = true;
+        for (&(start, bytes, write), view) in ranges.iter().zip(views.iter_mut()).filter(|(r, _)| r.1 > 0) {
+            let parts: Vec<(usize, Target, u64)> = {
                 let blocks = crate::lock(&self.blocks);
+                let alias = blocks.alias_of(start as u64).filter(|(f, b, _)| (start + bytes) as u64 <= f + b);
+                if let Some((first, _, alias)) = alias {
+                    *view = alias as usize + (start - first as usize);
+                }
                 blocks
-                    .range(..at + bytes)
-                    .filter(|(first, b)| **first + b.bytes > at)
+                    .range(..start + bytes)
+                    .filter(|(first, b)| **first + b.bytes > start)
                     .map(|(first, b)| {
-                        let start = at.max(*first);
-                        let end = (at + bytes).min(first + b.bytes);
-                        (*first, b.model_first + (start - first) as u64, (end - start) as u64)
+                        let from = start.max(*first);
+                        let end = (start + bytes).min(first + b.bytes);
+                        let target = match b.device {
+                            Some(device) => Target::Device(device),
+                            None => Target::Memory(b.model_first + (from - first) as u64),
+                        };
+                        (*first, target, (end - from) as u64)
                     })
                     .collect()
             };
-            for (first, va, len) in touched {
+            through_aliases &= parts.is_empty() || *view != start;
+            for (first, target, len) in parts {
                 if let Some(k) = crate::kernel_context::installed() {
                     // The call's own byte names the site: a return address may begin the next routine.
                     let site = crate::driver_fault::image_site(caller.saturating_sub(1));
-                    k.model.binary_access(va, len, write, &site);
+                    match target {
+                        Target::Memory(va) => k.model.binary_access(va, len, write, &site),
+                        Target::Device(device) if write => k.model.binary_doorbell(device, &site),
+                        Target::Device(_) => {}
+                    }
                 }
-                self.open(first);
-                opened.push(first);
+                touched.push(first);
             }
         }
-        let result = f();
-        for first in opened {
+        if touched.is_empty() {
+            return f(&at);
+        }
+        if through_aliases {
+            THROUGH_ALIAS.fetch_add(1, Ordering::Relaxed);
+            at = views;
+            return f(&at);
+        }
+        WITH_BLOCK_OPEN.fetch_add(1, Ordering::Relaxed);
+        for first in &touched {
+            self.open(*first);
+        }
+        let result = f(&at);
+        for first in touched {
             self.close(first);
         }
         result
     }
 
-    /// The watched block holding `address`: its first page's address and the model address of `address`.
-    fn block_of(&self, address: usize) -> Option<(usize, u64)> {
+    /// The watched block holding `address`: its first page's address and what `address` is in it.
+    fn block_of(&self, address: usize) -> Option<(usize, Target)> {
         let blocks = crate::lock(&self.blocks);
         let (first, block) = blocks.range(..=address).next_back()?;
-        (address - first < block.bytes).then(|| (*first, block.model_first + (address - first) as u64))
+        (address - first < block.bytes).then(|| {
+            let target = match block.device {
+                Some(device) => Target::Device(device),
+                None => Target::Memory(block.model_first + (address - first) as u64),
+            };
+            (*first, target)
+        })
+    }
+
+    /// The device whose registers hold `address`, when they are watched.
+    fn device_of(&self, address: usize) -> Option<u64> {
+        match self.block_of(address)?.1 {
+            Target::Device(device) => Some(device),
+            Target::Memory(_) => None,
+        }
+    }
+
+    /// Where `address`, in a watched block, is in that block's alias.
+    fn alias_address(&self, address: usize) -> Option<usize> {
+        let (first, _, alias) = crate::lock(&self.blocks).alias_of(address as u64)?;
+        Some(alias as usize + (address - first as usize))
     }
 
     /// Opens the block at `first` for one stepped instruction.
@@ -262,10 +422,33 @@ pub(crate) unsafe fn on_fault(address: usize, write: bool, in_driver: bool, cont
     let gregs = &mut context.uc_mcontext.gregs;
     let rip = gregs[libc::REG_RIP as usize] as usize;
     let stepping = STEPPING.get();
-    let step = ARMED.get() == rip || !in_driver || stepping[0] != 0;
-    if step {
-        // The hooked instruction again, one not the binary's, or a second block the stepped instruction touches.
-        let hooked = ARMED.replace(0) == rip;
+    let shifted = SHIFTED.get()[0].is_some();
+    let hooked = ARMED.get() == rip;
+    if hooked && !shifted && stepping[0] == 0 {
+        ARMED.set(0);
+        // The hooked instruction again: through its blocks' aliases when `hook` could plan it.
+        let plan = PLAN.replace(Plan::EMPTY);
+        let shifts = (plan.rip == rip).then(|| plan.shifts(&gregs[..], &*crate::lock(&k.race_watch.blocks))).flatten();
+        if let Some(shifts) = shifts {
+            for s in shifts.iter().flatten() {
+                gregs[s.greg] = (gregs[s.greg] as u64).wrapping_add(s.amount) as i64;
+            }
+            SHIFTED.set(shifts);
+            THROUGH_ALIAS.fetch_add(1, Ordering::Relaxed);
+            if in_driver && !write && k.race_watch.device_of(address).is_none() {
+                if let Some(view) = k.race_watch.alias_address(address) {
+                    // SAFETY: an alias page, always accessible.
+                    READ_STEP.set((view, address, rip, unsafe { bytes_at(view) }));
+                }
+            }
+            gregs[libc::REG_EFL as usize] |= TRAP_FLAG;
+            return true;
+        }
+    }
+    if hooked || shifted || stepping[0] != 0 {
+        // Stepped with its block open: the hooked instruction no alias could take, or a second block the stepped
+        // instruction touches.
+        ARMED.set(0);
         let slot = usize::from(stepping[0] != 0);
         if stepping[slot] != 0 {
             // A third block in one instruction: nothing does that; leave it to the default verdicts.
@@ -274,15 +457,16 @@ pub(crate) unsafe fn on_fault(address: usize, write: bool, in_driver: bool, cont
         let mut now = stepping;
         now[slot] = first;
         STEPPING.set(now);
+        WITH_BLOCK_OPEN.fetch_add(1, Ordering::Relaxed);
         k.race_watch.open(first);
-        if hooked && !write {
+        if hooked && in_driver && !write && k.race_watch.device_of(address).is_none() {
             // SAFETY: the block holding `address` was just opened.
-            READ_STEP.set((address, rip, unsafe { bytes_at(address) }));
+            READ_STEP.set((address, address, rip, unsafe { bytes_at(address) }));
         }
         gregs[libc::REG_EFL as usize] |= TRAP_FLAG;
         return true;
     }
-    PENDING.set((address, rip, write));
+    PENDING.set((address, rip, write, in_driver));
     // A call of `hook_trampoline` from below the red zone: [rsp] the instruction to run again, which the
     // trampoline's `ret 128` returns to with the stack pointer as it was.
     let rsp = gregs[libc::REG_RSP as usize] - RED_ZONE - 8;
@@ -293,25 +477,29 @@ pub(crate) unsafe fn on_fault(address: usize, write: bool, in_driver: bool, cont
     true
 }
 
-/// The instruction after a watched access ran under the trap flag: its blocks close and the flag is cleared.
-/// False when the thread stepped nothing (not the watch's trap).
+/// The instruction after a watched access ran under the trap flag: its register moves are undone, its opened
+/// blocks close, and the flag is cleared. False when the thread stepped nothing (not the watch's trap).
 ///
 /// # Safety
 /// `context` is this SIGTRAP's ucontext.
 unsafe fn on_step(context: &mut libc::ucontext_t) -> bool {
     let stepping = STEPPING.replace([0; 2]);
-    if stepping[0] == 0 {
+    let shifted = SHIFTED.replace([None; 2]);
+    if stepping[0] == 0 && shifted[0].is_none() {
         return false;
     }
-    let (read_at, read_by, before) = READ_STEP.replace((0, 0, 0));
-    // SAFETY: the stepped read's block is still open (it closes below).
-    let wrote = read_at != 0 && unsafe { bytes_at(read_at) } != before;
+    let gregs = &mut context.uc_mcontext.gregs;
+    for s in shifted.iter().flatten().filter(|s| s.restore) {
+        gregs[s.greg] = (gregs[s.greg] as u64).wrapping_sub(s.amount) as i64;
+    }
+    let (view, read_at, read_by, before) = READ_STEP.replace((0, 0, 0, 0));
+    // SAFETY: the stepped read's alias, or its block, still open (it closes below).
+    let wrote = view != 0 && unsafe { bytes_at(view) } != before;
     if let Some(k) = crate::kernel_context::installed() {
         for first in stepping.into_iter().filter(|f| *f != 0) {
             k.race_watch.close(first);
         }
     }
-    let gregs = &mut context.uc_mcontext.gregs;
     gregs[libc::REG_EFL as usize] &= !TRAP_FLAG;
     if wrote {
         // Out of the handler to report the write (the model's locks), then on to the next instruction.
@@ -354,17 +542,46 @@ fn install_trap_handler() {
     }
 }
 
-/// Step 1, on the driver's thread and stack: the access's scheduling point and its report to the race detector,
-/// then the instruction runs again (`ARMED`).
+/// Step 1, on the interrupted thread and stack: for the binary's access, its scheduling point and its report to
+/// the race detector; for any, the instruction's decoding, so that it can run through the block's alias; then the
+/// instruction runs again (`ARMED`).
 extern "C" fn hook() {
-    let (address, rip, write) = PENDING.get();
-    if let Some(k) = crate::kernel_context::installed() {
-        if let Some((_, va)) = k.race_watch.block_of(address) {
-            let site = crate::driver_fault::image_site(rip as u64);
-            k.model.binary_access(va, 1, write, &site);
+    let (address, rip, write, in_driver) = PENDING.get();
+    if in_driver {
+        if let Some(k) = crate::kernel_context::installed() {
+            let site = || crate::driver_fault::image_site(rip as u64);
+            match k.race_watch.block_of(address) {
+                Some((_, Target::Memory(va))) => k.model.binary_access(va, 1, write, &site()),
+                Some((_, Target::Device(device))) if write => {
+                    DOORBELLS.fetch_add(1, Ordering::Relaxed);
+                    k.model.binary_doorbell(device, &site())
+                }
+                _ => {}
+            }
         }
     }
+    PLAN.set(decode_at(rip).unwrap_or(Plan::EMPTY));
     ARMED.set(rip);
+}
+
+/// The instruction at `rip` as `redirect::decode` reads it. Its bytes are read within its page first: one that
+/// runs on into the next page has that page mapped (the processor fetched it before the access faulted).
+fn decode_at(rip: usize) -> Option<Plan> {
+    DECODER.with(|decoder| {
+        let mut decoder = decoder.borrow_mut();
+        let info = decoder.get_or_insert_with(iced_x86::InstructionInfoFactory::new);
+        let in_page = (PAGE - rip % PAGE).min(redirect::MAX_INSTRUCTION);
+        // SAFETY: code the thread was running, within its page.
+        let code = unsafe { std::slice::from_raw_parts(rip as *const u8, in_page) };
+        redirect::decode(rip, code, info).or_else(|| {
+            if in_page == redirect::MAX_INSTRUCTION {
+                return None;
+            }
+            // SAFETY: as above, the instruction's bytes running on into the next page.
+            let code = unsafe { std::slice::from_raw_parts(rip as *const u8, redirect::MAX_INSTRUCTION) };
+            redirect::decode(rip, code, info)
+        })
+    })
 }
 
 /// After a stepped read that changed its bytes (a read-modify-write): the write, reported without a point of its
@@ -372,7 +589,7 @@ extern "C" fn hook() {
 extern "C" fn after_hook() {
     let (address, rip) = WROTE.replace((0, 0));
     if let Some(k) = crate::kernel_context::installed() {
-        if let Some((_, va)) = k.race_watch.block_of(address) {
+        if let Some((_, Target::Memory(va))) = k.race_watch.block_of(address) {
             let site = crate::driver_fault::image_site(rip as u64);
             k.model.binary_write_after_read(va, 1, &site);
         }
@@ -428,8 +645,9 @@ mod tests {
         watch.insert(block + 16, 8, 0x5000_0010, 6);
         assert_eq!(watch.block_of(block + 16), None, "an unwatched tag");
         watch.insert(block + 16, PAGE, 0x5000_0010, 7);
-        assert_eq!(watch.block_of(block + 20), Some((block, 0x5000_0014)));
-        assert_eq!(watch.block_of(block + 2 * PAGE - 1), Some((block, 0x5000_0000 + 2 * PAGE as u64 - 1)));
+        assert_eq!(watch.block_of(block + 20), Some((block, Target::Memory(0x5000_0014))));
+        let last = Target::Memory(0x5000_0000 + 2 * PAGE as u64 - 1);
+        assert_eq!(watch.block_of(block + 2 * PAGE - 1), Some((block, last)));
         assert_eq!(watch.block_of(block + 2 * PAGE), None, "past its last page");
         watch.open(block);
         watch.open(block);

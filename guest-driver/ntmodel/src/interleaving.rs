@@ -24,6 +24,7 @@ mod vector_clock;
 
 use std::fmt;
 use std::panic::Location;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use vhca_ntapi::KIRQL;
@@ -125,6 +126,8 @@ pub enum PointKind {
     /// of its own (the loader's race watch traps it): the point a C driver's `entry->count++` has between its load
     /// and its store.
     BinaryAccess { va: u64, write: bool },
+    /// A driver binary is about to store to its device's registers (the loader's race watch traps it): a doorbell.
+    Doorbell,
 }
 
 impl fmt::Display for PointKind {
@@ -139,6 +142,7 @@ impl fmt::Display for PointKind {
             PointKind::WorkStart(item) => write!(f, "work item {item:#x}"),
             PointKind::BinaryAccess { va, write: false } => write!(f, "load {va:#x}"),
             PointKind::BinaryAccess { va, write: true } => write!(f, "store {va:#x}"),
+            PointKind::Doorbell => write!(f, "doorbell"),
         }
     }
 }
@@ -278,7 +282,7 @@ impl NtModel {
         }
         let scope = call_scope::enter(Location::caller());
         self.point(PointKind::KernelCall(name));
-        if self.config.interleaving.kicks_at_every_call {
+        if self.config.interleaving.kicks_at_every_call && !self.doorbells_trapped.load(Ordering::Relaxed) {
             self.hb_release(SyncObject::Device(ANY_DEVICE));
         }
         Some(scope)
@@ -379,6 +383,26 @@ impl NtModel {
             return;
         }
         call_scope::with_label(site, || self.watched_access(Watched::Memory { va, len }, Access::Write))
+    }
+
+    /// From now on the PE loader traps the binary's stores to its device's registers and reports each
+    /// (`binary_doorbell`): kernel calls no longer count as doorbells, whatever `kicks_at_every_call` says.
+    pub fn trap_doorbells(&self) {
+        self.doorbells_trapped.store(true, Ordering::Relaxed);
+    }
+
+    /// A driver binary's own store to `device`'s registers, trapped by the PE loader's race watch at `site`: a
+    /// scheduling point (the device may act on it at once), then the device is told to act (`device_kicked`), so
+    /// an interrupt delivered later is ordered after everything the storing thread did before. Off: returns at
+    /// once.
+    pub fn binary_doorbell(&self, device: u64, site: &str) {
+        if !self.interleaving_on() {
+            return;
+        }
+        call_scope::with_label(site, || {
+            self.point(PointKind::Doorbell);
+            self.device_kicked(device);
+        })
     }
 
     /// Names a race's object (outside the engine's lock: naming memory looks at the model's books) and keeps it.

@@ -140,6 +140,9 @@ pub struct NtModel {
     /// The scheduling points' log, the pauses and the race detector (built at the first hook of a run whose
     /// interleaving mode is not Off).
     interleaving_engine: interleaving::engine::Engine,
+    /// The PE loader traps the binary's stores to its device's registers (`binary_doorbell`): kernel calls stop
+    /// counting as doorbells (`InterleavingConfig::kicks_at_every_call`).
+    doorbells_trapped: std::sync::atomic::AtomicBool,
     timers: timer::Timers,
     interrupts: interrupt::Interrupts,
     workers: work_item::SystemWorkers,
@@ -185,6 +188,7 @@ impl NtModel {
             dpcs: dpc::Dpcs::new(),
             dispatcher: dispatcher::Dispatcher::new(),
             interleaving_engine: interleaving::engine::Engine::default(),
+            doorbells_trapped: std::sync::atomic::AtomicBool::new(false),
             timers: timer::Timers::new(),
             interrupts: interrupt::Interrupts::default(),
             workers: work_item::SystemWorkers::default(),

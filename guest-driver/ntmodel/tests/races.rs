@@ -167,3 +167,63 @@ fn with_the_mode_off_nothing_is_recorded_or_reported() {
     assert_eq!(k.race_reports(), vec![]);
     assert_eq!(k.schedule_points(), vec![]);
 }
+
+/// A passive path's store, then a kernel call, then an ISR's store to the same bytes on another thread, with a
+/// doorbell of the passive path's (`binary_doorbell`) before its store or not at all. `kicks` counts every kernel
+/// call as a doorbell (vhca.sys's default); `trapped` is the loader trapping the binary's real doorbells instead.
+fn passive_then_isr(kicks: bool, trapped: bool, doorbell_before_store: bool) -> Vec<RaceReport> {
+    const PDO: PDEVICE_OBJECT = PDEVICE_OBJECT(0xFFFF_C000_0000_1000);
+    let interleaving =
+        InterleavingConfig { mode: InterleavingMode::Record, kicks_at_every_call: kicks, ..Default::default() };
+    let k = NtModel::for_tests(NtModelConfig { interleaving, ..NtModelConfig::default() }).0;
+    let p = k.ExAllocatePoolWithTag(POOL_TYPE::NonPagedPoolNx, 64, TAG);
+    k.assign_interrupts(PDO, vhca_ntmodel::InterruptResources::Messages(1));
+    let weak = Arc::downgrade(&k);
+    let isr: PKMESSAGE_SERVICE_ROUTINE = Arc::new(move |_, _| {
+        weak.upgrade().unwrap().binary_access(p.0, 8, true, "vhca.sys+0x2000 (isr)");
+        true
+    });
+    let parameters = IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
+        PhysicalDeviceObject: PDO,
+        MessageServiceRoutine: isr,
+        SpinLock: PKSPIN_LOCK::NULL,
+        SynchronizeIrql: PASSIVE_LEVEL,
+        FloatingSave: false,
+        FallBackServiceRoutine: None,
+    };
+    let _connection = k.IoConnectInterruptEx(parameters).expect("connect");
+    if trapped {
+        k.trap_doorbells();
+    }
+    one_then_other(
+        &k,
+        |k| {
+            if doorbell_before_store {
+                k.binary_access(p.0, 8, true, "vhca.sys+0x1000 (passive)");
+                k.binary_doorbell(PDO.0, "vhca.sys+0x1010 (doorbell)");
+            } else {
+                k.binary_doorbell(PDO.0, "vhca.sys+0x1010 (doorbell)");
+                k.binary_access(p.0, 8, true, "vhca.sys+0x1000 (passive)");
+            }
+            // A kernel call after the store: a doorbell only while every call counts as one.
+            k.KeGetCurrentProcessorNumberEx(None);
+        },
+        |k| assert!(k.deliver(PDO, 0)),
+    );
+    k.race_reports()
+}
+
+#[test]
+fn a_store_after_the_doorbell_races_the_isr_unless_every_kernel_call_counts_as_a_doorbell() {
+    assert!(passive_then_isr(true, false, false).is_empty(), "hidden by the kernel call's implied kick");
+    let reports = passive_then_isr(true, true, false);
+    assert_eq!(reports.len(), 1, "with the binary's doorbells trapped the call kicks nothing: {reports:#?}");
+    assert!(reports[0].earlier.site.contains("passive") && reports[0].later.site.contains("isr"), "{reports:#?}");
+    assert!(passive_then_isr(false, false, false).len() == 1, "the native transport's kicks alone");
+}
+
+#[test]
+fn a_store_before_the_doorbell_is_ordered_before_the_isr_it_rings_for() {
+    assert!(passive_then_isr(true, true, true).is_empty());
+    assert!(passive_then_isr(false, false, true).is_empty());
+}

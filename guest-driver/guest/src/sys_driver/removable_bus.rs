@@ -51,6 +51,9 @@ impl<B: BusDriver> BusDriver for RemovableBus<B> {
             b.unmap_io_space(base, length)
         }
     }
+    fn alias_io_space(&self, base: *mut u8, length: usize) -> Option<*mut u8> {
+        self.bus().as_ref().and_then(|b| b.alias_io_space(base, length))
+    }
 }
 
 #[cfg(test)]
