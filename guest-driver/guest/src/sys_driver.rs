@@ -395,9 +395,10 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     watcher.stop();
     if watching {
         let (aliased, opened) = vhca_loader::race_watch::step_counts();
-        let doorbells = vhca_loader::race_watch::doorbells();
+        let (doorbells, copies) = (vhca_loader::race_watch::doorbells(), vhca_loader::race_watch::copied());
         progress(format_args!(
-            "race watch: {aliased} accesses through aliases, {opened} with their block open; {doorbells} doorbells"
+            "race watch: {aliased} accesses through aliases ({copies} as copies), {opened} with their block open; \
+             {doorbells} doorbells"
         ));
     }
     report.interrupts = interrupts.map(SysInterrupts::finish);

@@ -29,6 +29,7 @@
 //! through the alias too and is not reported. Paged pool is never watched (Force IRQL checking's trim owns its
 //! protection).
 
+mod out_of_line;
 mod redirect;
 
 use std::cell::{Cell, RefCell};
@@ -36,7 +37,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use redirect::{Aliases, Plan, Shifts};
+use redirect::{Access, Aliases, Plan, Shifts};
 
 const PAGE: usize = 4096;
 /// RFLAGS.TF: the processor traps after the next instruction.
@@ -70,12 +71,19 @@ enum Target {
 /// How the watched accesses of this process ran: through an alias, or with their block open (the miss window).
 static THROUGH_ALIAS: AtomicU64 = AtomicU64::new(0);
 static WITH_BLOCK_OPEN: AtomicU64 = AtomicU64::new(0);
+/// Of the accesses through an alias, those run as a copy of their instruction (one signal, not three).
+static AS_COPIES: AtomicU64 = AtomicU64::new(0);
 /// The binary's stores to device registers the watch reported as doorbells.
 static DOORBELLS: AtomicU64 = AtomicU64::new(0);
 
 /// (accesses stepped through an alias, accesses and CRT calls stepped with their block open) so far.
 pub fn step_counts() -> (u64, u64) {
     (THROUGH_ALIAS.load(Ordering::Relaxed), WITH_BLOCK_OPEN.load(Ordering::Relaxed))
+}
+
+/// Of `step_counts`' accesses through an alias, those that ran as copies of their instruction so far.
+pub fn copied() -> u64 {
+    AS_COPIES.load(Ordering::Relaxed)
 }
 
 /// The binary's stores to device registers reported as doorbells so far.
@@ -87,11 +95,7 @@ impl Aliases for BTreeMap<usize, Block> {
     fn alias_of(&self, address: u64) -> Option<(u64, u64, u64)> {
         let address = usize::try_from(address).ok()?;
         let (first, block) = self.range(..=address).next_back()?;
-        (address - first < block.bytes && block.alias != 0).then_some((
-            *first as u64,
-            block.bytes as u64,
-            block.alias as u64,
-        ))
+        (address - first < block.bytes).then_some((*first as u64, block.bytes as u64, block.alias as u64))
     }
 }
 
@@ -135,6 +139,10 @@ thread_local! {
     /// What the fault hands `hook`: the address touched, the instruction, whether it was a write, and whether the
     /// instruction is the binary's (reported) or the loader's own (only decoded).
     static PENDING: Cell<(usize, usize, bool, bool)> = const { Cell::new((0, 0, false, false)) };
+    /// The registers as the first fault found them, and where on the stack the trampoline returns from: `hook`
+    /// plans with the one and may point the other at a copy of the instruction (out_of_line.rs).
+    static GREGS: Cell<[i64; 23]> = const { Cell::new([0; 23]) };
+    static RETURN_SLOT: Cell<usize> = const { Cell::new(0) };
     /// The armed instruction as `hook` decoded it, for running it through its blocks' aliases.
     static PLAN: Cell<Plan> = const { Cell::new(Plan::EMPTY) };
     /// The register moves of the instruction this thread is stepping through aliases, undone after it.
@@ -310,7 +318,8 @@ impl RaceWatch {
         for (&(start, bytes, write), view) in ranges.iter().zip(views.iter_mut()).filter(|(r, _)| r.1 > 0) {
             let parts: Vec<(usize, Target, u64)> = {
                 let blocks = crate::lock(&self.blocks);
-                let alias = blocks.alias_of(start as u64).filter(|(f, b, _)| (start + bytes) as u64 <= f + b);
+                let alias =
+                    blocks.alias_of(start as u64).filter(|(f, b, a)| *a != 0 && (start + bytes) as u64 <= f + b);
                 if let Some((first, _, alias)) = alias {
                     *view = alias as usize + (start - first as usize);
                 }
@@ -384,7 +393,7 @@ impl RaceWatch {
 
     /// Where `address`, in a watched block, is in that block's alias.
     fn alias_address(&self, address: usize) -> Option<usize> {
-        let (first, _, alias) = crate::lock(&self.blocks).alias_of(address as u64)?;
+        let (first, _, alias) = crate::lock(&self.blocks).alias_of(address as u64).filter(|b| b.2 != 0)?;
         Some(alias as usize + (address - first as usize))
     }
 
@@ -467,9 +476,13 @@ pub(crate) unsafe fn on_fault(address: usize, write: bool, in_driver: bool, cont
         return true;
     }
     PENDING.set((address, rip, write, in_driver));
+    let mut snapshot = [0i64; 23];
+    snapshot.copy_from_slice(&gregs[..23]);
+    GREGS.set(snapshot);
     // A call of `hook_trampoline` from below the red zone: [rsp] the instruction to run again, which the
     // trampoline's `ret 128` returns to with the stack pointer as it was.
     let rsp = gregs[libc::REG_RSP as usize] - RED_ZONE - 8;
+    RETURN_SLOT.set(rsp as usize);
     // SAFETY: the interrupted thread's own stack, below its stack pointer and the red zone (unused by any frame).
     unsafe { (rsp as *mut u64).write(rip as u64) };
     gregs[libc::REG_RSP as usize] = rsp;
@@ -543,24 +556,56 @@ fn install_trap_handler() {
 }
 
 /// Step 1, on the interrupted thread and stack: for the binary's access, its scheduling point and its report to
-/// the race detector; for any, the instruction's decoding, so that it can run through the block's alias; then the
-/// instruction runs again (`ARMED`).
+/// the race detector; for any, the instruction's decoding. Then the instruction runs as a copy through its
+/// blocks' aliases (the trampoline returns into the copy: out_of_line.rs), or, where no copy can mean the same,
+/// again in place (`ARMED`: steps 2 and 3).
 extern "C" fn hook() {
     let (address, rip, write, in_driver) = PENDING.get();
+    let gregs = GREGS.get();
+    let plan = decode_at(rip).unwrap_or(Plan::EMPTY);
+    let Some(k) = crate::kernel_context::installed() else {
+        ARMED.set(rip);
+        return;
+    };
+    let copyable =
+        || plan.relocatable_code().is_some() && plan.shifts(&gregs, &*crate::lock(&k.race_watch.blocks)).is_some();
+    let copying = copyable();
+    // What the instruction does there: as decoded for a copy (which has no step to tell a read-modify-write by
+    // its bytes after), else as the fault says (a TCG read-modify-write faults as a read; its step tells).
+    let access = if copying { plan.access_at(&gregs, address as u64) } else { None };
+    let access = access.unwrap_or(if write { Access::Write } else { Access::Read });
     if in_driver {
-        if let Some(k) = crate::kernel_context::installed() {
-            let site = || crate::driver_fault::image_site(rip as u64);
-            match k.race_watch.block_of(address) {
-                Some((_, Target::Memory(va))) => k.model.binary_access(va, 1, write, &site()),
-                Some((_, Target::Device(device))) if write => {
-                    DOORBELLS.fetch_add(1, Ordering::Relaxed);
-                    k.model.binary_doorbell(device, &site())
+        let site = || crate::driver_fault::image_site(rip as u64);
+        match k.race_watch.block_of(address) {
+            Some((_, Target::Memory(va))) => match access {
+                Access::ReadWrite => {
+                    let site = site();
+                    k.model.binary_access(va, 1, false, &site);
+                    k.model.binary_write_after_read(va, 1, &site);
                 }
-                _ => {}
+                Access::Write => k.model.binary_access(va, 1, true, &site()),
+                Access::Read | Access::Conditional => k.model.binary_access(va, 1, write, &site()),
+            },
+            Some((_, Target::Device(device))) if matches!(access, Access::Write | Access::ReadWrite) => {
+                DOORBELLS.fetch_add(1, Ordering::Relaxed);
+                k.model.binary_doorbell(device, &site())
             }
+            _ => {}
         }
     }
-    PLAN.set(decode_at(rip).unwrap_or(Plan::EMPTY));
+    // After the point, where the thread may have paused and a block may have gone: the moves again, then the copy.
+    if copying {
+        let shifts = plan.shifts(&gregs, &*crate::lock(&k.race_watch.blocks));
+        let copy = shifts.zip(plan.relocatable_code()).and_then(|(s, code)| out_of_line::copy_of(rip, code, s));
+        if let Some(copy) = copy {
+            // SAFETY: the trampoline's return slot on this thread's stack, which `on_fault` wrote.
+            unsafe { (RETURN_SLOT.get() as *mut u64).write(copy as u64) };
+            THROUGH_ALIAS.fetch_add(1, Ordering::Relaxed);
+            AS_COPIES.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+    PLAN.set(plan);
     ARMED.set(rip);
 }
 

@@ -35,11 +35,25 @@ pub(crate) struct Operand {
     displacement: u64,
     bytes: u64,
     movable: Option<Movable>,
+    access: Access,
+}
+
+/// What an instruction does to one memory operand, as far as the race watch reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Access {
+    #[default]
+    Read,
+    Write,
+    /// A read then a write, with nothing between (`inc qword [rax]`).
+    ReadWrite,
+    /// A write that may not happen (cmpxchg's), or a read that may not: told only by running it.
+    Conditional,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Movable {
     greg: Greg,
+    number: u8,
     divisor: u64,
     restore: bool,
 }
@@ -50,17 +64,35 @@ pub(crate) struct Plan {
     pub rip: usize,
     operands: [Operand; MAX_OPERANDS],
     count: usize,
+    /// The instruction's bytes (`len` of them).
+    code: [u8; MAX_INSTRUCTION],
+    len: usize,
+    /// Whether a copy of it elsewhere means the same (out_of_line.rs): no RIP-relative operand, no control
+    /// transfer, no implicit stack use, no string instruction, no conditional access.
+    relocatable: bool,
 }
 
 impl Operand {
-    const EMPTY: Operand = Operand { base: None, index: None, scale: 1, displacement: 0, bytes: 0, movable: None };
+    /// Its address, given the registers and the moves made to them.
+    fn address(&self, gregs: &[i64], moved: &Shifts) -> u64 {
+        let value = |g: Option<Greg>| g.and_then(|g| gregs.get(g)).map_or(0, |v| *v as u64);
+        let moved_by = |g: Option<Greg>| moved.iter().flatten().find(|s| Some(s.greg) == g).map_or(0, |s| s.amount);
+        let base = value(self.base).wrapping_add(moved_by(self.base));
+        let index = value(self.index).wrapping_add(moved_by(self.index));
+        base.wrapping_add(index.wrapping_mul(self.scale)).wrapping_add(self.displacement)
+    }
+
+    const EMPTY: Operand =
+        Operand { base: None, index: None, scale: 1, displacement: 0, bytes: 0, movable: None, access: Access::Read };
 }
 
 /// One register move for one stepped instruction: `amount` is added before it and, when `restore`, taken away
 /// after it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Shift {
     pub greg: Greg,
+    /// The register's hardware number (0 rax ... 15 r15), for a copy's lea.
+    pub number: u8,
     pub amount: u64,
     pub restore: bool,
 }
@@ -69,25 +101,40 @@ pub(crate) struct Shift {
 pub(crate) type Shifts = [Option<Shift>; 2];
 
 /// Where a watched block is, for `Plan::shifts`: the block holding `address` as (its first byte, its bytes, its
-/// alias's first byte), when it has an alias.
+/// alias's first byte, 0 when it has none).
 pub(crate) trait Aliases {
     fn alias_of(&self, address: u64) -> Option<(u64, u64, u64)>;
 }
 
 impl Plan {
     /// No instruction.
-    pub const EMPTY: Plan = Plan { rip: 0, operands: [Operand::EMPTY; MAX_OPERANDS], count: 0 };
+    pub const EMPTY: Plan = Plan {
+        rip: 0,
+        operands: [Operand::EMPTY; MAX_OPERANDS],
+        count: 0,
+        code: [0; MAX_INSTRUCTION],
+        len: 0,
+        relocatable: false,
+    };
+
+    /// The instruction's bytes, when a copy of it elsewhere means the same.
+    pub fn relocatable_code(&self) -> Option<&[u8]> {
+        self.relocatable.then(|| &self.code[..self.len])
+    }
+
+    /// What the instruction does at `address` (given its registers): the access of the operand whose bytes hold
+    /// it, or None when none does.
+    pub fn access_at(&self, gregs: &[i64], address: u64) -> Option<Access> {
+        self.operands[..self.count]
+            .iter()
+            .find(|o| address.wrapping_sub(o.address(gregs, &[None; 2])) < o.bytes.max(1))
+            .map(|o| o.access)
+    }
 
     /// The moves that run this instruction through its blocks' aliases, given its registers (`gregs`); None when
     /// no operand is in an aliased block or the moves cannot be made exact.
     pub fn shifts(&self, gregs: &[i64], aliases: &impl Aliases) -> Option<Shifts> {
-        let value = |g: Option<Greg>| g.and_then(|g| gregs.get(g)).map_or(0, |v| *v as u64);
-        let address = |o: &Operand, moved: &Shifts| {
-            let moved_by = |g: Option<Greg>| moved.iter().flatten().find(|s| Some(s.greg) == g).map_or(0, |s| s.amount);
-            let base = value(o.base).wrapping_add(moved_by(o.base));
-            let index = value(o.index).wrapping_add(moved_by(o.index));
-            base.wrapping_add(index.wrapping_mul(o.scale)).wrapping_add(o.displacement)
-        };
+        let address = |o: &Operand, moved: &Shifts| o.address(gregs, moved);
         let operands = &self.operands[..self.count];
         let mut shifts: Shifts = [None; 2];
         // Where each operand must end up: its alias address, or where it is.
@@ -96,6 +143,10 @@ impl Plan {
             let at = address(o, &[None; 2]);
             *wanted = at;
             let Some((first, bytes, alias)) = aliases.alias_of(at) else { continue };
+            if alias == 0 {
+                // A watched block without an alias: this instruction steps with it open.
+                return None;
+            }
             if at.checked_add(o.bytes)? > first + bytes {
                 return None;
             }
@@ -104,7 +155,8 @@ impl Plan {
             if distance % movable.divisor != 0 {
                 return None;
             }
-            let shift = Shift { greg: movable.greg, amount: distance / movable.divisor, restore: movable.restore };
+            let amount = distance / movable.divisor;
+            let shift = Shift { greg: movable.greg, number: movable.number, amount, restore: movable.restore };
             *wanted = alias + (at - first);
             match shifts.iter().flatten().find(|s| s.greg == shift.greg) {
                 Some(s) if *s == shift => {}
@@ -130,14 +182,23 @@ pub(crate) fn decode(rip: usize, code: &[u8], info: &mut InstructionInfoFactory)
     if memory.len() > MAX_OPERANDS {
         return None;
     }
-    let mut plan = Plan { rip, count: memory.len(), ..Plan::default() };
+    let mut plan = Plan { rip, count: memory.len(), len: instruction.len(), ..Plan::default() };
+    plan.code[..instruction.len()].copy_from_slice(&code[..instruction.len()]);
+    let stack = info.used_registers().iter().any(|u| matches!(u.register().full_register(), Register::RSP));
+    let conditional =
+        memory.iter().any(|m| matches!(m.access(), OpAccess::CondRead | OpAccess::CondWrite | OpAccess::ReadCondWrite));
+    plan.relocatable = instruction.flow_control() == iced_x86::FlowControl::Next
+        && !instruction.is_ip_rel_memory_operand()
+        && !instruction.is_string_instruction()
+        && !stack
+        && !conditional;
     for (m, o) in memory.iter().zip(plan.operands.iter_mut()) {
         let plain = m.address_size() == CodeSize::Code64
             && m.vsib_size() == 0
             && !matches!(m.segment(), Register::FS | Register::GS);
         *o = Operand {
-            base: greg(m.base()),
-            index: greg(m.index()),
+            base: greg(m.base()).map(|g| g.0),
+            index: greg(m.index()).map(|g| g.0),
             scale: u64::from(m.scale().max(1)),
             displacement: m.displacement(),
             // A repeated string instruction's operands have no size of their own; each step moves one element.
@@ -146,6 +207,12 @@ pub(crate) fn decode(rip: usize, code: &[u8], info: &mut InstructionInfoFactory)
                 n => n as u64,
             },
             movable: None,
+            access: match m.access() {
+                OpAccess::Read => Access::Read,
+                OpAccess::Write => Access::Write,
+                OpAccess::ReadWrite => Access::ReadWrite,
+                _ => Access::Conditional,
+            },
         };
         if !plain {
             // Its address cannot be computed from the general registers: never moved, and `shifts` fails if it
@@ -157,8 +224,8 @@ pub(crate) fn decode(rip: usize, code: &[u8], info: &mut InstructionInfoFactory)
         }
         let uses = |g: Register| memory.iter().filter(|m| m.base() == g || m.index() == g).count();
         o.movable = [(m.base(), 1), (m.index(), u64::from(m.scale().max(1)))].into_iter().find_map(|(r, divisor)| {
-            let greg = greg(r)?;
-            movable(&instruction, info, r, uses(r)).map(|restore| Movable { greg, divisor, restore })
+            let (greg, number) = greg(r)?;
+            movable(&instruction, info, r, uses(r)).map(|restore| Movable { greg, number, divisor, restore })
         });
     }
     Some(plan)
@@ -195,27 +262,28 @@ fn movable(instruction: &Instruction, info: &InstructionInfo, register: Register
     (reads == address_uses && writes == usize::from(!restore) && others == 0).then_some(restore)
 }
 
-/// The index of a 64-bit general register in the signal context's `gregs` (rsp and rip are never moved).
-fn greg(register: Register) -> Option<Greg> {
-    let index = match register {
-        Register::RAX => libc::REG_RAX,
-        Register::RBX => libc::REG_RBX,
-        Register::RCX => libc::REG_RCX,
-        Register::RDX => libc::REG_RDX,
-        Register::RSI => libc::REG_RSI,
-        Register::RDI => libc::REG_RDI,
-        Register::RBP => libc::REG_RBP,
-        Register::R8 => libc::REG_R8,
-        Register::R9 => libc::REG_R9,
-        Register::R10 => libc::REG_R10,
-        Register::R11 => libc::REG_R11,
-        Register::R12 => libc::REG_R12,
-        Register::R13 => libc::REG_R13,
-        Register::R14 => libc::REG_R14,
-        Register::R15 => libc::REG_R15,
+/// A 64-bit general register's index in the signal context's `gregs` and its hardware number (rsp and rip are
+/// never moved).
+fn greg(register: Register) -> Option<(Greg, u8)> {
+    let (index, number) = match register {
+        Register::RAX => (libc::REG_RAX, 0),
+        Register::RCX => (libc::REG_RCX, 1),
+        Register::RDX => (libc::REG_RDX, 2),
+        Register::RBX => (libc::REG_RBX, 3),
+        Register::RBP => (libc::REG_RBP, 5),
+        Register::RSI => (libc::REG_RSI, 6),
+        Register::RDI => (libc::REG_RDI, 7),
+        Register::R8 => (libc::REG_R8, 8),
+        Register::R9 => (libc::REG_R9, 9),
+        Register::R10 => (libc::REG_R10, 10),
+        Register::R11 => (libc::REG_R11, 11),
+        Register::R12 => (libc::REG_R12, 12),
+        Register::R13 => (libc::REG_R13, 13),
+        Register::R14 => (libc::REG_R14, 14),
+        Register::R15 => (libc::REG_R15, 15),
         _ => return None,
     };
-    Some(index as Greg)
+    Some((index as Greg, number))
 }
 
 #[cfg(test)]
@@ -246,7 +314,15 @@ mod tests {
     }
 
     fn shift(r: i32, amount: u64, restore: bool) -> Option<Shift> {
-        Some(Shift { greg: r as Greg, amount, restore })
+        let number = match r {
+            libc::REG_RAX => 0,
+            libc::REG_RCX => 1,
+            libc::REG_RBX => 3,
+            libc::REG_RSI => 6,
+            libc::REG_RDI => 7,
+            _ => panic!("no number for {r}"),
+        };
+        Some(Shift { greg: r as Greg, number, amount, restore })
     }
 
     const TO_FIRST: u64 = 0x7000_0000 - 0x10000;
@@ -311,10 +387,8 @@ mod tests {
         let shifts = plan(&[0xa4]).shifts(&gregs, &TwoBlocks).expect("moves");
         let mut moved: Vec<Shift> = shifts.into_iter().flatten().collect();
         moved.sort_by_key(|s| s.greg);
-        let mut expected = vec![
-            Shift { greg: libc::REG_RSI as Greg, amount: TO_FIRST, restore: true },
-            Shift { greg: libc::REG_RDI as Greg, amount: TO_SECOND, restore: true },
-        ];
+        let mut expected =
+            vec![shift(libc::REG_RSI, TO_FIRST, true).unwrap(), shift(libc::REG_RDI, TO_SECOND, true).unwrap()];
         expected.sort_by_key(|s| s.greg);
         assert_eq!(moved, expected);
     }
