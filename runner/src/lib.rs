@@ -9,6 +9,7 @@ pub mod child_wait;
 pub mod cold_boot;
 pub mod debug_instructions;
 pub mod device;
+pub mod driver_sites;
 pub mod evidence;
 pub mod finished_runs;
 pub mod guest_reuse;

@@ -215,7 +215,15 @@ pub fn one_run(
     unreachable!("the second attempt returns")
 }
 
-fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, record: RunRecord) -> RunReport {
+fn report_of(ctx: &RunContext, run: &ConcreteRun, opts: &SuiteOptions, mut record: RunRecord) -> RunReport {
+    // vhca.sys's sites by the PDB's routines before anything reads them (the guest has only the entry point).
+    if run.guest.driver == vhca_suite::Personality::Sys {
+        if let (Some(names), Some(result)) =
+            (crate::driver_sites::package_names(), record.evidence.observation.guest_result.as_mut())
+        {
+            names.rename_all(result);
+        }
+    }
     let observation = &record.evidence.observation;
     let mut verdict = judge_run(run, observation);
     judge_fail_point(run, observation, &mut verdict);
