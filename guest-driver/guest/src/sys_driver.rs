@@ -345,6 +345,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         bail!("a driver kernel is already installed in this process");
     }
     driver_fault::install(mapped.base(), mapped.size(), "vhca.sys", symbols);
+    kernel().register_pageable_sections(&mapped);
     if let Some(interrupts) = interrupts.as_mut() {
         let pdo = vhca_ntapi::PDEVICE_OBJECT(kernel().io.device_pdo() as u64);
         interrupts.deliver_to(model_for_interrupts, pdo)?;

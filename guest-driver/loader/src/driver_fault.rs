@@ -162,7 +162,7 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
             k.pageable.page_in(address as usize);
             return;
         }
-        println!("VHCA-LOADER: paged pool at {address:#x} touched at IRQL {irql} by the instruction at {rip:#x}");
+        println!("VHCA-LOADER: pageable memory at {address:#x} touched at IRQL {irql} by the instruction at {rip:#x}");
         let (code, [p1, p2, p3, p4]) = paged_touch_bugcheck(address, irql, rip, error_code);
         crate::kernel_context::bugcheck(code, p1, p2, p3, p4)
     }

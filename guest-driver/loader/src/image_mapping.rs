@@ -103,6 +103,25 @@ impl MappedImage {
         self.base as usize
     }
 
+    /// The image's pageable sections, named PAGE... (what `#pragma alloc_text(PAGE, ...)` and `data_seg("PAGE...")`
+    /// put code and data in; Windows pages those sections, and Force IRQL checking trims them): each as (process
+    /// address, bytes, the protection it has while resident).
+    pub fn pageable_sections(&self) -> Vec<(usize, usize, libc::c_int)> {
+        self.image
+            .sections
+            .iter()
+            .filter(|s| s.name.starts_with("PAGE"))
+            .map(|s| {
+                let prot = match s.protection {
+                    Protection::ReadExecute => libc::PROT_READ | libc::PROT_EXEC,
+                    Protection::ReadOnly => libc::PROT_READ,
+                    Protection::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+                };
+                (self.base as usize + s.rva as usize, s.virtual_size.max(1) as usize, prot)
+            })
+            .collect()
+    }
+
     pub fn size(&self) -> usize {
         self.size
     }

@@ -68,6 +68,13 @@ impl LoaderKernel {
         }
     }
 
+    /// The mapped driver's pageable sections (PAGE*) join the pageable memory Force IRQL checking trims.
+    pub fn register_pageable_sections(&self, mapped: &crate::MappedImage) {
+        for (at, bytes, resident) in mapped.pageable_sections() {
+            self.pageable.insert_section(at, bytes, resident);
+        }
+    }
+
     /// IRQL went to DISPATCH_LEVEL or above on the driver's behalf (a raise, a spin lock, a DPC, an ISR,
     /// KeSynchronizeExecution): under IRQL checking the verifier trims pageable memory then, so a touch of paged
     /// pool at raised IRQL faults (0xD1) as on Windows.

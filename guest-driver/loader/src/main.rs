@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::io_manager::{BusDriver, IoManager};
-use vhca_loader::kernel_context::{install, LoaderKernel};
+use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::nt_thunks::NtThunks;
 use vhca_loader::pnp_life::{run_life, STEP};
 use vhca_loader::unbound_import_trap::TrapUnbound;
@@ -106,6 +106,7 @@ fn main() {
     let symbols = DriverSymbols::load(&pdb, mapped.image.entry_rva);
     let name = args.image.file_name().map_or("driver".into(), |n| n.to_string_lossy().into_owned());
     driver_fault::install(mapped.base(), mapped.size(), &name, symbols);
+    kernel().register_pageable_sections(&mapped);
 
     let timeout = Duration::from_secs(args.timeout);
     std::thread::spawn(move || {

@@ -226,3 +226,52 @@ fn a_driver_that_never_returns_is_a_hang() {
     assert_eq!(out.status.code(), Some(5), "{text}");
     assert!(text.contains("hang: DriverEntry did not return within 2s"), "{text}");
 }
+
+/// `bytes` with the section holding the entry point renamed `name` (8 bytes, NUL-padded, as a section header
+/// keeps it).
+fn with_entry_section_named(bytes: &[u8], name: &[u8]) -> Vec<u8> {
+    let image = PeImage::parse(bytes).unwrap();
+    let index = image
+        .sections
+        .iter()
+        .position(|s| image.entry_rva >= s.rva && image.entry_rva < s.rva + s.virtual_size)
+        .expect("the entry point's section");
+    let header = layout(bytes).sections[index].0 - 12;
+    let mut bytes = bytes.to_vec();
+    let mut field = [0u8; 8];
+    field[..name.len()].copy_from_slice(name);
+    bytes[header..header + 8].copy_from_slice(&field);
+    bytes
+}
+
+/// mov eax, 2; mov cr8, rax (a raise to DISPATCH_LEVEL, as wdm.h's KeRaiseIrql compiles); xor eax, eax;
+/// mov cr8, rax (the lower); mov eax, 0xC0000001; ret.
+const RAISE_LOWER_FAIL: [u8; 22] = [
+    0xB8, 0x02, 0x00, 0x00, 0x00, 0x44, 0x0F, 0x22, 0xC0, 0x31, 0xC0, 0x44, 0x0F, 0x22, 0xC0, 0xB8, 0x01, 0x00, 0x00,
+    0xC0, 0xC3, 0x90,
+];
+
+#[test]
+fn code_in_a_page_section_run_at_dispatch_level_is_0xd1_execute_under_irql_checking() {
+    let Some(bytes) = vhca_sys() else { return };
+    let entry_rva = PeImage::parse(&bytes).unwrap().entry_rva as u64;
+    let paged = with_entry_section_named(&with_entry_code(&bytes, &RAISE_LOWER_FAIL), b"PAGE");
+    let (out, text) = run(&paged, &["--trap-unbound", "--verifier", "0x2"]);
+    assert!(!out.status.success(), "{text}");
+    // The raise trimmed the section; the instruction after it (entry + 9) is fetched at DISPATCH_LEVEL: P1 and P4
+    // its address, P2 the IRQL, P3 8 (an execute).
+    let stop = text.lines().find(|l| l.contains("*** STOP: 0x000000D1")).unwrap_or_else(|| panic!("{text}"));
+    let params: Vec<u64> = stop[stop.find('(').unwrap() + 1..stop.find(')').unwrap()]
+        .split(',')
+        .map(|p| u64::from_str_radix(p.trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    assert_eq!(params[1..3], [2, 8], "{stop}");
+    assert_eq!(params[0], params[3], "the address fetched is the referencing instruction: {stop}");
+    assert_eq!(params[0] % 0x1000, (entry_rva + 9) % 0x1000, "{stop}");
+    // The same image without IRQL checking, and the code's own section name with it: raised, lowered, returned.
+    for (image, verifier) in [(&paged, "0x0"), (&with_entry_code(&bytes, &RAISE_LOWER_FAIL), "0x2")] {
+        let (out, text) = run(image, &["--trap-unbound", "--verifier", verifier]);
+        assert_eq!(out.status.code(), Some(4), "{text}");
+        assert!(text.contains("DriverEntry failed with status 0xc0000001"), "{text}");
+    }
+}
