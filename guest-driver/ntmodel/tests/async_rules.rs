@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use common::PDO;
+use common::{message_parameters, PDO};
 use vhca_ntapi::*;
 use vhca_ntmodel::{
     Bugcheck, ClockSource, InterruptResources, NtModel, NtModelConfig, RuleId, TimingConfig, VerifierFlags,
@@ -65,17 +65,6 @@ fn logging_dpc(k: &Arc<NtModel>, log: &Log, name: &'static str) -> PKDPC {
         let irql = k2.upgrade().unwrap().KeGetCurrentIrql();
         log.push(format!("{name}@{irql} {:#x} {:#x}", a1.0, a2.0));
     }))
-}
-
-fn message_parameters(isr: PKMESSAGE_SERVICE_ROUTINE) -> IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
-    IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
-        PhysicalDeviceObject: PDO,
-        MessageServiceRoutine: isr,
-        SpinLock: PKSPIN_LOCK::NULL,
-        SynchronizeIrql: PASSIVE_LEVEL,
-        FloatingSave: false,
-        FallBackServiceRoutine: None,
-    }
 }
 
 /// Connects `isr` to a device with `messages` messages; returns the connection.

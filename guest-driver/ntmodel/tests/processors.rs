@@ -135,15 +135,7 @@ fn connect_recording_isr(k: &Arc<NtModel>, messages: u32, log: &Arc<Mutex<Vec<(u
         }
         true
     });
-    k.IoConnectInterruptEx(IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
-        PhysicalDeviceObject: PDO,
-        MessageServiceRoutine: isr,
-        SpinLock: PKSPIN_LOCK::NULL,
-        SynchronizeIrql: PASSIVE_LEVEL,
-        FloatingSave: false,
-        FallBackServiceRoutine: None,
-    })
-    .expect("connect");
+    k.IoConnectInterruptEx(common::message_parameters(isr)).expect("connect");
 }
 
 #[test]
@@ -293,15 +285,7 @@ fn an_isr_taking_at_dpc_level_a_lock_its_interrupted_context_holds_is_the_deadlo
         true
     });
     k.assign_interrupts(PDO, InterruptResources::Messages(2));
-    k.IoConnectInterruptEx(IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
-        PhysicalDeviceObject: PDO,
-        MessageServiceRoutine: isr,
-        SpinLock: PKSPIN_LOCK::NULL,
-        SynchronizeIrql: PASSIVE_LEVEL,
-        FloatingSave: false,
-        FallBackServiceRoutine: None,
-    })
-    .expect("connect");
+    k.IoConnectInterruptEx(common::message_parameters(isr)).expect("connect");
     let deliver = |message: u32| {
         let (k, (tx, rx)) = (k.clone(), mpsc::channel());
         std::thread::spawn(move || tx.send(NtModel::run_guarded(|| k.deliver(PDO, message))));

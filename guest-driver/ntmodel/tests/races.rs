@@ -2,6 +2,8 @@
 //! sites; a common spin lock or a KeSetEvent/KeWaitForSingleObject order makes none; a read after another
 //! thread's unordered free is one; with the mode Off nothing is looked for.
 
+mod common;
+
 use std::sync::Arc;
 use std::thread;
 
@@ -172,7 +174,7 @@ fn with_the_mode_off_nothing_is_recorded_or_reported() {
 /// doorbell of the passive path's (`binary_doorbell`) before its store or not at all. `kicks` counts every kernel
 /// call as a doorbell (vhca.sys's default); `trapped` is the loader trapping the binary's real doorbells instead.
 fn passive_then_isr(kicks: bool, trapped: bool, doorbell_before_store: bool) -> Vec<RaceReport> {
-    const PDO: PDEVICE_OBJECT = PDEVICE_OBJECT(0xFFFF_C000_0000_1000);
+    use common::PDO;
     let interleaving =
         InterleavingConfig { mode: InterleavingMode::Record, kicks_at_every_call: kicks, ..Default::default() };
     let k = NtModel::for_tests(NtModelConfig { interleaving, ..NtModelConfig::default() }).0;
@@ -183,15 +185,7 @@ fn passive_then_isr(kicks: bool, trapped: bool, doorbell_before_store: bool) -> 
         weak.upgrade().unwrap().binary_access(p.0, 8, true, "vhca.sys+0x2000 (isr)");
         true
     });
-    let parameters = IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
-        PhysicalDeviceObject: PDO,
-        MessageServiceRoutine: isr,
-        SpinLock: PKSPIN_LOCK::NULL,
-        SynchronizeIrql: PASSIVE_LEVEL,
-        FloatingSave: false,
-        FallBackServiceRoutine: None,
-    };
-    let _connection = k.IoConnectInterruptEx(parameters).expect("connect");
+    let _connection = k.IoConnectInterruptEx(common::message_parameters(isr)).expect("connect");
     if trapped {
         k.trap_doorbells();
     }

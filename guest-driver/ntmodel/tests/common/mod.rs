@@ -13,6 +13,21 @@ use zerocopy::{FromBytes, IntoBytes};
 
 pub const PDO: PDEVICE_OBJECT = PDEVICE_OBJECT(0xFFFF_C000_0000_1000);
 
+/// IoConnectInterruptEx's message-based parameters for `isr` on the PDO, as a driver fills them (no spin lock of
+/// its own, no fallback routine).
+pub fn message_parameters(
+    isr: vhca_ntapi::PKMESSAGE_SERVICE_ROUTINE,
+) -> vhca_ntapi::IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
+    vhca_ntapi::IO_CONNECT_INTERRUPT_MESSAGE_BASED_PARAMETERS {
+        PhysicalDeviceObject: PDO,
+        MessageServiceRoutine: isr,
+        SpinLock: vhca_ntapi::PKSPIN_LOCK::NULL,
+        SynchronizeIrql: vhca_ntapi::PASSIVE_LEVEL,
+        FloatingSave: false,
+        FallBackServiceRoutine: None,
+    }
+}
+
 /// The interrupt path over `dev` as the native driver core connects it (one message, the PDO for the interrupt and
 /// the work item), behind the object-safe face the scenarios hold.
 pub fn connected_waits(k: &Arc<NtModel>, dev: &FakeDevice) -> Box<dyn vhca_driver_core::CqCompletions> {
