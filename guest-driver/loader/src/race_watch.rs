@@ -5,17 +5,19 @@
 //! instruction of the binary that touches them, the way Microsoft Research's DataCollider sampled kernel accesses
 //! with breakpoints (here every access, by page protection).
 //!
-//! One trapped access, in three steps:
+//! One trapped access:
 //! 1. The fault (`on_fault`, from the SIGSEGV handler) sends the thread, on its own stack, through `hook_trampoline`
 //!    into `hook`: for the binary's own instruction a scheduling point (where a preemption puts another
 //!    processor's whole update between a load and its store) and a watched access named by the instruction's RVA
 //!    and symbol; for any instruction its decoding (`redirect.rs`). None of it belongs in a signal handler (the
 //!    point may pause the thread; the report takes the model's locks; the decoder allocates), which is why the
 //!    thread leaves it.
-//! 2. The same instruction runs again and faults again; now it is expected (`ARMED`), so the handler moves the
-//!    registers it addresses the block through into the block's alias (a second mapping of the same pages, made
-//!    when the block is watched) and sets the trap flag.
-//! 3. After that one instruction the processor traps (SIGTRAP, `on_step`): the registers are moved back.
+//! 2. Where a copy of the instruction means the same, the trampoline returns into one that moves the registers it
+//!    addresses the block through into the block's alias (a second mapping of the same pages, made when the block
+//!    is watched), runs it, moves them back and jumps home (`out_of_line.rs`): done, one signal in all.
+//! 3. Otherwise the same instruction runs again and faults again; now it is expected (`ARMED`), so the handler
+//!    moves those registers itself and sets the trap flag, and after that one instruction the processor traps
+//!    (SIGTRAP, `on_step`): the registers are moved back.
 //!
 //! The block's own pages are never opened on this path, so every access by every thread traps, however close
 //! together. Only an instruction the decoding cannot move (it also uses its address register as data, or a
@@ -57,6 +59,16 @@ struct Block {
     /// Device registers (`insert_device_registers`), of this device: the binary's stores there are doorbells,
     /// not watched memory.
     device: Option<u64>,
+}
+
+impl Block {
+    /// What the byte `offset` into the block is to the model.
+    fn target(&self, offset: usize) -> Target {
+        match self.device {
+            Some(device) => Target::Device(device),
+            None => Target::Memory(self.model_first + offset as u64),
+        }
+    }
 }
 
 /// What an address in a watched block is to the model.
@@ -211,8 +223,9 @@ fn alias_of_pages(first: usize, bytes: usize) -> usize {
 /// Sets the protection of whole pages at `at`.
 fn protect(at: usize, bytes: usize, accessible: bool) {
     let protection = if accessible { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_NONE };
-    // SAFETY: whole pages of one pool block that the backend maps for that block alone (one anonymous mapping per
-    // allocation), which nothing but the driver and the model's checks of that block touch.
+    // SAFETY: whole pages of one watched range: a pool block or common buffer the backend maps for it alone (one
+    // mapping per allocation), the device registers the bus mapped for MmMapIoSpaceEx, or the alias made of either;
+    // nothing but the driver, the model's checks and the watch touch them.
     unsafe { libc::mprotect(at as *mut libc::c_void, bytes, protection) };
 }
 
@@ -329,11 +342,7 @@ impl RaceWatch {
                     .map(|(first, b)| {
                         let from = start.max(*first);
                         let end = (start + bytes).min(first + b.bytes);
-                        let target = match b.device {
-                            Some(device) => Target::Device(device),
-                            None => Target::Memory(b.model_first + (from - first) as u64),
-                        };
-                        (*first, target, (end - from) as u64)
+                        (*first, b.target(from - first), (end - from) as u64)
                     })
                     .collect()
             };
@@ -374,13 +383,7 @@ impl RaceWatch {
     fn block_of(&self, address: usize) -> Option<(usize, Target)> {
         let blocks = crate::lock(&self.blocks);
         let (first, block) = blocks.range(..=address).next_back()?;
-        (address - first < block.bytes).then(|| {
-            let target = match block.device {
-                Some(device) => Target::Device(device),
-                None => Target::Memory(block.model_first + (address - first) as u64),
-            };
-            (*first, target)
-        })
+        (address - first < block.bytes).then(|| (*first, block.target(address - first)))
     }
 
     /// The device whose registers hold `address`, when they are watched.
@@ -567,9 +570,10 @@ extern "C" fn hook() {
         ARMED.set(rip);
         return;
     };
-    let copyable =
-        || plan.relocatable_code().is_some() && plan.shifts(&gregs, &*crate::lock(&k.race_watch.blocks)).is_some();
-    let copying = copyable();
+    // Whether a copy can run it: its moves computed from the registers it faulted with, which it finds again (the
+    // trampoline restores them).
+    let copying =
+        plan.relocatable_code().is_some() && plan.shifts(&gregs, &*crate::lock(&k.race_watch.blocks)).is_some();
     // What the instruction does there: as decoded for a copy (which has no step to tell a read-modify-write by
     // its bytes after), else as the fault says (a TCG read-modify-write faults as a read; its step tells).
     let access = if copying { plan.access_at(&gregs, address as u64) } else { None };
