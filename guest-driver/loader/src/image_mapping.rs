@@ -103,6 +103,22 @@ impl MappedImage {
         self.base as usize
     }
 
+    /// Discards the image's INIT sections, as Windows does once DriverEntry has returned (`#pragma
+    /// alloc_text(INIT, DriverEntry)` puts the routines only initialisation runs there): their pages become
+    /// inaccessible, so a later touch, or a call into one, faults. The model assumes Windows does not hand the
+    /// freed pages to anyone before the touch, so it is 0x50 PAGE_FAULT_IN_NONPAGED_AREA (driver_fault.rs) with
+    /// the address, not a read of someone else's data. Returns how many sections went.
+    pub fn discard_init_sections(&self) -> usize {
+        let init: Vec<_> = self.image.sections.iter().filter(|s| s.name == "INIT").collect();
+        for s in &init {
+            let len = (s.virtual_size.max(1) as usize).div_ceil(PAGE as usize) * PAGE as usize;
+            // SAFETY: a page-aligned section of our own mapping (section RVAs are page-aligned and end within
+            // SizeOfImage); nothing of the loader's runs from or reads an INIT section after DriverEntry.
+            unsafe { libc::mprotect(self.base.add(s.rva as usize) as *mut libc::c_void, len, libc::PROT_NONE) };
+        }
+        init.len()
+    }
+
     /// The image's pageable sections, named PAGE... (what `#pragma alloc_text(PAGE, ...)` and `data_seg("PAGE...")`
     /// put code and data in; Windows pages those sections, and Force IRQL checking trims them): each as (process
     /// address, bytes, the protection it has while resident).

@@ -76,6 +76,7 @@ pub fn run_life(image: &MappedImage, start: bool) -> Result<(), LifeFailure> {
     if status < 0 {
         return Err(LifeFailure::DriverEntry(status));
     }
+    image.discard_init_sections();
 
     step("AddDevice");
     // SAFETY: the driver extension the I/O manager made; DriverEntry filled in AddDevice.

@@ -275,3 +275,25 @@ fn code_in_a_page_section_run_at_dispatch_level_is_0xd1_execute_under_irql_check
         assert!(text.contains("DriverEntry failed with status 0xc0000001"), "{text}");
     }
 }
+
+#[test]
+fn code_in_an_init_section_called_after_driver_entry_is_0x50_execute() {
+    let Some(bytes) = vhca_sys() else { return };
+    // The code section renamed INIT: DriverEntry runs from it, and the AddDevice it set lies in it too, so the
+    // PnP manager's call after DriverEntry returned jumps into discarded pages. P1 the address, P2 0x10 (an
+    // execute), P3 the referencing instruction: the same address.
+    let init = with_entry_section_named(&bytes, b"INIT");
+    let (out, text) = run(&init, &["--trap-unbound"]);
+    assert!(!out.status.success(), "{text}");
+    let stop = text.lines().find(|l| l.contains("*** STOP: 0x00000050")).unwrap_or_else(|| panic!("{text}"));
+    let params: Vec<u64> = stop[stop.find('(').unwrap() + 1..stop.find(')').unwrap()]
+        .split(',')
+        .map(|p| u64::from_str_radix(p.trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    assert_eq!(params[1], 0x10, "{stop}");
+    assert_eq!(params[0], params[2], "{stop}");
+    assert!(text.contains("PAGE_FAULT_IN_NONPAGED_AREA"), "{text}");
+    // Its own name kept: the same life runs to its end.
+    let (out, text) = run(&bytes, &["--trap-unbound"]);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+}
