@@ -111,8 +111,13 @@ fn run_case(case: &str) {
         model.set_special_pool_alignment(SpecialPoolAlignment::VerifyStart);
     }
     assert!(install(LoaderKernel::new(model, IoManager::new(Box::new(NoBus)))));
-    vhca_loader::driver_fault::install(driver_store as usize, DRIVER_CODE, "test.sys", DriverSymbols::entry_only(0));
-    println!("driver 0x{:x}", driver_store as usize);
+    vhca_loader::driver_fault::install(
+        driver_store as *const () as usize,
+        DRIVER_CODE,
+        "test.sys",
+        DriverSymbols::entry_only(0),
+    );
+    println!("driver 0x{:x}", driver_store as *const () as usize);
     let allocate: unsafe extern "win64" fn(u64, usize, u32) -> *mut u8 = routine("ExAllocatePool2");
     let free: unsafe extern "win64" fn(*mut u8, u32) = routine("ExFreePoolWithTag");
     // SAFETY (all calls below): the thunks as a driver calls them; each case's store is the misuse under test.

@@ -60,7 +60,10 @@ impl<B: BusDriver> BusDriver for RemovableBus<B> {
 mod tests {
     use super::*;
 
-    struct Counted(Arc<()>);
+    /// A bus that holds a count: only its drop is looked at.
+    struct Counted {
+        _held: Arc<()>,
+    }
     impl BusDriver for Counted {
         fn pnp(&self, _: &IO_STACK_LOCATION) -> NTSTATUS {
             0
@@ -73,7 +76,7 @@ mod tests {
     #[test]
     fn a_released_bus_is_dropped_and_answers_no_device() {
         let held = Arc::new(());
-        let (bus, hold) = RemovableBus::new(Counted(held.clone()));
+        let (bus, hold) = RemovableBus::new(Counted { _held: held.clone() });
         assert_eq!(bus.message_interrupts(), 4);
         assert_eq!(Arc::strong_count(&held), 2);
         hold.release();
