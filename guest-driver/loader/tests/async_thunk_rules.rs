@@ -12,31 +12,16 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use common::{routine, NoBus};
+use common::{routine, NoBus, StopAndExit, STOPPED};
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_ntapi::PDEVICE_OBJECT;
-use vhca_ntmodel::{
-    BackendError, Bugcheck, BugcheckHandler, DmaBackend, HostMemId, InterruptResources, NtModel, NtModelConfig,
-    VerifierFlags,
-};
+use vhca_ntmodel::{BackendError, DmaBackend, HostMemId, InterruptResources, NtModel, NtModelConfig, VerifierFlags};
 use windows_sys::Wdk::Foundation::{KDPC, KEVENT};
 use windows_sys::Wdk::System::SystemServices::IO_CONNECT_INTERRUPT_PARAMETERS;
 use windows_sys::Win32::Foundation::NTSTATUS;
 
 const CASE: &str = "VHCA_LOADER_RULE_CASE";
-/// The child's exit status after a bugcheck.
-const STOPPED: i32 = 0x33;
-
-/// The machine stops: the STOP lines on stdout, then the process ends.
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
-}
 
 type Wait = unsafe extern "win64" fn(*mut c_void, u32, i8, u8, *const i64) -> NTSTATUS;
 

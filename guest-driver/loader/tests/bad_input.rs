@@ -227,6 +227,16 @@ fn a_driver_that_never_returns_is_a_hang() {
     assert!(text.contains("hang: DriverEntry did not return within 2s"), "{text}");
 }
 
+/// The first `*** STOP: CODE (...)` line of `text` and its four parameters.
+fn stop_params<'a>(text: &'a str, code: &str) -> (&'a str, Vec<u64>) {
+    let stop = text.lines().find(|l| l.contains(&format!("*** STOP: {code}"))).unwrap_or_else(|| panic!("{text}"));
+    let params = stop[stop.find('(').unwrap() + 1..stop.find(')').unwrap()]
+        .split(',')
+        .map(|p| u64::from_str_radix(p.trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    (stop, params)
+}
+
 /// `bytes` with the section holding the entry point renamed `name` (8 bytes, NUL-padded, as a section header
 /// keeps it).
 fn with_entry_section_named(bytes: &[u8], name: &[u8]) -> Vec<u8> {
@@ -260,11 +270,7 @@ fn code_in_a_page_section_run_at_dispatch_level_is_0xd1_execute_under_irql_check
     assert!(!out.status.success(), "{text}");
     // The raise trimmed the section; the instruction after it (entry + 9) is fetched at DISPATCH_LEVEL: P1 and P4
     // its address, P2 the IRQL, P3 8 (an execute).
-    let stop = text.lines().find(|l| l.contains("*** STOP: 0x000000D1")).unwrap_or_else(|| panic!("{text}"));
-    let params: Vec<u64> = stop[stop.find('(').unwrap() + 1..stop.find(')').unwrap()]
-        .split(',')
-        .map(|p| u64::from_str_radix(p.trim_start_matches("0x"), 16).unwrap())
-        .collect();
+    let (stop, params) = stop_params(&text, "0x000000D1");
     assert_eq!(params[1..3], [2, 8], "{stop}");
     assert_eq!(params[0], params[3], "the address fetched is the referencing instruction: {stop}");
     assert_eq!(params[0] % 0x1000, (entry_rva + 9) % 0x1000, "{stop}");
@@ -285,11 +291,7 @@ fn code_in_an_init_section_called_after_driver_entry_is_0x50_execute() {
     let init = with_entry_section_named(&bytes, b"INIT");
     let (out, text) = run(&init, &["--trap-unbound"]);
     assert!(!out.status.success(), "{text}");
-    let stop = text.lines().find(|l| l.contains("*** STOP: 0x00000050")).unwrap_or_else(|| panic!("{text}"));
-    let params: Vec<u64> = stop[stop.find('(').unwrap() + 1..stop.find(')').unwrap()]
-        .split(',')
-        .map(|p| u64::from_str_radix(p.trim_start_matches("0x"), 16).unwrap())
-        .collect();
+    let (stop, params) = stop_params(&text, "0x00000050");
     assert_eq!(params[1], 0x10, "{stop}");
     assert_eq!(params[0], params[2], "{stop}");
     assert!(text.contains("PAGE_FAULT_IN_NONPAGED_AREA"), "{text}");

@@ -14,27 +14,16 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{routine, NoBus};
+use common::{routine, NoBus, StopAndExit, STOPPED};
 use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::processor_block;
-use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
+use vhca_ntmodel::{HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
 use windows_sys::Wdk::Foundation::KDPC;
 
 const CASE: &str = "VHCA_LOADER_CR8_CASE";
-/// The child's exit status after a bugcheck.
-const STOPPED: i32 = 0x33;
 const PAGE: usize = 4096;
-
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
-}
 
 /// Machine code in a page of its own, read-execute once written, never unmapped (its routines may be queued).
 struct Code {

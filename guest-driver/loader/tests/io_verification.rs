@@ -11,10 +11,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{routine, NoBus};
+use common::{routine, NoBus, StopAndExit, STOPPED};
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
-use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig, RuleId, VerifierFlags};
+use vhca_ntmodel::{HostDmaBackend, NtModel, NtModelConfig, RuleId, VerifierFlags};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, KEVENT};
 use windows_sys::Wdk::System::SystemServices::IRP_MJ_PNP;
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_PENDING, STATUS_SUCCESS};
@@ -23,18 +23,7 @@ use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 const CASE: &str = "VHCA_IO_VERIFICATION_CASE";
 const FLAGS: &str = "VHCA_IO_VERIFICATION_FLAGS";
 const DISABLE: &str = "VHCA_IO_VERIFICATION_DISABLE";
-/// The child's exit status after a bugcheck.
-const STOPPED: i32 = 0x33;
 const SL_PENDING_RETURNED: u8 = 0x01;
-
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
-}
 
 type Dispatch = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP) -> NTSTATUS;
 type CallDriver = unsafe extern "win64" fn(*mut DEVICE_OBJECT, *mut IRP) -> NTSTATUS;

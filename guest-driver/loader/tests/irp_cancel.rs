@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::shared_kernel::{irql, take_turn};
-use common::{child_of_this_test, routine, NoBus};
+use common::{child_of_this_test, routine, NoBus, StopAndExit, STOPPED};
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::user_requests::{take_stuck, Sent, UserFile};
-use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
+use vhca_ntmodel::{HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IRP};
 use windows_sys::Wdk::System::SystemServices::{
     IO_CSQ, IO_CSQ_IRP_CONTEXT, IRP_MJ_CLEANUP, IRP_MJ_CLOSE, IRP_MJ_CREATE, IRP_MJ_DEVICE_CONTROL,
@@ -23,7 +23,6 @@ use windows_sys::Wdk::System::SystemServices::{
 use windows_sys::Win32::Foundation::{NTSTATUS, STATUS_CANCELLED, STATUS_PENDING, STATUS_SUCCESS};
 
 const CASE: &str = "VHCA_LOADER_IRP_CANCEL_CASE";
-const STOPPED: i32 = 0x33;
 const SL_PENDING_RETURNED: u8 = 0x01;
 
 /// The fake driver's control codes (METHOD_BUFFERED, FILE_DEVICE_UNKNOWN).
@@ -349,15 +348,6 @@ fn a_thread_exit_cancels_its_pending_requests_and_reports_one_that_ignores_it() 
     unsafe { complete(driver().kept.load(Ordering::SeqCst) as *mut IRP, STATUS_SUCCESS) };
     std::mem::forget(kept_out);
     file.close();
-}
-
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
 }
 
 /// Not a test of its own: the 0x11B test runs it in a child process.

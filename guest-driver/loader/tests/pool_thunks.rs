@@ -9,27 +9,17 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{routine, NoBus};
+use common::{routine, NoBus, StopAndExit, STOPPED};
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, LoaderKernel};
 use vhca_ntapi::*;
-use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
+use vhca_ntmodel::{HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
 
 const CASE: &str = "VHCA_LOADER_POOL_CASE";
-const STOPPED: i32 = 0x33;
 const TAG: u32 = pool_tag(b"VhCi");
 
 type Pool2 = unsafe extern "win64" fn(u64, usize, u32) -> *mut u8;
 type PoolWithTag = unsafe extern "win64" fn(u32, usize, u32) -> *mut u8;
-
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
-}
 
 /// The permissions /proc/self/maps gives the mapping holding `at` ("rw-p", ...).
 fn permissions(at: usize) -> String {

@@ -11,12 +11,12 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use common::{child_of_this_test, routine};
+use common::{child_of_this_test, routine, StopAndExit, STOPPED};
 use vhca_loader::io_manager::{BusDriver, IoManager};
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::power_life::{outcome, plan_d0_at_dispatch, plan_sleep_resume, run_planned};
 use vhca_ntapi::NtKernel;
-use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig};
+use vhca_ntmodel::{HostDmaBackend, NtModel, NtModelConfig};
 use windows_sys::Wdk::Foundation::{DEVICE_OBJECT, DRIVER_OBJECT, IO_STACK_LOCATION, IRP, PIO_COMPLETION_ROUTINE};
 use windows_sys::Wdk::System::SystemServices::{DevicePowerState, SystemPowerState, IRP_MJ_POWER, IRP_MN_SET_POWER};
 use windows_sys::Win32::Foundation::{
@@ -26,7 +26,6 @@ use windows_sys::Win32::System::Power::{PowerDeviceD0, PowerDeviceD3, PowerSyste
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
 const CASE: &str = "VHCA_POWER_LIFE_CASE";
-const STOPPED: i32 = 0x33;
 
 /// How the fake FDO behaves: which case this child runs.
 static MODE: AtomicU8 = AtomicU8::new(0);
@@ -38,15 +37,6 @@ const LOSES_SYSTEM_IRP: u8 = 3;
 const D0_IN_COMPLETION: u8 = 4;
 /// The IRQL the D0 completion routine ran at (0xFF: it did not run).
 static D0_IRQL: AtomicU8 = AtomicU8::new(0xFF);
-
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
-}
 
 /// A bus driver that refuses every PnP IRP at its PDO: the power IRPs that reach it must be answered as power IRPs
 /// (the I/O manager's bus answers by major function), so a cycle that passes shows they were not taken for PnP's

@@ -9,28 +9,17 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{child_of_this_test, routine, NoBus};
+use common::{child_of_this_test, routine, NoBus, StopAndExit};
 use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::io_manager::{BusDriver, IoManager};
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::race_watch::{copied, doorbells, parse_tag, step_counts, RaceWatch, WatchList};
 use vhca_loader::windows_sys::Wdk::Foundation::IO_STACK_LOCATION;
 use vhca_loader::windows_sys::Win32::Foundation::{NTSTATUS, STATUS_NOT_SUPPORTED};
-use vhca_ntmodel::{
-    Bugcheck, BugcheckHandler, HostDmaBackend, InterleavingConfig, InterleavingMode, NtModel, NtModelConfig,
-};
+use vhca_ntmodel::{HostDmaBackend, InterleavingConfig, InterleavingMode, NtModel, NtModelConfig};
 
 const CASE: &str = "VHCA_LOADER_RACE_WATCH_CASE";
 const PAGE: usize = 4096;
-
-struct Exit;
-
-impl BugcheckHandler for Exit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(0x33)
-    }
-}
 
 fn map(shared: bool, prot: i32) -> usize {
     let sharing = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
@@ -104,7 +93,7 @@ impl Fragments {
 fn install_watching(bus: Box<dyn BusDriver>) {
     let interleaving = InterleavingConfig { mode: InterleavingMode::Record, ..Default::default() };
     let config = NtModelConfig { interleaving, ..Default::default() };
-    let model = Arc::new(NtModel::new(config, Arc::new(HostDmaBackend::default()), Arc::new(Exit)));
+    let model = Arc::new(NtModel::new(config, Arc::new(HostDmaBackend::default()), Arc::new(StopAndExit)));
     let mut state = LoaderKernel::new(model, IoManager::new(bus));
     state.race_watch = RaceWatch::new(WatchList::parse("Test").unwrap());
     assert!(install(state));

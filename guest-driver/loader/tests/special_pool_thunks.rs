@@ -8,31 +8,18 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{routine, NoBus};
+use common::{routine, NoBus, StopAndExit, STOPPED};
 use vhca_loader::driver_symbols::DriverSymbols;
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, LoaderKernel};
-use vhca_ntmodel::{
-    BackendError, Bugcheck, BugcheckHandler, DmaBackend, HostMemId, NtModel, NtModelConfig, SpecialPoolAlignment,
-    VerifierFlags,
-};
+use vhca_ntmodel::{BackendError, DmaBackend, HostMemId, NtModel, NtModelConfig, SpecialPoolAlignment, VerifierFlags};
 
 const CASE: &str = "VHCA_LOADER_SPECIAL_POOL_CASE";
-const STOPPED: i32 = 0x33;
 const TAG: u32 = u32::from_le_bytes(*b"Test");
 /// POOL_FLAG_NON_PAGED.
 const NON_PAGED: u64 = 0x40;
 /// How much of `driver_store`'s code the fault handler counts as the driver's image.
 const DRIVER_CODE: usize = 256;
-
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
-}
 
 /// One anonymous mapping per allocation, as the guest's VFIO backend gives memory: what lets the loader protect a
 /// block's pages alone. Nothing here does DMA.

@@ -9,28 +9,18 @@ mod common;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use common::{child_of_this_test, routine, NoBus};
+use common::{child_of_this_test, routine, NoBus, StopAndExit, STOPPED};
 use vhca_loader::io_manager::IoManager;
 use vhca_loader::kernel_context::{install, kernel, LoaderKernel};
 use vhca_loader::user_process::UserProcess;
-use vhca_ntmodel::{Bugcheck, BugcheckHandler, HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
+use vhca_ntmodel::{HostDmaBackend, NtModel, NtModelConfig, VerifierFlags};
 
 const CASE: &str = "VHCA_LOADER_USER_PROCESS_CASE";
-const STOPPED: i32 = 0x33;
 const EXITED: &str = "exited clean";
 
 type AllocateMdl = unsafe extern "win64" fn(*mut c_void, u32, u8, u8, *mut c_void) -> *mut c_void;
 type ProbeAndLock = unsafe extern "win64" fn(*mut c_void, i8, i32);
 type MdlRoutine = unsafe extern "win64" fn(*mut c_void);
-
-struct StopAndExit;
-
-impl BugcheckHandler for StopAndExit {
-    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
-        println!("{bugcheck}");
-        std::process::exit(STOPPED)
-    }
-}
 
 fn run_case(case: &str) {
     let verifier = if case == "locked-tracked" { VerifierFlags(0xAA) } else { VerifierFlags::NONE };

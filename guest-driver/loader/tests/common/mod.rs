@@ -13,6 +13,22 @@ use vhca_loader::nt_thunks::NtThunks;
 use vhca_loader::windows_sys::Wdk::Foundation::IO_STACK_LOCATION;
 use vhca_loader::windows_sys::Win32::Foundation::{NTSTATUS, STATUS_NOT_SUPPORTED};
 use vhca_loader::ImportResolver;
+use vhca_ntmodel::{Bugcheck, BugcheckHandler};
+
+/// A child process's exit status after a bugcheck.
+#[allow(dead_code)]
+pub const STOPPED: i32 = 0x33;
+
+/// The machine stops: the STOP lines on stdout, then the (child) process ends with `STOPPED`.
+#[allow(dead_code)]
+pub struct StopAndExit;
+
+impl BugcheckHandler for StopAndExit {
+    fn bugcheck(&self, bugcheck: &Bugcheck) -> ! {
+        println!("{bugcheck}");
+        std::process::exit(STOPPED)
+    }
+}
 
 /// No device behind the PDO: every PnP IRP is not supported.
 pub struct NoBus;
