@@ -287,8 +287,10 @@ pub(crate) fn model_config(options: &Options) -> NtModelConfig {
         interleaving: InterleavingConfig {
             mode: options.interleaving.clone(),
             // vhca.sys rings its doorbells by its own stores to the BARs, which no transport of this program sees:
-            // every kernel call stands in for a kick, so its interrupts are not all reported as racing the passive
-            // path (the native transport calls device_kicked at each doorbell instead).
+            // the loader's race watch traps them in every interleaving run (sys_driver.rs) and the model then
+            // stops counting kernel calls as kicks (`trap_doorbells`). Until it does, and should the BAR not be
+            // trapped, every kernel call stands in for a kick, so its interrupts are not all reported as racing the
+            // passive path (the native transport calls device_kicked at each doorbell instead).
             kicks_at_every_call: options.driver == crate::cmdline::Personality::Sys,
             pct_horizon: options.pct_horizon.unwrap_or(vhca_ntmodel::interleaving::DEFAULT_HORIZON),
             ..InterleavingConfig::default()

@@ -330,8 +330,11 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
     let mut kernel_state = LoaderKernel::new(model, IoManager::new(Box::new(bus)));
     kernel_state.echo_results = false;
     // The race watch traps only where something reads what it sees: an interleaving mode's detector and scheduler.
+    // There it always traps the device registers, so the binary's own stores are its doorbells and an interrupt
+    // is ordered after what its thread did before the doorbell, not before its latest kernel call (which would
+    // order, and hide, a store made after the doorbell).
     if options.interleaving != vhca_ntmodel::InterleavingMode::Off {
-        kernel_state.race_watch = vhca_loader::race_watch::RaceWatch::new(options.race_watch.clone());
+        kernel_state.race_watch = vhca_loader::race_watch::RaceWatch::with_doorbells(options.race_watch.clone());
     }
     // The run's scenario and its options, as the runner's guest script sets them on Windows (Lock with the
     // guest's vhca.lock spellings, BreakFix 0 or 1).
@@ -394,7 +397,7 @@ pub fn run(session: &vfio::Session, options: &Options, report: &mut Report) -> a
         std::thread::sleep(runs_on);
     }
     watcher.stop();
-    if watching {
+    if options.interleaving != vhca_ntmodel::InterleavingMode::Off {
         let (aliased, opened) = vhca_loader::race_watch::step_counts();
         let (doorbells, copies) = (vhca_loader::race_watch::doorbells(), vhca_loader::race_watch::copied());
         progress(format_args!(

@@ -116,6 +116,8 @@ pub struct RaceWatch {
     tags: Vec<u32>,
     /// Common buffers too (`common-buffers` in the list): the rings and CQs the driver shares with its device.
     common_buffers: bool,
+    /// Device registers too (`with_doorbells`): the binary's stores there are its doorbells.
+    doorbells: bool,
     blocks: Mutex<BTreeMap<usize, Block>>,
 }
 
@@ -232,15 +234,36 @@ fn protect(at: usize, bytes: usize, accessible: bool) {
 impl RaceWatch {
     /// A watch over what `list` names; with nothing it watches nothing and costs nothing.
     pub fn new(list: WatchList) -> RaceWatch {
-        if list.tags.is_empty() && !list.common_buffers {
-            return RaceWatch { tags: Vec::new(), common_buffers: false, blocks: Mutex::default() };
+        let watch = RaceWatch {
+            tags: list.tags,
+            common_buffers: list.common_buffers,
+            doorbells: false,
+            blocks: Mutex::default(),
+        };
+        if watch.is_on() {
+            watch.start();
         }
-        install_trap_handler();
-        vhca_ntmodel::observe_points(protect_pending);
-        RaceWatch { tags: list.tags, common_buffers: list.common_buffers, blocks: Mutex::default() }
+        watch
     }
 
-    /// Whether anything is watched.
+    /// The same, and the device registers the bus maps (MmMapIoSpaceEx) trapped whatever the list says: an
+    /// interleaving run's doorbells are then the binary's own stores (`insert_device_registers`), not every kernel
+    /// call, with or without a pool block watched.
+    pub fn with_doorbells(list: WatchList) -> RaceWatch {
+        let mut watch = RaceWatch::new(list);
+        if !watch.is_on() {
+            watch.start();
+        }
+        watch.doorbells = true;
+        watch
+    }
+
+    fn start(&self) {
+        install_trap_handler();
+        vhca_ntmodel::observe_points(protect_pending);
+    }
+
+    /// Whether any pool block or common buffer is watched.
     pub fn is_on(&self) -> bool {
         !self.tags.is_empty() || self.common_buffers
     }
@@ -278,7 +301,8 @@ impl RaceWatch {
         PENDING_BLOCKS.with(|p| p.borrow_mut().push((first, bytes)));
     }
 
-    /// The device registers the bus mapped at `at` (`bytes`) for `device`, when anything is watched: trapped from
+    /// The device registers the bus mapped at `at` (`bytes`) for `device`, when anything is watched or the watch
+    /// was made `with_doorbells`: trapped from
     /// now on, so the binary's stores there reach the model as its doorbells (`binary_doorbell`) and kernel calls
     /// need not stand in for them. `alias` maps the same whole pages a second time (given their first address and
     /// length), through which the trapped accesses run. True when they are trapped.
@@ -289,7 +313,7 @@ impl RaceWatch {
         device: u64,
         alias: impl FnOnce(usize, usize) -> Option<usize>,
     ) -> bool {
-        if !self.is_on() || at == 0 || bytes == 0 {
+        if !(self.is_on() || self.doorbells) || at == 0 || bytes == 0 {
             return false;
         }
         let first = at - at % PAGE;
@@ -690,7 +714,7 @@ mod tests {
         let layout = std::alloc::Layout::from_size_align(3 * PAGE, PAGE).unwrap();
         // SAFETY: a fresh page-aligned block, freed below.
         let block = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
-        let watch = RaceWatch { tags: vec![7], common_buffers: false, blocks: Mutex::default() };
+        let watch = RaceWatch { tags: vec![7], common_buffers: false, doorbells: false, blocks: Mutex::default() };
         watch.insert(block + 16, 8, 0x5000_0010, 6);
         assert_eq!(watch.block_of(block + 16), None, "an unwatched tag");
         watch.insert(block + 16, PAGE, 0x5000_0010, 7);

@@ -85,9 +85,10 @@ pub struct InterleavingConfig {
     /// The longest one pause lasts, whatever the others do.
     pub limit: Duration,
     /// Every kernel call point also orders everything before it before any later interrupt delivery, as a
-    /// doorbell would (`device_kicked`). For vhca.sys: the loader cannot see the binary's own MMIO stores, so it
-    /// cannot tell the model when the device was told to act. The cost: a race between the passive path's writes
-    /// and the ISR or DPC that follows any kernel call is hidden, whether or not a doorbell came between them.
+    /// doorbell would (`device_kicked`). For a driver binary whose own MMIO stores the platform does not trap:
+    /// the model cannot be told when the device was told to act. The cost: a race between the passive path's
+    /// writes and the ISR or DPC that follows any kernel call is hidden, whether or not a doorbell came between
+    /// them. Ends at `trap_doorbells` (the PE loader traps vhca.sys's registers in every interleaving run).
     pub kicks_at_every_call: bool,
     /// The PCT mode draws its change points among the first this-many global points (`pct::DEFAULT_HORIZON`).
     pub pct_horizon: u32,
