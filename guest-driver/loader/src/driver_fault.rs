@@ -139,6 +139,12 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
     if unsafe { privileged_instruction(signal, &*info, &mut *(context as *mut libc::ucontext_t)) } {
         return;
     }
+    // A fault inside the race watch's copy of an instruction (its block's alias gone): the instruction runs again
+    // where the image has it, so whatever it touches faults, if at all, at the image's address.
+    // SAFETY: this signal's ucontext, which the watch changes to resume at the original instruction.
+    if unsafe { crate::race_watch::on_copy_fault(&mut *(context as *mut libc::ucontext_t)) } {
+        return;
+    }
     // A block the race watch traps (race_watch.rs): the access is hooked or stepped, and the thread goes on.
     let in_driver = IMAGE.get().is_some_and(|i| (rip as usize).wrapping_sub(i.base) < i.size);
     // SAFETY: this SIGSEGV's ucontext, which the watch may change to resume in its hook or under the trap flag.

@@ -14,7 +14,9 @@
 //!    thread leaves it.
 //! 2. Where a copy of the instruction means the same, the trampoline returns into one that moves the registers it
 //!    addresses the block through into the block's alias (a second mapping of the same pages, made when the block
-//!    is watched), runs it, moves them back and jumps home (`out_of_line.rs`): done, one signal in all.
+//!    is watched), runs it, moves them back and jumps home (`out_of_line.rs`): done, one signal in all. A copy that
+//!    faults (the alias went with a free meanwhile) is taken back to the image's instruction (`on_copy_fault`),
+//!    which runs in place as in step 3's fallback, so a fault of its own is named at the image's address.
 //! 3. Otherwise the same instruction runs again and faults again; now it is expected (`ARMED`), so the handler
 //!    moves those registers itself and sets the trap flag, and after that one instruction the processor traps
 //!    (SIGTRAP, `on_step`): the registers are moved back.
@@ -172,6 +174,9 @@ thread_local! {
     static READ_STEP: Cell<(usize, usize, usize, u64)> = const { Cell::new((0, 0, 0, 0)) };
     /// What `after_hook` reports: a stepped read that changed its bytes, at this address, by this instruction.
     static WROTE: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+    /// An instruction taken back from its copy after a fault there (`on_copy_fault`), running again in place under
+    /// the trap flag: its step ends here whether or not it touched a watched block again.
+    static RERUN: Cell<bool> = const { Cell::new(false) };
     /// Blocks this thread was given and has not passed a scheduling point since (first page, bytes): closed at its
     /// next point (`protect_pending`).
     static PENDING_BLOCKS: std::cell::RefCell<Vec<(usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -517,6 +522,35 @@ pub(crate) unsafe fn on_fault(address: usize, write: bool, in_driver: bool, cont
     true
 }
 
+/// A SIGSEGV or SIGBUS by an instruction running as its copy (out_of_line.rs), the block's alias gone under it (a
+/// free on another processor between the hook and the copy): the instruction is taken back to where the binary has
+/// it, its registers as the binary left them, and runs again there with its watched block opened for it (`ARMED`,
+/// no second hook: its access was reported), under the trap flag. What it touches then is the real memory, so a
+/// fault it takes is the binary's own, at the image's address, and gets its verdict there. False when `context`'s
+/// instruction is in no copy.
+///
+/// # Safety
+/// `context` is this signal's ucontext.
+pub(crate) unsafe fn on_copy_fault(context: &mut libc::ucontext_t) -> bool {
+    let gregs = &mut context.uc_mcontext.gregs;
+    let Some((rip, shifts)) = out_of_line::original_of(gregs[libc::REG_RIP as usize] as usize) else { return false };
+    back_to_original(gregs, rip, shifts);
+    true
+}
+
+/// `on_copy_fault`'s register work, apart for its test: every move undone (a faulting instruction changed none of
+/// them), the instruction pointer at the original, armed to step in place.
+fn back_to_original(gregs: &mut [i64], rip: usize, shifts: Shifts) {
+    for s in shifts.iter().flatten() {
+        gregs[s.greg] = (gregs[s.greg] as u64).wrapping_sub(s.amount) as i64;
+    }
+    gregs[libc::REG_RIP as usize] = rip as i64;
+    gregs[libc::REG_EFL as usize] |= TRAP_FLAG;
+    PLAN.set(Plan::EMPTY);
+    ARMED.set(rip);
+    RERUN.set(true);
+}
+
 /// The instruction after a watched access ran under the trap flag: its register moves are undone, its opened
 /// blocks close, and the flag is cleared. False when the thread stepped nothing (not the watch's trap).
 ///
@@ -525,10 +559,17 @@ pub(crate) unsafe fn on_fault(address: usize, write: bool, in_driver: bool, cont
 unsafe fn on_step(context: &mut libc::ucontext_t) -> bool {
     let stepping = STEPPING.replace([0; 2]);
     let shifted = SHIFTED.replace([None; 2]);
-    if stepping[0] == 0 && shifted[0].is_none() {
-        return false;
-    }
+    let rerun = RERUN.replace(false);
     let gregs = &mut context.uc_mcontext.gregs;
+    if stepping[0] == 0 && shifted[0].is_none() {
+        if !rerun {
+            return false;
+        }
+        // Taken back from its copy and run without touching a watched block (the block was freed meanwhile).
+        ARMED.set(0);
+        gregs[libc::REG_EFL as usize] &= !TRAP_FLAG;
+        return true;
+    }
     for s in shifted.iter().flatten().filter(|s| s.restore) {
         gregs[s.greg] = (gregs[s.greg] as u64).wrapping_sub(s.amount) as i64;
     }
@@ -698,6 +739,22 @@ mod tests {
         assert_eq!(list, WatchList { tags: vec![u32::from_le_bytes(*b"VhSw")], common_buffers: true });
         assert_eq!(WatchList::parse("VhSw,toolong"), Err("toolong".to_string()));
         assert_eq!(WatchList::parse(""), Err(String::new()));
+    }
+
+    #[test]
+    fn a_fault_in_a_copy_takes_the_instruction_back_to_the_image_with_its_registers_unmoved() {
+        use redirect::Shift;
+        let moved = Shift { greg: libc::REG_RCX as usize, number: 1, amount: 0x7000_0000, restore: true };
+        let mut gregs = [0i64; 23];
+        gregs[libc::REG_RCX as usize] = 0x7001_0008;
+        gregs[libc::REG_RIP as usize] = 0x9999;
+        back_to_original(&mut gregs, 0x4000_1234, [Some(moved), None]);
+        assert_eq!(gregs[libc::REG_RCX as usize], 0x1_0008, "the block's own address again");
+        assert_eq!(gregs[libc::REG_RIP as usize], 0x4000_1234, "the image's instruction");
+        assert_ne!(gregs[libc::REG_EFL as usize] & TRAP_FLAG, 0, "stepped");
+        assert_eq!((ARMED.get(), RERUN.get()), (0x4000_1234, true), "armed to step in place, not hooked again");
+        ARMED.set(0);
+        RERUN.set(false);
     }
 
     #[test]

@@ -130,9 +130,57 @@ fn registers_case() {
     );
 }
 
+/// The shared page mapped read-write whose word at +8 is `marker`: the watched block's alias (the block itself is
+/// mapped without access while watched), found in /proc/self/maps as the test cannot ask the watch for it.
+fn alias_holding(marker: u64) -> Option<usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let (range, perms) = (words.next()?, words.next()?);
+        let (from, to) = range.split_once('-')?;
+        let (from, to) = (usize::from_str_radix(from, 16).ok()?, usize::from_str_radix(to, 16).ok()?);
+        // SAFETY: a readable mapping of this process, one page long, read at an offset inside it.
+        (perms == "rw-s" && to - from == PAGE && unsafe { ((from + 8) as *const u64).read_volatile() } == marker)
+            .then_some(from)
+    })
+}
+
+/// A load runs as its copy once; then its block's alias goes away behind the watch's back (as a free on another
+/// processor takes it between the hook and the copy), and the same load again faults inside its copy: taken back
+/// to the image's instruction, it runs there with the block opened for it and still reads the block.
+fn copy_fault_case() {
+    install_watching(Box::new(NoBus));
+    let mut fragments = Fragments::new();
+    // mov rax, [rcx+8]; ret
+    let load = fragments.routine(&[0x48, 0x8B, 0x41, 0x08, 0xC3]);
+    fragments.install();
+    const MARKER: u64 = 0x5EED_C0DE_0000_1234;
+    let block = map(true, libc::PROT_READ | libc::PROT_WRITE);
+    // SAFETY: the block, still accessible.
+    unsafe { ((block + 8) as *mut u64).write(MARKER) };
+    kernel().race_watch.insert(block, PAGE, 0x5000_0000, parse_tag("Test").unwrap());
+    point();
+    // SAFETY: the fragment on the watched block.
+    let first = unsafe { win64::<OneArgument>(load)(block as u64) };
+    let alias = alias_holding(MARKER).expect("the block's alias in /proc/self/maps");
+    // SAFETY: the alias page, which only the watch's copies use; unmapped to stand in for a concurrent free.
+    assert_eq!(unsafe { libc::munmap(alias as *mut libc::c_void, PAGE) }, 0);
+    // SAFETY: as above; its copy now faults on the unmapped alias.
+    let second = unsafe { win64::<OneArgument>(load)(block as u64) };
+    let (through_alias, opened) = step_counts();
+    println!(
+        "copy fault: first {first:#x}, second {second:#x}, {through_alias} through the alias, {opened} opened, {} \
+         as copies",
+        copied()
+    );
+}
+
 fn run_case(case: &str) {
     if case == "registers" {
         return registers_case();
+    }
+    if case == "copy_fault" {
+        return copy_fault_case();
     }
     install_watching(Box::new(NoBus));
     // The fragments, Windows x64 routines on rcx (the block) and rdx.
@@ -234,4 +282,14 @@ fn in_private_memory_there_is_no_alias_and_every_access_opens_its_block() {
 fn device_registers_mapped_while_watching_trap_their_stores_as_doorbells() {
     let out = run_child("registers");
     assert_eq!(figures(&out, "registers:"), [7, 7, 1, 2, 0, 2], "{out}");
+}
+
+#[test]
+fn a_fault_inside_a_copy_runs_the_instruction_again_in_the_image_and_it_still_reads_the_block() {
+    let out = run_child("copy_fault");
+    let figures = figures(&out, "copy fault:");
+    assert_eq!(figures[..2], [0x5EED_C0DE_0000_1234, 0x5EED_C0DE_0000_1234], "both loads read the block: {out}");
+    // Two hooks, each planned through the alias and run as a copy; the second copy faulted and its instruction
+    // stepped in place with the block open.
+    assert_eq!(figures[2..], [2, 1, 2], "{out}");
 }

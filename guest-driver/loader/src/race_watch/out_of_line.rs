@@ -15,7 +15,7 @@
 //! of their own that are written once and never freed: a copy may be running on another thread, and the same
 //! instruction on the same block wants the same copy next time (rewriting code costs a retranslation under TCG).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use super::redirect::Shifts;
@@ -27,6 +27,8 @@ const CHUNK: usize = 64 * 1024;
 
 struct Copies {
     by_instruction: HashMap<(usize, Shifts), usize>,
+    /// The other way: each copy's first byte to the instruction it copies and its moves, for a fault inside it.
+    by_copy: BTreeMap<usize, (usize, Shifts)>,
     /// Where the next copy goes, and where the current chunk ends.
     next: usize,
     end: usize,
@@ -38,7 +40,12 @@ static COPIES: Mutex<Option<Copies>> = Mutex::new(None);
 /// if this is its first time; None when a move does not fit a displacement or no executable page can be had.
 pub(crate) fn copy_of(rip: usize, code: &[u8], shifts: Shifts) -> Option<usize> {
     let mut copies = crate::lock(&COPIES);
-    let copies = copies.get_or_insert_with(|| Copies { by_instruction: HashMap::new(), next: 0, end: 0 });
+    let copies = copies.get_or_insert_with(|| Copies {
+        by_instruction: HashMap::new(),
+        by_copy: BTreeMap::new(),
+        next: 0,
+        end: 0,
+    });
     if let Some(at) = copies.by_instruction.get(&(rip, shifts)) {
         return Some(*at);
     }
@@ -66,7 +73,18 @@ pub(crate) fn copy_of(rip: usize, code: &[u8], shifts: Shifts) -> Option<usize> 
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
     copies.next += SLOT;
     copies.by_instruction.insert((rip, shifts), at);
+    copies.by_copy.insert(at, (rip, shifts));
     Some(at)
+}
+
+/// The instruction a copy holding `address` runs, and the moves it makes before it: None when `address` is in no
+/// copy. A fault's address inside a copy is its instruction's (its leas and its jump touch no memory), so the
+/// registers at the fault are the instruction's own plus those moves. Called from the SIGSEGV handler: a lookup,
+/// no allocation; the lock is never held by the faulting thread (it was running the copy).
+pub(crate) fn original_of(address: usize) -> Option<(usize, Shifts)> {
+    let copies = crate::lock(&COPIES);
+    let (at, found) = copies.as_ref()?.by_copy.range(..=address).next_back()?;
+    (address - at < SLOT).then_some(*found)
 }
 
 /// The copy's bytes: see the module's note.
@@ -135,6 +153,17 @@ mod tests {
                 "jmp qword ptr [1020h]",
             ]
         );
+    }
+
+    #[test]
+    fn a_copy_leads_back_to_its_instruction_and_its_moves() {
+        let shifts = [shift(libc::REG_RCX, 1, 0x1000, true), None];
+        // mov rax, [rcx+8] at a made-up instruction address (the copy is never run here).
+        let at = copy_of(0x5555_0000, &[0x48, 0x8B, 0x41, 0x08], shifts).expect("a copy");
+        assert_eq!(original_of(at + 7), Some((0x5555_0000, shifts)), "its instruction, after one lea");
+        assert_eq!(original_of(at), Some((0x5555_0000, shifts)));
+        assert_eq!(original_of(at + SLOT), None, "past its slot (no second copy yet)");
+        assert_eq!(original_of(at - 1), None, "before the first copy");
     }
 
     #[test]
