@@ -307,9 +307,8 @@ impl RaceWatch {
     }
 
     /// The device registers the bus mapped at `at` (`bytes`) for `device`, when anything is watched or the watch
-    /// was made `with_doorbells`: trapped from
-    /// now on, so the binary's stores there reach the model as its doorbells (`binary_doorbell`) and kernel calls
-    /// need not stand in for them. `alias` maps the same whole pages a second time (given their first address and
+    /// was made `with_doorbells`: trapped from now on, so the binary's stores there reach the model as its
+    /// doorbells (`binary_doorbell`) and kernel calls need not stand in for them. `alias` maps the same whole pages a second time (given their first address and
     /// length), through which the trapped accesses run. True when they are trapped.
     pub fn insert_device_registers(
         &self,

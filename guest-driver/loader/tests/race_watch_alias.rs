@@ -91,19 +91,29 @@ impl Fragments {
 }
 
 fn install_watching(bus: Box<dyn BusDriver>) {
+    install_with(bus, RaceWatch::new(WatchList::parse("Test").unwrap()))
+}
+
+fn install_with(bus: Box<dyn BusDriver>, watch: RaceWatch) {
     let interleaving = InterleavingConfig { mode: InterleavingMode::Record, ..Default::default() };
     let config = NtModelConfig { interleaving, ..Default::default() };
     let model = Arc::new(NtModel::new(config, Arc::new(HostDmaBackend::default()), Arc::new(StopAndExit)));
     let mut state = LoaderKernel::new(model, IoManager::new(bus));
-    state.race_watch = RaceWatch::new(WatchList::parse("Test").unwrap());
+    state.race_watch = watch;
     assert!(install(state));
 }
 
 /// Device registers mapped through MmMapIoSpaceEx while the watch is on: trapped, stepped through the bus's
 /// second mapping, the store counted as a doorbell and the load not; unmapped, accessible again.
-fn registers_case() {
+fn registers_case(doorbells_only: bool) {
     let registers = map(true, libc::PROT_READ | libc::PROT_WRITE);
-    install_watching(Box::new(OnePageBus(registers)));
+    let watch = if doorbells_only {
+        // As every vhca.sys interleaving run makes it: no pool block listed, the registers trapped all the same.
+        RaceWatch::with_doorbells(WatchList::default())
+    } else {
+        RaceWatch::new(WatchList::parse("Test").unwrap())
+    };
+    install_with(Box::new(OnePageBus(registers)), watch);
     let mut fragments = Fragments::new();
     let store = fragments.routine(&[0x89, 0x51, 0x04, 0xC3]); // mov [rcx+4], edx; ret
     let load = fragments.routine(&[0x8B, 0x41, 0x04, 0xC3]); // mov eax, [rcx+4]; ret
@@ -176,8 +186,8 @@ fn copy_fault_case() {
 }
 
 fn run_case(case: &str) {
-    if case == "registers" {
-        return registers_case();
+    if case == "registers" || case == "doorbells_only" {
+        return registers_case(case == "doorbells_only");
     }
     if case == "copy_fault" {
         return copy_fault_case();
@@ -292,4 +302,10 @@ fn a_fault_inside_a_copy_runs_the_instruction_again_in_the_image_and_it_still_re
     // Two hooks, each planned through the alias and run as a copy; the second copy faulted and its instruction
     // stepped in place with the block open.
     assert_eq!(figures[2..], [2, 1, 2], "{out}");
+}
+
+#[test]
+fn a_watch_made_with_doorbells_traps_the_registers_with_no_pool_block_listed() {
+    let out = run_child("doorbells_only");
+    assert_eq!(figures(&out, "registers:"), [7, 7, 1, 2, 0, 2], "{out}");
 }
